@@ -1,0 +1,38 @@
+# ModelGrid: `make run` starts everything locally, `make test` runs the whole suite.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+GPUS ?= sim:2x24GiB
+# The PostgreSQL + Redis pass of the suite (this machine kind runs both on loopback).
+PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
+REDIS_URL_TEST ?= redis://127.0.0.1:6379/0
+
+.PHONY: run test install lint browser
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	# pip only (the pinned CPU torch is a local wheel); never --upgrade-strategy eager.
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m agent demo-models var/models
+	$(BIN)/python manage.py up --host $(HOST) --port $(PORT) --gpus $(GPUS)
+
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: $(STAMP) browser
+	$(BIN)/ruff check .
+	@echo "== pass 1: everything, on SQLite with the in-memory channel layer =="
+	env -u DATABASE_URL -u REDIS_URL $(BIN)/python -m pytest
+	@echo "== pass 2: database, consumer and end-to-end tests on PostgreSQL with the Redis channel layer =="
+	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS_URL_TEST) $(BIN)/python -m pytest -m db_stack

@@ -1,0 +1,3 @@
+"""ModelGrid host agent: reports GPUs, runs model workers, serves inference. Never imports Django."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,16 @@
+"""Torch-free reading of model artifacts and memory estimation (importable by the console)."""
+
+from agent.artifacts.errors import ArtifactError
+from agent.artifacts.estimate import Estimate, estimate_model
+from agent.artifacts.model_dir import ModelArtifact, inspect_model_dir
+from agent.artifacts.safetensors_header import TensorInfo, read_safetensors_header
+
+__all__ = [
+    "ArtifactError",
+    "Estimate",
+    "ModelArtifact",
+    "TensorInfo",
+    "estimate_model",
+    "inspect_model_dir",
+    "read_safetensors_header",
+]

@@ -1,0 +1,104 @@
+"""Message types. Agent -> console: hello, report, replica_status, ack. Console -> agent:
+desired_state, error. Every message is one JSON object on the websocket."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+PROTOCOL_VERSION = 1
+
+# Observed states a replica can report; `pending` means placed but not yet started by an agent.
+REPLICA_STATES = ("pending", "loading", "ready", "sleeping", "stopped", "failed")
+ReplicaState = Literal["pending", "loading", "ready", "sleeping", "stopped", "failed"]
+TargetState = Literal["ready", "sleeping", "stopped"]
+
+
+class _Message(BaseModel):
+    # Unknown fields are refused: a typo in a message is an error, not silently ignored.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuInfo(_Message):
+    index: int = Field(ge=0)
+    uuid: str
+    name: str
+    total_bytes: int = Field(ge=0)
+    used_bytes: int = Field(ge=0)
+    utilization: float | None = Field(default=None, ge=0, le=100)
+    simulated: bool
+
+
+class ReplicaStatus(_Message):
+    type: Literal["replica_status"] = "replica_status"
+    replica_id: int
+    state: ReplicaState
+    measured_bytes: int | None = Field(default=None, ge=0)
+    loaded_bytes: int | None = Field(default=None, ge=0)
+    total_bytes: int | None = Field(default=None, ge=0)
+    reason: str = ""
+    pid: int | None = None
+
+
+class Hello(_Message):
+    type: Literal["hello"] = "hello"
+    protocol: int
+    host: str = Field(min_length=1, max_length=200)
+    agent_version: str
+    endpoint: str
+    gpus: list[GpuInfo]
+
+
+class HostReport(_Message):
+    type: Literal["report"] = "report"
+    gpus: list[GpuInfo]
+    replicas: list[ReplicaStatus] = []
+
+
+class Ack(_Message):
+    type: Literal["ack"] = "ack"
+    generation: int = Field(ge=0)
+
+
+class DesiredReplica(_Message):
+    id: int
+    deployment: str
+    model_path: str
+    architecture: str
+    gpus: list[int]
+    reserved_bytes: int = Field(ge=0)
+    state: TargetState = "ready"
+    dtype: str = "float32"
+
+
+class DesiredState(_Message):
+    type: Literal["desired_state"] = "desired_state"
+    generation: int = Field(ge=0)
+    replicas: list[DesiredReplica]
+
+
+class ErrorReply(_Message):
+    type: Literal["error"] = "error"
+    reason: str
+
+
+AgentMessage = Annotated[Hello | HostReport | ReplicaStatus | Ack, Field(discriminator="type")]
+ConsoleMessage = Annotated[DesiredState | ErrorReply, Field(discriminator="type")]
+
+_agent_adapter: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)
+_console_adapter: TypeAdapter[ConsoleMessage] = TypeAdapter(ConsoleMessage)
+
+
+def parse_agent_message(text: str | bytes) -> Hello | HostReport | ReplicaStatus | Ack:
+    """Validate one JSON message from an agent; raises pydantic.ValidationError."""
+    return _agent_adapter.validate_json(text)
+
+
+def parse_console_message(text: str | bytes) -> DesiredState | ErrorReply:
+    """Validate one JSON message from the console; raises pydantic.ValidationError."""
+    return _console_adapter.validate_json(text)
+
+
+def dump(message: BaseModel) -> str:
+    return message.model_dump_json()

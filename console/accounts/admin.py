@@ -1,0 +1,9 @@
+from django.contrib import admin
+
+from console.accounts.models import ApiToken
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ("user", "name", "prefix", "created", "last_used")
+    readonly_fields = ("prefix", "token_hash", "created", "last_used")

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class AccountsConfig(AppConfig):
+    name = "console.accounts"
+    label = "accounts"
+    verbose_name = "API access"

@@ -1,0 +1,28 @@
+from ninja import Router, Status
+
+from console.catalog import services
+from console.catalog.models import Model
+from console.catalog.schemas import ErrorOut, ModelIn, ModelOut
+
+router = Router()
+
+
+@router.get("", response=list[ModelOut])
+def list_models(request):
+    return Model.objects.all()
+
+
+@router.post("", response={201: ModelOut, 409: ErrorOut, 422: ErrorOut}, summary="Register a model directory")
+def register_model(request, body: ModelIn):
+    return Status(201, services.register_model(body.name, body.path))
+
+
+@router.get("/{name}", response={200: ModelOut, 404: ErrorOut})
+def get_model(request, name: str):
+    return services.get_model(name)
+
+
+@router.delete("/{name}", response={204: None, 404: ErrorOut, 409: ErrorOut})
+def delete_model(request, name: str):
+    services.delete_model(name)
+    return Status(204, None)

@@ -1,0 +1,91 @@
+"""Model registration and the model store listing (shared by the API and the pages)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+
+from agent.artifacts import ArtifactError, estimate_model, inspect_model_dir
+from console.catalog.models import NAME_VALIDATOR, Model
+from console.errors import Conflict, Invalid, NotFound
+
+
+def validate_name(name: str, what: str) -> None:
+    try:
+        NAME_VALIDATOR(name)
+    except ValidationError as e:
+        raise Invalid(f"{what} name {name!r} is not valid: {e.messages[0]}") from None
+
+
+def register_model(name: str, path: str) -> Model:
+    """Read the artifact at `path`, estimate it and store it as `name`; nothing stored on error."""
+    validate_name(name, "model")
+    if not path:
+        raise Invalid("path is empty: give the directory that holds config.json and *.safetensors")
+    try:
+        artifact = inspect_model_dir(path)
+    except ArtifactError as e:
+        raise Invalid(str(e)) from None
+    estimate = estimate_model(artifact)
+    try:
+        with transaction.atomic():
+            return Model.objects.create(
+                name=name,
+                path=str(artifact.path),
+                architecture=artifact.architecture,
+                model_type=artifact.model_type,
+                task=artifact.task,
+                stored_dtype=artifact.stored_dtype,
+                parameters=artifact.parameters,
+                weights_bytes=artifact.weights_bytes,
+                estimate_bytes=estimate.total_bytes,
+                estimate=estimate.as_dict(),
+            )
+    except IntegrityError:
+        raise Conflict(f"a model named {name!r} is already registered") from None
+
+
+def get_model(name: str) -> Model:
+    try:
+        return Model.objects.get(name=name)
+    except Model.DoesNotExist:
+        raise NotFound(f"no model named {name!r}") from None
+
+
+def delete_model(name: str) -> None:
+    model = get_model(name)
+    users = list(model.deployments.values_list("name", flat=True))
+    if users:
+        raise Conflict(f"model {name!r} is used by deployment(s) {', '.join(users)}; delete those first")
+    model.delete()
+
+
+@dataclass(frozen=True)
+class StoreEntry:
+    name: str
+    path: Path
+    registered: Model | None
+    problem: str  # why it cannot be registered, or ""
+    weights_bytes: int
+    architecture: str
+
+
+def model_store_entries() -> list[StoreEntry]:
+    """Every directory in the model store, with whether it is a usable, registered model."""
+    store: Path = settings.MODEL_STORE
+    if not store.is_dir():
+        return []
+    registered = {Path(m.path): m for m in Model.objects.all()}
+    entries = []
+    for path in sorted(p for p in store.iterdir() if p.is_dir()):
+        try:
+            artifact = inspect_model_dir(path)
+            problem, weights, arch = "", artifact.weights_bytes, artifact.architecture
+        except ArtifactError as e:
+            problem, weights, arch = str(e), 0, ""
+        entries.append(StoreEntry(path.name, path, registered.get(path.resolve()), problem, weights, arch))
+    return entries

@@ -1,0 +1,35 @@
+"""The scheduler loop: run a reconcile pass, push changed hosts, refresh dashboards, repeat."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from channels.db import database_sync_to_async
+
+from console.deployments.reconcile import reconcile_once
+from console.realtime.notify import push_desired, refresh_dashboards
+
+log = logging.getLogger("modelgrid.scheduler")
+
+
+async def run_pass() -> bool:
+    """One unit of work; returns whether anything changed."""
+    result = await database_sync_to_async(reconcile_once)()
+    if result.changed_hosts:
+        await push_desired(result.changed_hosts)
+    if result.changed:
+        await refresh_dashboards()
+    return result.changed
+
+
+async def scheduler_loop(stop: asyncio.Event, interval: float) -> None:
+    while not stop.is_set():
+        try:
+            await run_pass()
+        except Exception:  # one bad pass must not end the loop; the next pass retries
+            log.exception("scheduler pass failed")
+        try:
+            await asyncio.wait_for(stop.wait(), interval)
+        except TimeoutError:
+            pass

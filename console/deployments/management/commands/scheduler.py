@@ -1,0 +1,22 @@
+import asyncio
+import signal
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from console.deployments.loop import scheduler_loop
+
+
+class Command(BaseCommand):
+    help = "Run the scheduler loop alone (when the console runs under its own ASGI server)."
+
+    def handle(self, **options):
+        asyncio.run(self._run())
+
+    async def _run(self):
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        self.stdout.write("scheduler loop running; Ctrl-C stops it")
+        await scheduler_loop(stop, settings.MODELGRID_SCHEDULER_INTERVAL)

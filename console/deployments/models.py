@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+from agent.protocol import REPLICA_STATES
+from console.catalog.models import NAME_VALIDATOR, Model
+
+
+class Priority(models.TextChoices):
+    CRITICAL = "critical"
+    HIGH = "high"
+    STANDARD = "standard"
+    BATCH = "batch"
+
+
+class DeploymentState(models.TextChoices):
+    PENDING = "pending"
+    LOADING = "loading"
+    READY = "ready"
+    DEGRADED = "degraded"
+    FAILED = "failed"
+    UNSCHEDULABLE = "unschedulable"
+
+
+class Deployment(models.Model):
+    """What the operator wants served: a model, how many replicas, how important, how fast."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[NAME_VALIDATOR])
+    model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="deployments")
+    replicas = models.PositiveIntegerField(default=1)
+    priority = models.CharField(max_length=10, choices=Priority.choices, default=Priority.STANDARD)
+    slo_latency_ms = models.PositiveIntegerField(null=True, blank=True, help_text="p95 latency target")
+    latency_critical = models.BooleanField(default=False)
+    state = models.CharField(max_length=20, choices=DeploymentState.choices, default=DeploymentState.PENDING)
+    reason = models.TextField(blank=True)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Replica(models.Model):
+    """One copy of a deployment: where the scheduler put it and what the agent reports of it."""
+
+    TARGET_STATES = [("ready", "ready"), ("sleeping", "sleeping"), ("stopped", "stopped")]
+    OBSERVED_STATES = [(s, s) for s in REPLICA_STATES]
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="replica_set")
+    index = models.PositiveIntegerField()
+    host = models.ForeignKey("fleet.Host", null=True, blank=True, on_delete=models.SET_NULL, related_name="replicas")
+    gpus = models.ManyToManyField("fleet.Gpu", blank=True, related_name="replicas")
+    reserved_bytes = models.PositiveBigIntegerField(default=0)
+    desired_state = models.CharField(max_length=10, choices=TARGET_STATES, default="ready")
+    observed_state = models.CharField(max_length=10, choices=OBSERVED_STATES, default="pending")
+    measured_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    loaded_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    created = models.DateTimeField(default=timezone.now)
+    ready_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["deployment__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["deployment", "index"], name="replica_unique_index")]
+
+    def __str__(self) -> str:
+        return f"{self.deployment.name}#{self.index}"

@@ -1,0 +1,42 @@
+"""Creating and deleting deployments (shared by the API and the pages). Placement itself is the
+scheduler loop's job: these only record what the operator wants."""
+
+from __future__ import annotations
+
+from django.db import IntegrityError, transaction
+
+from console.catalog.models import Model
+from console.catalog.services import validate_name
+from console.deployments.models import Deployment, Priority
+from console.errors import Conflict, Invalid, NotFound
+
+MAX_REPLICAS = 64
+
+
+def create_deployment(name: str, model: str, replicas: int = 1, priority: str = Priority.STANDARD) -> Deployment:
+    validate_name(name, "deployment")
+    if not 0 <= replicas <= MAX_REPLICAS:
+        raise Invalid(f"replicas must be between 0 and {MAX_REPLICAS}, got {replicas}")
+    if priority not in Priority.values:
+        raise Invalid(f"priority {priority!r} is not one of {', '.join(Priority.values)}")
+    try:
+        model_row = Model.objects.get(name=model)
+    except Model.DoesNotExist:
+        raise Invalid(f"no model named {model!r}; register it first (POST /api/v1/models)") from None
+    try:
+        with transaction.atomic():
+            return Deployment.objects.create(name=name, model=model_row, replicas=replicas, priority=priority)
+    except IntegrityError:
+        raise Conflict(f"a deployment named {name!r} already exists") from None
+
+
+def get_deployment(name: str) -> Deployment:
+    try:
+        return Deployment.objects.select_related("model").get(name=name)
+    except Deployment.DoesNotExist:
+        raise NotFound(f"no deployment named {name!r}") from None
+
+
+def delete_deployment(name: str) -> None:
+    """Delete the deployment and its replicas; the next scheduler pass tells the agents to stop them."""
+    get_deployment(name).delete()

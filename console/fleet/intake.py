@@ -1,0 +1,90 @@
+"""Apply what agents report to the database. Synchronous; consumers call it through
+database_sync_to_async. Agent input only ever updates rows of the agent's own host."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from agent.protocol import Ack, GpuInfo, Hello, HostReport, ReplicaStatus
+from console.deployments.models import Replica
+from console.fleet.models import AgentCredential, Gpu, Host
+
+log = logging.getLogger("modelgrid.fleet")
+
+
+class RefusedHello(Exception):
+    """The agent's hello cannot be accepted; the message says why."""
+
+
+def register_hello(credential: AgentCredential, hello: Hello) -> Host:
+    if hello.host != credential.host_name:
+        raise RefusedHello(
+            f"this token is for host {credential.host_name!r}, but the agent says it is {hello.host!r}"
+        )
+    with transaction.atomic():
+        host, _ = Host.objects.update_or_create(
+            name=hello.host,
+            defaults={
+                "endpoint": hello.endpoint,
+                "agent_version": hello.agent_version,
+                "connected": True,
+                "last_seen": timezone.now(),
+            },
+        )
+        _sync_gpus(host, hello.gpus, prune=True)
+    return host
+
+
+def _sync_gpus(host: Host, gpus: list[GpuInfo], prune: bool = False) -> None:
+    for info in gpus:
+        Gpu.objects.update_or_create(
+            host=host,
+            index=info.index,
+            defaults={
+                "uuid": info.uuid,
+                "name": info.name,
+                "total_bytes": info.total_bytes,
+                "used_bytes": info.used_bytes,
+                "utilization": info.utilization,
+                "simulated": info.simulated,
+            },
+        )
+    if prune:
+        Gpu.objects.filter(host=host).exclude(index__in=[g.index for g in gpus]).delete()
+
+
+def apply_report(host: Host, report: HostReport) -> None:
+    with transaction.atomic():
+        Host.objects.filter(pk=host.pk).update(last_seen=timezone.now(), connected=True)
+        _sync_gpus(host, report.gpus)
+        for status in report.replicas:
+            apply_replica_status(host, status)
+
+
+def apply_replica_status(host: Host, status: ReplicaStatus) -> None:
+    """Record a replica's observed state; statuses for replicas of other hosts are ignored."""
+    fields: dict = {"observed_state": status.state, "pid": status.pid}
+    if status.measured_bytes is not None:
+        fields["measured_bytes"] = status.measured_bytes
+    if status.loaded_bytes is not None:
+        fields["loaded_bytes"] = status.loaded_bytes
+    if status.reason:
+        fields["reason"] = status.reason
+    rows = Replica.objects.filter(pk=status.replica_id, host=host)
+    if status.state == "ready":
+        rows.filter(ready_at__isnull=True).update(ready_at=timezone.now())
+    elif status.state in ("stopped", "failed", "loading"):
+        fields["ready_at"] = None
+    if not rows.update(**fields):
+        log.debug("host %s reported unknown replica %s", host.name, status.replica_id)
+
+
+def apply_ack(host: Host, ack: Ack) -> None:
+    Host.objects.filter(pk=host.pk, acked_generation__lt=ack.generation).update(acked_generation=ack.generation)
+
+
+def mark_disconnected(host: Host) -> None:
+    Host.objects.filter(pk=host.pk).update(connected=False)

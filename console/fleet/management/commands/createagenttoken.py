@@ -1,0 +1,14 @@
+from django.core.management.base import BaseCommand
+
+from console.fleet.models import AgentCredential
+
+
+class Command(BaseCommand):
+    help = "Print a new agent token for host HOSTNAME (replacing any earlier one). Shown once."
+
+    def add_arguments(self, parser):
+        parser.add_argument("hostname")
+
+    def handle(self, hostname, **options):
+        _, token = AgentCredential.issue(hostname)
+        self.stdout.write(token)

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+from console.accounts.tokens import hash_token, matches, new_token, token_prefix
+
+
+class Host(models.Model):
+    """A GPU host, known from its agent's hello and reports."""
+
+    name = models.CharField(max_length=200, unique=True)
+    endpoint = models.CharField(max_length=300, blank=True, help_text="Base URL of the agent's inference server")
+    agent_version = models.CharField(max_length=50, blank=True)
+    connected = models.BooleanField(default=False)
+    last_seen = models.DateTimeField(null=True, blank=True)
+    # Desired-state generation pushed to the agent, and the one it acknowledged applying.
+    generation = models.PositiveBigIntegerField(default=0)
+    acked_generation = models.PositiveBigIntegerField(default=0)
+    desired_digest = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Gpu(models.Model):
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveIntegerField()
+    uuid = models.CharField(max_length=100)
+    name = models.CharField(max_length=200)
+    total_bytes = models.PositiveBigIntegerField(default=0)
+    used_bytes = models.PositiveBigIntegerField(default=0)
+    utilization = models.FloatField(null=True, blank=True)
+    simulated = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["host__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["host", "index"], name="gpu_unique_index_per_host")]
+
+    def __str__(self) -> str:
+        return f"{self.host.name}/{self.index}"
+
+    @property
+    def free_bytes(self) -> int:
+        return max(self.total_bytes - self.used_bytes, 0)
+
+
+class AgentCredential(models.Model):
+    """The token an agent presents for one host name; only its hash is stored."""
+
+    host_name = models.CharField(max_length=200, unique=True)
+    prefix = models.CharField(max_length=16, db_index=True)
+    token_hash = models.CharField(max_length=64, unique=True)
+    created = models.DateTimeField(default=timezone.now)
+    last_used = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"agent {self.host_name} ({self.prefix}…)"
+
+    @classmethod
+    def issue(cls, host_name: str) -> tuple[AgentCredential, str]:
+        """Create or rotate the credential for `host_name`; returns the plaintext once."""
+        token = new_token("agent")
+        row, _ = cls.objects.update_or_create(
+            host_name=host_name, defaults={"prefix": token_prefix(token), "token_hash": hash_token(token)}
+        )
+        return row, token
+
+    @classmethod
+    def authenticate(cls, token: str) -> AgentCredential | None:
+        for row in cls.objects.filter(prefix=token_prefix(token)):
+            if matches(token, row.token_hash):
+                cls.objects.filter(pk=row.pk).update(last_used=timezone.now())
+                return row
+        return None

@@ -1,0 +1,21 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from console.api import api
+from console.catalog import views as catalog
+from console.deployments import views as deployments
+from console.fleet import views as fleet
+
+urlpatterns = [
+    path("", fleet.dashboard, name="dashboard"),
+    path("models/", catalog.models_page, name="models"),
+    path("models/register/", catalog.register, name="model-register"),
+    path("models/<str:name>/deploy/", catalog.deploy, name="model-deploy"),
+    path("deployments/<str:name>/", deployments.deployment_page, name="deployment"),
+    path("deployments/<str:name>/delete/", deployments.delete, name="deployment-delete"),
+    path("api/v1/", api.urls),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,67 @@
+"""Shared fixtures. Tests that touch the database are also run on PostgreSQL + Redis (db_stack)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+E2E_DIR = Path(__file__).parent / "e2e"
+
+
+def pytest_collection_modifyitems(items):
+    # Database, consumer and end-to-end tests run a second time on PostgreSQL + Redis.
+    for item in items:
+        if item.get_closest_marker("django_db") or E2E_DIR in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.db_stack)
+
+
+def write_model_dir(path: Path, *, hidden: int = 16, vocab: int = 32, layers: int = 1, arch="LlamaForCausalLM",
+                    model_type="llama") -> Path:
+    """A small but well-formed model directory written with numpy (no torch needed)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"architectures": [arch], "model_type": model_type,
+                                                  "hidden_size": hidden, "vocab_size": vocab,
+                                                  "num_hidden_layers": layers}))
+    tensors = {"model.embed_tokens.weight": np.zeros((vocab, hidden), np.float32)}
+    for i in range(layers):
+        tensors[f"model.layers.{i}.mlp.up_proj.weight"] = np.zeros((hidden * 2, hidden), np.float32)
+    save_file(tensors, str(path / "model.safetensors"))
+    return path
+
+
+@pytest.fixture
+def model_dir(tmp_path) -> Path:
+    return write_model_dir(tmp_path / "tiny")
+
+
+@pytest.fixture
+def api_token(db):
+    from django.contrib.auth import get_user_model
+
+    from console.accounts.models import ApiToken
+
+    user = get_user_model().objects.create_user("ops", password="unused-password-123")
+    return ApiToken.issue(user)[1]
+
+
+@pytest.fixture
+def api(client, api_token):
+    """The Django test client with a valid bearer token and JSON helpers."""
+
+    class Api:
+        auth = {"HTTP_AUTHORIZATION": f"Bearer {api_token}"}
+
+        def get(self, url):
+            return client.get(url, **self.auth)
+
+        def post(self, url, body):
+            return client.post(url, data=json.dumps(body), content_type="application/json", **self.auth)
+
+        def delete(self, url):
+            return client.delete(url, **self.auth)
+
+    return Api()

@@ -1,0 +1,61 @@
+import pytest
+
+from console.catalog.models import Model
+
+pytestmark = pytest.mark.django_db
+
+
+def test_it_registers_a_model_and_returns_its_estimate(api, model_dir):
+    r = api.post("/api/v1/models", {"name": "tiny", "path": str(model_dir)})
+    assert r.status_code == 201, r.content
+    body = r.json()
+    assert body["architecture"] == "LlamaForCausalLM"
+    assert body["weights_bytes"] == 4096
+    assert body["estimate_bytes"] == body["estimate"]["total_bytes"] > 4096
+    assert Model.objects.get(name="tiny").path == str(model_dir.resolve())
+
+
+@pytest.mark.parametrize(
+    "path, message",
+    [("/definitely/not/here", "no such directory"), ("", "path is empty")],
+)
+def test_it_refuses_a_missing_path_and_stores_nothing(api, path, message):
+    r = api.post("/api/v1/models", {"name": "x", "path": path})
+    assert r.status_code == 422
+    assert message in r.json()["detail"]
+    assert not Model.objects.exists()
+
+
+def test_it_refuses_a_directory_that_is_not_a_model(api, tmp_path):
+    r = api.post("/api/v1/models", {"name": "x", "path": str(tmp_path)})
+    assert r.status_code == 422
+    assert "no config.json" in r.json()["detail"]
+    assert not Model.objects.exists()
+
+
+def test_it_refuses_a_bad_name(api, model_dir):
+    r = api.post("/api/v1/models", {"name": "Bad Name!", "path": str(model_dir)})
+    assert r.status_code == 422
+    assert "model name 'Bad Name!' is not valid" in r.json()["detail"]
+
+
+def test_it_refuses_a_duplicate_name(api, model_dir):
+    assert api.post("/api/v1/models", {"name": "tiny", "path": str(model_dir)}).status_code == 201
+    r = api.post("/api/v1/models", {"name": "tiny", "path": str(model_dir)})
+    assert r.status_code == 409
+    assert Model.objects.count() == 1
+
+
+def test_it_requires_a_valid_token(client, model_dir):
+    r = client.post("/api/v1/models", {"name": "x", "path": str(model_dir)}, content_type="application/json",
+                    HTTP_AUTHORIZATION="Bearer mg_api_wrong")
+    assert r.status_code == 401
+    assert not Model.objects.exists()
+
+
+def test_it_will_not_delete_a_model_in_use(api, model_dir):
+    api.post("/api/v1/models", {"name": "tiny", "path": str(model_dir)})
+    api.post("/api/v1/deployments", {"name": "d", "model": "tiny"})
+    r = api.delete("/api/v1/models/tiny")
+    assert r.status_code == 409
+    assert "used by deployment(s) d" in r.json()["detail"]

@@ -1,0 +1,52 @@
+import pytest
+
+from console.deployments.models import Deployment
+from console.deployments.reconcile import reconcile_once
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def registered(api, model_dir):
+    assert api.post("/api/v1/models", {"name": "tiny", "path": str(model_dir)}).status_code == 201
+
+
+def test_it_creates_a_deployment_that_waits_for_placement(api, registered):
+    r = api.post("/api/v1/deployments", {"name": "chat", "model": "tiny", "replicas": 2})
+    assert r.status_code == 201, r.content
+    assert r.json()["state"] == "pending"
+    reconcile_once()
+    body = api.get("/api/v1/deployments/chat").json()
+    assert body["replica_count"] == 2
+    assert [rep["state"] for rep in body["replicas"]] == ["pending", "pending"]
+    assert all(rep["host"] is None and rep["endpoint"] is None for rep in body["replicas"])
+
+
+def test_a_deployment_with_no_gpus_anywhere_is_unschedulable_with_a_reason(api, registered):
+    api.post("/api/v1/deployments", {"name": "chat", "model": "tiny"})
+    reconcile_once()
+    body = api.get("/api/v1/deployments/chat").json()
+    assert body["state"] == "unschedulable"
+    assert "no GPU is available" in body["reason"]
+    assert "no GPU is available" in body["replicas"][0]["reason"]
+
+
+def test_it_refuses_an_unknown_model_and_stores_nothing(api):
+    r = api.post("/api/v1/deployments", {"name": "chat", "model": "ghost"})
+    assert r.status_code == 422
+    assert "no model named 'ghost'" in r.json()["detail"]
+    assert not Deployment.objects.exists()
+
+
+def test_it_refuses_a_negative_replica_count(api, registered):
+    r = api.post("/api/v1/deployments", {"name": "chat", "model": "tiny", "replicas": -1})
+    assert r.status_code == 422
+    assert not Deployment.objects.exists()
+
+
+def test_it_deletes_a_deployment(api, registered):
+    api.post("/api/v1/deployments", {"name": "chat", "model": "tiny"})
+    assert api.delete("/api/v1/deployments/chat").status_code == 204
+    r = api.get("/api/v1/deployments/chat")
+    assert r.status_code == 404
+    assert r.json()["detail"] == "no deployment named 'chat'"

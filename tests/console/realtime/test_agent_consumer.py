@@ -1,0 +1,103 @@
+import json
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from agent.protocol import PROTOCOL_VERSION
+from console.asgi import application
+from console.fleet.models import AgentCredential, Gpu, Host
+
+pytestmark = pytest.mark.django_db(transaction=True)
+GiB = 1024**3
+
+
+def hello(host="h1", total=24 * GiB):
+    return {"type": "hello", "protocol": PROTOCOL_VERSION, "host": host, "agent_version": "test",
+            "endpoint": "http://127.0.0.1:9999",
+            "gpus": [{"index": 0, "uuid": "SIM-h1-0", "name": "Simulated GPU", "total_bytes": total,
+                      "used_bytes": 0, "simulated": True}]}
+
+
+async def connect(token):
+    comm = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", f"Bearer {token}".encode())])
+    connected, _ = await comm.connect()
+    return comm, connected
+
+
+@pytest.fixture
+def token():
+    return AgentCredential.issue("h1")[1]
+
+
+async def test_it_refuses_a_wrong_token_at_the_handshake(token, caplog):
+    comm, connected = await connect("mg_agent_not-the-token")
+    assert not connected
+    assert "refused agent connection" in caplog.text
+    assert not await database_sync_to_async(Host.objects.exists)()
+
+
+async def test_it_refuses_a_connection_without_a_token():
+    comm = WebsocketCommunicator(application, "/ws/agent/")
+    connected, _ = await comm.connect()
+    assert not connected
+
+
+async def test_a_hello_registers_the_host_and_gets_the_full_desired_state(token):
+    comm, connected = await connect(token)
+    assert connected
+    await comm.send_to(text_data=json.dumps(hello()))
+    reply = json.loads(await comm.receive_from(timeout=5))
+    assert reply == {"type": "desired_state", "generation": 0, "replicas": []}
+    host = await database_sync_to_async(Host.objects.get)(name="h1")
+    assert host.connected and host.endpoint == "http://127.0.0.1:9999"
+    assert await database_sync_to_async(Gpu.objects.filter(host=host, simulated=True).count)() == 1
+    await comm.disconnect()
+    await database_sync_to_async(host.refresh_from_db)()
+    assert not host.connected
+
+
+async def test_a_malformed_message_gets_an_error_and_the_link_stays_up(token):
+    comm, _ = await connect(token)
+    await comm.send_to(text_data="{this is not json")
+    reply = json.loads(await comm.receive_from(timeout=5))
+    assert reply["type"] == "error" and "invalid message" in reply["reason"]
+    await comm.send_to(text_data=json.dumps({"type": "report", "gpus": "lots"}))
+    reply = json.loads(await comm.receive_from(timeout=5))
+    assert reply["type"] == "error" and "gpus" in reply["reason"]
+    await comm.send_to(text_data=json.dumps(hello()))  # still connected and usable
+    assert json.loads(await comm.receive_from(timeout=5))["type"] == "desired_state"
+    await comm.disconnect()
+
+
+async def test_messages_before_the_hello_are_refused(token):
+    comm, _ = await connect(token)
+    await comm.send_to(text_data=json.dumps({"type": "ack", "generation": 1}))
+    reply = json.loads(await comm.receive_from(timeout=5))
+    assert reply == {"type": "error", "reason": "send a hello first (got ack)"}
+    await comm.disconnect()
+
+
+async def test_a_token_cannot_speak_for_another_host(token):
+    comm, _ = await connect(token)
+    await comm.send_to(text_data=json.dumps(hello(host="someone-else")))
+    reply = json.loads(await comm.receive_from(timeout=5))
+    assert "this token is for host 'h1'" in reply["reason"]
+    assert not await database_sync_to_async(Host.objects.filter(name="someone-else").exists)()
+    await comm.disconnect()
+
+
+async def test_reports_update_gpu_memory_and_acks_are_recorded(token):
+    comm, _ = await connect(token)
+    await comm.send_to(text_data=json.dumps(hello()))
+    await comm.receive_from(timeout=5)
+    report = {"type": "report", "gpus": [hello()["gpus"][0] | {"used_bytes": 5 * GiB}], "replicas": []}
+    await comm.send_to(text_data=json.dumps(report))
+    await comm.send_to(text_data=json.dumps({"type": "ack", "generation": 0}))
+    await comm.send_to(text_data=json.dumps({"type": "ack", "generation": 0}))
+    # The consumer handles messages in order; a final hello round trip proves the report was applied.
+    await comm.send_to(text_data=json.dumps(hello() | {"gpus": report["gpus"]}))
+    await comm.receive_from(timeout=5)
+    gpu = await database_sync_to_async(Gpu.objects.get)(host__name="h1", index=0)
+    assert gpu.used_bytes == 5 * GiB
+    await comm.disconnect()

@@ -1,0 +1,57 @@
+import pytest
+from django.contrib.auth import get_user_model
+
+from console.catalog.models import Model
+from console.deployments.models import Deployment
+from tests.conftest import write_model_dir
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def user_client(client):
+    get_user_model().objects.create_user("ann", password="a-long-password")
+    client.login(username="ann", password="a-long-password")
+    return client
+
+
+@pytest.fixture
+def store(settings, tmp_path):
+    settings.MODEL_STORE = tmp_path / "store"
+    write_model_dir(settings.MODEL_STORE / "tiny-llama")
+    (settings.MODEL_STORE / "junk").mkdir()
+    return settings.MODEL_STORE
+
+
+def test_the_dashboard_needs_a_login(client):
+    r = client.get("/")
+    assert r.status_code == 302 and r["Location"].startswith("/accounts/login/")
+
+
+def test_the_dashboard_shows_an_empty_fleet(user_client):
+    r = user_client.get("/")
+    assert r.status_code == 200
+    assert b"No hosts yet" in r.content and b'ws-connect="/ws/dashboard/"' in r.content
+
+
+def test_the_models_page_lists_the_store_and_what_is_not_a_model(user_client, store):
+    r = user_client.get("/models/")
+    assert r.status_code == 200
+    html = r.content.decode()
+    assert 'data-store-entry="tiny-llama"' in html and ">Register</button>" in html
+    assert 'data-store-entry="junk"' in html and "not a servable model" in html
+
+
+def test_one_click_register_then_deploy(user_client, store):
+    r = user_client.post("/models/register/", {"name": "tiny-llama", "path": str(store / "tiny-llama")}, follow=True)
+    assert b"Registered tiny-llama" in r.content
+    assert Model.objects.filter(name="tiny-llama").exists()
+    r = user_client.post("/models/tiny-llama/deploy/", follow=True)
+    assert r.redirect_chain[-1][0] == "/deployments/tiny-llama/"
+    assert Deployment.objects.get().model.name == "tiny-llama"
+
+
+def test_a_refused_registration_says_why_and_stores_nothing(user_client, store):
+    r = user_client.post("/models/register/", {"name": "junk", "path": str(store / "junk")}, follow=True)
+    assert b"Not registered" in r.content and b"no config.json" in r.content
+    assert not Model.objects.exists()
