@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    "ninja",  # serves the API docs page from local static files (no CDN)
     "console.accounts",
     "console.fleet",
     "console.catalog",

@@ -1,0 +1,115 @@
+"""Command line: `python -m agent run ...` and `python -m agent demo-models DIR`.
+
+Nothing heavy is imported at module level: `--help` must stay instant and torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+from typing import TYPE_CHECKING
+
+import agent
+
+if TYPE_CHECKING:
+    from agent.daemon import Agent
+
+TOKEN_ENV = "MODELGRID_AGENT_TOKEN"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m agent", description="ModelGrid host agent")
+    parser.add_argument("--version", action="version", version=f"modelgrid-agent {agent.__version__}")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="connect to the console, run workers and serve inference")
+    run.add_argument("--console", required=True, help="console base URL, e.g. http://127.0.0.1:8000")
+    run.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"agent token (default: ${TOKEN_ENV})")
+    run.add_argument("--name", default=socket.gethostname(), help="host name to register (default: this host's)")
+    run.add_argument("--gpus", default="nvml", help="'nvml' (default) or simulated GPUs like sim:2x24GiB")
+    run.add_argument(
+        "--listen",
+        default="127.0.0.1:0",
+        type=_address,
+        help="HOST:PORT for the inference server (default 127.0.0.1:0, a free port)",
+    )
+    run.add_argument("--advertise", default="", help="inference base URL to announce (default: from --listen)")
+    run.add_argument("--report-interval", default=2.0, type=_positive, help="seconds between host reports")
+
+    demo = commands.add_parser("demo-models", help="write the demo model directories (tiny-llama, tiny-bert, minilm)")
+    demo.add_argument("directory")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.command == "demo-models":
+        from agent.workers.demo_models import write_demo_models
+
+        write_demo_models(args.directory)
+        return 0
+    return _run(parser, args)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from agent.daemon import Agent, AgentConfig, websocket_url
+    from agent.gpus import GpuBackendUnavailable, make_backend
+
+    if not args.token:
+        parser.error(f"an agent token is required: pass --token or set {TOKEN_ENV}")
+    try:
+        websocket_url(args.console)
+        backend = make_backend(args.gpus, host=args.name)
+    except (ValueError, GpuBackendUnavailable) as e:
+        parser.error(str(e))
+    host, port = args.listen
+    config = AgentConfig(
+        console=args.console,
+        token=args.token,
+        name=args.name,
+        listen_host=host,
+        listen_port=port,
+        report_interval=args.report_interval,
+        advertise=args.advertise,
+    )
+    return asyncio.run(_serve(Agent(config, backend)))
+
+
+async def _serve(daemon: Agent) -> int:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, daemon.request_stop)
+    try:
+        await daemon.run()
+    except OSError as e:  # the listen address is taken or not ours
+        logging.getLogger("agent").error("cannot serve inference: %s", e)
+        return 1
+    return 0
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (for example 127.0.0.1:8100, port 0 for any)")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value

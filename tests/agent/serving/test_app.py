@@ -1,0 +1,248 @@
+"""The v2 REST endpoints over fake replicas (no worker processes)."""
+
+import asyncio
+
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from agent.serving import make_app
+from agent.workers.spec import WorkerSpec
+from agent.workers.supervisor import InferenceInputError, InferenceTimeout, WorkerUnavailable
+
+VOCAB = 8
+
+
+class FakeReplica:
+    def __init__(self, replica_id, deployment, task="causal-lm", state="ready", reason="", raises=None):
+        self.spec = WorkerSpec(replica_id, f"/models/{deployment}", task, deployment=deployment)
+        self.state, self.reason, self.raises = state, reason, raises
+        self.info = {"output_dim": VOCAB if task == "causal-lm" else 4}
+        self.queued = 0
+        self.seen = []
+
+    async def infer(self, inputs):
+        self.seen.append(inputs)
+        if self.raises:
+            raise self.raises
+        ids = inputs["input_ids"]
+        if self.spec.task == "causal-lm":
+            # logits[b, s, v] = id * 10 + v: easy to check the row-major order
+            return {"logits": (ids[..., None] * 10 + np.arange(VOCAB)).astype(np.float32)}
+        return {"embeddings": np.full((ids.shape[0], 4), 0.5, dtype=np.float32)}
+
+
+class FakeSource:
+    def __init__(self, *replicas):
+        self.replicas = list(replicas)
+
+    def handles(self):
+        return self.replicas
+
+
+@pytest.fixture
+async def serve():
+    clients = []
+
+    async def start(*replicas):
+        client = TestClient(TestServer(make_app(FakeSource(*replicas))))
+        await client.start_server()
+        clients.append(client)
+        return client
+
+    yield start
+    for client in clients:
+        await client.close()
+
+
+def ids_body(data, shape, datatype="INT64", **extra):
+    return {"inputs": [{"name": "input_ids", "shape": shape, "datatype": datatype, "data": data}], **extra}
+
+
+async def test_it_is_live_and_describes_itself(serve):
+    client = await serve()
+    assert (await client.get("/v2/health/live")).status == 200
+    meta = await (await client.get("/v2")).json()
+    assert meta["name"] == "modelgrid-agent" and meta["extensions"] == []
+
+
+async def test_it_is_ready_only_when_every_replica_is(serve):
+    client = await serve(FakeReplica(1, "chat"), FakeReplica(2, "embed", "encoder", state="loading"))
+    response = await client.get("/v2/health/ready")
+    assert response.status == 503
+    assert (await response.json())["error"] == "not ready: replica 2 of 'embed' is loading"
+    assert (await (await serve(FakeReplica(1, "chat"))).get("/v2/health/ready")).status == 200
+    assert (await (await serve()).get("/v2/health/ready")).status == 200
+
+
+async def test_it_gives_model_metadata_with_tensor_names_and_shapes(serve):
+    client = await serve(FakeReplica(1, "chat"), FakeReplica(2, "embed", "encoder"))
+    chat = await (await client.get("/v2/models/chat")).json()
+    assert chat == {
+        "name": "chat",
+        "versions": [],
+        "platform": "pytorch",
+        "inputs": [
+            {"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
+            {"name": "attention_mask", "datatype": "INT64", "shape": [-1, -1]},
+        ],
+        "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, -1, VOCAB]}],
+    }
+    embed = await (await client.get("/v2/models/embed")).json()
+    assert [t["name"] for t in embed["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert embed["outputs"] == [{"name": "embeddings", "datatype": "FP32", "shape": [-1, 4]}]
+
+
+async def test_it_says_whether_a_model_is_ready(serve):
+    client = await serve(FakeReplica(1, "chat"), FakeReplica(2, "slow", state="loading"))
+    assert await (await client.get("/v2/models/chat/ready")).json() == {"name": "chat", "ready": True}
+    response = await client.get("/v2/models/slow/ready")
+    assert response.status == 503 and "replica 2 of 'slow' is loading" in (await response.json())["error"]
+
+
+async def test_it_runs_inference_and_returns_flat_row_major_fp32(serve):
+    chat = FakeReplica(1, "chat")
+    client = await serve(chat)
+    response = await client.post("/v2/models/chat/infer", json=ids_body([1, 2, 3, 4], [2, 2], id="req-7"))
+    assert response.status == 200, await response.text()
+    body = await response.json()
+    assert body["model_name"] == "chat" and body["id"] == "req-7"
+    [logits] = body["outputs"]
+    assert logits["name"] == "logits" and logits["datatype"] == "FP32" and logits["shape"] == [2, 2, VOCAB]
+    expected = (np.array([[1, 2], [3, 4]])[..., None] * 10 + np.arange(VOCAB)).ravel().tolist()
+    assert logits["data"] == expected
+    assert chat.seen[0]["input_ids"].dtype == np.int64 and chat.seen[0]["input_ids"].shape == (2, 2)
+
+
+async def test_it_takes_nested_data_and_optional_inputs_and_outputs(serve):
+    embed = FakeReplica(1, "embed", "encoder")
+    client = await serve(embed)
+    body = {
+        "inputs": [
+            {"name": "input_ids", "shape": [1, 3], "datatype": "INT64", "data": [[101, 7, 102]]},
+            {"name": "attention_mask", "shape": [1, 3], "datatype": "INT64", "data": [[1, 1, 0]]},
+            {"name": "token_type_ids", "shape": [1, 3], "datatype": "INT64", "data": [0, 0, 0]},
+        ],
+        "outputs": [{"name": "embeddings"}],
+    }
+    response = await client.post("/v2/models/embed/infer", json=body)
+    assert response.status == 200, await response.text()
+    [out] = (await response.json())["outputs"]
+    assert out["shape"] == [1, 4] and out["data"] == [0.5] * 4
+    assert embed.seen[0]["attention_mask"].tolist() == [[1, 1, 0]]
+    assert (await response.json())["id"]  # one is made up when the client gave none
+
+
+async def test_it_routes_to_the_least_busy_ready_replica(serve):
+    busy, idle, loading = FakeReplica(1, "chat"), FakeReplica(2, "chat"), FakeReplica(3, "chat", state="loading")
+    busy.queued = 3
+    client = await serve(busy, idle, loading)
+    assert (await client.post("/v2/models/chat/infer", json=ids_body([1], [1, 1]))).status == 200
+    assert idle.seen and not busy.seen and not loading.seen
+
+
+async def test_an_unknown_model_is_a_404_naming_it(serve):
+    client = await serve(FakeReplica(1, "chat"))
+    for method, path in (
+        ("GET", "/v2/models/nope"),
+        ("GET", "/v2/models/nope/ready"),
+        ("POST", "/v2/models/nope/infer"),
+    ):
+        response = await client.request(method, path, json=ids_body([1], [1, 1]))
+        assert response.status == 404
+        assert await response.json() == {"error": "model 'nope' is not served by this agent (it serves: chat)"}
+
+
+async def test_an_unknown_route_is_a_json_404(serve):
+    response = await (await serve()).get("/v2/nothing/here")
+    assert response.status == 404 and "error" in await response.json()
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "message"),
+    [
+        ("loading", "", "model 'chat' is not ready: replica 1 of 'chat' is loading"),
+        (
+            "failed",
+            "OSError: disk gone",
+            "model 'chat' is not ready: replica 1 of 'chat' is failed: OSError: disk gone",
+        ),
+    ],
+)
+async def test_a_model_that_is_not_ready_is_a_503_with_state_and_reason(serve, state, reason, message):
+    client = await serve(FakeReplica(1, "chat", state=state, reason=reason))
+    response = await client.post("/v2/models/chat/infer", json=ids_body([1], [1, 1]))
+    assert response.status == 503
+    assert await response.json() == {"error": message}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ([], "the request body must be a JSON object with an 'inputs' list"),
+        ({}, "'inputs' must be a non-empty list of tensors"),
+        ({"inputs": [{"shape": [1, 1], "datatype": "INT64", "data": [1]}]}, "inputs[0].name must be a non-empty"),
+        (ids_body([1.5], [1, 1], "FP32"), "input 'input_ids' must have datatype INT64, got 'FP32'"),
+        (ids_body([1], [1, 1], "LONG"), "got 'LONG' (not a v2 datatype)"),
+        (ids_body([1, 2, 3], [2, 2]), "input 'input_ids' has 3 values but shape [2, 2] needs 4"),
+        (ids_body([1, 2], [2]), "input 'input_ids' must have shape [batch, sequence]"),
+        (ids_body([1, 2], [1, "2"]), "input 'input_ids': 'shape' must be a list of non-negative integers"),
+        (ids_body([1, 2.5], [1, 2]), "input 'input_ids' (INT64) must hold integers only"),
+        (ids_body([1, True], [1, 2]), "must hold integers only"),
+        (ids_body("1 2", [1, 2]), "input 'input_ids': 'data' must be a list"),
+        (ids_body([1], [1, 1], outputs=[{"name": "hidden"}]), "outputs[0]: unknown output 'hidden'"),
+        (
+            {"inputs": [{"name": "attention_mask", "shape": [1, 1], "datatype": "INT64", "data": [1]}]},
+            "missing input 'input_ids'",
+        ),
+        (
+            {"inputs": [{"name": "pixels", "shape": [1, 1], "datatype": "INT64", "data": [1]}]},
+            "unknown input 'pixels'; this model takes input_ids, attention_mask",
+        ),
+        (
+            {
+                "inputs": [
+                    ids_body([1, 2], [1, 2])["inputs"][0],
+                    {"name": "attention_mask", "shape": [1, 1], "datatype": "INT64", "data": [1]},
+                ]
+            },
+            "input 'attention_mask' has shape [1, 1] but input_ids has [1, 2]",
+        ),
+    ],
+)
+async def test_a_malformed_request_is_a_400_naming_the_field(serve, body, message):
+    client = await serve(FakeReplica(1, "chat"))
+    response = await client.post("/v2/models/chat/infer", json=body)
+    assert response.status == 400
+    assert message in (await response.json())["error"]
+
+
+async def test_a_body_that_is_not_json_is_a_400(serve):
+    client = await serve(FakeReplica(1, "chat"))
+    response = await client.post("/v2/models/chat/infer", data=b"{not json")
+    assert response.status == 400 and "not valid JSON" in (await response.json())["error"]
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (InferenceInputError("input 'input_ids' holds 5000, outside this model's range [0, 8)"), 400),
+        (WorkerUnavailable("replica 1: worker process was killed by signal SIGKILL"), 503),
+        (InferenceTimeout("replica 1 did not answer within 120 s"), 504),
+        (RuntimeError("CUDA error: out of memory"), 500),
+    ],
+)
+async def test_worker_errors_map_to_statuses_with_their_message(serve, error, status):
+    client = await serve(FakeReplica(1, "chat", raises=error))
+    response = await client.post("/v2/models/chat/infer", json=ids_body([1], [1, 1]))
+    assert response.status == status
+    assert str(error) in (await response.json())["error"]
+
+
+async def test_it_serves_concurrent_requests(serve):
+    client = await serve(FakeReplica(1, "chat"))
+    responses = await asyncio.gather(
+        *(client.post("/v2/models/chat/infer", json=ids_body([i], [1, 1], id=str(i))) for i in range(10))
+    )
+    ids = [(await r.json())["id"] for r in responses]
+    assert ids == [str(i) for i in range(10)]

@@ -1,0 +1,69 @@
+"""`python -m agent` as a real process: argument errors, and a clean stop on SIGTERM."""
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def agent(*args: str, env_token: str | None = None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "MODELGRID_AGENT_TOKEN"}
+    if env_token:
+        env["MODELGRID_AGENT_TOKEN"] = env_token
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent", *args],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    out, err = proc.communicate(timeout=30)
+    return proc.returncode, out + err
+
+
+def test_it_needs_a_token():
+    code, output = finish(agent("run", "--console", "http://127.0.0.1:1", "--gpus", "sim:1x1GiB"))
+    assert code == 2 and "an agent token is required: pass --token or set MODELGRID_AGENT_TOKEN" in output
+
+
+def test_it_refuses_a_bad_gpu_spec_and_a_bad_listen_address():
+    code, output = finish(agent("run", "--console", "http://x", "--token", "t", "--gpus", "sim:2x24XB"))
+    assert code == 2 and "unknown size unit 'XB'" in output
+    code, output = finish(agent("run", "--console", "http://x", "--token", "t", "--listen", "localhost"))
+    assert code == 2 and "'localhost' is not HOST:PORT" in output
+
+
+def test_without_gpus_it_says_to_simulate_them():
+    code, output = finish(agent("run", "--console", "http://127.0.0.1:1", "--token", "t"))
+    if code != 2:  # a machine with an NVIDIA GPU gets past this point
+        return
+    assert "no NVIDIA GPU can be used" in output and "--gpus sim:2x24GiB" in output
+
+
+def test_it_announces_its_endpoint_and_exits_cleanly_on_sigterm():
+    proc = agent(
+        "run", "--console", "http://127.0.0.1:1", "--gpus", "sim:1x1GiB", "--name", "cli-test", env_token="mg_agent_x"
+    )
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 20)
+        assert ready, "no output within 20 s"
+        line = proc.stdout.readline()
+        assert line.startswith("ModelGrid agent cli-test serving inference on http://127.0.0.1:"), line
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        code, output = finish(proc)
+        assert code == 0, output
+        assert "cannot reach the console at ws://127.0.0.1:1/ws/agent/" in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

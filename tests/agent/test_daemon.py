@@ -1,0 +1,231 @@
+"""The agent against a fake console: a websocket server in the test that checks the bearer token."""
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+import psutil
+import pytest
+from aiohttp import web
+
+from agent.daemon import Agent, AgentConfig, websocket_url
+from agent.gpus import SimulatedBackend
+from agent.protocol import (
+    Ack,
+    DesiredReplica,
+    DesiredState,
+    Hello,
+    HostReport,
+    ReplicaStatus,
+    dump,
+    parse_agent_message,
+)
+from agent.workers.demo_models import build_tiny_llama
+
+TOKEN = "mg_agent_right"
+GIB = 1 << 30
+
+
+class FakeConsole:
+    """Accepts agents with the right token at /ws/agent/ and queues what they send."""
+
+    def __init__(self) -> None:
+        self.messages: asyncio.Queue = asyncio.Queue()
+        self.sockets: list[web.WebSocketResponse] = []
+        self.refused = 0
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/ws/agent/", self.agent_link)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+
+    async def agent_link(self, request: web.Request) -> web.StreamResponse:
+        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+            self.refused += 1
+            return web.Response(status=403)
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        self.sockets.append(ws)
+        async for message in ws:
+            await self.messages.put(parse_agent_message(message.data))
+        return ws
+
+    async def send(self, message) -> None:
+        await self.sockets[-1].send_str(dump(message))
+
+    async def expect(self, kind, timeout: float = 30, **fields):
+        """The next message of `kind` whose fields match; others are skipped. Bounded by `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no {kind.__name__} with {fields} within {timeout} s")
+            message = await asyncio.wait_for(self.messages.get(), remaining)
+            if isinstance(message, kind) and all(getattr(message, k) == v for k, v in fields.items()):
+                return message
+
+    async def stop(self) -> None:
+        for ws in self.sockets:
+            await ws.close()
+        await self.runner.cleanup()
+
+
+@pytest.fixture
+async def console():
+    fake = FakeConsole()
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def run_agent(console):
+    started = []
+
+    async def start(token: str = TOKEN) -> Agent:
+        config = AgentConfig(
+            console=console.url, token=token, name="test-host", report_interval=0.2, backoff_min=0.05, backoff_max=0.2
+        )
+        agent = Agent(config, SimulatedBackend("sim:1x80GiB,1x24GiB", host="test-host"))
+        task = asyncio.create_task(agent.run())
+        started.append((agent, task))
+        await asyncio.wait_for(agent.listening.wait(), 10)
+        return agent
+
+    yield start
+    for agent, task in started:
+        agent.request_stop()
+        await asyncio.wait_for(task, 30)
+        assert agent.supervisor.handles() == []
+
+
+def replica(path, replica_id=7, deployment="chat", state="ready") -> DesiredReplica:
+    return DesiredReplica(
+        id=replica_id,
+        deployment=deployment,
+        model_path=str(path),
+        architecture="LlamaForCausalLM",
+        gpus=[1],
+        reserved_bytes=GIB,
+        state=state,
+    )
+
+
+def test_it_derives_the_websocket_url_from_the_console_url():
+    assert websocket_url("http://127.0.0.1:8000/") == "ws://127.0.0.1:8000/ws/agent/"
+    assert websocket_url("https://grid.example") == "wss://grid.example/ws/agent/"
+    with pytest.raises(ValueError, match="must start with http://"):
+        websocket_url("127.0.0.1:8000")
+
+
+async def test_it_converges_to_the_desired_state_reports_and_serves(console, run_agent, tmp_path):
+    llama = build_tiny_llama(tmp_path / "tiny-llama")
+    agent = await run_agent()
+
+    hello = await console.expect(Hello)
+    assert hello.host == "test-host" and hello.protocol == 1 and hello.endpoint == agent.endpoint
+    assert hello.endpoint.startswith("http://127.0.0.1:")
+    assert [(g.uuid, g.total_bytes, g.used_bytes) for g in hello.gpus] == [
+        ("SIM-test-host-0", 80 * GIB, 0),
+        ("SIM-test-host-1", 24 * GIB, 0),
+    ]
+    assert (await console.expect(HostReport)).replicas == []
+
+    await console.send(DesiredState(generation=3, replicas=[replica(llama)]))
+    loading = await console.expect(ReplicaStatus, replica_id=7)
+    assert loading.state == "loading" and loading.pid
+    await console.expect(Ack, generation=3)
+    ready = await console.expect(ReplicaStatus, replica_id=7, state="ready", timeout=60)
+    assert ready.measured_bytes > 0 and ready.pid == loading.pid
+
+    # The simulated GPU the replica was placed on is charged what the worker measured.
+    report = await console.expect(HostReport)
+    assert [g.used_bytes for g in report.gpus] == [0, ready.measured_bytes]
+    assert [(r.replica_id, r.state) for r in report.replicas] == [(7, "ready")]
+
+    body = {"inputs": [{"name": "input_ids", "shape": [1, 3], "datatype": "INT64", "data": [1, 2, 3]}]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{agent.endpoint}/v2/models/chat/infer", json=body) as response:
+            assert response.status == 200, await response.text()
+            assert (await response.json())["outputs"][0]["shape"] == [1, 3, 1024]
+
+    # The console drops the link: the agent reconnects and the worker keeps running.
+    await console.sockets[-1].close()
+    hello = await console.expect(Hello, timeout=10)
+    report = await console.expect(HostReport)
+    assert [(r.replica_id, r.state, r.pid) for r in report.replicas] == [(7, "ready", loading.pid)]
+    await console.send(DesiredState(generation=3, replicas=[replica(llama)]))  # the console resends
+    await console.expect(Ack, generation=3)
+    assert agent.supervisor.get(7).pid == loading.pid
+
+    # An empty desired state stops the worker; a stale one afterwards is ignored (no ack, nothing started).
+    await console.send(DesiredState(generation=4, replicas=[]))
+    await console.expect(ReplicaStatus, replica_id=7, state="stopped")
+    await console.expect(Ack, generation=4)
+    assert not psutil.pid_exists(loading.pid)
+    await console.send(DesiredState(generation=2, replicas=[replica(llama)]))
+    with pytest.raises(TimeoutError):
+        await console.expect(Ack, timeout=0.6)
+    assert agent.supervisor.handles() == [] and agent.applied_generation == 4
+
+
+async def test_a_replica_that_cannot_load_is_reported_failed_and_retried_only_on_a_new_generation(
+    console, run_agent, tmp_path
+):
+    agent = await run_agent()
+    await console.expect(Hello)
+    missing = replica(tmp_path / "nowhere", replica_id=9)
+    await console.send(DesiredState(generation=1, replicas=[missing]))
+    failed = await console.expect(ReplicaStatus, replica_id=9)
+    assert failed.state == "failed" and failed.reason == f"{tmp_path / 'nowhere'}: no such directory"
+    await console.expect(Ack, generation=1)
+
+    await console.send(DesiredState(generation=1, replicas=[missing]))  # the same generation again
+    await console.expect(Ack, generation=1)
+    report = await console.expect(HostReport)
+    assert [(r.replica_id, r.state, r.reason) for r in report.replicas] == [(9, "failed", failed.reason)]
+
+    await console.send(DesiredState(generation=2, replicas=[missing]))  # a new generation: one retry
+    await console.expect(ReplicaStatus, replica_id=9, state="stopped")
+    await console.expect(ReplicaStatus, replica_id=9, state="failed")
+    await console.expect(Ack, generation=2)
+
+    # `stopped` (and for now `sleeping`) replicas do not run.
+    await console.send(DesiredState(generation=3, replicas=[replica(tmp_path, replica_id=9, state="stopped")]))
+    await console.expect(Ack, generation=3)
+    assert agent.supervisor.handles() == []
+
+
+async def test_it_logs_a_malformed_console_message_and_carries_on(console, run_agent, caplog):
+    await run_agent()
+    await console.expect(Hello)
+    await console.sockets[-1].send_str('{"type": "desired_state", "generation": -1, "replicas": []}')
+    await console.sockets[-1].send_str('{"type": "error", "reason": "hello from the wrong host"}')
+    await console.send(DesiredState(generation=1, replicas=[]))
+    await console.expect(Ack, generation=1)
+    assert "ignoring a console message that does not validate: desired_state.generation" in caplog.text
+    assert "the console reports an error: hello from the wrong host" in caplog.text
+
+
+async def test_a_refused_token_is_logged_and_retried(console, run_agent, caplog):
+    caplog.set_level(logging.INFO, logger="agent.daemon")
+    await run_agent(token="mg_agent_wrong")
+    deadline = time.monotonic() + 10
+    while console.refused < 3 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert console.refused >= 3 and console.sockets == []
+    assert "console refused the agent token (HTTP 403)" in caplog.text
+
+
+async def test_it_keeps_retrying_while_the_console_is_down(run_agent, caplog, console):
+    await console.stop()  # nothing listens on that port any more
+    agent = await run_agent()
+    await asyncio.sleep(0.5)
+    assert "cannot reach the console" in caplog.text and agent.endpoint

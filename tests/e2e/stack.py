@@ -1,0 +1,141 @@
+"""Start `manage.py up` as a real process on a free loopback port, with its own data dir and
+(on the PostgreSQL pass) its own database and Redis prefix."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+ADMIN_PASSWORD = "e2e-" + secrets.token_urlsafe(12)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Stack:
+    proc: subprocess.Popen
+    url: str
+    env: dict
+    data_dir: Path
+    lines: list[str] = field(default_factory=list)
+    token: str = ""
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url + "api/v1", headers={"Authorization": f"Bearer {self.token}"},
+                            timeout=30)
+
+    def manage(self, *args: str) -> str:
+        run = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True,
+                             text=True, timeout=60, check=True)
+        return run.stdout.strip()
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def worker_pids(self) -> set[int]:
+        """Worker processes: children of the agent started by multiprocessing spawn (not its resource tracker)."""
+        pids = set()
+        for p in self.descendants():
+            try:
+                if "--multiprocessing-fork" in p.cmdline():
+                    pids.add(p.pid)
+            except psutil.NoSuchProcess:
+                pass
+        return pids
+
+    def stop(self, timeout: float = 40) -> int:
+        family = self.descendants()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait(10)
+        _, alive = psutil.wait_procs(family, timeout=10)
+        for p in alive:
+            p.kill()
+        self.leftovers = [p.pid for p in alive]
+        return code
+
+
+def _database_env() -> tuple[dict, callable]:
+    """On the PostgreSQL pass, a fresh database for this stack; dropped by the returned cleanup."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith("postgres"):
+        return {}, lambda: None
+    import psycopg
+
+    name = f"modelgrid_e2e_{os.getpid()}_{secrets.token_hex(3)}"
+    base = url.rsplit("/", 1)[0]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+    def drop():
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return {"DATABASE_URL": f"{base}/{name}", "MODELGRID_CHANNEL_PREFIX": name}, drop
+
+
+def start(data_dir: Path, gpus: str = "sim:2x24GiB", timeout: float = 120) -> tuple[Stack, callable]:
+    db_env, drop_db = _database_env()
+    env = os.environ | db_env | {
+        "MODELGRID_DATA_DIR": str(data_dir),
+        "MODELGRID_ADMIN_PASSWORD": ADMIN_PASSWORD,
+        "MODELGRID_SCHEDULER_INTERVAL": "0.2",
+        "PYTHONUNBUFFERED": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "up", "--host", "127.0.0.1", "--port", str(port), "--gpus", gpus],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    stack = Stack(proc=proc, url="", env=env, data_dir=data_dir)
+    ready = threading.Event()
+
+    def pump():  # keep reading so the child never blocks on a full pipe
+        for line in proc.stdout:
+            stack.lines.append(line)
+            if line.startswith("ModelGrid console: "):
+                stack.url = line.split(": ", 1)[1].strip()
+                ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    if not ready.wait(timeout):
+        proc.kill()
+        drop_db()
+        raise RuntimeError("manage.py up did not start:\n" + "".join(stack.lines[-40:]))
+    stack.token = stack.manage("createapitoken", "e2e")
+    return stack, drop_db
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):
+    """Poll `predicate` until it returns something truthy; bounded by `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")

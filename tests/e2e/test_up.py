@@ -1,0 +1,110 @@
+"""The walking skeleton end to end, against a real `manage.py up`: register, deploy, infer,
+refuse what cannot fit, delete, and stop everything with Ctrl-C."""
+
+import json
+import struct
+import time
+
+import httpx
+import numpy as np
+import psutil
+
+from tests.e2e.stack import start, wait_for
+
+
+def reference_logits(path, input_ids):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        return model(torch.tensor(input_ids)).logits.numpy()
+
+
+def huge_model(path, gib: int):
+    """A well-formed model directory whose safetensors file declares `gib` GiB of weights.
+    The file is sparse, so it takes no disk space."""
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    n = gib * (1 << 30) // 4
+    header = json.dumps({"w": {"dtype": "F32", "shape": [n], "data_offsets": [0, n * 4]}}).encode()
+    with (path / "model.safetensors").open("wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.truncate(8 + len(header) + n * 4)
+    return path
+
+
+def ready(api, name):
+    def check():
+        d = api.get(f"/deployments/{name}").json()
+        return d if d["state"] == "ready" else None
+
+    return check
+
+
+def test_register_deploy_infer_delete_and_stop(tiny_llama, tmp_path):
+    began = time.monotonic()
+    stack, drop_db = start(tmp_path / "data")
+    try:
+        api = stack.api()
+        r = api.post("/models", json={"name": "tiny", "path": str(tiny_llama)})
+        assert r.status_code == 201, r.text
+
+        created = time.monotonic()
+        for name in ("chat", "spare"):
+            r = api.post("/deployments", json={"name": name, "model": "tiny", "replicas": 1})
+            assert r.status_code == 201, r.text
+        dep = wait_for(ready(api, "chat"), timeout=120, what="deployment chat to be ready")
+        print(f"\ndeployment created -> ready: {time.monotonic() - created:.2f} s")
+        wait_for(ready(api, "spare"), timeout=120, what="deployment spare to be ready")
+
+        replica = dep["replicas"][0]
+        assert replica["host"] == "local" and replica["endpoint"].startswith("http://127.0.0.1:")
+        assert 0 < replica["measured_bytes"] <= replica["reserved_bytes"]
+        gpu = next(g for g in api.get("/hosts").json()[0]["gpus"] if g["index"] == replica["gpus"][0])
+        assert gpu["simulated"]
+        assert gpu["used_bytes"] == sum(r["measured_bytes"] for r in gpu["replicas"])
+
+        # Real inference: the agent's logits equal, bit for bit, what the model computes here.
+        input_ids = [[1, 5, 42, 7, 300, 2], [3, 3, 9, 100, 8, 1]]
+        body = {"inputs": [{"name": "input_ids", "shape": [2, 6], "datatype": "INT64",
+                            "data": [t for row in input_ids for t in row]}]}
+        r = httpx.post(f"{replica['endpoint']}/v2/models/chat/infer", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        out = next(o for o in r.json()["outputs"] if o["name"] == "logits")
+        assert out["datatype"] == "FP32"
+        logits = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+        expected = reference_logits(tiny_llama, input_ids)
+        assert logits.shape == expected.shape
+        assert np.array_equal(logits, expected), f"max abs diff {np.abs(logits - expected).max()}"
+
+        # A model too big for every GPU: refused with a reason, nothing else disturbed.
+        assert api.post("/models", json={"name": "huge", "path": str(huge_model(tmp_path / "huge", 30))}).is_success
+        assert api.post("/deployments", json={"name": "huge", "model": "huge"}).status_code == 201
+        d = wait_for(lambda: (d := api.get("/deployments/huge").json())["state"] == "unschedulable" and d,
+                     timeout=30, what="huge to be unschedulable")
+        assert d["reason"].startswith("needs 36.0") and "the largest free space is" in d["reason"]
+
+        # Deleting a deployment stops its worker and empties its part of the GPU bar.
+        workers = stack.worker_pids()
+        assert len(workers) == 2
+        assert api.delete("/deployments/chat").status_code == 204
+        wait_for(lambda: len(workers & stack.worker_pids()) == 1, timeout=30, what="chat's worker to exit")
+        wait_for(lambda: all(r["deployment"] != "chat" for g in api.get("/hosts").json()[0]["gpus"]
+                             for r in g["replicas"]), timeout=15, what="chat to leave the GPU bar")
+        gpus = api.get("/hosts").json()[0]["gpus"]
+        assert sum(g["used_bytes"] for g in gpus) == sum(r["measured_bytes"] for g in gpus for r in g["replicas"])
+        r = httpx.get(f"{replica['endpoint']}/v2/models/chat/ready", timeout=10)
+        assert r.status_code == 404
+
+        # Ctrl-C stops the console, the agent and the remaining worker.
+        family = stack.descendants()
+        assert stack.worker_pids()
+        assert stack.stop() == 0
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family)
+        assert stack.leftovers == []
+        print(f"e2e duration: {time.monotonic() - began:.2f} s")
+    finally:
+        if stack.proc.poll() is None:
+            stack.stop()
+        drop_db()
