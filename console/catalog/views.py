@@ -8,7 +8,7 @@ from django.views.decorators.http import require_POST
 
 from console.catalog import services
 from console.catalog.models import Model
-from console.deployments.services import create_deployment
+from console.deployments.services import create_deployment, unused_deployment_name
 from console.errors import DomainError
 
 
@@ -43,7 +43,8 @@ def register(request):
 @require_POST
 def deploy(request, name: str):
     try:
-        dep = create_deployment(request.POST.get("deployment") or name, name, int(request.POST.get("replicas", 1)))
+        dep_name = request.POST.get("deployment") or unused_deployment_name(name)
+        dep = create_deployment(dep_name, name, int(request.POST.get("replicas", 1)))
     except (DomainError, ValueError) as e:
         messages.error(request, f"Not deployed: {e}")
         return redirect("models")

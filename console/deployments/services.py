@@ -30,6 +30,16 @@ def create_deployment(name: str, model: str, replicas: int = 1, priority: str = 
         raise Conflict(f"a deployment named {name!r} already exists") from None
 
 
+def unused_deployment_name(base: str) -> str:
+    """`base`, or `base-2`, `base-3`, ... whichever is free (for one-click deploys)."""
+    taken = set(Deployment.objects.filter(name__startswith=base).values_list("name", flat=True))
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base[: 63 - len(str(n)) - 1]}-{n}"
+    return name
+
+
 def get_deployment(name: str) -> Deployment:
     try:
         return Deployment.objects.select_related("model").get(name=name)

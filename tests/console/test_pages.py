@@ -49,6 +49,9 @@ def test_one_click_register_then_deploy(user_client, store):
     r = user_client.post("/models/tiny-llama/deploy/", follow=True)
     assert r.redirect_chain[-1][0] == "/deployments/tiny-llama/"
     assert Deployment.objects.get().model.name == "tiny-llama"
+    r = user_client.post("/models/tiny-llama/deploy/", follow=True)  # a second click, a second deployment
+    assert r.redirect_chain[-1][0] == "/deployments/tiny-llama-2/"
+    assert Deployment.objects.count() == 2
 
 
 def test_a_refused_registration_says_why_and_stores_nothing(user_client, store):

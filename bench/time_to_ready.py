@@ -1,0 +1,60 @@
+"""Time from a deployment's creation (POST /api/v1/deployments) to its replica reporting `ready`,
+through a real `manage.py up` with a simulated GPU: scheduler pass, websocket push, worker spawn,
+torch import, safetensors load, warm-up forward, status report.
+
+    .venv/bin/python bench/time_to_ready.py [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agent.workers.demo_models import build_tiny_llama  # noqa: E402
+from tests.e2e.stack import start, wait_for  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = build_tiny_llama(Path(tmp) / "models" / "tiny-llama")
+        t0 = time.monotonic()
+        stack, drop_db = start(Path(tmp))
+        startup = time.monotonic() - t0
+        rows = []
+        try:
+            api = stack.api()
+            assert api.post("/models", json={"name": "tiny", "path": str(model)}).status_code == 201
+            for run in range(args.runs):
+                name = f"bench-{run}"
+                began = time.monotonic()
+                assert api.post("/deployments", json={"name": name, "model": "tiny"}).status_code == 201
+                placed = wait_for(lambda n=name: api.get(f"/deployments/{n}").json()["replicas"][0]["host"], 30, 0.02)
+                placed_s = time.monotonic() - began
+                assert placed
+                wait_for(lambda n=name: api.get(f"/deployments/{n}").json()["state"] == "ready", 120, 0.02)
+                rows.append((run, placed_s, time.monotonic() - began))
+                assert api.delete(f"/deployments/{name}").status_code == 204
+                wait_for(lambda: not stack.worker_pids(), 30, 0.05)
+        finally:
+            stack.stop()
+            drop_db()
+    print(f"manage.py up to accepting requests: {startup:.2f} s")
+    print(f"{'run':>4} {'placed (s)':>11} {'ready (s)':>10}")
+    for run, placed, ready in rows:
+        print(f"{run:>4} {placed:>11.3f} {ready:>10.3f}")
+    readies = [r[2] for r in rows]
+    print(f"median ready {statistics.median(readies):.3f} s, min {min(readies):.3f} s, max {max(readies):.3f} s "
+          f"over {len(rows)} runs (model {model.name}, CPU worker on a simulated GPU)")
+
+
+if __name__ == "__main__":
+    main()
