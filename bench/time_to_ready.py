@@ -20,6 +20,11 @@ from agent.workers.demo_models import build_tiny_llama  # noqa: E402
 from tests.e2e.stack import start, wait_for  # noqa: E402
 
 
+def placed_host(api, name: str) -> str | None:
+    replicas = api.get(f"/deployments/{name}").json()["replicas"]
+    return replicas[0]["host"] if replicas else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -27,7 +32,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_llama(Path(tmp) / "models" / "tiny-llama")
         t0 = time.monotonic()
-        stack, drop_db = start(Path(tmp))
+        # The default scheduler interval, as `make run` has it (the tests use a shorter one).
+        stack, drop_db = start(Path(tmp), MODELGRID_SCHEDULER_INTERVAL="0.5")
         startup = time.monotonic() - t0
         rows = []
         try:
@@ -37,7 +43,7 @@ def main() -> None:
                 name = f"bench-{run}"
                 began = time.monotonic()
                 assert api.post("/deployments", json={"name": name, "model": "tiny"}).status_code == 201
-                placed = wait_for(lambda n=name: api.get(f"/deployments/{n}").json()["replicas"][0]["host"], 30, 0.02)
+                placed = wait_for(lambda n=name: placed_host(api, n), 30, 0.02)
                 placed_s = time.monotonic() - began
                 assert placed
                 wait_for(lambda n=name: api.get(f"/deployments/{n}").json()["state"] == "ready", 120, 0.02)

@@ -97,7 +97,9 @@ def _database_env() -> tuple[dict, callable]:
     return {"DATABASE_URL": f"{base}/{name}", "MODELGRID_CHANNEL_PREFIX": name}, drop
 
 
-def start(data_dir: Path, gpus: str = "sim:2x24GiB", timeout: float = 120) -> tuple[Stack, callable]:
+def start(
+    data_dir: Path, gpus: str = "sim:2x24GiB", timeout: float = 120, **env_overrides: str
+) -> tuple[Stack, callable]:
     db_env, drop_db = _database_env()
     env = os.environ | db_env | {
         "MODELGRID_DATA_DIR": str(data_dir),
@@ -105,7 +107,7 @@ def start(data_dir: Path, gpus: str = "sim:2x24GiB", timeout: float = 120) -> tu
         "MODELGRID_SCHEDULER_INTERVAL": "0.2",
         "PYTHONUNBUFFERED": "1",
         "HF_HUB_OFFLINE": "1",
-    }
+    } | env_overrides
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "up", "--host", "127.0.0.1", "--port", str(port), "--gpus", gpus],
