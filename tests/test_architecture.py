@@ -19,25 +19,15 @@ def imports(path: Path) -> set[str]:
     return names
 
 
-def module_level_imports(path: Path) -> set[str]:
-    names = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Import):
-            names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
-
-
 def files(package: str) -> list[Path]:
     return sorted((ROOT / package).rglob("*.py"))
 
 
-def offenders(paths, forbidden: tuple[str, ...], reader=imports) -> list[str]:
+def offenders(paths, forbidden: tuple[str, ...]) -> list[str]:
     return [
         f"{p.relative_to(ROOT)}: {name}"
         for p in paths
-        for name in reader(p)
+        for name in imports(p)
         if name.split(".")[0] in forbidden or name.startswith(forbidden)
     ]
 

@@ -7,15 +7,39 @@ from django.utils import timezone
 from console.accounts.tokens import hash_token, matches, new_token, token_prefix
 
 
-class ApiToken(models.Model):
-    """A REST API token for automation; only its hash is stored."""
+class HashedToken(models.Model):
+    """A bearer token of which only a SHA-256 hash and a short lookup prefix are stored."""
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
-    name = models.CharField(max_length=100, default="cli")
     prefix = models.CharField(max_length=16, db_index=True)
     token_hash = models.CharField(max_length=64, unique=True)
     created = models.DateTimeField(default=timezone.now)
     last_used = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    @staticmethod
+    def new_secret(kind: str) -> tuple[str, dict]:
+        """A fresh plaintext token and the fields that store it."""
+        token = new_token(kind)
+        return token, {"prefix": token_prefix(token), "token_hash": hash_token(token)}
+
+    @classmethod
+    def find(cls, token: str, rows: models.QuerySet | None = None):
+        """The row `token` belongs to (marking it used), or None."""
+        rows = cls.objects.all() if rows is None else rows
+        for row in rows.filter(prefix=token_prefix(token)):
+            if matches(token, row.token_hash):
+                cls.objects.filter(pk=row.pk).update(last_used=timezone.now())
+                return row
+        return None
+
+
+class ApiToken(HashedToken):
+    """A REST API token for automation."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, default="cli")
 
     def __str__(self) -> str:
         return f"{self.user} / {self.name} ({self.prefix}…)"
@@ -23,14 +47,9 @@ class ApiToken(models.Model):
     @classmethod
     def issue(cls, user, name: str = "cli") -> tuple[ApiToken, str]:
         """Create a token for `user`; returns the row and the plaintext, which is never stored."""
-        token = new_token("api")
-        row = cls.objects.create(user=user, name=name, prefix=token_prefix(token), token_hash=hash_token(token))
-        return row, token
+        token, fields = cls.new_secret("api")
+        return cls.objects.create(user=user, name=name, **fields), token
 
     @classmethod
     def authenticate(cls, token: str) -> ApiToken | None:
-        for row in cls.objects.select_related("user").filter(prefix=token_prefix(token)):
-            if matches(token, row.token_hash) and row.user.is_active:
-                cls.objects.filter(pk=row.pk).update(last_used=timezone.now())
-                return row
-        return None
+        return cls.find(token, cls.objects.select_related("user").filter(user__is_active=True))

@@ -1,9 +1,8 @@
 from __future__ import annotations
 
 from django.db import models
-from django.utils import timezone
 
-from console.accounts.tokens import hash_token, matches, new_token, token_prefix
+from console.accounts.models import HashedToken
 
 
 class Host(models.Model):
@@ -48,14 +47,10 @@ class Gpu(models.Model):
         return max(self.total_bytes - self.used_bytes, 0)
 
 
-class AgentCredential(models.Model):
-    """The token an agent presents for one host name; only its hash is stored."""
+class AgentCredential(HashedToken):
+    """The token an agent presents for one host name."""
 
     host_name = models.CharField(max_length=200, unique=True)
-    prefix = models.CharField(max_length=16, db_index=True)
-    token_hash = models.CharField(max_length=64, unique=True)
-    created = models.DateTimeField(default=timezone.now)
-    last_used = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"agent {self.host_name} ({self.prefix}…)"
@@ -63,16 +58,10 @@ class AgentCredential(models.Model):
     @classmethod
     def issue(cls, host_name: str) -> tuple[AgentCredential, str]:
         """Create or rotate the credential for `host_name`; returns the plaintext once."""
-        token = new_token("agent")
-        row, _ = cls.objects.update_or_create(
-            host_name=host_name, defaults={"prefix": token_prefix(token), "token_hash": hash_token(token)}
-        )
+        token, fields = cls.new_secret("agent")
+        row, _ = cls.objects.update_or_create(host_name=host_name, defaults=fields)
         return row, token
 
     @classmethod
     def authenticate(cls, token: str) -> AgentCredential | None:
-        for row in cls.objects.filter(prefix=token_prefix(token)):
-            if matches(token, row.token_hash):
-                cls.objects.filter(pk=row.pk).update(last_used=timezone.now())
-                return row
-        return None
+        return cls.find(token)

@@ -1,0 +1,43 @@
+from io import StringIO
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+
+from console.accounts.models import ApiToken
+from console.fleet.models import AgentCredential
+
+pytestmark = pytest.mark.django_db
+
+
+def test_only_a_hash_of_the_token_is_stored():
+    user = get_user_model().objects.create_user("ann")
+    row, token = ApiToken.issue(user)
+    stored = ApiToken.objects.filter(pk=row.pk).values().get()
+    assert token not in str(stored)
+    assert ApiToken.authenticate(token) == row
+    assert ApiToken.objects.get().last_used is not None
+
+
+def test_a_wrong_or_disabled_token_authenticates_nobody():
+    user = get_user_model().objects.create_user("ann")
+    _, token = ApiToken.issue(user)
+    assert ApiToken.authenticate(token[:-1] + ("x" if token[-1] != "x" else "y")) is None
+    user.is_active = False
+    user.save()
+    assert ApiToken.authenticate(token) is None
+
+
+def test_createapitoken_prints_a_working_token_and_creates_the_user():
+    out = StringIO()
+    call_command("createapitoken", "robot", stdout=out, stderr=StringIO())
+    token = out.getvalue().strip()
+    assert ApiToken.authenticate(token).user.username == "robot"
+    assert not get_user_model().objects.get(username="robot").has_usable_password()
+
+
+def test_issuing_an_agent_token_again_revokes_the_old_one():
+    _, first = AgentCredential.issue("h1")
+    _, second = AgentCredential.issue("h1")
+    assert AgentCredential.authenticate(first) is None
+    assert AgentCredential.authenticate(second).host_name == "h1"
