@@ -41,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--advertise", default="", help="inference base URL to announce (default: from --listen)")
     run.add_argument("--report-interval", default=2.0, type=_positive, help="seconds between host reports")
+    run.add_argument(
+        "--warm-workers",
+        default=1,
+        type=_count,
+        help="worker processes kept spawned with torch imported, so a new replica starts faster (default 1, 0: off)",
+    )
 
     demo = commands.add_parser("demo-models", help="write the demo model directories (tiny-llama, tiny-bert, minilm)")
     demo.add_argument("directory")
@@ -82,6 +88,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         listen_port=port,
         report_interval=args.report_interval,
         advertise=args.advertise,
+        warm_workers=args.warm_workers,
     )
     return asyncio.run(_serve(Agent(config, backend)))
 
@@ -113,3 +120,9 @@ def _positive(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
     return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (0 or more)")
+    return int(text)

@@ -36,7 +36,7 @@ from agent.protocol import (
 )
 from agent.serving import make_app, start_server
 from agent.workers.spec import DTYPES, WorkerSpec
-from agent.workers.supervisor import Supervisor, WorkerHandle
+from agent.workers.supervisor import DEFAULT_WARM_SPARES, Supervisor, WorkerHandle
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class AgentConfig:
     advertise: str = ""  # inference base URL to announce; default from the listen address
     backoff_min: float = 0.5
     backoff_max: float = 10.0
+    warm_workers: int = DEFAULT_WARM_SPARES  # spawned workers kept with torch imported, for fast starts
 
 
 def websocket_url(console: str) -> str:
@@ -75,7 +76,7 @@ class Agent:
         self.config = config
         self.backend = backend
         self.ws_url = websocket_url(config.console)
-        self.supervisor = Supervisor(on_change=self._on_worker_change)
+        self.supervisor = Supervisor(on_change=self._on_worker_change, warm_spares=config.warm_workers)
         self.endpoint = ""
         self.listening = asyncio.Event()
         self.applied_generation: int | None = None
@@ -95,6 +96,7 @@ class Agent:
         print(f"ModelGrid agent {self.config.name} serving inference on {self.endpoint}", flush=True)
         self.listening.set()
         try:
+            self.supervisor.start_spares()
             # Bounded handshake; aiohttp lifts the read timeout once the websocket is open.
             timeout = aiohttp.ClientTimeout(total=None, connect=15, sock_read=30)
             async with aiohttp.ClientSession(timeout=timeout) as session:

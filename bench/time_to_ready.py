@@ -2,7 +2,7 @@
 through a real `manage.py up` with a simulated GPU: scheduler pass, websocket push, worker spawn,
 torch import, safetensors load, warm-up forward, status report.
 
-    .venv/bin/python bench/time_to_ready.py [--runs 5]
+    .venv/bin/python bench/time_to_ready.py [--runs 5] [--pause 8]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.workers.demo_models import build_tiny_llama  # noqa: E402
-from tests.e2e.stack import start, wait_for  # noqa: E402
+from tests.e2e.stack import alive, start, wait_for  # noqa: E402
 
 
 def placed_host(api, name: str) -> str | None:
@@ -28,6 +28,13 @@ def placed_host(api, name: str) -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        help="seconds to wait before each creation, so the agent's warm spare worker is ready again "
+        "(0: back to back, where a creation may find the spare still importing torch)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_llama(Path(tmp) / "models" / "tiny-llama")
@@ -41,6 +48,7 @@ def main() -> None:
             assert api.post("/models", json={"name": "tiny", "path": str(model)}).status_code == 201
             for run in range(args.runs):
                 name = f"bench-{run}"
+                time.sleep(args.pause)
                 began = time.monotonic()
                 assert api.post("/deployments", json={"name": name, "model": "tiny"}).status_code == 201
                 placed = wait_for(lambda n=name: placed_host(api, n), 30, 0.02)
@@ -48,8 +56,9 @@ def main() -> None:
                 assert placed
                 wait_for(lambda n=name: api.get(f"/deployments/{n}").json()["state"] == "ready", 120, 0.02)
                 rows.append((run, placed_s, time.monotonic() - began))
+                pids = stack.worker_pids(name)
                 assert api.delete(f"/deployments/{name}").status_code == 204
-                wait_for(lambda: not stack.worker_pids(), 30, 0.05)
+                wait_for(lambda p=pids: not any(alive(pid) for pid in p), 30, 0.05)
         finally:
             stack.stop()
             drop_db()

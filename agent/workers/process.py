@@ -5,11 +5,13 @@ environment below is set, inside `main`, so the daemon can import this module wi
 
 Messages, worker -> agent: ("loading", info), ("ready", {"measured_bytes": n, ...}),
 ("failed", {"reason": text}), ("result", request_id, outputs), ("error", request_id, text, bad_input).
-Agent -> worker: ("infer", request_id, inputs), ("stop",). Tensors are numpy arrays.
+Agent -> worker: ("load", spec) (to a warm spare only), ("infer", request_id, inputs), ("stop",).
+Tensors are numpy arrays.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -24,17 +26,23 @@ _REASON_LIMIT = 1000
 log = logging.getLogger("agent.worker")
 
 
-def main(spec: WorkerSpec, conn: Connection) -> None:
-    """Worker entry point: exits 1 after reporting a failed load, 0 when the agent goes away."""
+def main(spec: WorkerSpec | None, conn: Connection) -> None:
+    """Worker entry point: exits 1 after reporting a failed load, 0 when the agent goes away.
+
+    Without a spec it is a warm spare: it imports the runtime first, then waits for ("load", spec).
+    """
     _die_with_parent()
     # Ctrl-C reaches the whole process group; the agent stops its workers itself, in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     os.environ["TRANSFORMERS_VERBOSITY"] = "error"
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s %(levelname)s worker {spec.replica_id}: %(message)s"
-    )
+    if spec is None:
+        _log_as(f"spare {os.getpid()}")
+        spec = _wait_as_spare(conn)
+        if spec is None:
+            return
+    _log_as(str(spec.replica_id))
     if not _send(conn, ("loading", {"model_path": spec.model_path, "device": spec.device, "pid": os.getpid()})):
         return
     try:
@@ -53,6 +61,28 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
     log.info("ready: %s (%s) on %s, %d bytes", spec.deployment or spec.model_path, spec.task, spec.device, measured)
     if _send(conn, ("ready", {"measured_bytes": measured, **model.describe()})):
         _serve(model, conn, runtime.InputError)
+
+
+def _wait_as_spare(conn: Connection) -> WorkerSpec | None:
+    # Importing torch does not initialise CUDA, so the spare can still serve any device.
+    with contextlib.suppress(Exception):  # a broken install is reported by the import in main, per replica
+        from agent.workers import runtime  # noqa: F401
+    try:
+        message = conn.recv()
+    except (EOFError, OSError):
+        return None  # the agent stopped before it needed this spare
+    if message[0] != "load":
+        return None
+    return message[1]
+
+
+def _log_as(name: str) -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format=f"%(asctime)s %(levelname)s worker {name}: %(message)s",
+        force=True,  # a spare names itself by pid until it learns its replica
+    )
 
 
 def _serve(model: Any, conn: Connection, input_error: type[Exception]) -> None:

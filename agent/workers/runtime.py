@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import AutoModel, AutoModelForCausalLM
+from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel  # PreTrainedModel: see LoadedModel
 
 from agent.artifacts import inspect_model_dir
 from agent.workers.spec import DTYPES, SIGNATURES, WorkerSpec
@@ -20,7 +20,10 @@ class InputError(ValueError):
 class LoadedModel:
     """A model in eval mode on its device, answering one batch at a time."""
 
-    def __init__(self, spec: WorkerSpec, model: Any, device: torch.device) -> None:
+    # Importing PreTrainedModel above (transformers.modeling_utils) is what the first from_pretrained
+    # would otherwise do, 2 s and more: a warm spare worker (agent.workers.spares) thus pays it early.
+
+    def __init__(self, spec: WorkerSpec, model: PreTrainedModel, device: torch.device) -> None:
         self.spec = spec
         self.model = model
         self.device = device

@@ -10,13 +10,12 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import multiprocessing
 import signal
 from collections.abc import Callable
 from typing import Any, Literal
 
 from agent.protocol import ReplicaStatus
-from agent.workers import process as worker_process
+from agent.workers.spares import Spare, SparePool, spawn_worker
 from agent.workers.spec import WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -26,6 +25,7 @@ StatusCallback = Callable[["WorkerHandle"], None]
 
 DEFAULT_STOP_TIMEOUT = 5.0
 DEFAULT_INFER_TIMEOUT = 120.0
+DEFAULT_WARM_SPARES = 1
 
 
 class InferenceError(RuntimeError):
@@ -67,32 +67,28 @@ class WorkerHandle:
         self._exited = asyncio.Event()
         self._stopping = False
 
-    def start(self) -> None:
-        """Spawn the worker process; call from the event loop that will watch it."""
+    def start(self, spare: Spare | None = None) -> None:
+        """Adopt `spare`, or spawn a worker cold; call from the event loop that will watch it."""
         self._loop = asyncio.get_running_loop()
-        ctx = multiprocessing.get_context("spawn")
-        parent_conn, child_conn = ctx.Pipe(duplex=True)
-        self._process = ctx.Process(
-            target=worker_process.main,
-            args=(self.spec, child_conn),
-            name=f"modelgrid-replica-{self.spec.replica_id}",
-            daemon=True,  # multiprocessing's exit handler then terminates it if the agent forgets to
-        )
-        try:
-            self._process.start()
-        except BaseException:
-            parent_conn.close()
-            child_conn.close()
-            self._process = None
-            raise
-        child_conn.close()  # only the child holds its end, so its death reads as EOF here
+        if spare is not None:
+            try:
+                spare.conn.send(("load", self.spec))
+            except OSError:  # it died since the pool looked: start cold instead
+                spare.conn.close()
+                spare.process.join(1.0)
+                spare = None
+        if spare is not None:
+            self._process, parent_conn = spare.process, spare.conn
+        else:
+            self._process, parent_conn = spawn_worker(self.spec, f"modelgrid-replica-{self.spec.replica_id}")
         self._conn = parent_conn
         self.pid = self._process.pid
         self._loop.add_reader(parent_conn.fileno(), self._on_readable)
         self._loop.add_reader(self._process.sentinel, self._on_exit)
         log.info(
-            "replica %d: started worker pid %d for %s on %s",
+            "replica %d: %s worker pid %d for %s on %s",
             self.spec.replica_id,
+            "adopted warm" if spare is not None else "started",
             self.pid,
             self.spec.model_path,
             self.spec.device,
@@ -251,21 +247,31 @@ class WorkerHandle:
 
 
 class Supervisor:
-    """The agent's workers by replica id."""
+    """The agent's workers by replica id, and the warm spares that new replicas adopt."""
 
-    def __init__(self, on_change: StatusCallback | None = None, stop_timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
+    def __init__(
+        self,
+        on_change: StatusCallback | None = None,
+        stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+        warm_spares: int = 0,
+    ) -> None:
         self._on_change = on_change
         self._stop_timeout = stop_timeout
         self._handles: dict[int, WorkerHandle] = {}
+        self.spares = SparePool(warm_spares, stop_timeout)
+
+    def start_spares(self) -> None:
+        """Spawn the warm spares; call from the running event loop (spares need it to be watched)."""
+        self.spares.fill()
 
     def start(self, spec: WorkerSpec) -> WorkerHandle:
-        """Spawn a worker for a replica that has none."""
+        """Start a worker for a replica that has none: a warm spare when one waits, else a cold spawn."""
         if spec.replica_id in self._handles:
             raise ValueError(f"replica {spec.replica_id} already has a worker")
         handle = WorkerHandle(spec, self._on_change)
         self._handles[spec.replica_id] = handle
         try:
-            handle.start()
+            handle.start(self.spares.take())
         except OSError as e:  # no process could be made (fd or process limits): report it as the reason
             handle.fail_without_start(f"cannot start a worker process: {e}")
         return handle
@@ -294,8 +300,9 @@ class Supervisor:
                 del self._handles[replica_id]
 
     async def stop_all(self) -> None:
-        """Stop every worker, in parallel; no process is left behind."""
-        await asyncio.gather(*(self.stop(replica_id) for replica_id in list(self._handles)))
+        """Stop every worker and every spare, in parallel; no process is left behind and no spare is
+        started again (this is the agent's shutdown)."""
+        await asyncio.gather(self.spares.close(), *(self.stop(replica_id) for replica_id in list(self._handles)))
 
 
 def _exit_text(exitcode: int | None) -> str:

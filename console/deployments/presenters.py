@@ -25,6 +25,7 @@ def deployment_data(dep: Deployment) -> dict:
                 "reserved_bytes": r.reserved_bytes,
                 "measured_bytes": r.measured_bytes,
                 "endpoint": r.host.endpoint if r.host and r.host.endpoint else None,
+                "pid": r.pid,
                 "reason": r.reason,
             }
             for r in replicas

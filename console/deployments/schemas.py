@@ -21,6 +21,7 @@ class ReplicaOut(Schema):
     reserved_bytes: int
     measured_bytes: int | None
     endpoint: str | None
+    pid: int | None
     reason: str
 
 

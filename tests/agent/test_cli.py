@@ -1,12 +1,15 @@
 """`python -m agent` as a real process: argument errors, and a clean stop on SIGTERM."""
 
 import os
+import re
 import select
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,6 +43,8 @@ def test_it_refuses_a_bad_gpu_spec_and_a_bad_listen_address():
     assert code == 2 and "unknown size unit 'XB'" in output
     code, output = finish(agent("run", "--console", "http://x", "--token", "t", "--listen", "localhost"))
     assert code == 2 and "'localhost' is not HOST:PORT" in output
+    code, output = finish(agent("run", "--console", "http://x", "--token", "t", "--warm-workers", "-1"))
+    assert code == 2 and "'-1' is not a whole number" in output
 
 
 def test_without_gpus_it_says_to_simulate_them():
@@ -63,6 +68,9 @@ def test_it_announces_its_endpoint_and_exits_cleanly_on_sigterm():
         code, output = finish(proc)
         assert code == 0, output
         assert "cannot reach the console at ws://127.0.0.1:1/ws/agent/" in output
+        # The default warm spare was started, and stopped with the agent.
+        spares = [int(pid) for pid in re.findall(r"warm spare worker pid (\d+) started", output)]
+        assert len(spares) == 1 and not psutil.pid_exists(spares[0]), output
     finally:
         if proc.poll() is None:
             proc.kill()

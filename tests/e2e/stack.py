@@ -51,16 +51,12 @@ class Stack:
         except psutil.NoSuchProcess:
             return []
 
-    def worker_pids(self) -> set[int]:
-        """Worker processes: children of the agent started by multiprocessing spawn (not its resource tracker)."""
-        pids = set()
-        for p in self.descendants():
-            try:
-                if "--multiprocessing-fork" in p.cmdline():
-                    pids.add(p.pid)
-            except psutil.NoSuchProcess:
-                pass
-        return pids
+    def worker_pids(self, deployment: str) -> set[int]:
+        """The live worker processes of a deployment's replicas, by the pids the agent reports.
+        (Not every spawned child: the agent also keeps warm spare workers, which serve no replica.)"""
+        r = self.api().get(f"/deployments/{deployment}")
+        replicas = r.json()["replicas"] if r.status_code == 200 else []
+        return {r["pid"] for r in replicas if r["pid"] and alive(r["pid"])}
 
     def stop(self, timeout: float = 40) -> int:
         family = self.descendants()
@@ -76,6 +72,13 @@ class Stack:
             p.kill()
         self.leftovers = [p.pid for p in alive]
         return code
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _database_env() -> tuple[dict, callable]:

@@ -26,6 +26,7 @@ async def test_the_dashboard_follows_a_deployment_live(stack, tmp_path):
             await page.fill("input[name=password]", ADMIN_PASSWORD)
             await page.click("button[type=submit]")
             await expect(page.locator("h1")).to_have_text("GPU fleet")
+            await expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
             await expect(page.locator(".host h2")).to_have_text("local")
             await expect(page.locator(".gpu")).to_have_count(2)
             await expect(page.locator(".gpu .pill.sim").first).to_have_text("simulated")

@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import psutil
 
-from tests.e2e.stack import start, wait_for
+from tests.e2e.stack import alive, start, wait_for
 
 
 def reference_logits(path, input_ids):
@@ -51,12 +51,12 @@ def test_register_deploy_infer_delete_and_stop(tiny_llama, tmp_path):
         assert r.status_code == 201, r.text
 
         created = time.monotonic()
-        for name in ("chat", "spare"):
+        for name in ("chat", "other"):
             r = api.post("/deployments", json={"name": name, "model": "tiny", "replicas": 1})
             assert r.status_code == 201, r.text
         dep = wait_for(ready(api, "chat"), timeout=120, what="deployment chat to be ready")
         print(f"\ndeployment created -> ready: {time.monotonic() - created:.2f} s")
-        wait_for(ready(api, "spare"), timeout=120, what="deployment spare to be ready")
+        wait_for(ready(api, "other"), timeout=120, what="deployment other to be ready")
 
         replica = dep["replicas"][0]
         assert replica["host"] == "local" and replica["endpoint"].startswith("http://127.0.0.1:")
@@ -86,10 +86,12 @@ def test_register_deploy_infer_delete_and_stop(tiny_llama, tmp_path):
         assert d["reason"].startswith("needs 36.0") and "the largest free space is" in d["reason"]
 
         # Deleting a deployment stops its worker and empties its part of the GPU bar.
-        workers = stack.worker_pids()
-        assert len(workers) == 2
+        chat, other = stack.worker_pids("chat"), stack.worker_pids("other")
+        assert len(chat) == 1 and len(other) == 1 and chat != other
+        assert chat | other <= {p.pid for p in stack.descendants()}
         assert api.delete("/deployments/chat").status_code == 204
-        wait_for(lambda: len(workers & stack.worker_pids()) == 1, timeout=30, what="chat's worker to exit")
+        wait_for(lambda: not any(alive(pid) for pid in chat), timeout=30, what="chat's worker to exit")
+        assert stack.worker_pids("other") == other
         wait_for(lambda: all(r["deployment"] != "chat" for g in api.get("/hosts").json()[0]["gpus"]
                              for r in g["replicas"]), timeout=15, what="chat to leave the GPU bar")
         gpus = api.get("/hosts").json()[0]["gpus"]
@@ -97,9 +99,9 @@ def test_register_deploy_infer_delete_and_stop(tiny_llama, tmp_path):
         r = httpx.get(f"{replica['endpoint']}/v2/models/chat/ready", timeout=10)
         assert r.status_code == 404
 
-        # Ctrl-C stops the console, the agent and the remaining worker.
+        # Ctrl-C stops the console, the agent, the remaining worker and the agent's warm spare(s).
         family = stack.descendants()
-        assert stack.worker_pids()
+        assert stack.worker_pids("other")
         assert stack.stop() == 0
         assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family)
         assert stack.leftovers == []

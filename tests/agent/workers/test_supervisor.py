@@ -63,6 +63,7 @@ async def workers(paths):
         WorkerSpec(4, str(paths["llama"]), "causal-lm", deployment="victim"),
         WorkerSpec(5, str(paths["llama"]), "causal-lm", deployment="to-stop"),
     ]
+    supervisor.start_spares()  # none: these tests start their workers cold
     for spec in specs:
         supervisor.start(spec)
     try:
@@ -89,6 +90,7 @@ async def test_it_loads_a_causal_lm_and_reports_ready_with_measured_bytes(worker
     assert chat.measured_bytes == sum(t.numel() * t.element_size() for t in tensors)
     assert chat.info["output_dim"] == 1024
     assert chat.status().pid == chat.pid and psutil.pid_exists(chat.pid)
+    assert workers.supervisor.spares.spares() == []  # warm_spares defaults to 0 here: started cold
 
 
 async def test_its_logits_equal_exactly_what_transformers_computes(workers):
@@ -151,6 +153,8 @@ async def test_a_worker_given_a_broken_model_reports_failed_with_a_reason(worker
     broken = workers[3]
     assert broken.state == "failed"
     assert "model.safetensors" in broken.reason and "run past the end of the file" in broken.reason
+    # "failed" arrives just before the process exits: wait for the exit to be seen.
+    await until(lambda: broken.exitcode is not None, 10, "the failed worker to exit")
     assert broken.exitcode == 1
     assert broken.status().state == "failed" and broken.status().reason == broken.reason
     with pytest.raises(WorkerUnavailable, match="is failed"):
