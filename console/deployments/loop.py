@@ -6,9 +6,10 @@ import asyncio
 import logging
 
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 
 from console.deployments.reconcile import reconcile_once
-from console.realtime.notify import push_desired, refresh_dashboards
+from console.realtime.notify import SCHEDULER_GROUP, push_desired, refresh_dashboards
 
 log = logging.getLogger("modelgrid.scheduler")
 
@@ -24,12 +25,20 @@ async def run_pass() -> bool:
 
 
 async def scheduler_loop(stop: asyncio.Event, interval: float) -> None:
-    while not stop.is_set():
-        try:
-            await run_pass()
-        except Exception:  # one bad pass must not end the loop; the next pass retries
-            log.exception("scheduler pass failed")
-        try:
-            await asyncio.wait_for(stop.wait(), interval)
-        except TimeoutError:
-            pass
+    """A pass every `interval` seconds, or sooner when a deployment changes (wake_scheduler)."""
+    layer = get_channel_layer()
+    inbox = await layer.new_channel("scheduler.")
+    await layer.group_add(SCHEDULER_GROUP, inbox)
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        while not stop.is_set():
+            try:
+                await run_pass()
+            except Exception:  # one bad pass must not end the loop; the next pass retries
+                log.exception("scheduler pass failed")
+            woken = asyncio.create_task(layer.receive(inbox))
+            await asyncio.wait({woken, stopping}, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+            woken.cancel()
+    finally:
+        stopping.cancel()
+        await layer.group_discard(SCHEDULER_GROUP, inbox)

@@ -9,6 +9,7 @@ from console.catalog.models import Model
 from console.catalog.services import validate_name
 from console.deployments.models import Deployment, Priority
 from console.errors import Conflict, Invalid, NotFound
+from console.realtime.notify import wake_scheduler
 
 MAX_REPLICAS = 64
 
@@ -25,7 +26,9 @@ def create_deployment(name: str, model: str, replicas: int = 1, priority: str = 
         raise Invalid(f"no model named {model!r}; register it first (POST /api/v1/models)") from None
     try:
         with transaction.atomic():
-            return Deployment.objects.create(name=name, model=model_row, replicas=replicas, priority=priority)
+            deployment = Deployment.objects.create(name=name, model=model_row, replicas=replicas, priority=priority)
+            transaction.on_commit(wake_scheduler)
+            return deployment
     except IntegrityError:
         raise Conflict(f"a deployment named {name!r} already exists") from None
 
@@ -50,3 +53,4 @@ def get_deployment(name: str) -> Deployment:
 def delete_deployment(name: str) -> None:
     """Delete the deployment and its replicas; the next scheduler pass tells the agents to stop them."""
     get_deployment(name).delete()
+    transaction.on_commit(wake_scheduler)

@@ -6,6 +6,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 DASHBOARD_GROUP = "dashboard"
+SCHEDULER_GROUP = "scheduler"
 
 
 def host_group(host_id: int) -> str:
@@ -24,3 +25,8 @@ async def refresh_dashboards() -> None:
 
 def refresh_dashboards_sync() -> None:
     async_to_sync(refresh_dashboards)()
+
+
+def wake_scheduler() -> None:
+    """Ask the scheduler loop for a pass now instead of at its next tick (sync callers)."""
+    async_to_sync(get_channel_layer().group_send)(SCHEDULER_GROUP, {"type": "scheduler.wake"})

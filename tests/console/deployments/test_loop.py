@@ -1,0 +1,33 @@
+import asyncio
+
+import pytest
+from channels.db import database_sync_to_async
+
+from console.catalog.services import register_model
+from console.deployments.loop import scheduler_loop
+from console.deployments.models import Replica
+from console.deployments.services import create_deployment
+from console.fleet.models import Gpu, Host
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def setup_fleet_and_model(model_dir):
+    host = Host.objects.create(name="h1", connected=True)
+    Gpu.objects.create(host=host, index=0, uuid="SIM-0", name="sim", total_bytes=1 << 34, simulated=True)
+    register_model("tiny", str(model_dir))
+
+
+async def test_a_new_deployment_wakes_the_loop_instead_of_waiting_for_the_next_tick(model_dir):
+    await database_sync_to_async(setup_fleet_and_model)(model_dir)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(scheduler_loop(stop, interval=60))  # a tick would come far too late
+    try:
+        await asyncio.sleep(0.3)  # the first pass has run; the loop now waits
+        await database_sync_to_async(create_deployment)("chat", "tiny")
+        async with asyncio.timeout(10):
+            while not await database_sync_to_async(Replica.objects.filter(host__name="h1").exists)():
+                await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 10)
