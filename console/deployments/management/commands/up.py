@@ -6,12 +6,13 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 
 import uvicorn
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from console.deployments.loop import scheduler_loop
@@ -27,6 +28,21 @@ class _Server(uvicorn.Server):
         yield
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind the console's socket ourselves, so a busy port is one clear error, not a traceback."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
 class Command(BaseCommand):
     help = "Run the console, the scheduler loop and a local agent with simulated GPUs."
 
@@ -39,14 +55,21 @@ class Command(BaseCommand):
         parser.add_argument("--agent-name", default="local", help="host name of the local agent")
 
     def handle(self, **opts):
+        try:
+            sock = _listen(opts["host"], opts["port"])
+        except OSError as e:
+            raise CommandError(
+                f"cannot listen on {opts['host']}:{opts['port']}: {e.strerror}. "
+                "Is another ModelGrid running? Choose another --port."
+            ) from None
         call_command("migrate", interactive=False, verbosity=0)
         call_command("ensureadmin")
         settings.MODEL_STORE.mkdir(parents=True, exist_ok=True)
         token = None if opts["no_agent"] else AgentCredential.issue(opts["agent_name"])[1]
         connections.close_all()  # from here on the DB is used from the async loop's worker thread
-        asyncio.run(self._serve(opts, token))
+        asyncio.run(self._serve(opts, sock, token))
 
-    async def _serve(self, opts, agent_token: str | None) -> None:
+    async def _serve(self, opts, sock: socket.socket, agent_token: str | None) -> None:
         from console.asgi import application
 
         loop = asyncio.get_running_loop()
@@ -54,17 +77,17 @@ class Command(BaseCommand):
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
 
-        config = uvicorn.Config(application, host=opts["host"], port=opts["port"], lifespan="off",
-                                log_level="warning", ws="websockets-sansio")
+        port = sock.getsockname()[1]
+        config = uvicorn.Config(application, lifespan="off", log_level="warning", ws="websockets-sansio")
         server = _Server(config)
-        serving = asyncio.create_task(server.serve())
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started:
             if serving.done():
-                await serving  # raises the bind error, if any
-                raise SystemExit(f"the console could not start on {opts['host']}:{opts['port']}")
+                await serving
+                raise CommandError("the console stopped while starting")
             await asyncio.sleep(0.02)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        url = f"http://{opts['host']}:{port}/"
+        host = f"[{opts['host'].strip('[]')}]" if ":" in opts["host"] else opts["host"]
+        url = f"http://{host}:{port}/"
         self.stdout.write(f"ModelGrid console: {url}")
         self.stdout.flush()
 
