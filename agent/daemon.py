@@ -34,6 +34,7 @@ from agent.protocol import (
     dump,
     parse_console_message,
 )
+from agent.restarts import RestartBackoff
 from agent.serving import make_app, start_server
 from agent.workers.spec import DTYPES, WorkerSpec
 from agent.workers.supervisor import DEFAULT_WARM_SPARES, Supervisor, WorkerHandle
@@ -55,6 +56,8 @@ class AgentConfig:
     advertise: str = ""  # inference base URL to announce; default from the listen address
     backoff_min: float = 0.5
     backoff_max: float = 10.0
+    restart_backoff_min: float = 1.0  # a crashed worker is restarted after this, doubling per crash
+    restart_backoff_max: float = 60.0
     warm_workers: int = DEFAULT_WARM_SPARES  # spawned workers kept with torch imported, for fast starts
 
 
@@ -84,6 +87,9 @@ class Agent:
         self._generations: dict[int, int] = {}  # replica id -> generation its worker was started under
         self._outbox: asyncio.Queue[str] | None = None
         self._stop = asyncio.Event()
+        self.backoff = RestartBackoff(config.restart_backoff_min, config.restart_backoff_max)
+        self._restart_timers: dict[int, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task] = set()
 
     def request_stop(self) -> None:
         """Ask `run()` to stop the workers and return (safe from a signal handler on the loop)."""
@@ -102,6 +108,8 @@ class Agent:
             async with aiohttp.ClientSession(timeout=timeout) as session:
                 link = asyncio.create_task(self._stay_connected(session))
                 await self._stop.wait()
+                for timer in self._restart_timers.values():
+                    timer.cancel()
                 log.info("stopping: %d worker(s)", len(self.supervisor.handles()))
                 await self.supervisor.stop_all()
                 await self._flush()  # let the console hear the replicas stopped
@@ -247,6 +255,39 @@ class Agent:
         # while its GPU does not yet show the bytes it measured. Then the status event itself.
         self._post(self._report())
         self._post(handle.status())
+        replica_id = handle.spec.replica_id
+        if handle.state == "ready":
+            self.backoff.ready(replica_id)
+        elif handle.state == "failed" and handle.pid is not None and not self._stop.is_set():
+            # A worker process crashed or failed to load: restart it, backing off so a model that
+            # always fails costs little. (A replica refused before any process started is not
+            # retried: its directory would be refused again.)
+            delay = self.backoff.failed(replica_id)
+            log.warning("replica %d failed (%s); restarting in %g s (failure %d in a row)",
+                        replica_id, handle.reason, delay, self.backoff.failures(replica_id))
+            old = self._restart_timers.pop(replica_id, None)
+            if old is not None:
+                old.cancel()
+            self._restart_timers[replica_id] = asyncio.get_running_loop().call_later(
+                delay, self._spawn_task, self._restart(replica_id, handle)
+            )
+
+    def _spawn_task(self, coroutine) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._tasks.discard)
+
+    async def _restart(self, replica_id: int, failed: WorkerHandle) -> None:
+        self._restart_timers.pop(replica_id, None)
+        replica = self._placements.get(replica_id)
+        # Only the same failed worker of a replica that is still wanted: the desired state may
+        # have moved on while we waited.
+        if replica is None or replica.state != "ready" or self.supervisor.get(replica_id) is not failed:
+            return
+        await self.supervisor.stop(replica_id)
+        if self.supervisor.get(replica_id) is None and not self._stop.is_set():
+            log.info("replica %d: restarting its worker", replica_id)
+            self._start(replica)
 
     def gpus(self) -> list[GpuInfo]:
         """The backend's GPU reading, with each simulated GPU charged what its workers measured."""

@@ -91,7 +91,13 @@ async def run_agent(console):
 
     async def start(token: str = TOKEN) -> Agent:
         config = AgentConfig(
-            console=console.url, token=token, name="test-host", report_interval=0.2, backoff_min=0.05, backoff_max=0.2
+            console=console.url,
+            token=token,
+            name="test-host",
+            report_interval=0.2,
+            backoff_min=0.05,
+            backoff_max=0.2,
+            restart_backoff_min=0.1,
         )
         agent = Agent(config, SimulatedBackend("sim:1x80GiB,1x24GiB", host="test-host"))
         task = asyncio.create_task(agent.run())
@@ -174,6 +180,21 @@ async def test_it_converges_to_the_desired_state_reports_and_serves(console, run
     with pytest.raises(TimeoutError):
         await console.expect(Ack, timeout=0.6)
     assert agent.supervisor.handles() == [] and agent.applied_generation == 4
+
+
+async def test_a_crashed_worker_is_reported_and_restarted(console, run_agent, tmp_path):
+    llama = build_tiny_llama(tmp_path / "tiny-llama")
+    agent = await run_agent()
+    await console.expect(Hello)
+    await console.send(DesiredState(generation=1, replicas=[replica(llama)]))
+    first = await console.expect(ReplicaStatus, replica_id=7, state="ready", timeout=60)
+
+    psutil.Process(first.pid).kill()
+    crashed = await console.expect(ReplicaStatus, replica_id=7, state="failed", timeout=10)
+    assert crashed.reason == "worker process was killed by signal SIGKILL while serving"
+    again = await console.expect(ReplicaStatus, replica_id=7, state="ready", timeout=60)
+    assert again.pid != first.pid and psutil.pid_exists(again.pid)
+    assert agent.backoff.failures(7) == 0  # a ready worker ends the run of failures
 
 
 async def test_a_replica_that_cannot_load_is_reported_failed_and_retried_only_on_a_new_generation(
