@@ -4,7 +4,7 @@ from console.catalog.schemas import ErrorOut
 from console.deployments import services
 from console.deployments.models import Deployment
 from console.deployments.presenters import deployment_data
-from console.deployments.schemas import DeploymentIn, DeploymentOut
+from console.deployments.schemas import DeploymentIn, DeploymentOut, DeploymentPatch
 
 router = Router()
 
@@ -23,6 +23,11 @@ def create_deployment(request, body: DeploymentIn):
 @router.get("/{name}", response={200: DeploymentOut, 404: ErrorOut})
 def get_deployment(request, name: str):
     return deployment_data(services.get_deployment(name))
+
+
+@router.patch("/{name}", response={200: DeploymentOut, 404: ErrorOut, 422: ErrorOut}, summary="Scale a deployment")
+def scale_deployment(request, name: str, body: DeploymentPatch):
+    return deployment_data(services.scale_deployment(name, body.replicas))
 
 
 @router.delete("/{name}", response={204: None, 404: ErrorOut})

@@ -12,6 +12,10 @@ class DeploymentIn(Schema):
     priority: str = "standard"
 
 
+class DeploymentPatch(Schema):
+    replicas: int = Field(..., ge=0, le=64)
+
+
 class ReplicaOut(Schema):
     index: int
     host: str | None

@@ -50,6 +50,18 @@ def get_deployment(name: str) -> Deployment:
         raise NotFound(f"no deployment named {name!r}") from None
 
 
+def scale_deployment(name: str, replicas: int) -> Deployment:
+    """Change the replica count; the scheduler adds or removes (highest index first) replicas."""
+    if not 0 <= replicas <= MAX_REPLICAS:
+        raise Invalid(f"replicas must be between 0 and {MAX_REPLICAS}, got {replicas}")
+    with transaction.atomic():
+        deployment = get_deployment(name)
+        deployment.replicas = replicas
+        deployment.save(update_fields=["replicas"])
+        transaction.on_commit(wake_scheduler)
+    return deployment
+
+
 def delete_deployment(name: str) -> None:
     """Delete the deployment and its replicas; the next scheduler pass tells the agents to stop them."""
     get_deployment(name).delete()

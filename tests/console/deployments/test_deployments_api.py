@@ -50,3 +50,18 @@ def test_it_deletes_a_deployment(api, registered):
     r = api.get("/api/v1/deployments/chat")
     assert r.status_code == 404
     assert r.json()["detail"] == "no deployment named 'chat'"
+
+
+def test_it_scales_a_deployment_up_and_down(api, registered, client):
+    api.post("/api/v1/deployments", {"name": "chat", "model": "tiny", "replicas": 1})
+    reconcile_once()
+    patch = {"HTTP_AUTHORIZATION": api.auth["HTTP_AUTHORIZATION"], "content_type": "application/json"}
+    r = client.patch("/api/v1/deployments/chat", data='{"replicas": 3}', **patch)
+    assert r.status_code == 200 and r.json()["replica_count"] == 3
+    reconcile_once()
+    assert [rep["index"] for rep in api.get("/api/v1/deployments/chat").json()["replicas"]] == [0, 1, 2]
+    assert client.patch("/api/v1/deployments/chat", data='{"replicas": 65}', **patch).status_code == 422
+    client.patch("/api/v1/deployments/chat", data='{"replicas": 1}', **patch)
+    reconcile_once()
+    assert [rep["index"] for rep in api.get("/api/v1/deployments/chat").json()["replicas"]] == [0]
+    assert client.patch("/api/v1/deployments/ghost", data='{"replicas": 1}', **patch).status_code == 404
