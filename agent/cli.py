@@ -1,4 +1,4 @@
-"""Command line: `python -m agent run ...` and `python -m agent demo-models DIR`.
+"""Command line: `python -m agent run ...`, `python -m agent demo-models DIR` and `python -m agent estimate PATH`.
 
 Nothing heavy is imported at module level: `--help` must stay instant and torch-free.
 """
@@ -50,6 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo-models", help="write the demo model directories (tiny-llama, tiny-bert, minilm)")
     demo.add_argument("directory")
+
+    est = commands.add_parser(
+        "estimate",
+        help="memory one replica needs: weights, KV cache, activations, overhead (reads headers only)",
+    )
+    est.add_argument("path", help="a model directory, a config-only directory, config.json or a .safetensors file")
+    est.add_argument("--dtype", default=None, help="serving dtype: float32, float16, bfloat16, ... (default: stored)")
+    est.add_argument("--batch", default=1, type=_at_least_one, help="concurrent sequences (default 1)")
+    est.add_argument("--seq", default=None, type=_at_least_one,
+                     help="tokens per sequence, the image side for vision models (default min(max positions, 2048))")
+    est.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="device kind for the overhead term")
+    est.add_argument("--json", action="store_true", help="print the JSON breakdown instead of a table")
     return parser
 
 
@@ -65,7 +77,34 @@ def main(argv: list[str] | None = None) -> int:
 
         write_demo_models(args.directory)
         return 0
+    if args.command == "estimate":
+        return _estimate(args)
     return _run(parser, args)
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    """Print the estimate; bad input is exit status 2 with the error (file and field) on stderr."""
+    import json
+
+    from agent.artifacts import ArtifactError, estimate
+
+    try:
+        est = estimate(args.path, dtype=args.dtype, batch=args.batch, seq=args.seq, device=args.device)
+    except ArtifactError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(est.as_dict(), indent=2))
+        return 0
+    print(f"{est.architecture} ({est.family}), {est.parameters:,} parameters, {est.dtype}, "
+          f"batch {est.batch}, seq {est.seq}, {est.device}")
+    for label, value in (("weights", est.weights_bytes), ("kv cache", est.kv_cache_bytes),
+                         ("activations", est.activation_bytes), ("overhead", est.overhead_bytes),
+                         ("total", est.total_bytes)):
+        print(f"  {label:<12} {value:>16,} B  {value / 2**20:>12,.1f} MiB")
+    for note in est.notes:
+        print(f"  note: {note}")
+    return 0
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -120,6 +159,12 @@ def _positive(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
     return value
+
+
+def _at_least_one(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
 
 
 def _count(text: str) -> int:

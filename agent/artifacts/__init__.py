@@ -1,8 +1,9 @@
 """Torch-free reading of model artifacts and memory estimation (importable by the console)."""
 
+from agent.artifacts.dtypes import canonical_dtype, dtype_bytes
 from agent.artifacts.errors import ArtifactError
-from agent.artifacts.estimate import Estimate, estimate_model
-from agent.artifacts.model_dir import ModelArtifact, inspect_model_dir
+from agent.artifacts.estimate import Estimate, estimate, estimate_model
+from agent.artifacts.model_dir import ModelArtifact, inspect_model_dir, read_model_dir
 from agent.artifacts.safetensors_header import TensorInfo, read_safetensors_header
 
 __all__ = [
@@ -10,7 +11,11 @@ __all__ = [
     "Estimate",
     "ModelArtifact",
     "TensorInfo",
+    "canonical_dtype",
+    "dtype_bytes",
+    "estimate",
     "estimate_model",
     "inspect_model_dir",
+    "read_model_dir",
     "read_safetensors_header",
 ]

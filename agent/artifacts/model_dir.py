@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from agent.artifacts.config import read_config
 from agent.artifacts.errors import ArtifactError
 from agent.artifacts.safetensors_header import TensorInfo, read_safetensors_header
 
@@ -19,18 +21,33 @@ class ModelArtifact:
     path: Path
     architecture: str
     model_type: str
-    task: str  # "causal-lm" or "encoder"
+    task: str  # "causal-lm" or "encoder"; "" when readable and estimable but not servable
     stored_dtype: str
     weights_bytes: int
     parameters: int
     files: tuple[Path, ...]
+    # What the estimator needs beyond registration: the parsed config and every tensor header.
+    config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    tensors: tuple[TensorInfo, ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def servable(self) -> bool:
+        return bool(self.task)
 
 
-def _task_for(architecture: str, model_type: str) -> str:
+def servable_task(architecture: str, model_type: str) -> str:
+    """The worker task for an architecture, or "" when ModelGrid cannot serve it yet."""
     if architecture.endswith(CAUSAL_LM_SUFFIXES):
         return "causal-lm"
     if model_type in ENCODER_TYPES:
         return "encoder"
+    return ""
+
+
+def _task_for(architecture: str, model_type: str) -> str:
+    task = servable_task(architecture, model_type)
+    if task:
+        return task
     raise ArtifactError(
         f"architecture {architecture!r} (model_type {model_type!r}) is not servable yet: "
         "ModelGrid serves causal LMs (*ForCausalLM) and BERT-family encoders"
@@ -56,8 +73,20 @@ def _weight_files(path: Path) -> tuple[Path, ...]:
 
 
 def inspect_model_dir(path: str | Path) -> ModelArtifact:
-    """Read config.json and safetensors headers of a model directory; never loads weights."""
-    path = Path(path).expanduser()
+    """Read config.json and safetensors headers of a model directory ModelGrid can serve; never loads weights.
+
+    Refuses architectures the worker cannot serve (registration relies on that error); the
+    estimator uses `read_model_dir`, which reads any architecture.
+    """
+    return _read(Path(path).expanduser(), servable_only=True, require_weights=True)
+
+
+def read_model_dir(path: str | Path, *, require_weights: bool = True) -> ModelArtifact:
+    """Read any model directory (servable or not); with require_weights=False a config-only one too."""
+    return _read(Path(path).expanduser(), servable_only=False, require_weights=require_weights)
+
+
+def _read(path: Path, *, servable_only: bool, require_weights: bool) -> ModelArtifact:
     if not path.exists():
         raise ArtifactError(f"{path}: no such directory")
     if not path.is_dir():
@@ -65,19 +94,13 @@ def inspect_model_dir(path: str | Path) -> ModelArtifact:
     config_path = path / "config.json"
     if not config_path.exists():
         raise ArtifactError(f"{path}: no config.json, so this is not a model directory")
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ArtifactError(f"{config_path}: not valid JSON ({e.msg} at line {e.lineno})") from e
-    if not isinstance(config, dict):
-        raise ArtifactError(f"{config_path}: must hold a JSON object")
-    model_type = config.get("model_type")
-    if not isinstance(model_type, str):
-        raise ArtifactError(f"{config_path}: field 'model_type' is missing")
-    architectures = config.get("architectures") or []
-    architecture = architectures[0] if architectures and isinstance(architectures[0], str) else model_type
-    task = _task_for(architecture, model_type)
+    config = read_config(config_path)
+    architecture, model_type = config.architecture, config.model_type
+    task = _task_for(architecture, model_type) if servable_only else servable_task(architecture, model_type)
 
+    has_weights = (path / "model.safetensors.index.json").exists() or any(path.glob("*.safetensors"))
+    if not has_weights and not require_weights:
+        return ModelArtifact(path.resolve(), architecture, model_type, task, "", 0, 0, (), config.raw, ())
     files = _weight_files(path)
     tensors: list[TensorInfo] = [t for f in files for t in read_safetensors_header(f)]
     if not tensors:
@@ -95,6 +118,8 @@ def inspect_model_dir(path: str | Path) -> ModelArtifact:
         weights_bytes=sum(t.nbytes for t in tensors),
         parameters=sum(t.numel for t in tensors),
         files=files,
+        config=config.raw,
+        tensors=tuple(tensors),
     )
 
 

@@ -16,10 +16,11 @@ def test_it_reads_exact_weight_bytes_from_headers(model_dir):
     assert artifact.weights_bytes == artifact.parameters * 4
 
 
-def test_the_estimate_is_weights_plus_a_margin(model_dir):
+def test_the_estimate_is_the_sum_of_its_terms(model_dir):
     est = estimate_model(inspect_model_dir(model_dir))
     assert est.weights_bytes == 4096
-    assert est.total_bytes == est.weights_bytes + est.overhead_bytes > est.weights_bytes
+    terms = est.weights_bytes + est.kv_cache_bytes + est.activation_bytes + est.overhead_bytes
+    assert est.total_bytes == terms > est.weights_bytes
 
 
 def test_it_recognises_bert_family_encoders(tmp_path):
