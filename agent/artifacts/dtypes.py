@@ -49,3 +49,12 @@ def compute_dtype(name: str) -> str:
     """The dtype activations and the KV cache are held in: int8 weights still compute in float16."""
     name = canonical_dtype(name)
     return "float16" if name == "int8" else name
+
+
+def stored_dtype(tensors) -> str:
+    """The torch name of the dtype holding most of the bytes of `tensors` (TensorInfo-like)."""
+    by_dtype: dict[str, int] = {}
+    for t in tensors:
+        by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + t.nbytes
+    stored = max(by_dtype, key=by_dtype.get)
+    return SAFETENSORS_TO_TORCH.get(stored, stored.lower())

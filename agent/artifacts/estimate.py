@@ -19,7 +19,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from agent.artifacts.config import DECODER_FAMILIES, ModelConfig
-from agent.artifacts.dtypes import FLOATING_SAFETENSORS, SAFETENSORS_TO_TORCH, canonical_dtype, compute_dtype
+from agent.artifacts.dtypes import (
+    FLOATING_SAFETENSORS,
+    canonical_dtype,
+    compute_dtype,
+    stored_dtype,
+)
 from agent.artifacts.dtypes import dtype_bytes as bytes_of
 from agent.artifacts.errors import ArtifactError
 from agent.artifacts.memory import activation_elements, default_seq, kv_cache_elements
@@ -201,12 +206,7 @@ def _bare_file(path: Path, dtype: str | None, batch: int, seq: int | None, devic
     tensors = tuple(read_safetensors_header(path))
     if not tensors:
         raise ArtifactError(f"{path}: holds no tensors")
-    by_dtype: dict[str, int] = {}
-    for t in tensors:
-        by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + t.nbytes
-    stored = max(by_dtype, key=by_dtype.get)
-    stored_name = SAFETENSORS_TO_TORCH.get(stored, stored.lower())
-    artifact = ModelArtifact(path, "unknown", "unknown", "", stored_name, sum(by_dtype.values()),
+    artifact = ModelArtifact(path, "unknown", "unknown", "", stored_dtype(tensors), sum(t.nbytes for t in tensors),
                              sum(t.numel for t in tensors), (path,), {"model_type": "unknown"}, tensors)
     est = estimate(artifact, dtype, batch, seq, device=device)
     return Estimate(**(est.as_dict() | {"notes": ("bare safetensors file: no config.json", *est.notes)}))

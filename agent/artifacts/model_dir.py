@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.artifacts.config import read_config
+from agent.artifacts.dtypes import stored_dtype
 from agent.artifacts.errors import ArtifactError
 from agent.artifacts.safetensors_header import TensorInfo, read_safetensors_header
 
@@ -105,16 +106,12 @@ def _read(path: Path, *, servable_only: bool, require_weights: bool) -> ModelArt
     tensors: list[TensorInfo] = [t for f in files for t in read_safetensors_header(f)]
     if not tensors:
         raise ArtifactError(f"{path}: the safetensors files hold no tensors")
-    dtypes: dict[str, int] = {}
-    for t in tensors:
-        dtypes[t.dtype] = dtypes.get(t.dtype, 0) + t.nbytes
-    stored = max(dtypes, key=dtypes.get)
     return ModelArtifact(
         path=path.resolve(),
         architecture=architecture,
         model_type=model_type,
         task=task,
-        stored_dtype=_TORCH_NAMES.get(stored, stored.lower()),
+        stored_dtype=stored_dtype(tensors),
         weights_bytes=sum(t.nbytes for t in tensors),
         parameters=sum(t.numel for t in tensors),
         files=files,
@@ -122,5 +119,3 @@ def _read(path: Path, *, servable_only: bool, require_weights: bool) -> ModelArt
         tensors=tuple(tensors),
     )
 
-
-_TORCH_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}

@@ -20,43 +20,37 @@ def _quiet_transformers() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
-def build_tiny_llama(directory: str | Path) -> Path:
-    """A 2-layer Llama (vocab 1024, hidden 64) with seed-0 random weights, saved as safetensors."""
+# Small enough to load in well under a second on a CPU, big enough to be a real transformer.
+_TINY = {
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "max_position_embeddings": 256,
+}
+
+
+def _save_seeded(model_class: str, config_class: str, directory: str | Path, **extra) -> Path:
+    """Build `model_class` from a tiny config with seed-0 random weights and save it as safetensors."""
     _quiet_transformers()
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
 
-    config = LlamaConfig(
-        vocab_size=1024,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=256,
-    )
+    config = getattr(transformers, config_class)(**_TINY, **extra)
     torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
+    getattr(transformers, model_class)(config).save_pretrained(directory, safe_serialization=True)
     return Path(directory)
+
+
+def build_tiny_llama(directory: str | Path) -> Path:
+    """A 2-layer Llama (vocab 1024, hidden 64, grouped-query attention) with seed-0 random weights."""
+    return _save_seeded("LlamaForCausalLM", "LlamaConfig", directory, num_key_value_heads=2)
 
 
 def build_tiny_bert(directory: str | Path) -> Path:
-    """A 2-layer BERT encoder (vocab 1024, hidden 64) with seed-0 random weights, saved as safetensors."""
-    _quiet_transformers()
-    import torch
-    from transformers import BertConfig, BertModel
-
-    config = BertConfig(
-        vocab_size=1024,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
-    BertModel(config).save_pretrained(directory, safe_serialization=True)
-    return Path(directory)
+    """A 2-layer BERT encoder (vocab 1024, hidden 64) with seed-0 random weights."""
+    return _save_seeded("BertModel", "BertConfig", directory)
 
 
 def copy_minilm(directory: str | Path) -> Path:

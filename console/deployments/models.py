@@ -61,7 +61,6 @@ class Replica(models.Model):
     reason = models.TextField(blank=True)
     pid = models.PositiveIntegerField(null=True, blank=True)
     created = models.DateTimeField(default=timezone.now)
-    ready_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["deployment__name", "index"]

@@ -73,12 +73,7 @@ def apply_replica_status(host: Host, status: ReplicaStatus) -> None:
         fields["loaded_bytes"] = status.loaded_bytes
     if status.reason:
         fields["reason"] = status.reason
-    rows = Replica.objects.filter(pk=status.replica_id, host=host)
-    if status.state == "ready":
-        rows.filter(ready_at__isnull=True).update(ready_at=timezone.now())
-    elif status.state in ("stopped", "failed", "loading"):
-        fields["ready_at"] = None
-    if not rows.update(**fields):
+    if not Replica.objects.filter(pk=status.replica_id, host=host).update(**fields):
         log.debug("host %s reported unknown replica %s", host.name, status.replica_id)
 
 

@@ -23,10 +23,6 @@ async def refresh_dashboards() -> None:
     await get_channel_layer().group_send(DASHBOARD_GROUP, {"type": "dashboard.update"})
 
 
-def refresh_dashboards_sync() -> None:
-    async_to_sync(refresh_dashboards)()
-
-
 def wake_scheduler() -> None:
     """Ask the scheduler loop for a pass now instead of at its next tick (sync callers)."""
     async_to_sync(get_channel_layer().group_send)(SCHEDULER_GROUP, {"type": "scheduler.wake"})
