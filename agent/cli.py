@@ -87,6 +87,7 @@ def _estimate(args: argparse.Namespace) -> int:
     import json
 
     from agent.artifacts import ArtifactError, estimate
+    from agent.artifacts.report import format_estimate
 
     try:
         est = estimate(args.path, dtype=args.dtype, batch=args.batch, seq=args.seq, device=args.device)
@@ -96,14 +97,7 @@ def _estimate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(est.as_dict(), indent=2))
         return 0
-    print(f"{est.architecture} ({est.family}), {est.parameters:,} parameters, {est.dtype}, "
-          f"batch {est.batch}, seq {est.seq}, {est.device}")
-    for label, value in (("weights", est.weights_bytes), ("kv cache", est.kv_cache_bytes),
-                         ("activations", est.activation_bytes), ("overhead", est.overhead_bytes),
-                         ("total", est.total_bytes)):
-        print(f"  {label:<12} {value:>16,} B  {value / 2**20:>12,.1f} MiB")
-    for note in est.notes:
-        print(f"  note: {note}")
+    print(format_estimate(est))
     return 0
 
 

@@ -11,6 +11,7 @@ urlpatterns = [
     path("", fleet.dashboard, name="dashboard"),
     path("models/", catalog.models_page, name="models"),
     path("models/register/", catalog.register, name="model-register"),
+    path("models/estimate/", catalog.estimate_preview, name="model-estimate"),
     path("models/<str:name>/deploy/", catalog.deploy, name="model-deploy"),
     path("deployments/<str:name>/", deployments.deployment_page, name="deployment"),
     path("deployments/<str:name>/delete/", deployments.delete, name="deployment-delete"),

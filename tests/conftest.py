@@ -25,7 +25,8 @@ def write_model_dir(path: Path, *, hidden: int = 16, vocab: int = 32, layers: in
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps({"architectures": [arch], "model_type": model_type,
                                                   "hidden_size": hidden, "vocab_size": vocab,
-                                                  "num_hidden_layers": layers}))
+                                                  "num_hidden_layers": layers, "num_attention_heads": 4,
+                                                  "intermediate_size": 2 * hidden}))
     tensors = {"model.embed_tokens.weight": np.zeros((vocab, hidden), np.float32)}
     for i in range(layers):
         tensors[f"model.layers.{i}.mlp.up_proj.weight"] = np.zeros((hidden * 2, hidden), np.float32)

@@ -25,6 +25,8 @@ ALIASES: dict[str, str] = {
     "half": "float16",
     "bf16": "bfloat16",
 }
+# What a worker can load a model in today; the estimator knows more (int8) than the worker serves.
+WORKER_DTYPES = ("float32", "float16", "bfloat16")
 # safetensors header dtype -> torch name, for the floating dtypes a stored model can be read as.
 SAFETENSORS_TO_TORCH: dict[str, str] = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 FLOATING_SAFETENSORS = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})

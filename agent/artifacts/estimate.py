@@ -1,6 +1,6 @@
 """The memory estimate of one replica, term by term: weights, KV cache, activations, runtime overhead.
 
-    total = weights + kv_cache + activations + overhead
+    total = weights + kv_cache + activations + adapter pool + overhead
 
 * weights: exact bytes from the safetensors headers (every floating tensor converted to the serving
   dtype, integer tensors kept), or from the config's parameter count when there are no weights;
@@ -8,6 +8,7 @@
   sliding-window layers capped at their window (see memory.py);
 * activations: the peak transient of one forward at (batch, seq), fused attention assumed for
   the families transformers runs with SDPA (scores never materialised);
+* adapter pool: the byte budget a deployment gives its LoRA adapters on the device (0 without);
 * overhead: a per-device-kind constant (OVERHEAD_BYTES), since nothing here can measure a runtime.
 
 An architecture without formulas gets header weights plus FALLBACK_MARGIN, said in `notes`.
@@ -53,6 +54,7 @@ class Estimate:
     weights_bytes: int
     kv_cache_bytes: int
     activation_bytes: int
+    adapter_pool_bytes: int
     overhead_bytes: int
     total_bytes: int
     parameters: int
@@ -76,17 +78,21 @@ def estimate(
     *,
     device: str = "cuda",
     fused_attention: bool = True,
+    adapter_pool_bytes: int = 0,
 ) -> Estimate:
     """Estimate a model directory, a config-only directory, a bare safetensors file or an artifact.
 
     dtype: the serving dtype (torch names or fp32/fp16/bf16); default the stored dtype, else the
     config's `torch_dtype`, else float32. seq: tokens per sequence (the image side for vision models);
     default min(max positions, 2048). device: "cuda" or "cpu", which picks the overhead constant.
+    adapter_pool_bytes: the device-tier budget for LoRA adapters, added as its own term.
     """
     if batch < 1:
         raise ArtifactError(f"batch must be at least 1, got {batch}")
     if seq is not None and seq < 1:
         raise ArtifactError(f"seq must be at least 1, got {seq}")
+    if adapter_pool_bytes < 0:
+        raise ArtifactError(f"adapter_pool_bytes must not be negative, got {adapter_pool_bytes}")
     if device not in OVERHEAD_BYTES:
         raise ArtifactError(f"device {device!r} is not one of {', '.join(OVERHEAD_BYTES)}")
     if isinstance(source, ModelArtifact):
@@ -94,7 +100,7 @@ def estimate(
     else:
         path = Path(source).expanduser()
         if path.is_file() and path.suffix == ".safetensors":
-            return _bare_file(path, dtype, batch, seq, device)
+            return _bare_file(path, dtype, batch, seq, device, adapter_pool_bytes)
         artifact = read_model_dir(path.parent if path.name == "config.json" else path, require_weights=False)
     cfg = ModelConfig(artifact.config or {"model_type": artifact.model_type}, str(artifact.path / "config.json"))
     notes: list[str] = []
@@ -103,13 +109,10 @@ def estimate(
     if cfg.family is None:
         notes.append(f"model_type {cfg.model_type!r} has no formulas: header weights + {FALLBACK_MARGIN:.0%} margin")
     else:
-        try:
-            count = count_parameters(cfg)
-            notes += count.notes
-        except ArtifactError as e:
-            if not artifact.tensors:
-                raise
-            notes.append(f"{e}; formulas skipped: header weights + {FALLBACK_MARGIN:.0%} margin")
+        # A field of a known family that is wrong (not merely absent: defaults fill those) is a
+        # malformed config, refused with the file and field named, even when the headers could do.
+        count = count_parameters(cfg)
+        notes += count.notes
 
     serving = _serving_dtype(dtype, artifact, cfg)
     if serving == "int8" and cfg.family not in INT8_FAMILIES:
@@ -157,8 +160,9 @@ def estimate(
         weights_bytes=weights,
         kv_cache_bytes=kv,
         activation_bytes=act,
+        adapter_pool_bytes=adapter_pool_bytes,
         overhead_bytes=overhead,
-        total_bytes=weights + kv + act + overhead,
+        total_bytes=weights + kv + act + adapter_pool_bytes + overhead,
         parameters=parameters,
         architecture=cfg.architecture,
         family=cfg.family or "unknown",
@@ -201,12 +205,12 @@ def _header_weights(artifact: ModelArtifact, serving: str, notes: list[str]) -> 
     return total
 
 
-def _bare_file(path: Path, dtype: str | None, batch: int, seq: int | None, device: str) -> Estimate:
+def _bare_file(path: Path, dtype: str | None, batch: int, seq: int | None, device: str, adapters: int) -> Estimate:
     """A lone safetensors file: no config, so header weights plus the fallback margin."""
     tensors = tuple(read_safetensors_header(path))
     if not tensors:
         raise ArtifactError(f"{path}: holds no tensors")
     artifact = ModelArtifact(path, "unknown", "unknown", "", stored_dtype(tensors), sum(t.nbytes for t in tensors),
                              sum(t.numel for t in tensors), (path,), {"model_type": "unknown"}, tensors)
-    est = estimate(artifact, dtype, batch, seq, device=device)
+    est = estimate(artifact, dtype, batch, seq, device=device, adapter_pool_bytes=adapters)
     return Estimate(**(est.as_dict() | {"notes": ("bare safetensors file: no config.json", *est.notes)}))

@@ -30,6 +30,22 @@ class GpuInfo(_Message):
     simulated: bool
 
 
+class Measurement(_Message):
+    """What a loaded replica really uses, measured by its worker after a warm-up forward."""
+
+    device: Literal["cpu", "cuda"]
+    batch: int = Field(ge=1)  # the warm-up shape actually used
+    seq: int = Field(ge=1)
+    weights_bytes: int = Field(ge=0)  # parameters + buffers on the device
+    peak_bytes: int = Field(ge=0)  # cuda: max_memory_allocated during warm-up; cpu: weights + forward peak
+    allocated_bytes: int | None = Field(default=None, ge=0)  # cuda only
+    reserved_bytes: int | None = Field(default=None, ge=0)  # cuda only
+    process_bytes: int | None = Field(default=None, ge=0)  # cuda only: NVML per-process memory, context included
+    total_bytes: int = Field(ge=0)  # what the replica takes from its device
+    load_seconds: float | None = Field(default=None, ge=0)
+    load_bandwidth: float | None = Field(default=None, ge=0)  # bytes/s
+
+
 class ReplicaStatus(_Message):
     type: Literal["replica_status"] = "replica_status"
     replica_id: int
@@ -39,6 +55,7 @@ class ReplicaStatus(_Message):
     total_bytes: int | None = Field(default=None, ge=0)
     reason: str = ""
     pid: int | None = None
+    measurement: Measurement | None = None
 
 
 class Hello(_Message):
@@ -70,6 +87,8 @@ class DesiredReplica(_Message):
     reserved_bytes: int = Field(ge=0)
     state: TargetState = "ready"
     dtype: str = "float32"
+    batch: int = Field(default=1, ge=1)  # the declared shape the worker warms up (and is measured) at
+    seq: int | None = Field(default=None, ge=1)
 
 
 class DesiredState(_Message):

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from agent.artifacts.dtypes import WORKER_DTYPES
+
 Task = Literal["causal-lm", "encoder"]
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = WORKER_DTYPES
 
 
 @dataclass(frozen=True)

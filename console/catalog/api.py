@@ -1,10 +1,11 @@
 from ninja import Router, Status
 
-from console.catalog import services
+from console.catalog import memory, services
 from console.catalog.models import Model
-from console.catalog.schemas import ErrorOut, ModelIn, ModelOut
+from console.catalog.schemas import ErrorOut, EstimateIn, EstimateOut, ModelIn, ModelOut
 
 router = Router()
+estimate_router = Router()
 
 
 @router.get("", response=list[ModelOut])
@@ -26,3 +27,10 @@ def get_model(request, name: str):
 def delete_model(request, name: str):
     services.delete_model(name)
     return Status(204, None)
+
+
+@estimate_router.post("", response={200: EstimateOut, 404: ErrorOut, 422: ErrorOut},
+                      summary="Estimate one replica's memory from headers and config (nothing is loaded or stored)")
+def estimate(request, body: EstimateIn):
+    return memory.estimate_request(body.path, body.model, body.dtype, body.batch, body.seq, body.device,
+                                   body.adapter_pool_bytes)

@@ -30,3 +30,53 @@ class Model(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class DeviceKind(models.TextChoices):
+    CPU = "cpu"  # simulated GPUs: the worker runs on the host's CPU
+    CUDA = "cuda"
+
+
+class MemorySample(models.Model):
+    """One load of one replica: the estimate at its shape beside what its worker measured."""
+
+    # host/replica/pid: a worker reports its measurement in every status; it is one load, kept once.
+    load_key = models.CharField(max_length=200, unique=True)
+    model = models.ForeignKey(Model, null=True, on_delete=models.SET_NULL, related_name="samples")
+    deployment = models.CharField(max_length=63)
+    family = models.CharField(max_length=50)
+    architecture = models.CharField(max_length=200)
+    device = models.CharField(max_length=10, choices=DeviceKind.choices)
+    dtype = models.CharField(max_length=20)
+    batch = models.PositiveIntegerField()
+    seq = models.PositiveIntegerField()
+    estimated_bytes = models.PositiveBigIntegerField(help_text="the estimator's total, before calibration")
+    calibrated_bytes = models.PositiveBigIntegerField(help_text="the estimate calibration gave before this load")
+    measured_bytes = models.PositiveBigIntegerField()
+    estimate = models.JSONField(default=dict)
+    measurement = models.JSONField(default=dict)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created", "-pk"]
+        indexes = [models.Index(fields=["family", "device", "-created"])]
+
+    def __str__(self) -> str:
+        return f"{self.deployment} {self.device}: est {self.estimated_bytes} meas {self.measured_bytes}"
+
+
+class Calibration(models.Model):
+    """The correction later estimates of one architecture family on one device kind get."""
+
+    family = models.CharField(max_length=50)
+    device = models.CharField(max_length=10, choices=DeviceKind.choices)
+    factor = models.FloatField()
+    samples = models.PositiveIntegerField()
+    updated = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["family", "device"]
+        constraints = [models.UniqueConstraint(fields=["family", "device"], name="calibration_unique_family_device")]
+
+    def __str__(self) -> str:
+        return f"{self.family}/{self.device}: x{self.factor:.3f} from {self.samples} loads"

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
-from ninja import Schema
+from ninja import Field, Schema
 
 
 class ModelIn(Schema):
@@ -26,3 +27,34 @@ class ModelOut(Schema):
 
 class ErrorOut(Schema):
     detail: str
+
+
+class EstimateIn(Schema):
+    path: str | None = Field(None, description="a model directory, config-only directory, config.json or .safetensors "
+                             "file on the console host")
+    model: str | None = Field(None, description="or a registered model's name")
+    dtype: str | None = Field(None, description="serving dtype (torch name or fp32/fp16/bf16); default: as stored")
+    batch: int = Field(1, description="concurrent sequences")
+    seq: int | None = Field(None, description="tokens per sequence (image side for vision models)")
+    device: Literal["cuda", "cpu"] = "cuda"
+    adapter_pool_bytes: int = Field(0, ge=0, description="device-tier budget for LoRA adapters")
+
+
+class EstimateOut(Schema):
+    weights_bytes: int
+    kv_cache_bytes: int
+    activation_bytes: int
+    adapter_pool_bytes: int
+    overhead_bytes: int
+    total_bytes: int = Field(description="the estimator's total, before calibration")
+    parameters: int
+    architecture: str
+    family: str
+    dtype: str
+    batch: int
+    seq: int
+    device: str
+    notes: list[str]
+    calibrated_bytes: int = Field(description="total after the family's correction from measured loads")
+    calibration_factor: float
+    calibrated_from: int = Field(description="measured loads behind the correction (0: uncalibrated)")

@@ -16,7 +16,8 @@ def list_deployments(request):
 
 @router.post("", response={201: DeploymentOut, 409: ErrorOut, 422: ErrorOut}, summary="Deploy a registered model")
 def create_deployment(request, body: DeploymentIn):
-    dep = services.create_deployment(body.name, body.model, body.replicas, body.priority)
+    dep = services.create_deployment(body.name, body.model, body.replicas, body.priority, dtype=body.dtype,
+                                     batch=body.batch, seq=body.seq)
     return Status(201, deployment_data(dep))
 
 

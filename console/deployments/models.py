@@ -30,6 +30,12 @@ class Deployment(models.Model):
     model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="deployments")
     replicas = models.PositiveIntegerField(default=1)
     priority = models.CharField(max_length=10, choices=Priority.choices, default=Priority.STANDARD)
+    # The serving settings the memory estimate is made for (and the worker warms up at).
+    dtype = models.CharField(max_length=20, blank=True, default="", help_text="serving dtype; empty: as stored")
+    batch = models.PositiveIntegerField(default=1, help_text="concurrent sequences per replica")
+    seq = models.PositiveIntegerField(null=True, blank=True, help_text="tokens per sequence; empty: model default")
+    # The estimator's breakdown at these settings, per device kind ("cpu", "cuda"), before calibration.
+    estimates = models.JSONField(default=dict)
     slo_latency_ms = models.PositiveIntegerField(null=True, blank=True, help_text="p95 latency target")
     latency_critical = models.BooleanField(default=False)
     state = models.CharField(max_length=20, choices=DeploymentState.choices, default=DeploymentState.PENDING)
@@ -54,6 +60,8 @@ class Replica(models.Model):
     host = models.ForeignKey("fleet.Host", null=True, blank=True, on_delete=models.SET_NULL, related_name="replicas")
     gpus = models.ManyToManyField("fleet.Gpu", blank=True, related_name="replicas")
     reserved_bytes = models.PositiveBigIntegerField(default=0)
+    # How reserved_bytes was derived at placement: device kind, the estimator's total, the correction.
+    reservation = models.JSONField(default=dict, blank=True)
     desired_state = models.CharField(max_length=10, choices=TARGET_STATES, default="ready")
     observed_state = models.CharField(max_length=10, choices=OBSERVED_STATES, default="pending")
     measured_bytes = models.PositiveBigIntegerField(null=True, blank=True)

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from console.deployments.models import Deployment
+from console.catalog.memory import memory_summary
+from console.deployments.models import Deployment, Replica
+
+
+def replica_memory(r: Replica) -> dict:
+    """Estimated (as reserved, calibrated), measured and the error between them, for one replica."""
+    if not r.reservation:
+        return memory_summary(None, None, 0, r.measured_bytes)
+    return memory_summary(r.reserved_bytes, r.reservation.get("estimated_bytes"),
+                          r.reservation.get("calibrated_from", 0), r.measured_bytes) | {
+        "device": r.reservation.get("device")}
 
 
 def deployment_data(dep: Deployment) -> dict:
@@ -12,6 +22,10 @@ def deployment_data(dep: Deployment) -> dict:
         "model": dep.model.name,
         "replica_count": dep.replicas,
         "priority": dep.priority,
+        "dtype": dep.dtype or dep.model.stored_dtype,
+        "batch": dep.batch,
+        "seq": dep.seq,
+        "estimates": dep.estimates,
         "state": dep.state,
         "reason": dep.reason,
         "created": dep.created,
@@ -24,6 +38,7 @@ def deployment_data(dep: Deployment) -> dict:
                 "desired_state": r.desired_state,
                 "reserved_bytes": r.reserved_bytes,
                 "measured_bytes": r.measured_bytes,
+                "memory": replica_memory(r),
                 "endpoint": r.host.endpoint if r.host and r.host.endpoint else None,
                 "pid": r.pid,
                 "reason": r.reason,

@@ -15,7 +15,10 @@ from django.db.models import Prefetch
 from django.utils import timezone
 
 from agent.protocol import DesiredReplica, DesiredState
+from console.catalog.memory import Reservation, reservation, settings_estimates
+from console.catalog.models import DeviceKind
 from console.deployments.models import Deployment, DeploymentState, Replica
+from console.errors import Invalid
 from console.fleet.models import Gpu, Host
 from console.scheduler import GpuSlot, ReplicaRequest, plan
 
@@ -74,31 +77,63 @@ def _gpu_slots() -> tuple[list[GpuSlot], dict[str, Gpu]]:
     return slots, by_id
 
 
+def fleet_device_kind(gpus: dict[str, Gpu]) -> str:
+    """Where replicas will run: "cpu" when every schedulable GPU is simulated (workers then run on the
+    host's CPU and measure CPU memory), else "cuda"."""
+    return DeviceKind.CPU if gpus and all(g.simulated for g in gpus.values()) else DeviceKind.CUDA
+
+
+def _reservations(deployments, device: str) -> tuple[dict[int, Reservation], dict[int, str]]:
+    """The calibrated bytes one replica of each deployment reserves on `device`, and why any cannot
+    be estimated (a model directory that went missing or changed since registration)."""
+    needs, problems = {}, {}
+    for dep in deployments:
+        try:
+            if device not in dep.estimates:  # a row from before estimates were stored per deployment
+                dep.estimates = settings_estimates(dep.model, dep.dtype or dep.model.stored_dtype, dep.batch, dep.seq)
+                dep.save(update_fields=["estimates"])
+            needs[dep.pk] = reservation(dep.estimates, device)
+        except Invalid as e:
+            problems[dep.pk] = f"cannot estimate its memory: {e}"
+    return needs, problems
+
+
 def _place_pending() -> bool:
     pending = list(Replica.objects.filter(host__isnull=True).select_related("deployment__model"))
     if not pending:
         return False
     slots, gpus = _gpu_slots()
-    requests = [ReplicaRequest(r.deployment.name, r.index, r.deployment.model.estimate_bytes) for r in pending]
+    device = fleet_device_kind(gpus)
+    needs, problems = _reservations({r.deployment for r in pending}, device)
+    changed = _set_reasons([(r, problems[r.deployment_id]) for r in pending if r.deployment_id in problems])
+    pending = [r for r in pending if r.deployment_id in needs]
+    requests = [ReplicaRequest(r.deployment.name, r.index, needs[r.deployment_id].bytes) for r in pending]
     result = plan(slots, requests, buffer_bytes=settings.MODELGRID_GPU_BUFFER_BYTES)
     by_key = {(r.deployment.name, r.index): r for r in pending}
-    changed = False
     for p in result.placements:
         replica, gpu = by_key[(p.deployment, p.index)], gpus[p.gpu]
+        need = needs[replica.deployment_id]
         replica.host = gpu.host
-        replica.reserved_bytes = replica.deployment.model.estimate_bytes
+        replica.reserved_bytes = need.bytes
+        replica.reservation = {"device": device, "estimated_bytes": need.estimated_bytes,
+                               "factor": need.correction.factor, "calibrated_from": need.correction.samples}
         replica.observed_state = "pending"
         replica.reason = p.reason
-        replica.save(update_fields=["host", "reserved_bytes", "observed_state", "reason"])
+        replica.save(update_fields=["host", "reserved_bytes", "reservation", "observed_state", "reason"])
         replica.gpus.set([gpu])
         log.info("placed %s#%d on %s: %s", p.deployment, p.index, p.gpu, p.reason)
         changed = True
-    for u in result.unplaced:
-        replica = by_key[(u.deployment, u.index)]
-        if replica.reason != u.reason:
-            replica.reason = u.reason
+    changed |= _set_reasons([(by_key[(u.deployment, u.index)], u.reason) for u in result.unplaced])
+    return changed
+
+
+def _set_reasons(replicas: list[tuple[Replica, str]]) -> bool:
+    changed = False
+    for replica, reason in replicas:
+        if replica.reason != reason:
+            replica.reason = reason
             replica.save(update_fields=["reason"])
-            log.info("cannot place %s#%d: %s", u.deployment, u.index, u.reason)
+            log.info("cannot place %s#%d: %s", replica.deployment.name, replica.index, reason)
             changed = True
     return changed
 
@@ -150,6 +185,9 @@ def desired_replicas(host: Host) -> list[DesiredReplica]:
             gpus=sorted(g.index for g in r.gpus.all()),
             reserved_bytes=r.reserved_bytes,
             state=r.desired_state,
+            dtype=r.deployment.dtype or r.deployment.model.stored_dtype,
+            batch=r.deployment.batch,
+            seq=r.deployment.seq,
         )
         for r in replicas
     ]

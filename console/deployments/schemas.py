@@ -10,10 +10,23 @@ class DeploymentIn(Schema):
     model: str
     replicas: int = Field(1, ge=0, le=64)
     priority: str = "standard"
+    dtype: str | None = Field(None, description="serving dtype (float32, float16, bfloat16 or fp32/fp16/bf16); "
+                              "default: as stored")
+    batch: int = Field(1, ge=1, description="concurrent sequences per replica, for the memory estimate")
+    seq: int | None = Field(None, ge=1, description="tokens per sequence; default min(max positions, 2048)")
 
 
 class DeploymentPatch(Schema):
     replicas: int = Field(..., ge=0, le=64)
+
+
+class MemoryOut(Schema):
+    estimated_bytes: int | None = Field(description="what the replica reserves: the estimate after calibration")
+    uncalibrated_bytes: int | None = Field(description="the estimator's total before calibration")
+    calibrated_from: int = Field(description="loads of this architecture family and device kind behind the correction")
+    measured_bytes: int | None
+    error_percent: float | None = Field(description="(estimated - measured) / measured, in percent")
+    device: str | None = None
 
 
 class ReplicaOut(Schema):
@@ -24,6 +37,7 @@ class ReplicaOut(Schema):
     desired_state: str
     reserved_bytes: int
     measured_bytes: int | None
+    memory: MemoryOut
     endpoint: str | None
     pid: int | None
     reason: str
@@ -34,6 +48,10 @@ class DeploymentOut(Schema):
     model: str
     replica_count: int
     priority: str
+    dtype: str
+    batch: int
+    seq: int | None
+    estimates: dict = Field(description="the estimator's breakdown per device kind (cpu, cuda), before calibration")
     state: str
     reason: str
     created: datetime

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.db import IntegrityError, transaction
 
+from console.catalog.memory import serving_dtype, settings_estimates
 from console.catalog.models import Model
 from console.catalog.services import validate_name
 from console.deployments.models import Deployment, Priority
@@ -14,7 +15,17 @@ from console.realtime.notify import wake_scheduler
 MAX_REPLICAS = 64
 
 
-def create_deployment(name: str, model: str, replicas: int = 1, priority: str = Priority.STANDARD) -> Deployment:
+def create_deployment(
+    name: str,
+    model: str,
+    replicas: int = 1,
+    priority: str = Priority.STANDARD,
+    *,
+    dtype: str | None = None,
+    batch: int = 1,
+    seq: int | None = None,
+) -> Deployment:
+    """Record a deployment and its memory estimate at its serving settings; nothing stored on error."""
     validate_name(name, "deployment")
     if not 0 <= replicas <= MAX_REPLICAS:
         raise Invalid(f"replicas must be between 0 and {MAX_REPLICAS}, got {replicas}")
@@ -24,9 +35,14 @@ def create_deployment(name: str, model: str, replicas: int = 1, priority: str = 
         model_row = Model.objects.get(name=model)
     except Model.DoesNotExist:
         raise Invalid(f"no model named {model!r}; register it first (POST /api/v1/models)") from None
+    dtype = serving_dtype(model_row, dtype)
+    estimates = settings_estimates(model_row, dtype, batch, seq)
     try:
         with transaction.atomic():
-            deployment = Deployment.objects.create(name=name, model=model_row, replicas=replicas, priority=priority)
+            deployment = Deployment.objects.create(
+                name=name, model=model_row, replicas=replicas, priority=priority,
+                dtype=dtype, batch=batch, seq=seq, estimates=estimates,
+            )
             transaction.on_commit(wake_scheduler)
             return deployment
     except IntegrityError:

@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agent.protocol import Ack, GpuInfo, Hello, HostReport, ReplicaStatus
+from console.catalog.memory import record_load
 from console.deployments.models import Replica
 from console.fleet.models import AgentCredential, Gpu, Host
 
@@ -75,6 +76,10 @@ def apply_replica_status(host: Host, status: ReplicaStatus) -> None:
         fields["reason"] = status.reason
     if not Replica.objects.filter(pk=status.replica_id, host=host).update(**fields):
         log.debug("host %s reported unknown replica %s", host.name, status.replica_id)
+        return
+    if status.state == "ready" and status.measurement is not None:
+        replica = Replica.objects.select_related("deployment__model").get(pk=status.replica_id)
+        record_load(host.name, replica, status.measurement, status.pid)
 
 
 def apply_ack(host: Host, ack: Ack) -> None:

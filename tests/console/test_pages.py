@@ -58,3 +58,38 @@ def test_a_refused_registration_says_why_and_stores_nothing(user_client, store):
     r = user_client.post("/models/register/", {"name": "junk", "path": str(store / "junk")}, follow=True)
     assert b"Not registered" in r.content and b"no config.json" in r.content
     assert not Model.objects.exists()
+
+
+def test_the_estimate_preview_shows_the_breakdown(user_client, store):
+    r = user_client.post("/models/estimate/", {"path": str(store / "tiny-llama"), "dtype": "bf16", "batch": "2",
+                                               "seq": "16", "device": "cpu"})
+    html = r.content.decode()
+    assert r.status_code == 200 and 'class="estimate"' in html
+    assert "bfloat16, batch 2, seq 16, cpu" in html and "KV cache" in html and "uncalibrated" in html
+
+
+@pytest.mark.parametrize("form, message", [
+    ({"path": "/nowhere"}, "no such directory"),
+    ({"model": "tiny-llama", "batch": "many"}, "batch must be a whole number"),
+])
+def test_the_estimate_preview_explains_bad_input(user_client, store, form, message):
+    r = user_client.post("/models/estimate/", form)
+    assert r.status_code == 200 and message in r.content.decode() and 'role="alert"' in r.content.decode()
+
+
+def test_deploy_with_settings_stores_them_and_the_page_shows_the_estimate(user_client, store):
+    user_client.post("/models/register/", {"name": "tiny-llama", "path": str(store / "tiny-llama")})
+    r = user_client.post("/models/tiny-llama/deploy/", {"replicas": "2", "dtype": "float16", "batch": "4",
+                                                        "seq": "64"}, follow=True)
+    dep = Deployment.objects.get()
+    assert (dep.replicas, dep.dtype, dep.batch, dep.seq) == (2, "float16", 4, 64)
+    html = r.content.decode()
+    assert "serving float16, batch 4, seq 64" in html and "Memory estimate per replica" in html
+    assert "2 replica(s)" in html
+
+
+def test_deploy_with_a_bad_setting_says_why_and_stores_nothing(user_client, store):
+    user_client.post("/models/register/", {"name": "tiny-llama", "path": str(store / "tiny-llama")})
+    r = user_client.post("/models/tiny-llama/deploy/", {"dtype": "int8"}, follow=True)
+    assert b"Not deployed: dtype &#x27;int8&#x27; cannot be served yet" in r.content
+    assert not Deployment.objects.exists()

@@ -1,6 +1,5 @@
 import pytest
 
-from console.catalog.services import register_model
 from console.deployments.models import Replica
 from console.deployments.reconcile import desired_state, reconcile_once
 from console.deployments.services import create_deployment, delete_deployment
@@ -10,19 +9,6 @@ pytestmark = pytest.mark.django_db
 GiB = 1024**3
 
 
-@pytest.fixture
-def host():
-    h = Host.objects.create(name="h1", endpoint="http://127.0.0.1:9", connected=True)
-    Gpu.objects.create(host=h, index=0, uuid="SIM-0", name="sim", total_bytes=24 * GiB, simulated=True)
-    Gpu.objects.create(host=h, index=1, uuid="SIM-1", name="sim", total_bytes=8 * GiB, simulated=True)
-    return h
-
-
-@pytest.fixture
-def model(model_dir):
-    return register_model("tiny", str(model_dir))
-
-
 def test_it_places_a_new_replica_and_bumps_the_host_generation(host, model):
     create_deployment("chat", "tiny")
     result = reconcile_once()
@@ -30,7 +16,11 @@ def test_it_places_a_new_replica_and_bumps_the_host_generation(host, model):
     replica = Replica.objects.get()
     assert replica.host == host
     assert [g.index for g in replica.gpus.all()] == [1]  # best fit: the smaller GPU
-    assert replica.reserved_bytes == model.estimate_bytes
+    # Simulated GPUs: the worker runs on the CPU, so the CPU estimate is reserved (nothing calibrated yet).
+    estimate = replica.deployment.estimates["cpu"]
+    assert replica.reserved_bytes == estimate["total_bytes"]
+    assert replica.reservation == {"device": "cpu", "estimated_bytes": estimate["total_bytes"], "factor": 1.0,
+                                   "calibrated_from": 0}
     host.refresh_from_db()
     state = desired_state(host)
     assert state.generation == 1
@@ -62,8 +52,9 @@ def test_replicas_never_land_on_offline_hosts(host, model):
 
 
 def test_a_model_too_big_for_every_gpu_is_unschedulable(host, model):
-    type(model).objects.filter(pk=model.pk).update(estimate_bytes=30 * GiB)
     dep = create_deployment("huge", "tiny")
+    dep.estimates["cpu"]["total_bytes"] = 30 * GiB
+    dep.save()
     reconcile_once()
     dep.refresh_from_db()
     assert dep.state == "unschedulable"

@@ -1,0 +1,169 @@
+"""Memory estimates for models and deployments, measured loads, and the calibration they feed.
+
+The estimator (agent.artifacts) gives a breakdown from headers and config; each replica's worker
+reports what it really used after a warm-up at the same shape; every such load is kept beside
+its estimate, and the correction per architecture family and device kind (console.catalog.
+calibration) scales what later admissions reserve.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+
+from agent.artifacts import ArtifactError, Estimate, canonical_dtype, estimate
+from agent.artifacts.dtypes import WORKER_DTYPES
+from agent.protocol import Measurement
+from console.catalog.calibration import NONE, WINDOW, Correction, correction, error_fraction
+from console.catalog.models import Calibration, DeviceKind, MemorySample, Model
+from console.errors import Invalid, NotFound
+
+log = logging.getLogger("modelgrid.memory")
+
+MAX_BATCH = 4096
+MAX_SEQ = 1 << 20
+
+
+def estimate_path(
+    path: str,
+    dtype: str | None = None,
+    batch: int = 1,
+    seq: int | None = None,
+    device: str = DeviceKind.CUDA,
+    adapter_pool_bytes: int = 0,
+) -> Estimate:
+    """The estimator on a path, with its errors (file and field named) as Invalid (HTTP 422)."""
+    if not path:
+        raise Invalid("path is empty: give a model directory, a config.json or a .safetensors file")
+    check_shape(batch, seq)
+    try:
+        return estimate(path, dtype=dtype, batch=batch, seq=seq, device=device, adapter_pool_bytes=adapter_pool_bytes)
+    except ArtifactError as e:
+        raise Invalid(str(e)) from None
+
+
+def estimate_request(path: str | None, model: str | None, dtype: str | None, batch: int, seq: int | None,
+                     device: str, adapter_pool_bytes: int = 0, *, calibrate: bool = True) -> dict:
+    """The estimate of a path or a registered model, with the calibration later admissions would apply
+    (none with calibrate=False, for a console whose database is not set up)."""
+    if bool(path) == bool(model):
+        raise Invalid("give exactly one of 'path' (a model directory or file) and 'model' (a registered name)")
+    if model:
+        path = Model.objects.filter(name=model).values_list("path", flat=True).first()
+        if path is None:
+            raise NotFound(f"no model named {model!r}")
+    est = estimate_path(path, dtype, batch, seq, device, adapter_pool_bytes)
+    corr = current_correction(est.family, device) if calibrate else NONE
+    return est.as_dict() | {"calibrated_bytes": corr.apply(est.total_bytes), "calibration_factor": corr.factor,
+                            "calibrated_from": corr.samples}
+
+
+def check_shape(batch: int, seq: int | None) -> None:
+    if not 1 <= batch <= MAX_BATCH:
+        raise Invalid(f"batch must be between 1 and {MAX_BATCH}, got {batch}")
+    if seq is not None and not 1 <= seq <= MAX_SEQ:
+        raise Invalid(f"seq must be between 1 and {MAX_SEQ}, got {seq}")
+
+
+def serving_dtype(model: Model, dtype: str | None) -> str:
+    """The dtype a deployment of `model` serves in: as asked (torch name or short form), else as stored."""
+    try:
+        name = canonical_dtype(dtype or model.stored_dtype)
+    except ArtifactError as e:
+        raise Invalid(str(e)) from None
+    if name not in WORKER_DTYPES:
+        raise Invalid(f"dtype {name!r} cannot be served yet; workers load models in {', '.join(WORKER_DTYPES)}")
+    return name
+
+
+def settings_estimates(model: Model, dtype: str, batch: int, seq: int | None) -> dict[str, dict]:
+    """The breakdown of one replica at these settings for each device kind, before calibration."""
+    check_shape(batch, seq)
+    return {
+        kind: estimate_path(model.path, dtype, batch, seq, device=kind).as_dict() for kind in DeviceKind.values
+    }
+
+
+def current_correction(family: str, device: str) -> Correction:
+    row = Calibration.objects.filter(family=family, device=device).first()
+    return Correction(row.factor, row.samples) if row else NONE
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What admission reserves for one replica on one device kind, and where the figure came from."""
+
+    bytes: int
+    estimated_bytes: int  # the estimator's total before calibration
+    correction: Correction
+    device: str
+
+    @property
+    def label(self) -> str:
+        if not self.correction.samples:
+            return "uncalibrated"
+        return f"calibrated from {self.correction.samples} load{'s' if self.correction.samples != 1 else ''}"
+
+
+def reservation(estimates: dict[str, dict], device: str) -> Reservation:
+    """The calibrated bytes for a deployment's stored estimate on `device`."""
+    est = estimates[device]
+    corr = current_correction(est["family"], device)
+    return Reservation(corr.apply(est["total_bytes"]), est["total_bytes"], corr, device)
+
+
+def record_load(host_name: str, replica, measurement: Measurement, pid: int | None) -> MemorySample | None:
+    """Keep one load's estimate and measurement (once per worker) and recalibrate its family; None if
+    it was already kept or the artifact can no longer be read."""
+    key = f"{host_name}/{replica.pk}/{pid}"
+    if MemorySample.objects.filter(load_key=key).exists():
+        return None
+    deployment = replica.deployment
+    model = deployment.model
+    try:
+        est = estimate(model.path, dtype=deployment.dtype or None, batch=measurement.batch, seq=measurement.seq,
+                       device=measurement.device)
+    except ArtifactError as e:
+        log.warning("cannot calibrate from %s: its model is no longer readable (%s)", key, e)
+        return None
+    before = current_correction(est.family, measurement.device)
+    try:
+        with transaction.atomic():
+            sample = MemorySample.objects.create(
+                load_key=key, model=model, deployment=deployment.name, family=est.family,
+                architecture=est.architecture, device=measurement.device, dtype=est.dtype,
+                batch=measurement.batch, seq=measurement.seq, estimated_bytes=est.total_bytes,
+                calibrated_bytes=before.apply(est.total_bytes), measured_bytes=measurement.total_bytes,
+                estimate=est.as_dict(), measurement=measurement.model_dump(),
+            )
+    except IntegrityError:  # a concurrent report of the same load got there first
+        return None
+    recalibrate(est.family, measurement.device)
+    err = error_fraction(sample.estimated_bytes, sample.measured_bytes)
+    log.info("load %s: estimated %d, measured %d bytes (error %+.1f%%)", key, sample.estimated_bytes,
+             sample.measured_bytes, 100 * err if err is not None else 0)
+    return sample
+
+
+def recalibrate(family: str, device: str) -> Correction:
+    """Derive the family's correction on `device` from its most recent loads and store it."""
+    pairs = MemorySample.objects.filter(family=family, device=device).values_list("estimated_bytes", "measured_bytes")
+    corr = correction(pairs[:WINDOW])
+    if corr.samples:
+        Calibration.objects.update_or_create(family=family, device=device,
+                                             defaults={"factor": corr.factor, "samples": corr.samples})
+    return corr
+
+
+def memory_summary(reserved: int | None, estimated: int | None, samples: int, measured: int | None) -> dict:
+    """The figures people see: "estimated X (calibrated from N loads), measured Y, error Z%"."""
+    err = error_fraction(reserved, measured)
+    return {
+        "estimated_bytes": reserved,
+        "uncalibrated_bytes": estimated,
+        "calibrated_from": samples,
+        "measured_bytes": measured,
+        "error_percent": None if err is None else round(100 * err, 1),
+    }

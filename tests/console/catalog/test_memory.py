@@ -1,0 +1,110 @@
+"""Estimates per deployment, measured loads, and calibration feeding later admissions."""
+
+import pytest
+
+from agent.protocol import Measurement, ReplicaStatus
+from console.catalog.models import Calibration, MemorySample
+from console.deployments.models import Deployment, Replica
+from console.deployments.reconcile import desired_state, reconcile_once
+from console.deployments.services import create_deployment, scale_deployment
+from console.errors import Invalid
+from console.fleet.intake import apply_replica_status
+from console.fleet.models import Gpu, Host
+
+pytestmark = pytest.mark.django_db
+GiB = 1024**3
+
+
+def ready(replica, measured: int, pid: int = 4242) -> ReplicaStatus:
+    m = Measurement(device="cpu", batch=1, seq=replica.deployment.seq or 2048, weights_bytes=4096,
+                    peak_bytes=measured, total_bytes=measured)
+    return ReplicaStatus(replica_id=replica.pk, state="ready", measured_bytes=measured, pid=pid, measurement=m)
+
+
+def test_a_deployment_stores_its_estimate_for_each_device_kind(model):
+    dep = create_deployment("chat", "tiny", dtype="fp16", batch=4, seq=128)
+    assert dep.dtype == "float16"
+    assert set(dep.estimates) == {"cpu", "cuda"}
+    cpu, cuda = dep.estimates["cpu"], dep.estimates["cuda"]
+    assert (cpu["batch"], cpu["seq"], cpu["dtype"]) == (4, 128, "float16")
+    assert cpu["weights_bytes"] == model.weights_bytes // 2  # stored float32, served float16
+    assert cuda["total_bytes"] - cpu["total_bytes"] == cuda["overhead_bytes"] > 0
+
+
+@pytest.mark.parametrize("dtype, message", [
+    ("float8", "dtype 'float8' is not one ModelGrid can serve in"),
+    ("int8", "dtype 'int8' cannot be served yet"),
+])
+def test_a_dtype_the_workers_cannot_serve_is_refused_and_nothing_stored(model, dtype, message):
+    with pytest.raises(Invalid, match=message):
+        create_deployment("chat", "tiny", dtype=dtype)
+    assert not Deployment.objects.exists()
+
+
+def test_a_measured_load_is_kept_beside_its_estimate_once(host, model):
+    create_deployment("chat", "tiny", seq=64)
+    reconcile_once()
+    replica = Replica.objects.get()
+    estimated = replica.deployment.estimates["cpu"]["total_bytes"]
+    apply_replica_status(host, ready(replica, estimated + 1000))
+    apply_replica_status(host, ready(replica, estimated + 1000))  # the same load, reported again
+    sample = MemorySample.objects.get()
+    assert (sample.estimated_bytes, sample.measured_bytes, sample.device) == (estimated, estimated + 1000, "cpu")
+    assert sample.calibrated_bytes == estimated  # nothing was calibrated before this load
+    assert sample.family == "llama" and sample.seq == 64
+    calibration = Calibration.objects.get()
+    assert (calibration.family, calibration.device, calibration.samples) == ("llama", "cpu", 1)
+    assert calibration.factor == pytest.approx((estimated + 1000) / estimated)
+
+
+def test_later_admissions_reserve_the_calibrated_estimate(host, model):
+    create_deployment("chat", "tiny", seq=64)
+    reconcile_once()
+    first = Replica.objects.get()
+    estimated = first.deployment.estimates["cpu"]["total_bytes"]
+    apply_replica_status(host, ready(first, 2 * estimated))
+    scale_deployment("chat", 2)
+    reconcile_once()
+    second = Replica.objects.get(index=1)
+    assert second.reserved_bytes == 2 * estimated
+    assert second.reservation["calibrated_from"] == 1
+    assert [r.reserved_bytes for r in desired_state(host).replicas] == [estimated, 2 * estimated]
+
+
+def test_a_restarted_worker_is_a_new_load(host, model):
+    create_deployment("chat", "tiny", seq=64)
+    reconcile_once()
+    replica = Replica.objects.get()
+    estimated = replica.deployment.estimates["cpu"]["total_bytes"]
+    apply_replica_status(host, ready(replica, estimated, pid=1))
+    apply_replica_status(host, ready(replica, estimated, pid=2))
+    assert MemorySample.objects.count() == 2
+    assert Calibration.objects.get().samples == 2
+
+
+def test_a_status_without_a_measurement_calibrates_nothing(host, model):
+    create_deployment("chat", "tiny")
+    reconcile_once()
+    replica = Replica.objects.get()
+    apply_replica_status(host, ReplicaStatus(replica_id=replica.pk, state="ready", measured_bytes=10, pid=7))
+    assert not MemorySample.objects.exists() and not Calibration.objects.exists()
+
+
+def test_real_gpus_reserve_the_cuda_estimate_with_its_runtime_overhead(model):
+    h = Host.objects.create(name="g1", endpoint="http://127.0.0.1:9", connected=True)
+    Gpu.objects.create(host=h, index=0, uuid="GPU-0", name="H100", total_bytes=80 * GiB, simulated=False)
+    dep = create_deployment("chat", "tiny")
+    reconcile_once()
+    replica = Replica.objects.get()
+    assert replica.reserved_bytes == dep.estimates["cuda"]["total_bytes"]
+    assert replica.reservation["device"] == "cuda"
+
+
+def test_a_model_whose_directory_vanished_is_not_placed_and_says_why(host, model, model_dir):
+    create_deployment("chat", "tiny")
+    Deployment.objects.update(estimates={})  # as a deployment stored before estimates were kept
+    (model_dir / "config.json").unlink()
+    reconcile_once()
+    replica = Replica.objects.get()
+    assert replica.host is None
+    assert replica.reason.startswith("cannot estimate its memory:") and "no config.json" in replica.reason
