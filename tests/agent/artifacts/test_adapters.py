@@ -1,7 +1,6 @@
 import json
 import math
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,24 +8,10 @@ from safetensors.numpy import save_file
 
 from agent.artifacts import ArtifactError, read_model_dir
 from agent.artifacts.adapters import check_adapter_matches, read_adapter_dir
+from tests.adapter_files import write_adapter
 from tests.conftest import write_model_dir
 
 UP = "model.layers.0.mlp.up_proj"
-
-
-def write_adapter(path: Path, modules: dict[str, tuple[int, int, int]], **config) -> Path:
-    """A PEFT-layout LoRA adapter written with numpy: modules maps a module to (rank, in, out)."""
-    path.mkdir(parents=True, exist_ok=True)
-    body = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["up_proj"],
-            "base_model_name_or_path": "tiny", "bias": "none", "fan_in_fan_out": False,
-            "use_rslora": False, "modules_to_save": None, "rank_pattern": {}, "alpha_pattern": {}} | config
-    (path / "adapter_config.json").write_text(json.dumps(body))
-    tensors = {}
-    for name, (rank, fan_in, fan_out) in modules.items():
-        tensors[f"base_model.model.{name}.lora_A.weight"] = np.ones((rank, fan_in), np.float32)
-        tensors[f"base_model.model.{name}.lora_B.weight"] = np.ones((fan_out, rank), np.float32)
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-    return path
 
 
 @pytest.fixture
