@@ -1,5 +1,6 @@
 """Torch-free reading of model artifacts and memory estimation (importable by the console)."""
 
+from agent.artifacts.adapters import AdapterArtifact, AdapterFit, check_adapter_matches, read_adapter_dir
 from agent.artifacts.dtypes import canonical_dtype, dtype_bytes
 from agent.artifacts.errors import ArtifactError
 from agent.artifacts.estimate import Estimate, estimate, estimate_model
@@ -7,15 +8,19 @@ from agent.artifacts.model_dir import ModelArtifact, inspect_model_dir, read_mod
 from agent.artifacts.safetensors_header import TensorInfo, read_safetensors_header
 
 __all__ = [
+    "AdapterArtifact",
+    "AdapterFit",
     "ArtifactError",
     "Estimate",
     "ModelArtifact",
     "TensorInfo",
     "canonical_dtype",
+    "check_adapter_matches",
     "dtype_bytes",
     "estimate",
     "estimate_model",
     "inspect_model_dir",
+    "read_adapter_dir",
     "read_model_dir",
     "read_safetensors_header",
 ]

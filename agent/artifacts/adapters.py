@@ -1,0 +1,275 @@
+"""Read a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) without torch.
+
+Only what a multi-LoRA forward can serve is accepted: plain low-rank deltas on weight matrices.
+Features that change the forward in other ways (DoRA, extra biases, whole replaced modules,
+embedding LoRA) are refused here, with the field that asks for them, so registration fails
+instead of a worker serving something other than what was trained.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.artifacts.dtypes import dtype_bytes
+from agent.artifacts.errors import ArtifactError
+from agent.artifacts.model_dir import ModelArtifact
+from agent.artifacts.safetensors_header import TensorInfo, read_safetensors_header
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+_PREFIX = "base_model.model."
+_KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<part>[AB])\.weight$")
+
+# Config fields that PEFT honours in the forward but a plain multi-LoRA layer does not.
+_UNSERVABLE = {
+    "use_dora": "DoRA rescales the whole weight per adapter",
+    "lora_bias": "LoRA biases add a per-adapter bias vector",
+    "modules_to_save": "modules_to_save replaces whole modules per adapter",
+    "trainable_token_indices": "trainable tokens replace embedding rows per adapter",
+    "layer_replication": "layer replication changes the base model's layer stack",
+    "target_parameters": "LoRA on bare parameters (MoE experts) is not a linear-layer delta",
+    "alora_invocation_tokens": "activated LoRA switches on mid-sequence",
+    "use_qalora": "QA-LoRA pools the input per group",
+}
+
+
+@dataclass(frozen=True)
+class LoraModule:
+    """One targeted weight: its A [rank, in] and B [out, rank] tensors and its scaling."""
+
+    name: str  # module path in the base model, e.g. "model.layers.0.self_attn.q_proj"
+    rank: int
+    alpha: float
+    scale: float  # alpha / rank, or alpha / sqrt(rank) with rsLoRA
+    in_features: int
+    out_features: int
+    a_key: str
+    b_key: str
+
+
+@dataclass(frozen=True)
+class AdapterArtifact:
+    path: Path
+    base_model: str  # base_model_name_or_path as trained; informational, paths differ between machines
+    r: int
+    lora_alpha: float
+    use_rslora: bool
+    fan_in_fan_out: bool
+    target_modules: tuple[str, ...] | str  # a list of names, or one regular expression
+    rank_pattern: dict[str, int]
+    alpha_pattern: dict[str, float]
+    modules: tuple[LoraModule, ...]
+    stored_dtype: str  # safetensors dtype of the A/B tensors, e.g. "F32"
+    stored_bytes: int
+    tensors: tuple[TensorInfo, ...] = field(repr=False)
+
+    @property
+    def ranks(self) -> dict[str, int]:
+        return {m.name: m.rank for m in self.modules}
+
+    @property
+    def parameters(self) -> int:
+        return sum(m.rank * (m.in_features + m.out_features) for m in self.modules)
+
+    def bytes_at(self, dtype: str) -> int:
+        """Bytes the A/B tensors take when held in the serving dtype `dtype` ("float16", "bf16", ...)."""
+        return self.parameters * dtype_bytes(dtype)
+
+
+@dataclass(frozen=True)
+class AdapterFit:
+    """An adapter checked against a base model: which base tensor each module adapts, and its bytes."""
+
+    dtype: str
+    nbytes: int
+    base_tensors: dict[str, str]  # adapter module -> base model tensor name
+
+
+def read_adapter_dir(path: str | Path) -> AdapterArtifact:
+    """Read and validate a PEFT LoRA adapter directory; ArtifactError names the file and field at fault."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ArtifactError(f"{path}: no such directory")
+    if not path.is_dir():
+        raise ArtifactError(f"{path}: not a directory (a LoRA adapter is a directory with {CONFIG_NAME})")
+    config_path = path / CONFIG_NAME
+    if not config_path.exists():
+        raise ArtifactError(f"{path}: no {CONFIG_NAME}, so this is not a PEFT adapter directory")
+    config = _read_config(config_path)
+    weights = path / WEIGHTS_NAME
+    if not weights.exists():
+        pickle = " (adapter_model.bin is a pickle and is never loaded)" if (path / "adapter_model.bin").exists() else ""
+        raise ArtifactError(f"{path}: no {WEIGHTS_NAME}{pickle}")
+    tensors = read_safetensors_header(weights)
+    modules = _modules(weights, tensors, config)
+    return AdapterArtifact(
+        path=path.resolve(),
+        base_model=str(config.get("base_model_name_or_path") or ""),
+        r=config["r"],
+        lora_alpha=config["lora_alpha"],
+        use_rslora=config["use_rslora"],
+        fan_in_fan_out=config["fan_in_fan_out"],
+        target_modules=config["target_modules"],
+        rank_pattern=config["rank_pattern"],
+        alpha_pattern=config["alpha_pattern"],
+        modules=modules,
+        stored_dtype=_stored_dtype(tensors),
+        stored_bytes=sum(t.nbytes for t in tensors),
+        tensors=tuple(tensors),
+    )
+
+
+def check_adapter_matches(adapter: AdapterArtifact, model: ModelArtifact, dtype: str | None = None) -> AdapterFit:
+    """Check that every A/B pair fits a weight of `model`; returns the adapter's bytes at `dtype`.
+
+    `dtype` defaults to the model's stored dtype. A GPT-2 style Conv1D weight is stored [in, out].
+    """
+    dtype = dtype or model.stored_dtype
+    shapes = {t.name: t.shape for t in model.tensors}
+    transposed_ok = adapter.fan_in_fan_out or model.model_type == "gpt2"
+    base_tensors = {}
+    for m in adapter.modules:
+        name = _base_tensor(m.name, shapes)
+        if name is None:
+            raise ArtifactError(
+                f"{adapter.path}: adapter targets {m.name}, but the base model {model.path} has no "
+                f"tensor {m.name}.weight"
+            )
+        shape = list(shapes[name])
+        fits = shape == [m.out_features, m.in_features] or (transposed_ok and shape == [m.in_features, m.out_features])
+        if not fits:
+            raise ArtifactError(
+                f"{adapter.path}: adapter targets {m.name} with in={m.in_features}, out={m.out_features}; "
+                f"the base model's tensor is {shape}"
+            )
+        base_tensors[m.name] = name
+    return AdapterFit(dtype=dtype, nbytes=adapter.bytes_at(dtype), base_tensors=base_tensors)
+
+
+def pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
+    """The value of the first pattern that matches the end of `module`, as PEFT resolves rank_pattern."""
+    for key, value in patterns.items():
+        if re.match(rf"(.*\.)?({key})$", module):
+            return value
+    return default
+
+
+def _read_config(config_path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads(config_path.read_text())
+    except OSError as e:
+        raise ArtifactError(f"{config_path}: cannot read ({e.strerror})") from e
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ArtifactError(f"{config_path}: not valid JSON ({e})") from e
+    if not isinstance(config, dict):
+        raise ArtifactError(f"{config_path}: not a JSON object")
+
+    peft_type = config.get("peft_type")
+    if peft_type != "LORA":
+        raise ArtifactError(f"{config_path}: peft_type is {peft_type!r}; ModelGrid serves LoRA adapters only (LORA)")
+    for name, why in _UNSERVABLE.items():
+        if config.get(name):
+            raise ArtifactError(f"{config_path}: {name} is set; {why}, which ModelGrid's adapter pool cannot serve")
+    if config.get("bias", "none") != "none":
+        raise ArtifactError(
+            f"{config_path}: bias is {config['bias']!r}; trained base-model biases change the base weights, "
+            "which ModelGrid's adapter pool shares between adapters (needs 'none')"
+        )
+
+    r = config.get("r")
+    if not isinstance(r, int) or isinstance(r, bool) or r <= 0:
+        raise ArtifactError(f"{config_path}: r must be a positive integer, got {r!r}")
+    alpha = config.get("lora_alpha", 8)
+    if not _is_number(alpha):
+        raise ArtifactError(f"{config_path}: lora_alpha must be a number, got {alpha!r}")
+    patterns = {}
+    for name in ("rank_pattern", "alpha_pattern"):
+        value = config.get(name) or {}
+        if not isinstance(value, dict) or not all(_is_number(v) for v in value.values()):
+            raise ArtifactError(f"{config_path}: {name} must map module patterns to numbers, got {value!r}")
+        patterns[name] = value
+    targets = config.get("target_modules")
+    if isinstance(targets, list):
+        targets = tuple(str(t) for t in targets)
+    elif not isinstance(targets, str):
+        raise ArtifactError(f"{config_path}: target_modules must be a list of names or a pattern, got {targets!r}")
+    return {
+        "base_model_name_or_path": config.get("base_model_name_or_path"),
+        "r": r,
+        "lora_alpha": alpha,
+        "use_rslora": bool(config.get("use_rslora", False)),
+        "fan_in_fan_out": bool(config.get("fan_in_fan_out", False)),
+        "target_modules": targets,
+        **patterns,
+    }
+
+
+def _modules(weights: Path, tensors: list[TensorInfo], config: dict[str, Any]) -> tuple[LoraModule, ...]:
+    pairs: dict[str, dict[str, TensorInfo]] = {}
+    for t in tensors:
+        match = _KEY.match(t.name)
+        if not match:
+            hint = " (a modules_to_save or bias tensor)" if t.name.startswith(_PREFIX) else ""
+            raise ArtifactError(
+                f"{weights}: tensor {t.name!r} is not a LoRA A/B weight{hint}; "
+                "expected base_model.model.<module>.lora_A.weight and .lora_B.weight"
+            )
+        if len(t.shape) != 2:
+            raise ArtifactError(f"{weights}: tensor {t.name!r} has shape {list(t.shape)}, a LoRA weight is 2-D")
+        pairs.setdefault(match["module"], {})[match["part"]] = t
+    if not pairs:
+        raise ArtifactError(f"{weights}: holds no LoRA tensors")
+
+    modules = []
+    for name, pair in sorted(pairs.items()):
+        if set(pair) != {"A", "B"}:
+            missing = "lora_B" if "A" in pair else "lora_A"
+            raise ArtifactError(f"{weights}: module {name} has no {missing}.weight")
+        a, b = pair["A"], pair["B"]
+        rank, in_features = a.shape
+        out_features, b_rank = b.shape
+        if b_rank != rank:
+            raise ArtifactError(
+                f"{weights}: module {name} has lora_A {list(a.shape)} but lora_B {list(b.shape)}; "
+                "their ranks differ"
+            )
+        expected = pattern_value(config["rank_pattern"], name, config["r"])
+        if rank != expected:
+            raise ArtifactError(
+                f"{weights}: module {name} has rank {rank}, but adapter_config.json says {expected} "
+                "(r / rank_pattern)"
+            )
+        alpha = float(pattern_value(config["alpha_pattern"], name, config["lora_alpha"]))
+        scale = alpha / math.sqrt(rank) if config["use_rslora"] else alpha / rank
+        modules.append(LoraModule(name, rank, alpha, scale, in_features, out_features, a.name, b.name))
+    return tuple(modules)
+
+
+def _base_tensor(module: str, shapes: dict[str, tuple[int, ...]]) -> str | None:
+    """The base tensor a module adapts; tolerates a wrapper prefix ("transformer.", "bert.") on either side."""
+    exact = f"{module}.weight"
+    if exact in shapes:
+        return exact
+    # Hub checkpoints are often saved from the bare model (GPT-2: "h.0.attn.c_attn") while the adapter was
+    # trained on the head model ("transformer.h.0.attn.c_attn"), or the other way round.
+    _, _, rest = module.partition(".")
+    if rest and f"{rest}.weight" in shapes:
+        return f"{rest}.weight"
+    candidates = [n for n in shapes if n.endswith(f".{exact}") and n.count(".") == exact.count(".") + 1]
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def _stored_dtype(tensors: list[TensorInfo]) -> str:
+    by_dtype: dict[str, int] = {}
+    for t in tensors:
+        by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + t.nbytes
+    return max(by_dtype, key=by_dtype.get) if by_dtype else ""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
