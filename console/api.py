@@ -4,7 +4,7 @@ from ninja import NinjaAPI
 from ninja.security import django_auth
 
 from console.accounts.auth import BearerToken
-from console.catalog.api import estimate_router
+from console.catalog.api import adapter_router, estimate_router
 from console.catalog.api import router as catalog_router
 from console.deployments.api import router as deployments_router
 from console.errors import DomainError
@@ -22,6 +22,7 @@ api = NinjaAPI(
 api.add_router("/hosts", fleet_router, tags=["fleet"])
 api.add_router("/models", catalog_router, tags=["models"])
 api.add_router("/deployments", deployments_router, tags=["deployments"])
+api.add_router("/adapters", adapter_router, tags=["adapters"])
 api.add_router("/estimate", estimate_router, tags=["models"])
 
 

@@ -15,6 +15,8 @@ urlpatterns = [
     path("models/<str:name>/deploy/", catalog.deploy, name="model-deploy"),
     path("deployments/<str:name>/", deployments.deployment_page, name="deployment"),
     path("deployments/<str:name>/delete/", deployments.delete, name="deployment-delete"),
+    path("deployments/<str:name>/adapters/", deployments.register_adapter, name="adapter-register"),
+    path("adapters/<str:adapter>/delete/", deployments.delete_adapter, name="adapter-delete"),
     path("api/v1/", api.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

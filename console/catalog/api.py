@@ -1,11 +1,12 @@
 from ninja import Router, Status
 
-from console.catalog import memory, services
-from console.catalog.models import Model
-from console.catalog.schemas import ErrorOut, EstimateIn, EstimateOut, ModelIn, ModelOut
+from console.catalog import adapters, memory, services
+from console.catalog.models import Adapter, Model
+from console.catalog.schemas import AdapterIn, AdapterOut, ErrorOut, EstimateIn, EstimateOut, ModelIn, ModelOut
 
 router = Router()
 estimate_router = Router()
+adapter_router = Router()
 
 
 @router.get("", response=list[ModelOut])
@@ -34,3 +35,25 @@ def delete_model(request, name: str):
 def estimate(request, body: EstimateIn):
     return memory.estimate_request(body.path, body.model, body.dtype, body.batch, body.seq, body.device,
                                    body.adapter_pool_bytes)
+
+
+@adapter_router.get("", response=list[AdapterOut])
+def list_adapters(request):
+    return Adapter.objects.select_related("deployment")
+
+
+@adapter_router.post("", response={201: AdapterOut, 409: ErrorOut, 422: ErrorOut},
+                     summary="Register a LoRA adapter on a deployment (checked against its base model)")
+def register_adapter(request, body: AdapterIn):
+    return Status(201, adapters.register_adapter(body.name, body.deployment, body.path, body.pinned))
+
+
+@adapter_router.get("/{name}", response={200: AdapterOut, 404: ErrorOut})
+def get_adapter(request, name: str):
+    return adapters.get_adapter(name)
+
+
+@adapter_router.delete("/{name}", response={204: None, 404: ErrorOut})
+def delete_adapter(request, name: str):
+    adapters.delete_adapter(name)
+    return Status(204, None)

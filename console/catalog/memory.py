@@ -78,12 +78,20 @@ def serving_dtype(model: Model, dtype: str | None) -> str:
     return name
 
 
-def settings_estimates(model: Model, dtype: str, batch: int, seq: int | None) -> dict[str, dict]:
+def settings_estimates(model: Model, dtype: str, batch: int, seq: int | None,
+                       adapter_pool_bytes: int = 0) -> dict[str, dict]:
     """The breakdown of one replica at these settings for each device kind, before calibration."""
     check_shape(batch, seq)
     return {
-        kind: estimate_path(model.path, dtype, batch, seq, device=kind).as_dict() for kind in DeviceKind.values
+        kind: estimate_path(model.path, dtype, batch, seq, kind, adapter_pool_bytes).as_dict()
+        for kind in DeviceKind.values
     }
+
+
+def deployment_estimates(dep) -> dict[str, dict]:
+    """A stored deployment's breakdowns, its adapter pool sized for every registered adapter at once."""
+    pool = sum(a.nbytes for a in dep.adapters.all())
+    return settings_estimates(dep.model, dep.dtype or dep.model.stored_dtype, dep.batch, dep.seq, pool)
 
 
 def current_correction(family: str, device: str) -> Correction:

@@ -80,3 +80,23 @@ class Calibration(models.Model):
 
     def __str__(self) -> str:
         return f"{self.family}/{self.device}: x{self.factor:.3f} from {self.samples} loads"
+
+
+class Adapter(models.Model):
+    """A PEFT LoRA adapter served by one deployment's base-model replicas, with what was read from it."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[NAME_VALIDATOR])
+    deployment = models.ForeignKey("deployments.Deployment", on_delete=models.CASCADE, related_name="adapters")
+    path = models.CharField(max_length=1000)
+    rank = models.PositiveIntegerField(help_text="largest LoRA rank among its modules")
+    modules = models.PositiveIntegerField(help_text="weights it adapts")
+    parameters = models.PositiveBigIntegerField()
+    nbytes = models.PositiveBigIntegerField(help_text="bytes at the deployment's serving dtype")
+    pinned = models.BooleanField(default=False, help_text="kept in the device tier, never evicted")
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name

@@ -58,3 +58,22 @@ class EstimateOut(Schema):
     calibrated_bytes: int = Field(description="total after the family's correction from measured loads")
     calibration_factor: float
     calibrated_from: int = Field(description="measured loads behind the correction (0: uncalibrated)")
+
+
+class AdapterIn(Schema):
+    name: str
+    deployment: str = Field(description="the deployment whose base-model replicas serve it")
+    path: str = Field(description="a PEFT LoRA directory: adapter_config.json + adapter_model.safetensors")
+    pinned: bool = Field(False, description="keep it in the device tier, never evicted")
+
+
+class AdapterOut(Schema):
+    name: str
+    deployment: str = Field(alias="deployment.name")
+    path: str
+    rank: int
+    modules: int
+    parameters: int
+    nbytes: int
+    pinned: bool
+    created: datetime

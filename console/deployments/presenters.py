@@ -26,6 +26,10 @@ def deployment_data(dep: Deployment) -> dict:
         "batch": dep.batch,
         "seq": dep.seq,
         "estimates": dep.estimates,
+        "adapters": [
+            {"name": a.name, "path": a.path, "rank": a.rank, "nbytes": a.nbytes, "pinned": a.pinned}
+            for a in dep.adapters.all()
+        ],
         "state": dep.state,
         "reason": dep.reason,
         "created": dep.created,

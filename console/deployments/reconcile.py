@@ -15,7 +15,7 @@ from django.db.models import Prefetch
 from django.utils import timezone
 
 from agent.protocol import DesiredReplica, DesiredState
-from console.catalog.memory import Reservation, reservation, settings_estimates
+from console.catalog.memory import Reservation, deployment_estimates, reservation
 from console.catalog.models import DeviceKind
 from console.deployments.models import Deployment, DeploymentState, Replica
 from console.errors import Invalid
@@ -90,7 +90,7 @@ def _reservations(deployments, device: str) -> tuple[dict[int, Reservation], dic
     for dep in deployments:
         try:
             if device not in dep.estimates:  # a row from before estimates were stored per deployment
-                dep.estimates = settings_estimates(dep.model, dep.dtype or dep.model.stored_dtype, dep.batch, dep.seq)
+                dep.estimates = deployment_estimates(dep)
                 dep.save(update_fields=["estimates"])
             needs[dep.pk] = reservation(dep.estimates, device)
         except Invalid as e:

@@ -43,6 +43,14 @@ class ReplicaOut(Schema):
     reason: str
 
 
+class DeploymentAdapterOut(Schema):
+    name: str
+    path: str
+    rank: int
+    nbytes: int
+    pinned: bool
+
+
 class DeploymentOut(Schema):
     name: str
     model: str
@@ -52,6 +60,7 @@ class DeploymentOut(Schema):
     batch: int
     seq: int | None
     estimates: dict = Field(description="the estimator's breakdown per device kind (cpu, cuda), before calibration")
+    adapters: list[DeploymentAdapterOut]
     state: str
     reason: str
     created: datetime

@@ -9,7 +9,7 @@ from console.catalog.memory import serving_dtype, settings_estimates
 from console.catalog.models import Model
 from console.catalog.services import validate_name
 from console.deployments.models import Deployment, Priority
-from console.errors import Conflict, Invalid, NotFound
+from console.errors import Conflict, DomainError, Invalid, NotFound
 from console.realtime.notify import wake_scheduler
 
 MAX_REPLICAS = 64
@@ -59,11 +59,13 @@ def unused_deployment_name(base: str) -> str:
     return name
 
 
-def get_deployment(name: str) -> Deployment:
+def get_deployment(name: str, missing: type[DomainError] = NotFound) -> Deployment:
+    """The deployment called `name`; `missing` is raised when there is none (NotFound, or Invalid when
+    the name came inside a request body)."""
     try:
         return Deployment.objects.select_related("model").get(name=name)
     except Deployment.DoesNotExist:
-        raise NotFound(f"no deployment named {name!r}") from None
+        raise missing(f"no deployment named {name!r}") from None
 
 
 def scale_deployment(name: str, replicas: int) -> Deployment:

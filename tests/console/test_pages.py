@@ -93,3 +93,19 @@ def test_deploy_with_a_bad_setting_says_why_and_stores_nothing(user_client, stor
     r = user_client.post("/models/tiny-llama/deploy/", {"dtype": "int8"}, follow=True)
     assert b"Not deployed: dtype &#x27;int8&#x27; cannot be served yet" in r.content
     assert not Deployment.objects.exists()
+
+
+def test_an_adapter_is_added_and_removed_from_the_deployment_page(user_client, store, tmp_path):
+    from tests.adapter_files import write_adapter
+
+    user_client.post("/models/register/", {"name": "tiny-llama", "path": str(store / "tiny-llama")})
+    user_client.post("/models/tiny-llama/deploy/")
+    bad = user_client.post("/deployments/tiny-llama/adapters/", {"name": "sql", "path": str(tmp_path / "none")},
+                           follow=True)
+    assert b"Adapter not added" in bad.content and b"no such directory" in bad.content
+    path = write_adapter(tmp_path / "sql", {"model.layers.0.mlp.up_proj": (4, 16, 32)})
+    r = user_client.post("/deployments/tiny-llama/adapters/", {"name": "sql", "path": str(path), "pinned": "on"},
+                         follow=True)
+    assert b"Adapter sql added (rank 4" in r.content and b'data-adapter="sql"' in r.content
+    r = user_client.post("/adapters/sql/delete/", follow=True)
+    assert b"Adapter sql removed" in r.content and b'data-adapter="sql"' not in r.content

@@ -1,0 +1,65 @@
+"""Registering LoRA adapters on a deployment (shared by the API and the pages).
+
+An adapter is read and checked against its deployment's base model torch-free (agent.artifacts):
+a missing directory, a non-LoRA adapter or one trained for another base model is refused with a
+reason and nothing is stored. The deployment's adapter pool grows by the adapter's bytes, so its
+memory estimate (and later reservations) include it.
+"""
+
+from __future__ import annotations
+
+from django.db import IntegrityError, transaction
+
+from agent.artifacts import ArtifactError, check_adapter_matches, read_adapter_dir, read_model_dir
+from console.catalog.memory import deployment_estimates
+from console.catalog.models import Adapter
+from console.catalog.services import validate_name
+from console.errors import Conflict, Invalid, NotFound
+from console.realtime.notify import wake_scheduler
+
+
+def register_adapter(name: str, deployment: str, path: str, pinned: bool = False) -> Adapter:
+    """Read, check and store an adapter for `deployment`; refreshes the deployment's memory estimate."""
+    from console.deployments.services import get_deployment  # deployments depends on catalog, not back
+
+    validate_name(name, "adapter")
+    if not path:
+        raise Invalid("path is empty: give the directory that holds adapter_config.json and adapter_model.safetensors")
+    dep = get_deployment(deployment, missing=Invalid)
+    try:
+        adapter = read_adapter_dir(path)
+        fit = check_adapter_matches(adapter, read_model_dir(dep.model.path), dep.dtype or dep.model.stored_dtype)
+    except ArtifactError as e:
+        raise Invalid(str(e)) from None
+    try:
+        with transaction.atomic():
+            row = Adapter.objects.create(
+                name=name, deployment=dep, path=str(adapter.path), rank=max(m.rank for m in adapter.modules),
+                modules=len(adapter.modules), parameters=adapter.parameters, nbytes=fit.nbytes, pinned=pinned,
+            )
+            _refresh_pool(dep)
+            transaction.on_commit(wake_scheduler)
+            return row
+    except IntegrityError:
+        raise Conflict(f"an adapter named {name!r} is already registered") from None
+
+
+def get_adapter(name: str) -> Adapter:
+    try:
+        return Adapter.objects.select_related("deployment").get(name=name)
+    except Adapter.DoesNotExist:
+        raise NotFound(f"no adapter named {name!r}") from None
+
+
+def delete_adapter(name: str) -> None:
+    adapter = get_adapter(name)
+    with transaction.atomic():
+        dep = adapter.deployment
+        adapter.delete()
+        _refresh_pool(dep)
+        transaction.on_commit(wake_scheduler)
+
+
+def _refresh_pool(dep) -> None:
+    dep.estimates = deployment_estimates(dep)
+    dep.save(update_fields=["estimates"])
