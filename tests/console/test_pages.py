@@ -103,7 +103,7 @@ def test_an_adapter_is_added_and_removed_from_the_deployment_page(user_client, s
     bad = user_client.post("/deployments/tiny-llama/adapters/", {"name": "sql", "path": str(tmp_path / "none")},
                            follow=True)
     assert b"Adapter not added" in bad.content and b"no such directory" in bad.content
-    path = write_adapter(tmp_path / "sql", {"model.layers.0.mlp.up_proj": (4, 16, 32)})
+    path = write_adapter(tmp_path / "sql", {"model.layers.0.mlp.up_proj": (4, 16, 32)}, r=4)
     r = user_client.post("/deployments/tiny-llama/adapters/", {"name": "sql", "path": str(path), "pinned": "on"},
                          follow=True)
     assert b"Adapter sql added (rank 4" in r.content and b'data-adapter="sql"' in r.content
