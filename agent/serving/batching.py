@@ -126,12 +126,11 @@ class Batcher:
             self._forget(pending)  # still queued: nobody waits for it any more
             raise
 
-    async def close(self) -> None:
-        """Stop batching; requests still queued fail with BatcherClosed."""
+    def close(self) -> None:
+        """Stop batching: queued requests fail with BatcherClosed now, the running batch's as it is cancelled."""
         self._closed = True
         if self._task is not None:
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
         while self._queue:
             pending = self._queue.popleft()
             if not pending.future.done():

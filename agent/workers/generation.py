@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
-from agent.workers.generation_spec import GenerationRequest, GenerationResult
+from agent.workers.generation_spec import GenerationRequest, GenerationResult, PromptError
 
 
 @torch.inference_mode()
@@ -14,7 +14,13 @@ def generate(
     model: torch.nn.Module, request: GenerationRequest, eos_ids: Iterable[int] | None = None
 ) -> GenerationResult:
     """Continue `request.input_ids` one token per forward, reusing the KV cache; stops on eos, a stop
-    sequence or `max_new_tokens`. The caller activates `request.adapter` on `model` first."""
+    sequence or `max_new_tokens`. The caller activates `request.adapter` on `model` first; PromptError
+    (a client error) for an id outside the vocabulary."""
+    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
+    if vocab and not all(0 <= i < vocab for i in request.input_ids):
+        # An id past the embedding table is a device-side assert on a GPU that poisons the CUDA context.
+        bad = next(i for i in request.input_ids if not 0 <= i < vocab)
+        raise PromptError(f"the prompt holds token id {bad}, outside this model's range [0, {vocab})")
     device = next(model.parameters()).device
     eos = set(model_eos_ids(model) if eos_ids is None else eos_ids)
     generator = None

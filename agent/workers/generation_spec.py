@@ -8,6 +8,10 @@ from typing import Literal
 FinishReason = Literal["stop", "length"]
 
 
+class PromptError(ValueError):
+    """A prompt the model cannot take (a token id outside its vocabulary): the client's error."""
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """One prompt to continue; the daemon sends it, the worker runs agent.workers.generation.generate."""

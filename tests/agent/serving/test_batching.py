@@ -187,7 +187,7 @@ async def test_closing_fails_the_requests_still_queued():
     async with asyncio.timeout(5):
         tasks = [asyncio.create_task(batcher.submit(ids([i]))) for i in range(2)]
         await asyncio.sleep(0.01)
-        await batcher.close()
+        batcher.close()
         results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(r, BatcherClosed) for r in results)
     with pytest.raises(BatcherClosed):

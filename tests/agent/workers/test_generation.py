@@ -51,3 +51,11 @@ def test_it_stops_on_a_stop_sequence_or_eos_and_leaves_it_out(model):
     assert stopped.token_ids == tokens[: first_end - 2] and stopped.finish_reason == "stop"
     at_eos = generate(model, GenerationRequest(PROMPT, max_new_tokens=10, temperature=0), eos_ids={tokens[3]})
     assert at_eos.token_ids == tokens[: tokens.index(tokens[3])] and at_eos.finish_reason == "stop"
+
+
+def test_a_token_id_outside_the_vocabulary_is_a_prompt_error(model):
+    from agent.workers.generation import generate
+    from agent.workers.generation_spec import PromptError
+
+    with pytest.raises(PromptError, match="token id 5000, outside this model's range"):
+        generate(model, GenerationRequest((1, 5000), max_new_tokens=2, temperature=0))
