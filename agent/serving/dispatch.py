@@ -89,6 +89,10 @@ class Failed(ServingError):
     status, code = 500, "inference_failed"
 
 
+class Unsupported(ServingError):
+    status, code = 501, "not_implemented"
+
+
 def serving_error(error: BaseException, name: str) -> ServingError:
     """Any failure while serving model `name` as the ServingError the client is told about."""
     if isinstance(error, ServingError):
@@ -193,7 +197,7 @@ class Dispatcher:
         """One prompt continued on the picked replica (generation is not batched)."""
         replica = self.pick(route)
         if not hasattr(replica, "generate"):  # a worker runtime from before text generation
-            raise Failed(f"model {route.name!r}: this agent's workers cannot generate text", code="not_implemented")
+            raise Unsupported(f"model {route.name!r}: this agent's workers cannot generate text")
         return await replica.generate(request)
 
     @contextmanager

@@ -31,6 +31,7 @@ MAX_INPUTS = 2048  # inputs per embeddings request, as OpenAI allows
 MAX_STOPS = 4
 MAX_TOKEN_ID = 2**31  # far past any vocabulary, and within int64 however the ids are stacked
 MAX_SEED = 2**63 - 1  # what torch.Generator.manual_seed takes
+TASK_NAMES = {"encoder": "an encoder", "causal-lm": "a causal language model"}
 ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error"}
 
 # Options the API knows but this server does not implement: refused unless left at their default.
@@ -180,7 +181,7 @@ def _route(dispatcher: Dispatcher, body: dict[str, Any], task: str, hint: str) -
         raise BadInput("'model' must name a model (GET /v1/models lists them)", param="model")
     route = dispatcher.route(name)
     if route.task != task:
-        raise BadInput(f"model {name!r} is a {route.task} model: {hint}", param="model")
+        raise BadInput(f"model {name!r} is {TASK_NAMES.get(route.task, route.task)}: {hint}", param="model")
     return route
 
 

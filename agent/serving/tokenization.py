@@ -21,9 +21,14 @@ class TextCodec:
     def __init__(self, tokenizer: Tokenizer, max_positions: int | None, truncate: bool) -> None:
         self.max_positions = max_positions
         self._tokenizer = tokenizer
+        # tokenizer.json may carry its own padding and truncation (all-MiniLM-L6-v2 pads every text to
+        # 128 ids): padding is the batcher's business, the length limit the model's positions.
+        tokenizer.no_padding()
         if truncate and max_positions:
             # The tokenizer truncates before adding [CLS]/[SEP], so the special tokens survive.
             tokenizer.enable_truncation(max_positions)
+        else:
+            tokenizer.no_truncation()
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids with the model's special tokens (BOS, or [CLS] ... [SEP])."""

@@ -28,6 +28,9 @@ def model_dirs(tmp_path_factory):
         ("embed", train_wordpiece(), "bert", 8),
     ):
         (root / name).mkdir()
+        # Padding and truncation saved in the file (as all-MiniLM-L6-v2 has them) must not leak into requests.
+        tokenizer.enable_padding(length=16)
+        tokenizer.enable_truncation(3)
         tokenizer.save(str(root / name / "tokenizer.json"))
         config = {"model_type": model_type, "max_position_embeddings": positions}
         (root / name / "config.json").write_text(json.dumps(config))
@@ -94,7 +97,11 @@ async def test_embeddings_of_strings_come_back_batched_with_usage(client, replic
     from tokenizers import Tokenizer
 
     texts = ["hello world", "the quick brown fox"]
-    ids = [e.ids for e in Tokenizer.from_file(str(model_dirs / "embed" / "tokenizer.json")).encode_batch(texts)]
+    tokenizer = Tokenizer.from_file(str(model_dirs / "embed" / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    ids = [e.ids for e in tokenizer.encode_batch(texts)]
+    assert [len(i) for i in ids] == [4, 6]
     response = await client.embeddings.create(model="embed", input=texts)  # the client asks for base64
     assert [d.embedding for d in response.data] == [[sum(i), len(i), 0.0] for i in ids]
     assert [d.index for d in response.data] == [0, 1] and response.model == "embed"
@@ -159,7 +166,7 @@ async def test_an_unknown_model_is_a_404_model_not_found(client):
 @pytest.mark.parametrize(
     ("call", "param", "message"),
     [
-        (dict(model="embed", prompt="hi"), "model", "model 'embed' is a encoder model"),
+        (dict(model="embed", prompt="hi"), "model", "model 'embed' is an encoder: /v1/completions needs"),
         (dict(model="chat", prompt="hi", n=2), "n", "n=2 is not supported"),
         (dict(model="chat", prompt="hi", stream=False, echo=True), "echo", "echo=true is not supported"),
         (dict(model="chat", prompt="hi", temperature=3), "temperature", "'temperature' must be a number from 0 to 2"),
