@@ -1,57 +1,66 @@
 """The agent's Open Inference Protocol (KServe v2 REST) server over its ready workers.
 
-Models are addressed by deployment name. Every error is `{"error": "..."}` with a status that says
-whose move it is: 400 the request, 404 the name, 503 the replica (loading or failed), 500/504 the worker.
+Models are addressed by deployment name (or an adapter's name). Every error is `{"error": "..."}` with a
+status that says whose move it is: 400 the request, 404 the name, 429 a full queue, 503 the replica
+(loading or failed), 500/504 the worker. The same app serves /v1 (agent.serving.openai) and /metrics.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 import agent
-from agent.serving.tensors import BadRequest, encode_outputs, parse_infer_request
-from agent.workers.spec import SIGNATURES, WorkerSpec
-from agent.workers.supervisor import InferenceInputError, InferenceTimeout, WorkerUnavailable
-
-log = logging.getLogger(__name__)
+from agent.metrics import CONTENT_TYPE, Metrics, replica_snapshot
+from agent.serving.batching import BatchSettings
+from agent.serving.dispatch import (
+    DISPATCHER,
+    BadInput,
+    Dispatcher,
+    Replica,
+    ReplicaSource,
+    ServingError,
+    describe,
+    not_ready_text,
+)
+from agent.serving.openai import add_openai_routes
+from agent.serving.tensors import encode_outputs, parse_infer_request
+from agent.workers.spec import SIGNATURES
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # aiohttp's 1 MiB default is too small for a batch of long sequences
 
 
-class Replica(Protocol):
-    """What the server needs of a worker (WorkerHandle has it; tests may pass a fake)."""
-
-    spec: WorkerSpec
-    state: str
-    reason: str
-    info: dict[str, Any]
-    queued: int
-
-    async def infer(self, inputs: dict[str, Any]) -> dict[str, Any]: ...
-
-
-class ReplicaSource(Protocol):
-    def handles(self) -> list[Any]: ...
-
-
 SOURCE = web.AppKey("source", ReplicaSource)
+METRICS = web.AppKey("metrics", Metrics)
+
+__all__ = ["Replica", "ReplicaSource", "make_app"]
 
 
-def make_app(source: ReplicaSource) -> web.Application:
-    """The v2 REST application over `source.handles()` (a Supervisor)."""
+def make_app(
+    source: ReplicaSource, *, batching: BatchSettings | None = None, metrics: Metrics | None = None
+) -> web.Application:
+    """The inference application over `source.handles()` (a Supervisor): v2, /v1 and /metrics.
+
+    `metrics` defaults to a private registry, so /metrics answers even when the daemon passes none.
+    """
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors])
     app[SOURCE] = source
+    app[METRICS] = metrics if metrics is not None else Metrics(CollectorRegistry())
+    app[DISPATCHER] = Dispatcher(source, batching or BatchSettings(), app[METRICS])
+    app.on_cleanup.append(_close_batchers)
     app.router.add_get("/v2/health/live", live)
     app.router.add_get("/v2/health/ready", ready)
     app.router.add_get("/v2", server_metadata)
     app.router.add_get("/v2/models/{name}", model_metadata)
     app.router.add_get("/v2/models/{name}/ready", model_ready)
     app.router.add_post("/v2/models/{name}/infer", infer)
+    app.router.add_get("/metrics", prometheus_metrics)
+    # OpenAI-style /v1/models, /v1/embeddings and /v1/completions, with their own error shape.
+    add_openai_routes(app)
     return app
 
 
@@ -67,7 +76,7 @@ async def ready(request: web.Request) -> web.Response:
     """Ready when every replica this agent runs is ready (vacuously so with none)."""
     waiting = [h for h in request.app[SOURCE].handles() if h.state != "ready"]
     if waiting:
-        return error(503, "not ready: " + "; ".join(_describe(h) for h in waiting))
+        return error(503, "not ready: " + "; ".join(describe(h) for h in waiting))
     return web.json_response({"ready": True})
 
 
@@ -77,13 +86,11 @@ async def server_metadata(request: web.Request) -> web.Response:
 
 async def model_metadata(request: web.Request) -> web.Response:
     replicas, name = _replicas(request)
-    if not replicas:
-        return _unknown(request, name)
     # Any replica describes the model; a ready one also knows its output width.
     best = next((h for h in replicas if h.state == "ready"), replicas[0])
     signature = SIGNATURES.get(best.spec.task)
     if signature is None:
-        return error(503, _not_ready_text(name, replicas))
+        return error(503, not_ready_text(name, replicas))
     width = best.info.get("output_dim", -1)
     output_shape = [-1, -1, width] if signature.output_rank == 3 else [-1, width]
     return web.json_response(
@@ -99,68 +106,49 @@ async def model_metadata(request: web.Request) -> web.Response:
 
 async def model_ready(request: web.Request) -> web.Response:
     replicas, name = _replicas(request)
-    if not replicas:
-        return _unknown(request, name)
     if not any(h.state == "ready" for h in replicas):
-        return error(503, _not_ready_text(name, replicas))
+        return error(503, not_ready_text(name, replicas))
     return web.json_response({"name": name, "ready": True})
 
 
 async def infer(request: web.Request) -> web.Response:
-    replicas, name = _replicas(request)
-    if not replicas:
-        return _unknown(request, name)
-    candidates = [h for h in replicas if h.state == "ready"]
-    if not candidates:
-        return error(503, _not_ready_text(name, replicas))
-    replica = min(candidates, key=lambda h: h.queued)  # least busy first
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        return error(400, f"the request body is not valid JSON ({e})")
-    signature = SIGNATURES[replica.spec.task]
-    try:
+    dispatcher = request.app[DISPATCHER]
+    route = dispatcher.route(request.match_info["name"])
+    with dispatcher.observe(route) as seen:
+        dispatcher.pick(route)  # not ready: say so before reading the body
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BadInput(f"the request body is not valid JSON ({e})") from None
+        signature = SIGNATURES[route.task]
         parsed = parse_infer_request(body, signature)
-    except BadRequest as e:
-        return error(400, str(e))
-    try:
-        outputs = await replica.infer(parsed.inputs)
-    except InferenceInputError as e:
-        return error(400, str(e))
-    except WorkerUnavailable as e:
-        return error(503, f"model {name!r} is not ready: {e}")
-    except InferenceTimeout as e:
-        return error(504, str(e))
-    except Exception as e:  # InferenceError and anything unexpected: the worker's fault, not the client's
-        log.exception("inference on %s failed", name)
-        return error(500, f"inference failed: {e}")
+        if parsed.adapter is not None:
+            route = dispatcher.route(route.name, parsed.adapter)
+            seen.adapter = route.adapter
+        result = await dispatcher.infer(route, parsed.inputs)
+        seen.record(result)
     return web.json_response(
         {
-            "model_name": name,
+            "model_name": route.name,
             "id": parsed.id,
-            "outputs": encode_outputs(outputs, signature, parsed.outputs),
+            "outputs": encode_outputs(result.outputs, signature, parsed.outputs),
         }
     )
 
 
-def _replicas(request: web.Request) -> tuple[list[Any], str]:
-    name = request.match_info["name"]
-    return [h for h in request.app[SOURCE].handles() if h.spec.deployment == name], name
+async def prometheus_metrics(request: web.Request) -> web.Response:
+    metrics = request.app[METRICS]
+    metrics.set_replicas(replica_snapshot(h) for h in request.app[SOURCE].handles())
+    return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
-def _unknown(request: web.Request, name: str) -> web.Response:
-    known = sorted({h.spec.deployment for h in request.app[SOURCE].handles()})
-    served = f" (it serves: {', '.join(known)})" if known else " (it serves no models right now)"
-    return error(404, f"model {name!r} is not served by this agent{served}")
+def _replicas(request: web.Request) -> tuple[tuple[Any, ...], str]:
+    route = request.app[DISPATCHER].route(request.match_info["name"])
+    return route.replicas, route.name
 
 
-def _describe(handle: Any) -> str:
-    text = f"replica {handle.spec.replica_id} of {handle.spec.deployment!r} is {handle.state}"
-    return f"{text}: {handle.reason}" if handle.reason else text
-
-
-def _not_ready_text(name: str, replicas: list[Any]) -> str:
-    return f"model {name!r} is not ready: " + "; ".join(_describe(h) for h in replicas)
+async def _close_batchers(app: web.Application) -> None:
+    app[DISPATCHER].close()
 
 
 @web.middleware
@@ -170,6 +158,8 @@ async def _json_errors(
     # aiohttp answers unknown routes and oversized bodies in plain text; v2 clients expect {"error"}.
     try:
         return await handler(request)
+    except ServingError as e:
+        return error(e.status, str(e))
     except web.HTTPException as e:
         if e.status < 400:
             raise

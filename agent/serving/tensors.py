@@ -38,6 +38,7 @@ class InferRequest:
     id: str
     inputs: dict[str, np.ndarray]
     outputs: tuple[str, ...]  # requested outputs; empty means all
+    adapter: str | None = None  # parameters.adapter: the LoRA adapter to run with
 
 
 def parse_infer_request(body: Any, signature: Signature) -> InferRequest:
@@ -64,7 +65,24 @@ def parse_infer_request(body: Any, signature: Signature) -> InferRequest:
     for name, array in inputs.items():
         if array.shape != ids_shape:
             raise BadRequest(f"input {name!r} has shape {list(array.shape)} but input_ids has {list(ids_shape)}")
-    return InferRequest(id=request_id or uuid.uuid4().hex, inputs=inputs, outputs=_requested(body, signature))
+    return InferRequest(
+        id=request_id or uuid.uuid4().hex,
+        inputs=inputs,
+        outputs=_requested(body, signature),
+        adapter=_adapter(body),
+    )
+
+
+def _adapter(body: dict) -> str | None:
+    parameters = body.get("parameters")
+    if parameters is None:
+        return None
+    if not isinstance(parameters, dict):
+        raise BadRequest("'parameters' must be an object")
+    adapter = parameters.get("adapter")
+    if adapter is not None and (not isinstance(adapter, str) or not adapter):
+        raise BadRequest("parameters.adapter must be an adapter's name (a non-empty string)")
+    return adapter
 
 
 def _parse_input(raw: Any, position: int, specs: dict) -> tuple[str, np.ndarray]:

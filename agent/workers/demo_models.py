@@ -11,6 +11,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from agent.workers.demo_tokenizer import write_bert_tokenizer, write_llama_tokenizer
+
 # What is copied from the all-MiniLM-L6-v2 package: config, weights, tokenizer; never pickles.
 _MINILM_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
@@ -44,13 +46,15 @@ def _save_seeded(model_class: str, config_class: str, directory: str | Path, **e
 
 
 def build_tiny_llama(directory: str | Path) -> Path:
-    """A 2-layer Llama (vocab 1024, hidden 64, grouped-query attention) with seed-0 random weights."""
-    return _save_seeded("LlamaForCausalLM", "LlamaConfig", directory, num_key_value_heads=2)
+    """A 2-layer Llama (vocab 1024, hidden 64, grouped-query attention) with seed-0 random weights and a
+    trained BPE tokenizer."""
+    return write_llama_tokenizer(_save_seeded("LlamaForCausalLM", "LlamaConfig", directory, num_key_value_heads=2))
 
 
 def build_tiny_bert(directory: str | Path) -> Path:
-    """A 2-layer BERT encoder (vocab 1024, hidden 64) with seed-0 random weights."""
-    return _save_seeded("BertModel", "BertConfig", directory)
+    """A 2-layer BERT encoder (vocab 1024, hidden 64) with seed-0 random weights and a trained WordPiece
+    tokenizer."""
+    return write_bert_tokenizer(_save_seeded("BertModel", "BertConfig", directory))
 
 
 def copy_minilm(directory: str | Path) -> Path:
@@ -81,7 +85,7 @@ def write_demo_models(root: str | Path, log: Callable[[str], None] = print) -> l
     written = []
     for name, build in DEMO_MODELS.items():
         target = root / name
-        if (target / "config.json").exists() and any(target.glob("*.safetensors")):
+        if all((target / n).exists() for n in ("config.json", "tokenizer.json")) and any(target.glob("*.safetensors")):
             log(f"{target}: already present, skipped")
         else:
             # Built beside the target and renamed into place, so an interrupted run never leaves a

@@ -7,6 +7,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from agent.serving import make_app
+from agent.serving.batching import BatchSettings
 from agent.workers.spec import WorkerSpec
 from agent.workers.supervisor import InferenceInputError, InferenceTimeout, WorkerUnavailable
 
@@ -14,15 +15,17 @@ VOCAB = 8
 
 
 class FakeReplica:
-    def __init__(self, replica_id, deployment, task="causal-lm", state="ready", reason="", raises=None):
+    def __init__(self, replica_id, deployment, task="causal-lm", state="ready", reason="", raises=None, adapters=()):
         self.spec = WorkerSpec(replica_id, f"/models/{deployment}", task, deployment=deployment)
         self.state, self.reason, self.raises = state, reason, raises
         self.info = {"output_dim": VOCAB if task == "causal-lm" else 4}
         self.queued = 0
-        self.seen = []
+        self.adapters = set(adapters)
+        self.seen, self.adapters_seen = [], []
 
-    async def infer(self, inputs):
+    async def infer(self, inputs, adapters=None):
         self.seen.append(inputs)
+        self.adapters_seen.append(adapters)
         if self.raises:
             raise self.raises
         ids = inputs["input_ids"]
@@ -44,8 +47,8 @@ class FakeSource:
 async def serve():
     clients = []
 
-    async def start(*replicas):
-        client = TestClient(TestServer(make_app(FakeSource(*replicas))))
+    async def start(*replicas, batching=None):
+        client = TestClient(TestServer(make_app(FakeSource(*replicas), batching=batching)))
         await client.start_server()
         clients.append(client)
         return client
@@ -246,3 +249,58 @@ async def test_it_serves_concurrent_requests(serve):
     )
     ids = [(await r.json())["id"] for r in responses]
     assert ids == [str(i) for i in range(10)]
+
+
+async def test_concurrent_requests_share_one_padded_forward_and_get_their_own_logits(serve):
+    chat = FakeReplica(1, "chat")
+    client = await serve(chat, batching=BatchSettings(max_batch_size=3, max_delay=5))
+    rows = [[1], [2, 3], [4, 5, 6]]
+    async with asyncio.timeout(10):  # three rows cut the batch; the 5 s delay never runs out
+        responses = await asyncio.gather(
+            *(client.post("/v2/models/chat/infer", json=ids_body(r, [1, len(r)])) for r in rows)
+        )
+    for row, response in zip(rows, responses, strict=True):
+        [logits] = (await response.json())["outputs"]
+        assert logits["shape"] == [1, len(row), VOCAB]
+        assert logits["data"] == (np.array([row])[..., None] * 10 + np.arange(VOCAB)).ravel().tolist()
+    [batch] = chat.seen
+    assert batch["input_ids"].tolist() == [[1, 0, 0], [2, 3, 0], [4, 5, 6]]
+
+
+async def test_parameters_adapter_runs_the_request_with_that_adapter(serve):
+    chat = FakeReplica(1, "chat", adapters={"fr"})
+    client = await serve(chat)
+    response = await client.post("/v2/models/chat/infer", json=ids_body([1, 2], [1, 2], parameters={"adapter": "fr"}))
+    assert response.status == 200, await response.text()
+    assert chat.adapters_seen == [["fr"]]
+    # The adapter's own name addresses it as well.
+    assert (await client.post("/v2/models/fr/infer", json=ids_body([1], [1, 1]))).status == 200
+    assert chat.adapters_seen[-1] == ["fr"]
+
+
+async def test_an_adapter_the_model_lacks_is_a_404_and_a_malformed_one_a_400(serve):
+    client = await serve(FakeReplica(1, "chat", adapters={"fr"}))
+    response = await client.post("/v2/models/chat/infer", json=ids_body([1], [1, 1], parameters={"adapter": "de"}))
+    assert response.status == 404
+    assert await response.json() == {"error": "model 'chat' has no adapter 'de' (it has: fr)"}
+    response = await client.post("/v2/models/chat/infer", json=ids_body([1], [1, 1], parameters={"adapter": 7}))
+    assert response.status == 400 and "parameters.adapter must be" in (await response.json())["error"]
+
+
+async def test_metrics_are_scraped_in_the_text_format_after_requests(serve):
+    client = await serve(FakeReplica(1, "chat", adapters={"fr"}), FakeReplica(2, "embed", "encoder", state="loading"))
+    await client.post("/v2/models/chat/infer", json=ids_body([1], [1, 1]))
+    await client.post("/v2/models/fr/infer", json=ids_body([1], [1, 1]))
+    await client.post("/v2/models/chat/infer", json=ids_body([1.5], [1, 1], "FP32"))
+    response = await client.get("/metrics")
+    assert response.status == 200 and response.headers["Content-Type"].startswith("text/plain")
+    text = await response.text()
+    for line in (
+        'modelgrid_requests_total{adapter="",deployment="chat",status="200"} 1.0',
+        'modelgrid_requests_total{adapter="fr",deployment="chat",status="200"} 1.0',
+        'modelgrid_requests_total{adapter="",deployment="chat",status="400"} 1.0',
+        'modelgrid_batch_size_count{deployment="chat"} 2.0',
+        'modelgrid_replica_state{deployment="embed",replica="2",state="loading"} 1.0',
+        'modelgrid_replica_state{deployment="chat",replica="1",state="ready"} 1.0',
+    ):
+        assert line in text

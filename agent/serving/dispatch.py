@@ -1,0 +1,275 @@
+"""From a model name to an answer: deployment or adapter lookup, the least busy ready replica, its batcher,
+and the metrics each request leaves. Shared by the v2 and OpenAI-style endpoints, which only shape errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from aiohttp import web
+
+from agent.metrics import Metrics
+from agent.serving.batching import Batcher, BatcherClosed, BatchSettings, InvalidInput, QueueFull, Result, RunBatch
+from agent.serving.tensors import BadRequest
+from agent.workers.generation_spec import GenerationRequest, GenerationResult
+from agent.workers.spec import WorkerSpec
+from agent.workers.supervisor import InferenceInputError, InferenceTimeout, WorkerUnavailable
+
+log = logging.getLogger(__name__)
+
+CLIENT_CLOSED = 499  # the client went away before its answer (nginx's convention)
+
+
+class Replica(Protocol):
+    """What serving needs of a worker (the supervisor's WorkerHandle; tests pass fakes)."""
+
+    spec: WorkerSpec
+    state: str
+    reason: str
+    info: dict[str, Any]  # what the worker reported when ready: output_dim, max_positions, ...
+    queued: int  # batches waiting or running in the worker
+    adapters: Collection[str]  # names of the LoRA adapters this replica can serve
+
+    async def infer(
+        self, inputs: dict[str, np.ndarray], adapters: list[str | None] | None = None
+    ) -> dict[str, np.ndarray]:
+        """One forward over a batch; `adapters` names each row's adapter (None: the base model)."""
+        ...
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Continue one prompt (causal LMs), running agent.workers.generation.generate in the worker."""
+        ...
+
+
+class ReplicaSource(Protocol):
+    def handles(self) -> list[Any]: ...
+
+
+class ServingError(Exception):
+    """A request that cannot be answered: an HTTP status, a stable code, and a message that says why."""
+
+    status = 500
+    code = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        if code is not None:
+            self.code = code
+
+
+class BadInput(ServingError):
+    status, code = 400, "invalid_request"
+
+
+class UnknownModel(ServingError):
+    status, code = 404, "model_not_found"
+
+
+class Busy(ServingError):
+    status, code = 429, "queue_full"
+
+
+class NotReady(ServingError):
+    status, code = 503, "model_not_ready"
+
+
+class Timeout(ServingError):
+    status, code = 504, "timeout"
+
+
+class Failed(ServingError):
+    status, code = 500, "inference_failed"
+
+
+class Unsupported(ServingError):
+    status, code = 501, "not_implemented"
+
+
+def serving_error(error: BaseException, name: str) -> ServingError:
+    """Any failure while serving model `name` as the ServingError the client is told about."""
+    if isinstance(error, ServingError):
+        return error
+    if isinstance(error, BadRequest | InvalidInput | InferenceInputError):
+        return BadInput(str(error))
+    if isinstance(error, QueueFull):
+        return Busy(f"model {name!r}: {error}")
+    if isinstance(error, WorkerUnavailable | BatcherClosed):
+        return NotReady(f"model {name!r} is not ready: {error}")
+    if isinstance(error, InferenceTimeout):
+        return Timeout(str(error))
+    return Failed(f"inference failed: {error}")
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a model name leads: a deployment's replicas, and the adapter they run it with."""
+
+    name: str  # as the client wrote it
+    deployment: str
+    adapter: str | None
+    replicas: tuple[Any, ...]
+
+    @property
+    def task(self) -> str:
+        return self.replicas[0].spec.task
+
+
+@dataclass
+class Observation:
+    """What metrics record of one request; the handler fills in what it learns."""
+
+    deployment: str
+    adapter: str | None
+    status: int = 200
+    queue_seconds: float | None = None
+    batch_size: int | None = None
+
+    def record(self, result: Result) -> None:
+        self.queue_seconds = max(self.queue_seconds or 0.0, result.queue_seconds)
+        self.batch_size = max(self.batch_size or 0, result.batch_size)
+
+
+class Dispatcher:
+    """Routes requests to the replicas of `source`, through one Batcher per replica."""
+
+    def __init__(self, source: ReplicaSource, batching: BatchSettings, metrics: Metrics | None = None) -> None:
+        self.source = source
+        self.batching = batching
+        self.metrics = metrics
+        self._batchers: dict[Any, Batcher] = {}
+
+    def route(self, name: str, adapter: str | None = None) -> Route:
+        """A deployment name (optionally with one of its adapters) or an adapter's own name."""
+        handles = self.source.handles()
+        self._forget_gone(handles)
+        replicas = [h for h in handles if h.spec.deployment == name]
+        if replicas:
+            if adapter is None:
+                return Route(name, name, None, tuple(replicas))
+            with_adapter = [h for h in replicas if adapter in adapters_of(h)]
+            if not with_adapter:
+                have = sorted({a for h in replicas for a in adapters_of(h)})
+                listed = f" (it has: {', '.join(have)})" if have else " (it has none)"
+                raise UnknownModel(f"model {name!r} has no adapter {adapter!r}{listed}", code="adapter_not_found")
+            return Route(name, name, adapter, tuple(with_adapter))
+        owners = sorted({h.spec.deployment for h in handles if name in adapters_of(h)})
+        if len(owners) > 1:
+            raise BadInput(f"adapter {name!r} belongs to several models ({', '.join(owners)}); name the model")
+        if not owners:
+            served = sorted({h.spec.deployment for h in handles} | {a for h in handles for a in adapters_of(h)})
+            listed = f" (it serves: {', '.join(served)})" if served else " (it serves no models right now)"
+            raise UnknownModel(f"model {name!r} is not served by this agent{listed}")
+        if adapter not in (None, name):
+            raise BadInput(f"model {name!r} is an adapter; it cannot take adapter {adapter!r} too")
+        return Route(name, owners[0], name, tuple(h for h in handles if name in adapters_of(h)))
+
+    def models(self) -> list[tuple[str, str | None]]:
+        """Every name a request may use: (deployment, None) and (adapter, its deployment)."""
+        handles = self.source.handles()
+        deployments = sorted({h.spec.deployment for h in handles})
+        adapters = sorted({(a, h.spec.deployment) for h in handles for a in adapters_of(h)})
+        return [(d, None) for d in deployments] + [(a, d) for a, d in adapters if a not in deployments]
+
+    def pick(self, route: Route) -> Any:
+        """The ready replica with the least work queued; NotReady saying why when none is."""
+        ready = [h for h in route.replicas if h.state == "ready"]
+        if not ready:
+            raise NotReady(not_ready_text(route.name, route.replicas))
+        return min(ready, key=lambda h: h.queued + self._depth(h))
+
+    async def infer(self, route: Route, inputs: dict[str, np.ndarray]) -> Result:
+        """One request through the picked replica's batcher."""
+        replica = self.pick(route)
+        batcher = self._batchers.get(replica)
+        if batcher is None:
+            batcher = self._batchers[replica] = Batcher.from_settings(_forward(replica), self.batching)
+        return await batcher.submit(inputs, route.adapter)
+
+    async def generate(self, route: Route, request: GenerationRequest) -> GenerationResult:
+        """One prompt continued on the picked replica (generation is not batched)."""
+        replica = self.pick(route)
+        if not hasattr(replica, "generate"):  # a worker runtime from before text generation
+            raise Unsupported(f"model {route.name!r}: this agent's workers cannot generate text")
+        return await replica.generate(request)
+
+    @contextmanager
+    def observe(self, route: Route) -> Iterator[Observation]:
+        """Count the request as in flight, then record its status and timings, whatever happens; any
+        failure inside leaves as a ServingError."""
+        seen = Observation(route.deployment, route.adapter)
+        started = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.request_started(route.deployment)
+        try:
+            yield seen
+        except asyncio.CancelledError:
+            seen.status = CLIENT_CLOSED
+            raise
+        except Exception as e:
+            failure = serving_error(e, route.name)
+            seen.status = failure.status
+            if failure is not e:
+                if failure.status >= 500 and not isinstance(failure, NotReady | Timeout):
+                    log.exception("inference on %s failed", route.name)
+                raise failure from e
+            raise
+        finally:
+            if self.metrics is not None:
+                self.metrics.request_finished(
+                    seen.deployment,
+                    seen.adapter,
+                    seen.status,
+                    time.monotonic() - started,
+                    seen.queue_seconds,
+                    seen.batch_size,
+                )
+
+    def close(self) -> None:
+        """Stop every batcher (the server is shutting down)."""
+        for batcher in self._batchers.values():
+            batcher.close()
+        self._batchers.clear()
+
+    def _depth(self, replica: Any) -> int:
+        batcher = self._batchers.get(replica)
+        return batcher.depth if batcher is not None else 0
+
+    def _forget_gone(self, handles: list[Any]) -> None:
+        # A stopped replica's handle leaves the source; its batcher goes with it.
+        if any(h not in handles for h in self._batchers):
+            for handle in [h for h in self._batchers if h not in handles]:
+                self._batchers.pop(handle).close()
+
+
+def _forward(replica: Any) -> RunBatch:
+    async def run(inputs: dict[str, np.ndarray], adapters: list[str | None]) -> dict[str, np.ndarray]:
+        if any(a is not None for a in adapters):
+            return await replica.infer(inputs, adapters=adapters)
+        return await replica.infer(inputs)  # the plain call, which every replica takes
+
+    return run
+
+
+def adapters_of(handle: Any) -> Collection[str]:
+    """The adapters a replica serves; a worker handle from before adapter pools has none."""
+    return getattr(handle, "adapters", ())
+
+
+def describe(handle: Any) -> str:
+    text = f"replica {handle.spec.replica_id} of {handle.spec.deployment!r} is {handle.state}"
+    return f"{text}: {handle.reason}" if handle.reason else text
+
+
+def not_ready_text(name: str, replicas: Collection[Any]) -> str:
+    return f"model {name!r} is not ready: " + "; ".join(describe(h) for h in replicas)
+
+
+DISPATCHER = web.AppKey("dispatcher", Dispatcher)

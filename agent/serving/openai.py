@@ -1,0 +1,336 @@
+"""OpenAI-style endpoints under /v1: models, embeddings (encoders) and completions (causal LMs).
+
+A request names a deployment, or one of its adapters, as `model`. Errors take OpenAI's shape,
+`{"error": {"message", "type", "param", "code"}}`, with the status the official client expects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+import numpy as np
+from aiohttp import web
+
+from agent.serving.batching import pad_rows
+from agent.serving.dispatch import DISPATCHER, BadInput, Dispatcher, Route, ServingError
+from agent.serving.tokenization import NoTokenizer, TextCodec, Tokenizers
+from agent.workers.generation_spec import GenerationRequest
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+TOKENIZERS = web.AppKey("tokenizers", Tokenizers)
+MAX_INPUTS = 2048  # inputs per embeddings request, as OpenAI allows
+MAX_STOPS = 4
+MAX_TOKEN_ID = 2**31  # far past any vocabulary, and within int64 however the ids are stacked
+MAX_SEED = 2**63 - 1  # what torch.Generator.manual_seed takes
+TASK_NAMES = {"encoder": "an encoder", "causal-lm": "a causal language model"}
+ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error"}
+
+# Options the API knows but this server does not implement: refused unless left at their default.
+UNSUPPORTED = {
+    "stream": (False,),
+    "echo": (False,),
+    "n": (1,),
+    "best_of": (1,),
+    "logprobs": (),
+    "suffix": ("",),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "logit_bias": ({},),
+}
+
+
+def add_openai_routes(app: web.Application) -> None:
+    """Mount /v1 on `app`, which must hold a Dispatcher under DISPATCHER."""
+    v1 = web.Application(middlewares=[_openai_errors])
+    v1[TOKENIZERS] = Tokenizers()
+    v1.router.add_get("/models", list_models)
+    v1.router.add_get("/models/{model}", get_model)
+    v1.router.add_post("/embeddings", embeddings)
+    v1.router.add_post("/completions", completions)
+    app.add_subapp("/v1", v1)
+
+
+def openai_error(status: int, message: str, code: str | None = None, param: str | None = None) -> web.Response:
+    kind = ERROR_TYPES.get(status, "server_error" if status < 503 or status > 504 else "service_unavailable_error")
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return web.json_response(body, status=status)
+
+
+async def list_models(request: web.Request) -> web.Response:
+    data = [_model_card(name, parent) for name, parent in request.config_dict[DISPATCHER].models()]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    name = request.match_info["model"]
+    route = request.config_dict[DISPATCHER].route(name)
+    return web.json_response(_model_card(name, route.deployment if route.adapter == name else None))
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    dispatcher = request.config_dict[DISPATCHER]
+    body = await _body(request)
+    route = _route(dispatcher, body, "encoder", "/v1/embeddings needs an encoder model; use /v1/completions")
+    encoding_format = body.get("encoding_format") or "float"
+    if encoding_format not in ("float", "base64"):
+        raise BadInput("'encoding_format' must be 'float' or 'base64'", param="encoding_format")
+    with dispatcher.observe(route) as seen:
+        inputs = _embedding_inputs(body.get("input"))
+        texts = [i for i in inputs if isinstance(i, str)]
+        encoded = iter(_codec(request, route, truncate=True).encode(texts) if texts else [])
+        limit = request.config_dict[TOKENIZERS].max_positions(route.replicas[0].spec.model_path)
+        sequences = [next(encoded) if isinstance(i, str) else i[:limit] if limit else i for i in inputs]
+        if not all(sequences):
+            raise BadInput("an input must hold at least one token", param="input")
+        _check_dimensions(route, body.get("dimensions"))
+        size = dispatcher.batching.max_batch_size
+        chunks = [sequences[start : start + size] for start in range(0, len(sequences), size)]
+        results = await _all(dispatcher.infer(route, pad_rows(chunk)) for chunk in chunks)
+        for result in results:
+            seen.record(result)
+        vectors = np.concatenate([r.outputs["embeddings"] for r in results])
+    tokens = sum(len(s) for s in sequences)
+    data = [
+        {"object": "embedding", "index": i, "embedding": _encode_vector(vector, encoding_format)}
+        for i, vector in enumerate(vectors)
+    ]
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return web.json_response({"object": "list", "data": data, "model": route.name, "usage": usage})
+
+
+async def completions(request: web.Request) -> web.Response:
+    dispatcher = request.config_dict[DISPATCHER]
+    body = await _body(request)
+    route = _route(dispatcher, body, "causal-lm", "/v1/completions needs a causal language model")
+    with dispatcher.observe(route):
+        _refuse_unsupported(body)
+        max_tokens = _integer(body, "max_tokens", 16, minimum=1)
+        temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+        top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+        if top_p == 0:
+            raise BadInput("'top_p' must be above 0", param="top_p")
+        seed = _integer(body, "seed", None, minimum=0, maximum=MAX_SEED)
+        stops = _stops(body.get("stop"))
+        codec = _codec(request, route, truncate=False)
+        prompts = _prompts(body.get("prompt"), codec)
+        _check_vocabulary(route, prompts)
+        limit = codec.max_positions
+        for prompt in prompts:
+            if limit and len(prompt) + max_tokens > limit:
+                raise BadInput(
+                    f"model {route.name!r} takes at most {limit} tokens; this request asks for "
+                    f"{len(prompt) + max_tokens} ({len(prompt)} in the prompt, {max_tokens} for the completion)",
+                    param="max_tokens",
+                )
+        stop_ids = tuple(tuple(ids) for ids in (codec.encode_plain(s) for s in stops) if ids)
+        requests = [
+            GenerationRequest(tuple(p), max_tokens, temperature, top_p, seed, stop_ids, route.adapter) for p in prompts
+        ]
+        results = await _all(dispatcher.generate(route, r) for r in requests)
+    choices = []
+    for index, result in enumerate(results):
+        text, finish = _cut_at_stop(codec.decode(result.token_ids), stops, result.finish_reason)
+        choices.append({"text": text, "index": index, "logprobs": None, "finish_reason": finish})
+    prompt_tokens = sum(len(p) for p in prompts)
+    completion_tokens = sum(len(r.token_ids) for r in results)
+    return web.json_response(
+        {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": route.name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+    )
+
+
+def _model_card(name: str, parent: str | None) -> dict[str, Any]:
+    card = {"id": name, "object": "model", "created": 0, "owned_by": "modelgrid"}
+    if parent is not None:
+        card["parent"] = parent  # an adapter: served by the replicas of its base deployment
+    return card
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadInput(f"the request body is not valid JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise BadInput("the request body must be a JSON object")
+    return body
+
+
+def _route(dispatcher: Dispatcher, body: dict[str, Any], task: str, hint: str) -> Route:
+    name = body.get("model")
+    if not isinstance(name, str) or not name:
+        raise BadInput("'model' must name a model (GET /v1/models lists them)", param="model")
+    route = dispatcher.route(name)
+    if route.task != task:
+        raise BadInput(f"model {name!r} is {TASK_NAMES.get(route.task, route.task)}: {hint}", param="model")
+    return route
+
+
+def _codec(request: web.Request, route: Route, *, truncate: bool) -> TextCodec:
+    try:
+        return request.config_dict[TOKENIZERS].get(route.replicas[0].spec.model_path, truncate=truncate)
+    except NoTokenizer as e:
+        raise BadInput(f"model {route.name!r} has no tokenizer: {e}") from None
+
+
+def _embedding_inputs(raw: Any) -> list[str | list[int]]:
+    """OpenAI's forms: a string, a list of strings, a token id list, or a list of token id lists."""
+    if isinstance(raw, str):
+        return [raw]
+    if isinstance(raw, list) and raw and all(_is_int(v) for v in raw):
+        return [raw]
+    if isinstance(raw, list) and raw and all(isinstance(v, str) or _is_token_list(v) for v in raw):
+        if len(raw) > MAX_INPUTS:
+            raise BadInput(f"'input' holds {len(raw)} items; at most {MAX_INPUTS} per request", param="input")
+        return raw
+    raise BadInput(
+        "'input' must be a string, a list of strings, a list of token ids or a list of token id lists, "
+        "none of them empty",
+        param="input",
+    )
+
+
+def _prompts(raw: Any, codec: TextCodec) -> list[list[int]]:
+    """Token ids of each prompt: a string, a list of strings, a token id list, or a list of those."""
+    if isinstance(raw, str):
+        raw = [raw]
+    elif isinstance(raw, list) and raw and all(_is_int(v) for v in raw):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw or not all(isinstance(v, str) or _is_token_list(v) for v in raw):
+        raise BadInput(
+            "'prompt' must be a string, a list of strings, a list of token ids or a list of token id lists",
+            param="prompt",
+        )
+    texts = [p for p in raw if isinstance(p, str)]
+    encoded = iter(codec.encode(texts) if texts else [])
+    prompts = [next(encoded) if isinstance(p, str) else p for p in raw]
+    if any(not p for p in prompts):
+        raise BadInput("a prompt must hold at least one token", param="prompt")
+    return prompts
+
+
+def _stops(raw: Any) -> list[str]:
+    stops = [raw] if isinstance(raw, str) else raw if raw is not None else []
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
+        raise BadInput(f"'stop' must be a non-empty string or a list of at most {MAX_STOPS} of them", param="stop")
+    return stops
+
+
+def _cut_at_stop(text: str, stops: list[str], finish: str) -> tuple[str, str]:
+    # The worker stops on the stop strings' token ids; text can still hold a stop string that
+    # tokenised differently in context, so the text is cut here too, as OpenAI does.
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return (text[: min(found)], "stop") if found else (text, finish)
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    for name, defaults in UNSUPPORTED.items():
+        value = body.get(name)
+        if value is not None and value not in defaults:
+            raise BadInput(f"{name}={json.dumps(value)} is not supported by this server", param=name)
+
+
+def _integer(
+    body: dict[str, Any], name: str, default: int | None, minimum: int | None = None, maximum: int | None = None
+) -> int | None:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    too_low = minimum is not None and _is_int(value) and value < minimum
+    too_high = maximum is not None and _is_int(value) and value > maximum
+    if not _is_int(value) or too_low or too_high:
+        bounds = "".join(
+            (f" >= {minimum}" if minimum is not None else "", f" and <= {maximum}" if maximum is not None else "")
+        )
+        raise BadInput(f"'{name}' must be an integer{bounds}, got {json.dumps(value)}", param=name)
+    return value
+
+
+def _check_vocabulary(route: Route, prompts: list[list[int]]) -> None:
+    # Checked here because an id past the embedding table is a device-side assert on a GPU, which
+    # poisons the worker's CUDA context; the worker checks again.
+    sizes = [h.info.get("vocab_size") for h in route.replicas if h.info.get("vocab_size")]
+    highest = max(max(p) for p in prompts)
+    if sizes and highest >= min(sizes):
+        message = f"'prompt' holds token id {highest}, outside this model's range [0, {min(sizes)})"
+        raise BadInput(message, param="prompt")
+
+
+async def _all(calls: Iterable[Awaitable[T]]) -> list[T]:
+    # Every call runs to its end (no task is left behind unobserved); the first failure is raised.
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= high:
+        raise BadInput(f"'{name}' must be a number from {low:g} to {high:g}, got {json.dumps(value)}", param=name)
+    return float(value)
+
+
+def _check_dimensions(route: Route, dimensions: Any) -> None:
+    # Embeddings are not shortened: 'dimensions' may only repeat the model's own width.
+    if dimensions is None:
+        return
+    widths = {h.info.get("output_dim") for h in route.replicas if h.info.get("output_dim")}
+    if not _is_int(dimensions) or (widths and dimensions not in widths):
+        only = f" ({', '.join(map(str, sorted(widths)))} for model {route.name!r})" if widths else ""
+        raise BadInput(f"'dimensions' can only be the model's own width{only}", param="dimensions")
+
+
+def _encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return np.asarray(vector, dtype=np.float32).tolist()
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_token_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(_is_int(v) and 0 <= v < MAX_TOKEN_ID for v in value)
+
+
+@web.middleware
+async def _openai_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    # Every failure under /v1 leaves in OpenAI's error shape, whatever raised it.
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = e.reason.lower().replace(" ", "_")
+        return openai_error(e.status, f"{e.reason}: {request.method} {request.path}", code=code)
+    except ServingError as e:
+        return openai_error(e.status, str(e), e.code, e.param)
+    except Exception as e:  # a bug of ours: still an answer in the client's shape
+        log.exception("%s %s failed", request.method, request.path)
+        return openai_error(500, f"internal error: {e}", "server_error")
