@@ -17,7 +17,10 @@ from django.utils import timezone
 from agent.protocol import DesiredReplica, DesiredState
 from console.deployments.models import Deployment, DeploymentState, Replica
 from console.fleet.models import Gpu, Host
-from console.scheduler import GpuSlot, ReplicaRequest, plan
+from console.scheduler import Deployment as DeploymentSpec
+from console.scheduler import Gpu as GpuSpec
+from console.scheduler import PlanInput, Settings, plan
+from console.scheduler import Replica as ReplicaSpec
 
 log = logging.getLogger("modelgrid.scheduler")
 
@@ -48,58 +51,70 @@ def _sync_replica_rows() -> bool:
     return changed
 
 
-def _gpu_slots() -> tuple[list[GpuSlot], dict[str, Gpu]]:
-    """Schedulable GPUs of connected hosts, with what ModelGrid and others already use on them."""
+def _gpu_specs() -> tuple[list[GpuSpec], dict[str, Gpu]]:
+    """Schedulable GPUs of connected hosts, with the memory other processes use on them."""
     gpus = list(
         Gpu.objects.filter(host__connected=True)
         .select_related("host")
         .prefetch_related(Prefetch("replicas", queryset=Replica.objects.only("reserved_bytes", "measured_bytes")))
     )
-    slots, by_id = [], {}
+    specs, by_id = [], {}
     for gpu in gpus:
-        replicas = list(gpu.replicas.all())
-        reserved = sum(r.reserved_bytes for r in replicas)
-        ours = sum(r.measured_bytes or 0 for r in replicas)
-        slots.append(
-            GpuSlot(
-                id=gpu_id(gpu),
-                host=gpu.host.name,
-                total_bytes=gpu.total_bytes,
-                reserved_bytes=reserved,
-                # A reading never replaces a reservation; it only reveals memory others hold.
-                foreign_bytes=max(gpu.used_bytes - ours, 0),
-            )
-        )
+        ours = sum(r.measured_bytes or 0 for r in gpu.replicas.all())
+        # A reading never replaces a reservation; it only reveals memory others hold.
+        specs.append(GpuSpec(id=gpu_id(gpu), host=gpu.host.name, total_bytes=gpu.total_bytes,
+                             used_bytes=max(gpu.used_bytes - ours, 0)))
         by_id[gpu_id(gpu)] = gpu
-    return slots, by_id
+    return specs, by_id
 
 
 def _place_pending() -> bool:
+    """Place replica rows without a host, keeping every placed one where it is (no moves, no preemption yet)."""
     pending = list(Replica.objects.filter(host__isnull=True).select_related("deployment__model"))
     if not pending:
         return False
-    slots, gpus = _gpu_slots()
-    requests = [ReplicaRequest(r.deployment.name, r.index, r.deployment.model.estimate_bytes) for r in pending]
-    result = plan(slots, requests, buffer_bytes=settings.MODELGRID_GPU_BUFFER_BYTES)
-    by_key = {(r.deployment.name, r.index): r for r in pending}
+    specs, gpus = _gpu_specs()
+    placed = [r for r in Replica.objects.filter(host__isnull=False).select_related("deployment__model")
+              .prefetch_related("gpus__host") if r.gpus.all() and all(gpu_id(g) in gpus for g in r.gpus.all())]
+    by_dep: dict[str, list[Replica]] = {}
+    for r in pending:
+        by_dep.setdefault(r.deployment.name, []).append(r)
+    deployments, counts = {}, {}
+    for r in pending + placed:
+        deployments[r.deployment.name] = r.deployment
+        counts[r.deployment.name] = counts.get(r.deployment.name, 0) + 1
+    request = PlanInput(
+        gpus=tuple(specs),
+        deployments=tuple(DeploymentSpec(name=name, bytes=dep.model.estimate_bytes, replicas=counts[name],
+                                         priority=dep.priority) for name, dep in deployments.items()),
+        replicas=tuple(ReplicaSpec(r.deployment.name, r.index, tuple(gpu_id(g) for g in r.gpus.all()),
+                                   r.reserved_bytes) for r in placed),
+        buffer_bytes=settings.MODELGRID_GPU_BUFFER_BYTES,
+        settings=Settings(max_moves=0, preempt=False, search_budget_s=0.2),
+    )
+    result = plan(request)
+    # New replicas of the plan map, in index order, onto the pending rows of their deployment.
+    fresh: dict[str, list] = {}
+    for p in result.replicas:
+        if p.action in ("place", "refuse"):
+            fresh.setdefault(p.deployment, []).append(p)
     changed = False
-    for p in result.placements:
-        replica, gpu = by_key[(p.deployment, p.index)], gpus[p.gpu]
-        replica.host = gpu.host
-        replica.reserved_bytes = replica.deployment.model.estimate_bytes
-        replica.observed_state = "pending"
-        replica.reason = p.reason
-        replica.save(update_fields=["host", "reserved_bytes", "observed_state", "reason"])
-        replica.gpus.set([gpu])
-        log.info("placed %s#%d on %s: %s", p.deployment, p.index, p.gpu, p.reason)
-        changed = True
-    for u in result.unplaced:
-        replica = by_key[(u.deployment, u.index)]
-        if replica.reason != u.reason:
-            replica.reason = u.reason
-            replica.save(update_fields=["reason"])
-            log.info("cannot place %s#%d: %s", u.deployment, u.index, u.reason)
-            changed = True
+    for name, rows in by_dep.items():
+        for replica, p in zip(sorted(rows, key=lambda r: r.index), fresh.get(name, []), strict=False):
+            if p.action == "place":
+                replica.host = gpus[p.gpus[0]].host
+                replica.reserved_bytes = p.reserved_bytes
+                replica.observed_state = "pending"
+                replica.reason = p.reason
+                replica.save(update_fields=["host", "reserved_bytes", "observed_state", "reason"])
+                replica.gpus.set([gpus[g] for g in p.gpus])
+                log.info("placed %s#%d on %s: %s", name, replica.index, ",".join(p.gpus), p.reason)
+                changed = True
+            elif replica.reason != p.reason:
+                replica.reason = p.reason
+                replica.save(update_fields=["reason"])
+                log.info("cannot place %s#%d: %s", name, replica.index, p.reason)
+                changed = True
     return changed
 
 

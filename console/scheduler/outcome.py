@@ -1,0 +1,156 @@
+"""From planned units to the Plan: actions, target states, sleep-or-stop fates, MPS percentages, reasons."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from console.scheduler import explain
+from console.scheduler.gangs import gang_shortfall
+from console.scheduler.sharing import mps_percentages
+from console.scheduler.types import GpuBalance, Move, Plan, PlannedReplica, ScaleDecision, Unplaced
+from console.scheduler.units import BATCH_CLASS, Unit
+
+if TYPE_CHECKING:
+    from console.scheduler.planner import Run
+
+
+def assemble(run: Run, elapsed_ms: float) -> Plan:
+    """The Plan of a finished run."""
+    ledger = run.ledger
+    for u in run.wanted:  # a woken replica's pinned host RAM comes free for others to sleep in
+        if u.asleep and u.state == "ready" and run.ram.get(u.home) is not None:
+            run.ram[u.home] += u.demand.sleep_bytes
+    fates = {}
+    losers = [u for u in run.wanted if u.state != "ready" and u.origin]
+    for u in sorted(losers, key=lambda u: (u.klass, -u.demand.value, u.demand.name, u.index)):
+        fates[id(u)] = _fate(run, u)
+    mps = mps_percentages(ledger)
+    refusals: dict[tuple, str] = {}
+    replicas: list[PlannedReplica] = []
+    moves: list[Move] = []
+    unplaced: list[Unplaced] = []
+    for u in sorted(run.wanted, key=lambda u: (u.demand.name, u.index)):
+        if u.state == "ready":
+            replicas.append(_ready(run, u, mps, moves))
+            continue
+        refusal = refusals.get((u.demand.name, u.share))
+        if refusal is None:
+            refusal = refusals[(u.demand.name, u.share)] = _refusal(run, u)
+        planned = _not_ready(u, refusal, fates.get(id(u)))
+        replicas.append(planned)
+        unplaced.append(Unplaced(u.demand.name, u.index, planned.reason))
+    for u in run.retired:
+        decision = run.decisions[u.demand.name]
+        replicas.append(PlannedReplica(u.demand.name, u.index, (), None, "stopped", "stop", 0, None,
+                                       f"stopped: scaled down to {decision.target} ({decision.reason})",
+                                       u.existing.gpus if u.existing else ()))
+    for r in run.orphans:
+        replicas.append(PlannedReplica(r.deployment, r.index, (), None, "stopped", "stop", 0, None,
+                                       "stopped: its deployment no longer exists", r.gpus))
+    replicas.sort(key=lambda r: (r.deployment, r.index))
+    scale = tuple(ScaleDecision(d.deployment, d.current, d.target, d.reason)
+                  for d in sorted(run.decisions.values(), key=lambda d: d.deployment))
+    balances, used, total = [], 0, 0
+    for g, gpu in enumerate(ledger.gpus):
+        balances.append(GpuBalance(gpu.id, gpu.host, gpu.total_bytes, gpu.used_bytes, ledger.reserved[g],
+                                   ledger.buffer, ledger.free(g)))
+        if ledger.holders[g]:
+            used += min(gpu.total_bytes, gpu.used_bytes + ledger.reserved[g])
+            total += gpu.total_bytes
+    return Plan(
+        strategy=run.placer.name,
+        replicas=tuple(replicas),
+        moves=tuple(moves),
+        unplaced=tuple(unplaced),
+        scale=scale,
+        ledger=tuple(balances),
+        gpus_used=sum(1 for h in ledger.holders if h),
+        memory_utilization=round(used / total, 4) if total else 0.0,
+        elapsed_ms=round(elapsed_ms, 3),
+        search=run.search,
+    )
+
+
+def _prefix(u: Unit) -> str:
+    if u.phase == "slo":
+        return f"added for the SLO ({u.demand.status}): "
+    if u.klass == BATCH_CLASS:
+        return "batch leftovers: "
+    return ""
+
+
+def _ready(run: Run, u: Unit, mps: dict, moves: list[Move]) -> PlannedReplica:
+    ledger = run.ledger
+    ids = tuple(ledger.ids[g] for g in u.gpus)
+    host = ledger.host[u.gpus[0]]
+    pct, why = mps.get(id(u), (None, ""))
+    from_gpus: tuple[str, ...] = ()
+    if u.origin and ids == u.origin:
+        action, reason = "keep", f"kept on {explain.gpu_list(ids)}: it still fits"
+    elif u.origin:
+        action, from_gpus = "move", u.origin
+        cause = u.cause or u.moved_by
+        reason = f"moved from {explain.gpu_list(u.origin)}: {cause}; {u.reason}"
+        moves.append(Move(u.demand.name, u.index, u.origin, ids, reason))
+    elif u.asleep:
+        action = "wake"
+        where = f"from {u.home} RAM" if host == u.home else f"on another host ({u.home} has no room): loads from disk"
+        reason = f"wakes {where}; {u.reason}"
+    else:
+        action, reason = "place", _prefix(u) + u.reason
+    if why:
+        reason = f"{reason}; {why}"
+    return PlannedReplica(u.demand.name, u.index, ids, host, "ready", action, u.share * u.width, pct, reason,
+                          from_gpus)
+
+
+def _fate(run: Run, u: Unit) -> tuple[str, str | None, str]:
+    """Sleep in its host's RAM when the host reports room for it, else stop: (state, host, words)."""
+    host, need = u.home, u.demand.sleep_bytes
+    if host not in run.ledger.host_gpus:
+        return "stopped", None, f"stopped: host {host} is gone"
+    ram = run.ram.get(host)
+    if ram is None:
+        return "stopped", None, f"stopped: {host} reports no host RAM for sleeping replicas"
+    if ram < need:
+        return "stopped", None, f"stopped: {host} has {explain.gib(ram)} host RAM free, {explain.gib(need)} needed"
+    run.ram[host] = ram - need
+    return "sleeping", host, f"drained, then sleeping in {host} RAM ({explain.gib(need)})"
+
+
+def _not_ready(u: Unit, refusal: str, fate: tuple[str, str | None, str] | None) -> PlannedReplica:
+    name, index = u.demand.name, u.index
+    if fate is not None:  # it ran on a GPU before this pass
+        state, host, words = fate
+        if u.cause_kind == "preempt":
+            action = "preempt"
+        else:
+            action = "sleep" if state == "sleeping" else "stop"
+        reason = f"{u.cause}; {words}"
+        if u.cause_kind == "displaced":
+            reason += f"; no room elsewhere: {refusal}"
+        by = u.evictor.label if u.evictor is not None else None
+        return PlannedReplica(name, index, (), host, state, action, 0, None, reason, u.origin, by)
+    if u.asleep:
+        return PlannedReplica(name, index, (), u.home, "sleeping", "keep", 0, None,
+                              f"stays asleep in {u.home} RAM: {refusal}")
+    reason = _prefix(u) + refusal
+    if u.cause:
+        reason += f" (it had a place in this pass: {u.cause})"
+    return PlannedReplica(name, index, (), None, "stopped", "refuse", 0, None, reason)
+
+
+def _refusal(run: Run, u: Unit) -> str:
+    """Why `u` fits nowhere, measured on the final ledger."""
+    ledger = run.ledger
+    eligible = ledger.eligible(u.demand.key)
+    excluded = len(ledger) - len(eligible)
+    neighbours = 0
+    if run.placer.name == "latency-sensitive" and u.width == 1:
+        neighbours = sum(1 for g in eligible if ledger.free(g) >= u.share and not run.placer.allows(u, g))
+    text = explain.refusal(u.share, u.width, ledger.largest_free(eligible), excluded, u.demand.dep.selector,
+                           neighbours, gang_shortfall(run.placer, u) if u.width > 1 and eligible else "")
+    if u.phase in ("min", "slo") and run.settings.preempt and any(
+            d.ready and d.rank > u.demand.rank for d in run.demands.values()):
+        text += "; preempting lower tiers would not make room on any GPU"
+    return text

@@ -1,0 +1,195 @@
+"""The planner: one pass from a PlanInput to a Plan.
+
+1. Scale decisions set each deployment's target count; units are built in priority classes (units.py).
+2. Existing ready replicas stay where they are if they still fit (stability); the rest are displaced.
+3. Class by class (min replicas critical..batch, SLO replicas, extras, batch leftovers): the strategy
+   places each unit, largest first; memory-optimized then repacks the class to place more; what still
+   fails is repaired by one move, by preempting lower tiers (min and SLO classes) or by a temporal
+   swap (extras).
+4. A final round repeats the repairs until nothing changes, so re-planning the result moves nothing.
+5. outcome.py turns the units into actions, states, MPS percentages and reasons.
+
+The only clock read is time.perf_counter: for the improvement search's deadline and for elapsed_ms.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+
+from console.scheduler import explain
+from console.scheduler.index import IndexBook
+from console.scheduler.ledger import Ledger
+from console.scheduler.outcome import assemble
+from console.scheduler.preemption import preempt_for, swap_for
+from console.scheduler.repair import one_move, repack_class
+from console.scheduler.scaling import decide
+from console.scheduler.strategies import make_placer
+from console.scheduler.types import STRATEGIES, Plan, PlanInput, SearchReport
+from console.scheduler.units import EXTRA_CLASS, Unit, build_units
+
+SETTLE_ROUNDS = 20
+
+
+def plan(request: PlanInput) -> Plan:
+    """Place, keep, move, preempt, sleep or refuse every replica of `request`, each with its reason."""
+    started = perf_counter()
+    run = Run(request, started)
+    run.keep_existing()
+    run.place_classes()
+    run.settle()
+    return assemble(run, elapsed_ms=1000 * (perf_counter() - started))
+
+
+class Run:
+    """The mutable state of one planning pass."""
+
+    def __init__(self, request: PlanInput, started: float) -> None:
+        if request.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {request.strategy!r}; use one of {', '.join(STRATEGIES)}")
+        self.request = request
+        self.settings = request.settings
+        self.deadline = started + request.settings.search_budget_s
+        self.ledger = Ledger(request.gpus, request.buffer_bytes)
+        self.book = IndexBook(self.ledger)
+        self.placer = make_placer(request.strategy, self.ledger, self.book)
+        self.decisions = {d.name: decide(d, request.now, request.settings) for d in request.deployments}
+        self.demands, self.wanted, self.retired, self.orphans = build_units(
+            request.deployments, self.decisions, request.replicas)
+        self.ram = {h.name: h.ram_free_bytes for h in request.hosts}
+        limit = request.settings.max_moves
+        self.moves_left = float("inf") if limit is None else limit
+        self.failed: list[Unit] = []
+        self.search: SearchReport | None = None
+
+    # --- stability --------------------------------------------------------------------------------
+
+    def keep_existing(self) -> None:
+        """Reserve existing ready replicas where they are, most important first; displace what no longer fits."""
+        ready = [u for u in self.wanted if u.origin]
+        ready.sort(key=lambda u: (u.klass, -u.demand.value, u.demand.name, u.index))
+        ledger = self.ledger
+        for u in ready:
+            cause = self._why_not_kept(u)
+            if cause:
+                u.cause, u.cause_kind = cause, "displaced"
+                continue
+            ledger.reserve(u, [ledger.number[i] for i in u.origin])
+            u.fixed, u.state = True, "ready"
+            u.demand.ready += 1
+
+    def _why_not_kept(self, u: Unit) -> str:
+        ledger = self.ledger
+        for gpu in u.origin:
+            if gpu not in ledger.number:
+                host = gpu.rsplit("/", 1)[0]
+                return f"host {host} is gone" if host not in ledger.host_gpus else f"GPU {gpu} is gone"
+        numbers = [ledger.number[i] for i in u.origin]
+        if len(numbers) != u.width:
+            return f"it now needs {u.width} GPUs, not {len(numbers)}"
+        if len({ledger.host[g] for g in numbers}) > 1:
+            return "its GPUs are on different hosts"
+        allowed = ledger.eligible_set(u.demand.key)
+        for g in numbers:
+            if g not in allowed:
+                return f"{ledger.ids[g]} no longer matches its selector {explain.selector_text(u.demand.dep.selector)}"
+        for g in numbers:
+            if ledger.free(g) < u.share:
+                gpu = ledger.gpus[g]
+                return (f"{ledger.ids[g]} no longer has room for its {explain.gib(u.share)}: "
+                        f"{explain.gib(max(ledger.free(g), 0))} free with {explain.gib(gpu.used_bytes)} "
+                        "used by other processes")
+        return ""
+
+    # --- placement --------------------------------------------------------------------------------
+
+    def order(self, u: Unit) -> tuple:
+        """Greedy order within a class: largest first (gangs before single GPUs); extras by value first."""
+        size = (-u.width, -u.share, u.demand.name, u.index)
+        if u.klass >= EXTRA_CLASS:
+            return (-u.demand.value,) + size
+        if self.placer.name == "latency-sensitive":
+            return (not u.demand.lc,) + size
+        return size
+
+    def place_classes(self) -> None:
+        by_class: dict[int, list[Unit]] = {}
+        for u in self.wanted:
+            if u.state != "ready":
+                by_class.setdefault(u.klass, []).append(u)
+        for klass in sorted(by_class):
+            units = sorted(by_class[klass], key=self.order)
+            failed = [u for u in units if not self.try_place(u)]
+            if failed and self.placer.name == "memory-optimized":
+                members = [u for u in self.wanted if u.klass == klass]
+                failed = repack_class(self, members, failed)
+            self.failed.extend(failed)
+            for u in failed:
+                if u.state != "ready":
+                    self.repair(u)
+
+    def try_place(self, u: Unit) -> bool:
+        """Place `u` where the strategy says, waking a sleeping replica on its own host when it can."""
+        if u.asleep and u.home in self.ledger.host_gpus:
+            found = self.placer.choose(u, only_host=u.home)
+            if found:
+                self.place(u, *found)
+                return True
+        found = self.placer.choose(u)
+        if found:
+            self.place(u, *found)
+            return True
+        return False
+
+    def repair(self, u: Unit) -> bool:
+        """Place `u` by a plain fit, one move, preemption (min and SLO classes) or a temporal swap (extras)."""
+        if self.try_place(u):
+            return True
+        if self.moves_left > 0 and one_move(self, u):
+            return True
+        if not self.settings.preempt:
+            return False
+        if u.phase in ("min", "slo"):
+            return preempt_for(self, u)
+        return swap_for(self, u)
+
+    def settle(self) -> None:
+        """Repeat the repairs until no failed replica can be placed any more."""
+        for _ in range(SETTLE_ROUNDS):
+            pending = {id(u): u for u in self.failed if u.state != "ready"}
+            self.failed = sorted(pending.values(), key=lambda u: (u.klass, self.order(u)))
+            progress = False
+            for u in list(self.failed):
+                if u.state != "ready" and self.repair(u):
+                    progress = True
+            if not progress:
+                break
+        self.failed = [u for u in self.failed if u.state != "ready"]
+
+    # --- changes ----------------------------------------------------------------------------------
+
+    def place(self, u: Unit, gpus: tuple[int, ...], note: str) -> None:
+        """Reserve `gpus` for `u` and write down where and why."""
+        ledger = self.ledger
+        before = [ledger.free(g) for g in gpus]
+        ledger.reserve(u, gpus)
+        u.state = "ready"
+        u.demand.ready += 1
+        u.reason = explain.placed(note, u.share, u.width, [ledger.ids[g] for g in gpus], before)
+
+    def relocate(self, mover: Unit, gpus: tuple[int, ...], note: str, beneficiary: Unit) -> None:
+        """Move a placed replica to `gpus` to make room for `beneficiary`."""
+        self._unreserve(mover)
+        self.place(mover, gpus, note)
+        mover.moved_by = (f"to make room for {beneficiary.label} ({beneficiary.demand.tier}), which fits "
+                          "nowhere else")
+
+    def evict(self, victim: Unit, kind: str, cause: str, by: Unit) -> None:
+        """Take a replica off its GPUs (preempted or put to sleep); it may still be placed elsewhere."""
+        self._unreserve(victim)
+        victim.cause, victim.cause_kind, victim.evictor = cause, kind, by
+        self.failed.append(victim)
+
+    def _unreserve(self, u: Unit) -> None:
+        self.ledger.release(u)
+        u.demand.ready -= 1
+        u.state = "pending"

@@ -1,0 +1,144 @@
+"""What is being planned: one Demand per deployment, one Unit per wanted or existing replica, in priority classes.
+
+Classes, most important first (the control loop of the priority-scheduling seed):
+  0-3  min   replicas up to each deployment's minimum, critical..batch
+  4-7  slo   replicas above the minimum of deployments violating their SLO, critical..batch
+  8    extra other wanted replicas of non-batch tiers, by tier-weighted traffic
+  9    extra batch replicas above their minimum: the leftovers
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from console.scheduler.explain import slo_text
+from console.scheduler.ledger import selector_key
+from console.scheduler.types import TIER_RANK, Deployment, Replica, ScaleDecision
+
+# How much one request per second of each tier weighs when replicas compete for room in time.
+TIER_WEIGHT = {"critical": 8.0, "high": 4.0, "standard": 2.0, "batch": 1.0}
+EXTRA_CLASS, BATCH_CLASS = 8, 9
+
+
+class Demand:
+    """One deployment as the planner sees it: resolved counts, per-GPU share, tier, value of a replica."""
+
+    __slots__ = ("dep", "name", "tier", "rank", "width", "share", "low", "target", "violating", "key", "value",
+                 "status", "ready", "lc", "profile", "sleep_bytes")
+
+    def __init__(self, dep: Deployment, decision: ScaleDecision) -> None:
+        self.dep = dep
+        self.name = dep.name
+        self.tier = dep.priority
+        self.rank = TIER_RANK[dep.priority]
+        self.width = dep.gpus_per_replica
+        self.share = math.ceil(dep.bytes / dep.gpus_per_replica)
+        self.low = min(dep.low, decision.target)
+        self.target = decision.target
+        self.violating = dep.is_violating
+        self.key = selector_key(dep.selector)
+        # Tier-weighted recent traffic of one replica: what keeping it ready is worth.
+        self.value = TIER_WEIGHT[dep.priority] * dep.traffic_rps / max(decision.target, 1)
+        self.status = slo_text(dep.slo_latency_ms, dep.observed_latency_ms, dep.is_violating)
+        self.ready = 0  # its replicas ready in the plan so far
+        self.lc = dep.latency_critical
+        self.profile = dep.profile
+        self.sleep_bytes = dep.bytes if dep.sleep_bytes is None else dep.sleep_bytes
+
+    def why(self, phase: str) -> str:
+        """Why a replica of this deployment in `phase` outranks lower tiers (for preemption reasons)."""
+        if phase == "min":
+            return f"needs its minimum of {self.low} replica{'s' if self.low != 1 else ''}"
+        if phase == "slo":
+            return self.status
+        return f"{self.dep.traffic_rps:g} req/s"
+
+
+class Unit:
+    """One replica during planning: its demand, priority class, and where it is (GPU numbers in the ledger)."""
+
+    __slots__ = ("demand", "index", "share", "phase", "klass", "existing", "gpus", "fixed", "state", "action",
+                 "reason", "home", "origin", "cause", "cause_kind", "moved_by", "evictor")
+
+    def __init__(self, demand: Demand, index: int, existing: Replica | None) -> None:
+        self.demand = demand
+        self.index = index
+        self.existing = existing
+        share = demand.share
+        if existing is not None and existing.reserved_bytes:
+            # An existing reservation is never shrunk by a smaller estimate.
+            share = max(share, math.ceil(existing.reserved_bytes / demand.width))
+        self.share = share
+        self.phase = "min"
+        self.klass = 0
+        self.gpus: tuple[int, ...] = ()  # ready placement, ledger numbers
+        self.fixed = False  # still where it was before this pass
+        self.state = "pending"  # pending | ready | sleeping | stopped
+        self.action = ""
+        self.reason = ""
+        self.origin: tuple[str, ...] = existing.gpus if existing is not None and existing.state == "ready" else ()
+        self.home = None if existing is None else (existing.host if existing.host else _host_of(existing.gpus))
+        self.cause = ""  # why it lost its place in this pass (displaced, preempted, put to sleep)
+        self.cause_kind = ""  # "" | "displaced" | "preempt" | "sleep"
+        self.moved_by = ""  # for a repair move: whom it made room for
+        self.evictor: Unit | None = None  # who preempted it or put it to sleep
+
+    @property
+    def label(self) -> str:
+        return f"{self.demand.name}#{self.index}"
+
+    @property
+    def width(self) -> int:
+        return self.demand.width
+
+    @property
+    def asleep(self) -> bool:
+        """An existing replica whose weights are in host RAM now."""
+        return self.existing is not None and self.existing.state == "sleeping"
+
+
+def _host_of(gpu_ids: tuple[str, ...]) -> str | None:
+    return gpu_ids[0].rsplit("/", 1)[0] if gpu_ids else None
+
+
+def build_units(
+    deployments: Iterable[Deployment], decisions: dict[str, ScaleDecision], replicas: Iterable[Replica]
+) -> tuple[dict[str, Demand], list[Unit], list[Unit], list[Replica]]:
+    """(demands, wanted units, existing units to retire, replicas of deployments that no longer exist)."""
+    demands = {d.name: Demand(d, decisions[d.name]) for d in deployments}
+    by_dep: dict[str, list[Replica]] = {}
+    orphans: list[Replica] = []
+    seen: set[tuple[str, int]] = set()
+    for r in replicas:
+        if (r.deployment, r.index) in seen:
+            continue
+        seen.add((r.deployment, r.index))
+        if r.deployment not in demands:
+            orphans.append(r)
+        elif r.state == "sleeping" or r.gpus:  # a "ready" row without GPUs was never placed: it is new
+            by_dep.setdefault(r.deployment, []).append(r)
+    wanted: list[Unit] = []
+    retired: list[Unit] = []
+    for name, demand in demands.items():
+        existing = sorted(by_dep.get(name, []), key=lambda r: (r.state != "ready", r.index))
+        keep, drop = existing[: demand.target], existing[demand.target:]
+        units = [Unit(demand, r.index, r) for r in keep]
+        used = {r.index for r in existing}
+        index = 0
+        while len(units) < demand.target:
+            while index in used:
+                index += 1
+            units.append(Unit(demand, index, None))
+            index += 1
+        # The lowest indices are the minimum, so a replica keeps its class from one pass to the next.
+        for position, unit in enumerate(sorted(units, key=lambda u: u.index)):
+            if position < demand.low:
+                unit.phase, unit.klass = "min", demand.rank
+            elif demand.violating and demand.tier != "batch":
+                unit.phase, unit.klass = "slo", 4 + demand.rank
+            else:
+                unit.phase, unit.klass = "extra", BATCH_CLASS if demand.tier == "batch" else EXTRA_CLASS
+        wanted.extend(units)
+        retired.extend(Unit(demand, r.index, r) for r in drop)
+    return demands, wanted, retired, orphans
