@@ -49,13 +49,19 @@ class IndexBook:
         self._by_gpu: list[list[SortedIndex]] = [[] for _ in range(len(ledger))]
         self._host_indexes: dict[Hashable, SortedIndex] = {}
         self._by_host: dict[str, list[SortedIndex]] = {}
-        ledger.listen(self._changed)
+        self._listening = False  # subscribed at the first index: changes before it need no sorting
+
+    def _listen(self) -> None:
+        if not self._listening:
+            self.ledger.listen(self._changed)
+            self._listening = True
 
     def gpus(self, name: Hashable, members: list[int], key: Callable[[int], tuple], host_scoped: bool = False
              ) -> SortedIndex:
         """The index `name` over GPU numbers `members`, built on first use."""
         index = self._gpu_indexes.get(name)
         if index is None:
+            self._listen()
             index = SortedIndex(members, key, host_scoped)
             self._gpu_indexes[name] = index
             for g in members:
@@ -66,6 +72,7 @@ class IndexBook:
         """The index `name` over host names, built on first use."""
         index = self._host_indexes.get(name)
         if index is None:
+            self._listen()
             index = SortedIndex(members, key)
             self._host_indexes[name] = index
             for h in index.keys:
@@ -86,6 +93,7 @@ class IndexBook:
 
 def kth_free(ledger: Ledger, host: str, eligible: set[int] | None, width: int) -> int:
     """The free space of the `width`-th roomiest eligible GPU of `host`: the largest gang share it can take."""
-    frees = sorted((ledger.free(g) for g in ledger.host_gpus[host] if eligible is None or g in eligible),
-                   reverse=True)
+    capacity, reserved = ledger.capacity, ledger.reserved
+    gpus = ledger.host_gpus[host]
+    frees = sorted([capacity[g] - reserved[g] for g in gpus if eligible is None or g in eligible], reverse=True)
     return frees[width - 1] if len(frees) >= width else NONE_FREE

@@ -40,8 +40,13 @@ class Ledger:
         self.reserved = [0] * len(self.gpus)
         self.holders: list[list[Unit]] = [[] for _ in self.gpus]
         self.host_gpus: dict[str, list[int]] = {}
+        self.slot = []  # position of each GPU on its host: 0 for the first
         for i, g in enumerate(self.gpus):
-            self.host_gpus.setdefault(g.host, []).append(i)
+            self.slot.append(len(self.host_gpus.setdefault(g.host, [])))
+            self.host_gpus[g.host].append(i)
+        # Bytes held per GPU by each tier (critical..batch): preemption skips GPUs without enough below a tier.
+        self.tier_bytes = [[0, 0, 0, 0] for _ in self.gpus]
+        self.releases = 0  # counts releases: a replica that failed before any later release fails again
         self.host_ready: dict[str, int] = dict.fromkeys(self.host_gpus, 0)  # ready replicas per host
         self._eligible: dict[SelectorKey, list[int]] = {}
         self._eligible_sets: dict[SelectorKey, set[int]] = {}
@@ -80,27 +85,48 @@ class Ledger:
         for g in gpus:
             if self.free(g) < unit.share:
                 raise OvercommitError(f"{unit.label} needs {unit.share} B on {self.ids[g]}, {self.free(g)} B free")
+        rank = unit.demand.rank
         for g in gpus:
             self.reserved[g] += unit.share
             self.holders[g].append(unit)
+            self.tier_bytes[g][rank] += unit.share
         unit.gpus = gpus
         if gpus:
             self.host_ready[self.host[gpus[0]]] += 1
-        for g in gpus:
-            for callback in self._listeners:
-                callback(g)
+        if self._listeners:
+            for g in gpus:
+                for callback in self._listeners:
+                    callback(g)
+
+    def reserve_one(self, unit: Unit, g: int) -> None:
+        """`reserve(unit, [g])` for the bulk of a re-plan, before any index listens; refuses to overcommit."""
+        if self._listeners or self.capacity[g] - self.reserved[g] < unit.share:
+            self.reserve(unit, (g,))
+            return
+        self.reserved[g] += unit.share
+        self.holders[g].append(unit)
+        self.tier_bytes[g][unit.demand.rank] += unit.share
+        unit.gpus = (g,)
+        self.host_ready[self.host[g]] += 1
 
     def release(self, unit: Unit) -> None:
         """Give back what `unit` holds."""
         gpus, unit.gpus = unit.gpus, ()
+        self.releases += 1
         for g in gpus:
             self.reserved[g] -= unit.share
             self.holders[g].remove(unit)
+            self.tier_bytes[g][unit.demand.rank] -= unit.share
         if gpus:
             self.host_ready[self.host[gpus[0]]] -= 1
-        for g in gpus:
-            for callback in self._listeners:
-                callback(g)
+        if self._listeners:
+            for g in gpus:
+                for callback in self._listeners:
+                    callback(g)
+
+    def freeable(self, g: int, rank: int) -> int:
+        """Free bytes of GPU g plus what replicas of tier `rank` and below hold there."""
+        return self.capacity[g] - self.reserved[g] + sum(self.tier_bytes[g][rank:])
 
     def largest_free(self, gpus: Iterable[int]) -> tuple[int, str] | None:
         """(free bytes, GPU id) of the roomiest of `gpus`, or None when there are none."""

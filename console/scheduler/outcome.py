@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from console.scheduler import explain
 from console.scheduler.gangs import gang_shortfall
-from console.scheduler.sharing import mps_percentages
-from console.scheduler.types import GpuBalance, Move, Plan, PlannedReplica, ScaleDecision, Unplaced
+from console.scheduler.sharing import mps_percentages, mps_reason
+from console.scheduler.types import GpuBalance, Move, Plan, PlannedReplica, Unplaced
 from console.scheduler.units import BATCH_CLASS, Unit
 
 if TYPE_CHECKING:
@@ -18,7 +19,8 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
     """The Plan of a finished run."""
     ledger = run.ledger
     for u in run.wanted:  # a woken replica's pinned host RAM comes free for others to sleep in
-        if u.asleep and u.state == "ready" and run.ram.get(u.home) is not None:
+        if u.state == "ready" and u.existing is not None and u.existing.state == "sleeping" \
+                and run.ram.get(u.home) is not None:
             run.ram[u.home] += u.demand.sleep_bytes
     fates = {}
     losers = [u for u in run.wanted if u.state != "ready" and u.origin]
@@ -29,9 +31,20 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
     replicas: list[PlannedReplica] = []
     moves: list[Move] = []
     unplaced: list[Unplaced] = []
-    for u in sorted(run.wanted, key=lambda u: (u.demand.name, u.index)):
+    texts: dict = {}
+    host = ledger.host
+    for u in run.wanted:
         if u.state == "ready":
-            replicas.append(_ready(run, u, mps, moves))
+            if u.fixed and not u.relocated:  # most of a re-plan: unchanged
+                share = mps.get(id(u))
+                reason = f"kept on {', '.join(u.origin)}: it still fits"
+                if share is not None:
+                    reason = f"{reason}; {mps_reason(u, ledger, share, texts)}"
+                replicas.append(PlannedReplica(u.demand.name, u.index, u.origin, host[u.gpus[0]], "ready", "keep",
+                                               u.share * u.demand.width, None if share is None else share[0],
+                                               reason))
+            else:
+                replicas.append(_ready(run, u, mps, moves, texts))
             continue
         refusal = refusals.get((u.demand.name, u.share))
         if refusal is None:
@@ -47,9 +60,8 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
     for r in run.orphans:
         replicas.append(PlannedReplica(r.deployment, r.index, (), None, "stopped", "stop", 0, None,
                                        "stopped: its deployment no longer exists", r.gpus))
-    replicas.sort(key=lambda r: (r.deployment, r.index))
-    scale = tuple(ScaleDecision(d.deployment, d.current, d.target, d.reason)
-                  for d in sorted(run.decisions.values(), key=lambda d: d.deployment))
+    replicas.sort(key=attrgetter("deployment", "index"))
+    scale = tuple(sorted(run.decisions.values(), key=attrgetter("deployment")))
     balances, used, total = [], 0, 0
     for g, gpu in enumerate(ledger.gpus):
         balances.append(GpuBalance(gpu.id, gpu.host, gpu.total_bytes, gpu.used_bytes, ledger.reserved[g],
@@ -79,14 +91,14 @@ def _prefix(u: Unit) -> str:
     return ""
 
 
-def _ready(run: Run, u: Unit, mps: dict, moves: list[Move]) -> PlannedReplica:
+def _ready(run: Run, u: Unit, mps: dict, moves: list[Move], texts: dict) -> PlannedReplica:
     ledger = run.ledger
-    ids = tuple(ledger.ids[g] for g in u.gpus)
-    host = ledger.host[u.gpus[0]]
-    pct, why = mps.get(id(u), (None, ""))
+    gpus = u.gpus
+    ids = (ledger.ids[gpus[0]],) if len(gpus) == 1 else tuple(ledger.ids[g] for g in gpus)
+    share = mps.get(id(u))
     from_gpus: tuple[str, ...] = ()
-    if u.origin and ids == u.origin:
-        action, reason = "keep", f"kept on {explain.gpu_list(ids)}: it still fits"
+    if u.origin and ids == u.origin:  # displaced or evicted in this pass, then back where it was
+        action, reason = "keep", f"kept on {', '.join(ids)}: it still fits"
     elif u.origin:
         action, from_gpus = "move", u.origin
         cause = u.cause or u.moved_by
@@ -94,14 +106,15 @@ def _ready(run: Run, u: Unit, mps: dict, moves: list[Move]) -> PlannedReplica:
         moves.append(Move(u.demand.name, u.index, u.origin, ids, reason))
     elif u.asleep:
         action = "wake"
+        host = ledger.host[gpus[0]]
         where = f"from {u.home} RAM" if host == u.home else f"on another host ({u.home} has no room): loads from disk"
         reason = f"wakes {where}; {u.reason}"
     else:
         action, reason = "place", _prefix(u) + u.reason
-    if why:
-        reason = f"{reason}; {why}"
-    return PlannedReplica(u.demand.name, u.index, ids, host, "ready", action, u.share * u.width, pct, reason,
-                          from_gpus)
+    if share is not None:
+        reason = f"{reason}; {mps_reason(u, ledger, share, texts)}"
+    return PlannedReplica(u.demand.name, u.index, ids, ledger.host[gpus[0]], "ready", action, u.share * u.width,
+                          None if share is None else share[0], reason, from_gpus)
 
 
 def _fate(run: Run, u: Unit) -> tuple[str, str | None, str]:

@@ -64,16 +64,38 @@ class Run:
     # --- stability --------------------------------------------------------------------------------
 
     def keep_existing(self) -> None:
-        """Reserve existing ready replicas where they are, most important first; displace what no longer fits."""
-        ready = [u for u in self.wanted if u.origin]
-        ready.sort(key=lambda u: (u.klass, -u.demand.value, u.demand.name, u.index))
+        """Reserve existing ready replicas where they are; where a GPU no longer holds all of its replicas,
+        the most important ones stay and the rest are displaced."""
         ledger = self.ledger
+        number, capacity, reserved = ledger.number, ledger.capacity, ledger.reserved
+        ready = [u for u in self.wanted if u.origin]
+        load: dict[str, int] = {}
         for u in ready:
+            for gpu in u.origin:
+                load[gpu] = load.get(gpu, 0) + u.share
+        crowded = {gpu for gpu, need in load.items() if gpu in number and need > ledger.free(number[gpu])}
+        # Order matters only on crowded GPUs: sorting the 10,000 replicas of a large re-plan would not pay.
+        rest = []
+        for u in ready:
+            if crowded and any(gpu in crowded for gpu in u.origin):
+                rest.append(u)
+            elif len(u.origin) == 1 and u.demand.width == 1 and not u.demand.key:  # most replicas, in few steps
+                g = number.get(u.origin[0])
+                if g is not None and capacity[g] - reserved[g] >= u.share:
+                    ledger.reserve_one(u, g)
+                    u.fixed, u.state = True, "ready"
+                    u.demand.ready += 1
+                else:
+                    rest.append(u)
+            else:
+                rest.append(u)
+        rest.sort(key=lambda u: (u.klass, -u.demand.value, u.demand.name, u.index))
+        for u in rest:
             cause = self._why_not_kept(u)
             if cause:
                 u.cause, u.cause_kind = cause, "displaced"
                 continue
-            ledger.reserve(u, [ledger.number[i] for i in u.origin])
+            ledger.reserve(u, [number[i] for i in u.origin])
             u.fixed, u.state = True, "ready"
             u.demand.ready += 1
 
@@ -142,6 +164,16 @@ class Run:
 
     def repair(self, u: Unit) -> bool:
         """Place `u` by a plain fit, one move, preemption (min and SLO classes) or a temporal swap (extras)."""
+        # Placements only take room (and give lower-tier victims exactly the room they take), so what
+        # failed cannot succeed until something is released: skip the attempt until then.
+        if u.tried_at == self.ledger.releases:
+            return False
+        if self._repair(u):
+            return True
+        u.tried_at = self.ledger.releases
+        return False
+
+    def _repair(self, u: Unit) -> bool:
         if self.try_place(u):
             return True
         if self.moves_left > 0 and one_move(self, u):
@@ -180,6 +212,7 @@ class Run:
         """Move a placed replica to `gpus` to make room for `beneficiary`."""
         self._unreserve(mover)
         self.place(mover, gpus, note)
+        mover.relocated = mover.fixed
         mover.moved_by = (f"to make room for {beneficiary.label} ({beneficiary.demand.tier}), which fits "
                           "nowhere else")
 

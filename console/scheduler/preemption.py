@@ -77,7 +77,10 @@ def _victims_on(run: Run, unit: Unit, g: int, ok: Callable[[Unit], bool]) -> tup
 
 def _evict_for(run: Run, unit: Unit, ok: Callable[[Unit], bool], kind: str, cause: str) -> bool:
     ledger = run.ledger
-    eligible = ledger.eligible(unit.demand.key)
+    # Victims are never of a higher tier, so a GPU whose own tier and lower tiers hold too little is skipped
+    # without looking at its replicas.
+    rank, share = unit.demand.rank, unit.share
+    eligible = [g for g in ledger.eligible(unit.demand.key) if ledger.freeable(g, rank) >= share]
     best: tuple[Cost, tuple[int, ...], list[Unit]] | None = None
     if unit.width == 1:
         for g in eligible:
@@ -87,8 +90,14 @@ def _evict_for(run: Run, unit: Unit, ok: Callable[[Unit], bool], kind: str, caus
             if found and (best is None or found[0] < best[0]):
                 best = (found[0], (g,), found[1])
     else:
-        allowed = ledger.eligible_set(unit.demand.key)
-        for gpus in ledger.host_gpus.values():
+        allowed = set(eligible)
+        hosts: dict[str, int] = {}
+        for g in eligible:
+            hosts[ledger.host[g]] = hosts.get(ledger.host[g], 0) + 1
+        for host, n in hosts.items():
+            if n < unit.width:
+                continue
+            gpus = ledger.host_gpus[host]
             options = []
             for g in gpus:
                 if g not in allowed:

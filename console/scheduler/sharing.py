@@ -21,22 +21,32 @@ MIN_MPS = 10
 def mps_weight(unit: Unit) -> int:
     """A replica's claim on a shared GPU's SMs."""
     weight = TIER_MPS[unit.demand.tier]
-    return min(100, weight + LATENCY_BONUS) if unit.demand.lc else weight
+    weight = min(100, weight + LATENCY_BONUS) if unit.demand.lc else weight
+    unit.demand.mps_weight = weight
+    return weight
 
 
-def mps_percentages(ledger: Ledger) -> dict[int, tuple[int, str]]:
-    """id(unit) -> (percentage, why) for every ready replica that shares a GPU."""
-    found: dict[int, tuple[int, str]] = {}
+def mps_percentages(ledger: Ledger) -> dict[int, tuple[int, int, int, int]]:
+    """id(unit) -> (percentage, weight, total weight, GPU number) for every ready replica that shares a GPU."""
+    found: dict[int, tuple[int, int, int, int]] = {}
     for g, holders in enumerate(ledger.holders):
         if len(holders) < 2:
             continue
-        weights = [mps_weight(u) for u in holders]
+        weights = [u.demand.mps_weight or mps_weight(u) for u in holders]
         total = sum(weights)
         for unit, weight in zip(holders, weights, strict=True):
             pct = max(MIN_MPS, round(100 * weight / total))
-            if id(unit) not in found or pct < found[id(unit)][0]:
-                lc = ", latency-critical" if unit.demand.lc else ""
-                why = (f"MPS {pct}% of SMs: weight {weight} ({unit.demand.tier}{lc}) of {total} on "
-                       f"{ledger.ids[g]}, shared by {len(holders)} replicas")
-                found[id(unit)] = (pct, why)
+            key = id(unit)
+            if key not in found or pct < found[key][0]:
+                found[key] = (pct, weight, total, g)
     return found
+
+
+def mps_reason(unit: Unit, ledger: Ledger, share: tuple[int, int, int, int], cache: dict) -> str:
+    """Why a replica got its MPS percentage (`cache` holds the per-GPU part, shared by its replicas)."""
+    pct, weight, total, g = share
+    where = cache.get(g)
+    if where is None:
+        where = cache[g] = f" of {total} on {ledger.ids[g]}, shared by {len(ledger.holders[g])} replicas"
+    lc = ", latency-critical" if unit.demand.lc else ""
+    return f"MPS {pct}% of SMs: weight {weight} ({unit.demand.tier}{lc}){where}"

@@ -2,8 +2,8 @@
 
 * fill-first: the fullest GPU already in use that fits; only when none fits, the largest idle GPU, on a
   host already in use if one fits. Fewest GPUs in use.
-* balance: the GPU with the most free memory (worst fit), ties to the host with the fewest replicas, and
-  away from hosts that already run the same deployment when another host has room. Spreads load.
+* balance: the GPU with the most free memory (worst fit), ties to every host's first GPU before any host's
+  second, and away from hosts that already run the same deployment when another host has room. Spreads load.
 * memory-optimized: best fit (the GPU it fits most tightly), largest replicas first; the planner adds an
   improvement search that repacks to place more.
 * latency-sensitive: a latency-critical replica gets an idle GPU (best fit among idle ones) or else shares
@@ -113,14 +113,14 @@ class Balance(Placer):
     note = "balance: the GPU with the most free memory"
 
     def _key(self, g: int) -> tuple:
-        return (-self.ledger.free(g), self.ledger.host_ready[self.ledger.host[g]])
+        # Among equally free GPUs, every host's first GPU comes before any host's second: spread over hosts.
+        return (-self.ledger.free(g), self.ledger.slot[g])
 
     def rank(self, unit: Unit, g: int) -> tuple:
         return self._key(g) + (g,)
 
     def single(self, unit: Unit, exclude: int | None) -> tuple[int, str] | None:
-        index = self.book.gpus(("balance", unit.demand.key), self.ledger.eligible(unit.demand.key), self._key,
-                               host_scoped=True)
+        index = self.book.gpus(("balance", unit.demand.key), self.ledger.eligible(unit.demand.key), self._key)
         first = None
         for i, (_, g) in enumerate(index.entries):
             if self.ledger.free(g) < unit.share or i >= BALANCE_LOOKAHEAD:

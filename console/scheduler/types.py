@@ -144,6 +144,18 @@ class PlannedReplica:
     preempted_by: str | None = None  # "deployment#index" that took its room (preempt, sleep)
 
 
+def _planned_replica_init(self, deployment, index, gpus, host, state, action, reserved_bytes, mps_percentage,
+                          reason, from_gpus=(), preempted_by=None) -> None:
+    # The generated frozen __init__ sets each field through object.__setattr__ (3 µs a replica); a plan
+    # holds one per replica, 10,000 in a large fleet, so the instance dict is filled at once instead.
+    self.__dict__.update(deployment=deployment, index=index, gpus=gpus, host=host, state=state, action=action,
+                         reserved_bytes=reserved_bytes, mps_percentage=mps_percentage, reason=reason,
+                         from_gpus=from_gpus, preempted_by=preempted_by)
+
+
+PlannedReplica.__init__ = _planned_replica_init  # type: ignore[method-assign]
+
+
 @dataclass(frozen=True)
 class Move:
     """An existing replica the plan relocates (reload on the new GPUs), and why."""
@@ -185,6 +197,15 @@ class GpuBalance:
     reserved_bytes: int
     buffer_bytes: int
     free_bytes: int
+
+
+def _gpu_balance_init(self, gpu, host, total_bytes, foreign_bytes, reserved_bytes, buffer_bytes, free_bytes) -> None:
+    # As for PlannedReplica: one per GPU per plan.
+    self.__dict__.update(gpu=gpu, host=host, total_bytes=total_bytes, foreign_bytes=foreign_bytes,
+                         reserved_bytes=reserved_bytes, buffer_bytes=buffer_bytes, free_bytes=free_bytes)
+
+
+GpuBalance.__init__ = _gpu_balance_init  # type: ignore[method-assign]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ Classes, most important first (the control loop of the priority-scheduling seed)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 from console.scheduler.explain import slo_text
@@ -25,7 +24,7 @@ class Demand:
     """One deployment as the planner sees it: resolved counts, per-GPU share, tier, value of a replica."""
 
     __slots__ = ("dep", "name", "tier", "rank", "width", "share", "low", "target", "violating", "key", "value",
-                 "status", "ready", "lc", "profile", "sleep_bytes")
+                 "status", "ready", "lc", "profile", "sleep_bytes", "mps_weight")
 
     def __init__(self, dep: Deployment, decision: ScaleDecision) -> None:
         self.dep = dep
@@ -33,7 +32,7 @@ class Demand:
         self.tier = dep.priority
         self.rank = TIER_RANK[dep.priority]
         self.width = dep.gpus_per_replica
-        self.share = math.ceil(dep.bytes / dep.gpus_per_replica)
+        self.share = -(-dep.bytes // dep.gpus_per_replica)  # integer ceiling: bytes are exact
         self.low = min(dep.low, decision.target)
         self.target = decision.target
         self.violating = dep.is_violating
@@ -45,6 +44,7 @@ class Demand:
         self.lc = dep.latency_critical
         self.profile = dep.profile
         self.sleep_bytes = dep.bytes if dep.sleep_bytes is None else dep.sleep_bytes
+        self.mps_weight = 0  # set by sharing.mps_percentages
 
     def why(self, phase: str) -> str:
         """Why a replica of this deployment in `phase` outranks lower tiers (for preemption reasons)."""
@@ -56,37 +56,46 @@ class Demand:
 
 
 class Unit:
-    """One replica during planning: its demand, priority class, and where it is (GPU numbers in the ledger)."""
+    """One replica during planning: its demand, priority class, and where it is (GPU numbers in the ledger).
 
-    __slots__ = ("demand", "index", "share", "phase", "klass", "existing", "gpus", "fixed", "state", "action",
-                 "reason", "home", "origin", "cause", "cause_kind", "moved_by", "evictor")
+    Attributes that most units never change are class-level defaults: 10,000 units per plan stay cheap.
+    """
+
+    phase = "min"  # "min" | "slo" | "extra"
+    klass = 0
+    gpus: tuple[int, ...] = ()  # ready placement, ledger numbers
+    fixed = False  # still where it was before this pass
+    state = "pending"  # pending | ready | stopped (its final state is decided in outcome.py)
+    reason = ""
+    origin: tuple[str, ...] = ()  # the GPUs it was ready on before this pass
+    cause = ""  # why it lost its place in this pass (displaced, preempted, put to sleep)
+    cause_kind = ""  # "" | "displaced" | "preempt" | "sleep"
+    moved_by = ""  # for a repair move: whom it made room for
+    evictor: Unit | None = None  # who preempted it or put it to sleep
+    relocated = False  # a kept replica that a repair moved elsewhere
+    tried_at = -1  # the ledger's release count when a repair of it last failed
 
     def __init__(self, demand: Demand, index: int, existing: Replica | None) -> None:
         self.demand = demand
         self.index = index
         self.existing = existing
-        share = demand.share
-        if existing is not None and existing.reserved_bytes:
-            # An existing reservation is never shrunk by a smaller estimate.
-            share = max(share, math.ceil(existing.reserved_bytes / demand.width))
-        self.share = share
-        self.phase = "min"
-        self.klass = 0
-        self.gpus: tuple[int, ...] = ()  # ready placement, ledger numbers
-        self.fixed = False  # still where it was before this pass
-        self.state = "pending"  # pending | ready | sleeping | stopped
-        self.action = ""
-        self.reason = ""
-        self.origin: tuple[str, ...] = existing.gpus if existing is not None and existing.state == "ready" else ()
-        self.home = None if existing is None else (existing.host if existing.host else _host_of(existing.gpus))
-        self.cause = ""  # why it lost its place in this pass (displaced, preempted, put to sleep)
-        self.cause_kind = ""  # "" | "displaced" | "preempt" | "sleep"
-        self.moved_by = ""  # for a repair move: whom it made room for
-        self.evictor: Unit | None = None  # who preempted it or put it to sleep
+        self.share = demand.share
+        if existing is not None:
+            if existing.reserved_bytes > demand.share * demand.width:
+                # An existing reservation is never shrunk by a smaller estimate.
+                self.share = -(-existing.reserved_bytes // demand.width)
+            if existing.state == "ready":
+                self.origin = existing.gpus
 
     @property
     def label(self) -> str:
         return f"{self.demand.name}#{self.index}"
+
+    @property
+    def home(self) -> str | None:
+        """The host of an existing replica: where a sleeping one's weights are."""
+        e = self.existing
+        return None if e is None else (e.host or _host_of(e.gpus))
 
     @property
     def width(self) -> int:
