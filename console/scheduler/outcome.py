@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from console.scheduler import explain
 from console.scheduler.gangs import gang_shortfall
-from console.scheduler.sharing import mps_percentages, mps_reason
+from console.scheduler.sharing import assign_mps, mps_reason
 from console.scheduler.types import GpuBalance, Move, Plan, PlannedReplica, Unplaced
 from console.scheduler.units import BATCH_CLASS, Unit
 
@@ -26,7 +26,7 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
     losers = [u for u in run.wanted if u.state != "ready" and u.origin]
     for u in sorted(losers, key=lambda u: (u.klass, -u.demand.value, u.demand.name, u.index)):
         fates[id(u)] = _fate(run, u)
-    mps = mps_percentages(ledger)
+    assign_mps(ledger)
     refusals: dict[tuple, str] = {}
     replicas: list[PlannedReplica] = []
     moves: list[Move] = []
@@ -35,16 +35,16 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
     host = ledger.host
     for u in run.wanted:
         if u.state == "ready":
-            if u.fixed and not u.relocated:  # most of a re-plan: unchanged
-                share = mps.get(id(u))
-                reason = f"kept on {', '.join(u.origin)}: it still fits"
-                if share is not None:
-                    reason = f"{reason}; {mps_reason(u, ledger, share, texts)}"
+            if u.fixed and not u.relocated:  # most of a re-plan: unchanged; built here in few steps
+                where = u.origin[0] if len(u.origin) == 1 else ", ".join(u.origin)
+                if u.mps is None:
+                    reason, pct = f"kept on {where}: it still fits", None
+                else:
+                    reason, pct = f"kept on {where}: it still fits; {mps_reason(u, ledger, texts)}", u.mps[0]
                 replicas.append(PlannedReplica(u.demand.name, u.index, u.origin, host[u.gpus[0]], "ready", "keep",
-                                               u.share * u.demand.width, None if share is None else share[0],
-                                               reason))
+                                               u.share * u.demand.width, pct, reason))
             else:
-                replicas.append(_ready(run, u, mps, moves, texts))
+                replicas.append(_ready(run, u, moves, texts))
             continue
         refusal = refusals.get((u.demand.name, u.share))
         if refusal is None:
@@ -91,11 +91,10 @@ def _prefix(u: Unit) -> str:
     return ""
 
 
-def _ready(run: Run, u: Unit, mps: dict, moves: list[Move], texts: dict) -> PlannedReplica:
+def _ready(run: Run, u: Unit, moves: list[Move], texts: dict) -> PlannedReplica:
     ledger = run.ledger
     gpus = u.gpus
     ids = (ledger.ids[gpus[0]],) if len(gpus) == 1 else tuple(ledger.ids[g] for g in gpus)
-    share = mps.get(id(u))
     from_gpus: tuple[str, ...] = ()
     if u.origin and ids == u.origin:  # displaced or evicted in this pass, then back where it was
         action, reason = "keep", f"kept on {', '.join(ids)}: it still fits"
@@ -111,10 +110,10 @@ def _ready(run: Run, u: Unit, mps: dict, moves: list[Move], texts: dict) -> Plan
         reason = f"wakes {where}; {u.reason}"
     else:
         action, reason = "place", _prefix(u) + u.reason
-    if share is not None:
-        reason = f"{reason}; {mps_reason(u, ledger, share, texts)}"
+    if u.mps is not None:
+        reason = f"{reason}; {mps_reason(u, ledger, texts)}"
     return PlannedReplica(u.demand.name, u.index, ids, ledger.host[gpus[0]], "ready", action, u.share * u.width,
-                          None if share is None else share[0], reason, from_gpus)
+                          None if u.mps is None else u.mps[0], reason, from_gpus)
 
 
 def _fate(run: Run, u: Unit) -> tuple[str, str | None, str]:

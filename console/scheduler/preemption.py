@@ -29,7 +29,8 @@ def may_preempt(unit: Unit, victim: Unit) -> bool:
     """Whether `unit` outranks `victim` enough to take its room."""
     if victim.demand.rank > unit.demand.rank:
         return True
-    return unit.phase == "min" and victim.demand.rank == unit.demand.rank and victim.phase == "extra"
+    return (unit.phase == "min" and victim.demand.rank == unit.demand.rank and victim.phase == "extra"
+            and victim.demand is not unit.demand)
 
 
 def preempt_for(run: Run, unit: Unit) -> bool:

@@ -26,9 +26,8 @@ def mps_weight(unit: Unit) -> int:
     return weight
 
 
-def mps_percentages(ledger: Ledger) -> dict[int, tuple[int, int, int, int]]:
-    """id(unit) -> (percentage, weight, total weight, GPU number) for every ready replica that shares a GPU."""
-    found: dict[int, tuple[int, int, int, int]] = {}
+def assign_mps(ledger: Ledger) -> None:
+    """Set `unit.mps` = (percentage, weight, total weight, GPU number) on every ready replica sharing a GPU."""
     for g, holders in enumerate(ledger.holders):
         if len(holders) < 2:
             continue
@@ -36,17 +35,18 @@ def mps_percentages(ledger: Ledger) -> dict[int, tuple[int, int, int, int]]:
         total = sum(weights)
         for unit, weight in zip(holders, weights, strict=True):
             pct = max(MIN_MPS, round(100 * weight / total))
-            key = id(unit)
-            if key not in found or pct < found[key][0]:
-                found[key] = (pct, weight, total, g)
-    return found
+            if unit.mps is None or pct < unit.mps[0]:
+                unit.mps = (pct, weight, total, g)
 
 
-def mps_reason(unit: Unit, ledger: Ledger, share: tuple[int, int, int, int], cache: dict) -> str:
-    """Why a replica got its MPS percentage (`cache` holds the per-GPU part, shared by its replicas)."""
-    pct, weight, total, g = share
+def mps_reason(unit: Unit, ledger: Ledger, cache: dict) -> str:
+    """Why a replica got its MPS percentage (`cache` keeps the parts shared by a GPU or a deployment)."""
+    pct, weight, total, g = unit.mps
     where = cache.get(g)
     if where is None:
         where = cache[g] = f" of {total} on {ledger.ids[g]}, shared by {len(ledger.holders[g])} replicas"
-    lc = ", latency-critical" if unit.demand.lc else ""
-    return f"MPS {pct}% of SMs: weight {weight} ({unit.demand.tier}{lc}){where}"
+    who = cache.get(unit.demand)
+    if who is None:
+        lc = ", latency-critical" if unit.demand.lc else ""
+        who = cache[unit.demand] = f"weight {weight} ({unit.demand.tier}{lc})"
+    return f"MPS {pct}% of SMs: {who}{where}"

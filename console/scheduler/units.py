@@ -73,7 +73,7 @@ class Unit:
     moved_by = ""  # for a repair move: whom it made room for
     evictor: Unit | None = None  # who preempted it or put it to sleep
     relocated = False  # a kept replica that a repair moved elsewhere
-    tried_at = -1  # the ledger's release count when a repair of it last failed
+    mps: tuple[int, int, int, int] | None = None  # (percentage, weight, total weight, GPU) when sharing a GPU
 
     def __init__(self, demand: Demand, index: int, existing: Replica | None) -> None:
         self.demand = demand
@@ -111,43 +111,58 @@ def _host_of(gpu_ids: tuple[str, ...]) -> str | None:
     return gpu_ids[0].rsplit("/", 1)[0] if gpu_ids else None
 
 
+def _index(item: Replica | Unit) -> int:
+    return item.index
+
+
 def build_units(
     deployments: Iterable[Deployment], decisions: dict[str, ScaleDecision], replicas: Iterable[Replica]
 ) -> tuple[dict[str, Demand], list[Unit], list[Unit], list[Replica]]:
-    """(demands, wanted units, existing units to retire, replicas of deployments that no longer exist)."""
+    """(demands, wanted units by deployment and index, existing units to retire, orphaned replicas)."""
     demands = {d.name: Demand(d, decisions[d.name]) for d in deployments}
     by_dep: dict[str, list[Replica]] = {}
-    orphans: list[Replica] = []
-    seen: set[tuple[str, int]] = set()
     for r in replicas:
-        if (r.deployment, r.index) in seen:
-            continue
-        seen.add((r.deployment, r.index))
-        if r.deployment not in demands:
-            orphans.append(r)
-        elif r.state == "sleeping" or r.gpus:  # a "ready" row without GPUs was never placed: it is new
-            by_dep.setdefault(r.deployment, []).append(r)
+        rows = by_dep.get(r.deployment)
+        if rows is None:
+            by_dep[r.deployment] = [r]
+        else:
+            rows.append(r)
     wanted: list[Unit] = []
     retired: list[Unit] = []
     for name, demand in demands.items():
-        existing = sorted(by_dep.get(name, []), key=lambda r: (r.state != "ready", r.index))
-        keep, drop = existing[: demand.target], existing[demand.target:]
-        units = [Unit(demand, r.index, r) for r in keep]
-        used = {r.index for r in existing}
-        index = 0
-        while len(units) < demand.target:
-            while index in used:
+        rows = by_dep.pop(name, None) or []
+        rows.sort(key=_index)
+        used = {r.index for r in rows}
+        if len(used) < len(rows):  # a duplicate (deployment, index): the first one counts
+            seen: set[int] = set()
+            rows = [r for r in rows if not (r.index in seen or seen.add(r.index))]  # type: ignore[func-returns-value]
+        # Ready replicas are kept before sleeping ones; a "ready" row without GPUs was never placed: it is new.
+        ready = [r for r in rows if r.state == "ready" and r.gpus]
+        existing = ready if len(ready) == len(rows) else ready + [r for r in rows if r.state == "sleeping"]
+        target = demand.target
+        units = [Unit(demand, r.index, r) for r in existing[:target]]
+        if len(units) < target:
+            index = 0
+            while len(units) < target:
+                while index in used:
+                    index += 1
+                units.append(Unit(demand, index, None))
                 index += 1
-            units.append(Unit(demand, index, None))
-            index += 1
+            units.sort(key=_index)
+        elif len(ready) < len(existing):
+            units.sort(key=_index)
         # The lowest indices are the minimum, so a replica keeps its class from one pass to the next.
-        for position, unit in enumerate(sorted(units, key=lambda u: u.index)):
-            if position < demand.low:
-                unit.phase, unit.klass = "min", demand.rank
-            elif demand.violating and demand.tier != "batch":
-                unit.phase, unit.klass = "slo", 4 + demand.rank
+        low, rank = demand.low, demand.rank
+        if demand.violating and demand.tier != "batch":
+            rest_phase, rest_class = "slo", 4 + rank
+        else:
+            rest_phase, rest_class = "extra", BATCH_CLASS if demand.tier == "batch" else EXTRA_CLASS
+        for position, unit in enumerate(units):
+            if position < low:
+                unit.klass = rank  # phase "min" is the class default
             else:
-                unit.phase, unit.klass = "extra", BATCH_CLASS if demand.tier == "batch" else EXTRA_CLASS
+                unit.phase, unit.klass = rest_phase, rest_class
         wanted.extend(units)
-        retired.extend(Unit(demand, r.index, r) for r in drop)
+        retired.extend(Unit(demand, r.index, r) for r in existing[target:])
+    orphans = [r for rows in by_dep.values() for r in rows]
     return demands, wanted, retired, orphans
