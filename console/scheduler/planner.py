@@ -234,7 +234,6 @@ class Run:
         """Move a placed replica to `gpus` to make room for `beneficiary`."""
         self._unreserve(mover)
         self.place(mover, gpus, note)
-        mover.relocated = mover.fixed
         mover.moved_by = (f"to make room for {beneficiary.label} ({beneficiary.demand.tier}), which fits "
                           "nowhere else")
 
@@ -248,3 +247,4 @@ class Run:
         self.ledger.release(u)
         u.demand.ready -= 1
         u.state = "pending"
+        u.relocated = u.fixed  # a kept replica taken off its GPUs: where it ends up is decided anew

@@ -72,7 +72,7 @@ class Unit:
     cause_kind = ""  # "" | "displaced" | "preempt" | "sleep"
     moved_by = ""  # for a repair move: whom it made room for
     evictor: Unit | None = None  # who preempted it or put it to sleep
-    relocated = False  # a kept replica that a repair moved elsewhere
+    relocated = False  # a kept replica taken off its GPUs during the pass (moved, preempted, put to sleep)
     mps: tuple[int, int, int, int] | None = None  # (percentage, weight, total weight, GPU) when sharing a GPU
 
     def __init__(self, demand: Demand, index: int, existing: Replica | None) -> None:

@@ -79,10 +79,7 @@ def shaken(request: PlanInput, draw) -> PlanInput:
 RUN = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@RUN
-@given(inputs())
-def test_no_gpu_is_ever_over_capacity_minus_buffer_and_gangs_share_a_host(request):
-    result = plan(request)
+def assert_within_capacity_and_gangs_on_one_host(request: PlanInput, result) -> None:
     reserved = {g.id: 0 for g in request.gpus}
     width = {d.name: d.gpus_per_replica for d in request.deployments}
     for r in result.replicas:
@@ -93,6 +90,16 @@ def test_no_gpu_is_ever_over_capacity_minus_buffer_and_gangs_share_a_host(reques
                 reserved[g] += r.reserved_bytes // len(r.gpus)
     for g in request.gpus:
         assert reserved[g.id] <= max(g.total_bytes - g.used_bytes - request.buffer_bytes, 0), g.id
+    assert {b.gpu: b.reserved_bytes for b in result.ledger} == reserved
+
+
+@RUN
+@given(inputs(), st.data())
+def test_no_gpu_is_ever_over_capacity_minus_buffer_and_gangs_share_a_host(request, data):
+    first = plan(request)
+    assert_within_capacity_and_gangs_on_one_host(request, first)
+    shaken_request = shaken(request, data.draw)
+    assert_within_capacity_and_gangs_on_one_host(shaken_request, plan(carry_over(shaken_request, first)))
 
 
 @RUN
@@ -119,3 +126,14 @@ def test_a_replan_of_an_unchanged_input_moves_nothing(request):
     after = {(r.deployment, r.index): r.gpus for r in second.replicas if r.state == "ready"}
     assert after == before
     assert {r.action for r in second.replicas if r.state == "ready"} <= {"keep"}
+
+
+@RUN
+@given(inputs(), st.data())
+def test_a_replan_after_preemptions_and_sleeps_moves_nothing(request, data):
+    shaken_request = shaken(request, data.draw)
+    second = plan(carry_over(shaken_request, plan(request)))
+    third = plan(carry_over(shaken_request, second))
+    assert third.moves == ()
+    before = {(r.deployment, r.index): r.gpus for r in second.replicas if r.state == "ready"}
+    assert {(r.deployment, r.index): r.gpus for r in third.replicas if r.state == "ready"} == before
