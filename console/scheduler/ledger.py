@@ -21,9 +21,12 @@ class OvercommitError(RuntimeError):
     """A reservation that would exceed a GPU's free space: a bug in the planner, never a user error."""
 
 
+NO_SELECTOR: SelectorKey = frozenset()
+
+
 def selector_key(selector: Mapping[str, str]) -> SelectorKey:
     """A hashable form of a label selector."""
-    return frozenset(selector.items())
+    return frozenset(selector.items()) if selector else NO_SELECTOR
 
 
 class Ledger:

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from console.scheduler import explain
 from console.scheduler.gangs import gang_shortfall
-from console.scheduler.sharing import assign_mps, mps_reason
-from console.scheduler.types import GpuBalance, Move, Plan, PlannedReplica, Unplaced
+from console.scheduler.sharing import assign_mps
+from console.scheduler.types import Move, Plan, PlannedReplica, Unplaced
 from console.scheduler.units import BATCH_CLASS, Unit
 
 if TYPE_CHECKING:
@@ -31,7 +31,6 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
     replicas: list[PlannedReplica] = []
     moves: list[Move] = []
     unplaced: list[Unplaced] = []
-    texts: dict = {}
     host = ledger.host
     for u in run.wanted:
         if u.state == "ready":
@@ -40,11 +39,11 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
                 if u.mps is None:
                     reason, pct = f"kept on {where}: it still fits", None
                 else:
-                    reason, pct = f"kept on {where}: it still fits; {mps_reason(u, ledger, texts)}", u.mps[0]
+                    reason, pct = f"kept on {where}: it still fits; {u.mps[1]}", u.mps[0]
                 replicas.append(PlannedReplica(u.demand.name, u.index, u.origin, host[u.gpus[0]], "ready", "keep",
                                                u.share * u.demand.width, pct, reason))
             else:
-                replicas.append(_ready(run, u, moves, texts))
+                replicas.append(_ready(run, u, moves))
             continue
         refusal = refusals.get((u.demand.name, u.share))
         if refusal is None:
@@ -62,11 +61,10 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
                                        "stopped: its deployment no longer exists", r.gpus))
     replicas.sort(key=attrgetter("deployment", "index"))
     scale = tuple(sorted(run.decisions.values(), key=attrgetter("deployment")))
-    balances, used, total = [], 0, 0
-    for g, gpu in enumerate(ledger.gpus):
-        balances.append(GpuBalance(gpu.id, gpu.host, gpu.total_bytes, gpu.used_bytes, ledger.reserved[g],
-                                   ledger.buffer, ledger.free(g)))
-        if ledger.holders[g]:
+    used, total = 0, 0
+    for g, holders in enumerate(ledger.holders):
+        if holders:
+            gpu = ledger.gpus[g]
             used += min(gpu.total_bytes, gpu.used_bytes + ledger.reserved[g])
             total += gpu.total_bytes
     return Plan(
@@ -75,11 +73,11 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
         moves=tuple(moves),
         unplaced=tuple(unplaced),
         scale=scale,
-        ledger=tuple(balances),
         gpus_used=sum(1 for h in ledger.holders if h),
         memory_utilization=round(used / total, 4) if total else 0.0,
         elapsed_ms=round(elapsed_ms, 3),
         search=run.search,
+        gpu_state=(tuple(ledger.gpus), tuple(ledger.reserved), ledger.buffer),
     )
 
 
@@ -91,7 +89,7 @@ def _prefix(u: Unit) -> str:
     return ""
 
 
-def _ready(run: Run, u: Unit, moves: list[Move], texts: dict) -> PlannedReplica:
+def _ready(run: Run, u: Unit, moves: list[Move]) -> PlannedReplica:
     ledger = run.ledger
     gpus = u.gpus
     ids = (ledger.ids[gpus[0]],) if len(gpus) == 1 else tuple(ledger.ids[g] for g in gpus)
@@ -111,7 +109,7 @@ def _ready(run: Run, u: Unit, moves: list[Move], texts: dict) -> PlannedReplica:
     else:
         action, reason = "place", _prefix(u) + u.reason
     if u.mps is not None:
-        reason = f"{reason}; {mps_reason(u, ledger, texts)}"
+        reason = f"{reason}; {u.mps[1]}"
     return PlannedReplica(u.demand.name, u.index, ids, ledger.host[gpus[0]], "ready", action, u.share * u.width,
                           None if u.mps is None else u.mps[0], reason, from_gpus)
 

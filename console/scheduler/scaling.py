@@ -6,9 +6,15 @@ Batch deployments take leftovers: they ask for their maximum and get whatever ro
 from __future__ import annotations
 
 import math
+from functools import cache
 
 from console.scheduler.explain import seconds, slo_text
 from console.scheduler.types import Deployment, ScaleDecision, Settings
+
+
+@cache
+def _fixed(n: int) -> str:
+    return f"fixed at {n} replica{'s' if n != 1 else ''}"
 
 
 def decide(dep: Deployment, now: float, settings: Settings) -> ScaleDecision:
@@ -16,7 +22,7 @@ def decide(dep: Deployment, now: float, settings: Settings) -> ScaleDecision:
     low, high = dep.low, dep.high
     current = min(max(dep.replicas, low), high)
     if low == high:
-        return ScaleDecision(dep.name, current, low, f"fixed at {low} replica{'s' if low != 1 else ''}")
+        return ScaleDecision(dep.name, current, low, _fixed(low))
     if dep.priority == "batch":
         return ScaleDecision(dep.name, current, high, f"batch: asks for its maximum of {high}, placed only in "
                              "the room left after every other tier")

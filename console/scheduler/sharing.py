@@ -27,26 +27,21 @@ def mps_weight(unit: Unit) -> int:
 
 
 def assign_mps(ledger: Ledger) -> None:
-    """Set `unit.mps` = (percentage, weight, total weight, GPU number) on every ready replica sharing a GPU."""
+    """Set `unit.mps` = (percentage, why) on every ready replica that shares a GPU."""
     for g, holders in enumerate(ledger.holders):
         if len(holders) < 2:
             continue
         weights = [u.demand.mps_weight or mps_weight(u) for u in holders]
         total = sum(weights)
+        texts: dict[tuple, tuple[int, str]] = {}  # (tier, latency-critical) -> (percentage, why), shared
         for unit, weight in zip(holders, weights, strict=True):
-            pct = max(MIN_MPS, round(100 * weight / total))
-            if unit.mps is None or pct < unit.mps[0]:
-                unit.mps = (pct, weight, total, g)
-
-
-def mps_reason(unit: Unit, ledger: Ledger, cache: dict) -> str:
-    """Why a replica got its MPS percentage (`cache` keeps the parts shared by a GPU or a deployment)."""
-    pct, weight, total, g = unit.mps
-    where = cache.get(g)
-    if where is None:
-        where = cache[g] = f" of {total} on {ledger.ids[g]}, shared by {len(ledger.holders[g])} replicas"
-    who = cache.get(unit.demand)
-    if who is None:
-        lc = ", latency-critical" if unit.demand.lc else ""
-        who = cache[unit.demand] = f"weight {weight} ({unit.demand.tier}{lc})"
-    return f"MPS {pct}% of SMs: {who}{where}"
+            kind = (unit.demand.tier, unit.demand.lc)
+            found = texts.get(kind)
+            if found is None:
+                pct = max(MIN_MPS, round(100 * weight / total))
+                lc = ", latency-critical" if unit.demand.lc else ""
+                found = (pct, f"MPS {pct}% of SMs: weight {weight} ({unit.demand.tier}{lc}) of {total} on "
+                              f"{ledger.ids[g]}, shared by {len(holders)} replicas")
+                texts[kind] = found
+            if unit.mps is None or found[0] < unit.mps[0]:
+                unit.mps = found

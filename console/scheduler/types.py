@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 GiB = 1024**3
@@ -226,11 +227,18 @@ class Plan:
     moves: tuple[Move, ...]
     unplaced: tuple[Unplaced, ...]
     scale: tuple[ScaleDecision, ...]
-    ledger: tuple[GpuBalance, ...]
     gpus_used: int  # GPUs holding at least one ready replica
     memory_utilization: float  # (foreign + reserved) / total over the GPUs in use
     elapsed_ms: float
     search: SearchReport | None = None
+    gpu_state: tuple = field(default=((), (), 0), repr=False, compare=False)  # (gpus, reserved, buffer)
+
+    @cached_property
+    def ledger(self) -> tuple[GpuBalance, ...]:
+        """Every GPU after the plan: free = total - foreign - reserved - buffer (built on first use)."""
+        gpus, reserved, buffer = self.gpu_state
+        return tuple(GpuBalance(g.id, g.host, g.total_bytes, g.used_bytes, r, buffer,
+                                g.total_bytes - g.used_bytes - buffer - r) for g, r in zip(gpus, reserved, strict=True))
 
     def replica(self, deployment: str, index: int) -> PlannedReplica | None:
         """The decision for one replica, if the plan has one."""

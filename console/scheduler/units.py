@@ -24,7 +24,7 @@ class Demand:
     """One deployment as the planner sees it: resolved counts, per-GPU share, tier, value of a replica."""
 
     __slots__ = ("dep", "name", "tier", "rank", "width", "share", "low", "target", "violating", "key", "value",
-                 "status", "ready", "lc", "profile", "sleep_bytes", "mps_weight")
+                 "ready", "lc", "profile", "sleep_bytes", "mps_weight")
 
     def __init__(self, dep: Deployment, decision: ScaleDecision) -> None:
         self.dep = dep
@@ -39,12 +39,16 @@ class Demand:
         self.key = selector_key(dep.selector)
         # Tier-weighted recent traffic of one replica: what keeping it ready is worth.
         self.value = TIER_WEIGHT[dep.priority] * dep.traffic_rps / max(decision.target, 1)
-        self.status = slo_text(dep.slo_latency_ms, dep.observed_latency_ms, dep.is_violating)
         self.ready = 0  # its replicas ready in the plan so far
         self.lc = dep.latency_critical
         self.profile = dep.profile
         self.sleep_bytes = dep.bytes if dep.sleep_bytes is None else dep.sleep_bytes
         self.mps_weight = 0  # set by sharing.mps_percentages
+
+    @property
+    def status(self) -> str:
+        """How it stands against its SLO, in words."""
+        return slo_text(self.dep.slo_latency_ms, self.dep.observed_latency_ms, self.violating)
 
     def why(self, phase: str) -> str:
         """Why a replica of this deployment in `phase` outranks lower tiers (for preemption reasons)."""
@@ -73,7 +77,7 @@ class Unit:
     moved_by = ""  # for a repair move: whom it made room for
     evictor: Unit | None = None  # who preempted it or put it to sleep
     relocated = False  # a kept replica taken off its GPUs during the pass (moved, preempted, put to sleep)
-    mps: tuple[int, int, int, int] | None = None  # (percentage, weight, total weight, GPU) when sharing a GPU
+    mps: tuple[int, str] | None = None  # (MPS percentage, why) when it shares a GPU
 
     def __init__(self, demand: Demand, index: int, existing: Replica | None) -> None:
         self.demand = demand
