@@ -45,9 +45,10 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
             else:
                 replicas.append(_ready(run, u, moves))
             continue
-        refusal = refusals.get((u.demand.name, u.share))
+        alike = (u.demand.name, u.share, u.phase)
+        refusal = refusals.get(alike)
         if refusal is None:
-            refusal = refusals[(u.demand.name, u.share)] = _refusal(run, u)
+            refusal = refusals[alike] = _refusal(run, u)
         planned = _not_ready(u, refusal, fates.get(id(u)))
         replicas.append(planned)
         unplaced.append(Unplaced(u.demand.name, u.index, planned.reason))
