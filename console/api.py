@@ -6,6 +6,7 @@ from ninja.security import django_auth
 from console.accounts.auth import BearerToken
 from console.catalog.api import adapter_router, estimate_router
 from console.catalog.api import router as catalog_router
+from console.deployments.api import plan_router
 from console.deployments.api import router as deployments_router
 from console.errors import DomainError
 from console.fleet.api import router as fleet_router
@@ -24,6 +25,7 @@ api.add_router("/models", catalog_router, tags=["models"])
 api.add_router("/deployments", deployments_router, tags=["deployments"])
 api.add_router("/adapters", adapter_router, tags=["adapters"])
 api.add_router("/estimate", estimate_router, tags=["models"])
+api.add_router("/plan", plan_router, tags=["deployments"])
 
 
 @api.exception_handler(DomainError)

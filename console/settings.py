@@ -149,5 +149,10 @@ LOGGING = {
 # Scheduler loop and agent link.
 MODELGRID_SCHEDULER_INTERVAL = envfloat("MODELGRID_SCHEDULER_INTERVAL", 0.5)
 MODELGRID_GPU_BUFFER_BYTES = envint("MODELGRID_GPU_BUFFER_BYTES", 0)
+# Placement (console/scheduler, docs/placement.md): the strategy, and the pacing of replica-count changes.
+MODELGRID_STRATEGY = envstr("MODELGRID_STRATEGY", "memory-optimized")
+MODELGRID_QUIET_WINDOW_SECONDS = envfloat("MODELGRID_QUIET_WINDOW_SECONDS", 300.0)
+MODELGRID_SCALE_COOLDOWN_SECONDS = envfloat("MODELGRID_SCALE_COOLDOWN_SECONDS", 120.0)
+MODELGRID_SEARCH_BUDGET_SECONDS = envfloat("MODELGRID_SEARCH_BUDGET_SECONDS", 0.2)
 # A host whose agent has not reported for this long is shown offline and gets no new replicas.
 MODELGRID_HOST_STALE_SECONDS = envint("MODELGRID_HOST_STALE_SECONDS", 30)

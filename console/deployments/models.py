@@ -14,6 +14,13 @@ class Priority(models.TextChoices):
     BATCH = "batch"
 
 
+class Profile(models.TextChoices):
+    UNKNOWN = "", "unknown"
+    COMPUTE = "compute"
+    MEMORY = "memory"
+    IO = "io"
+
+
 class DeploymentState(models.TextChoices):
     PENDING = "pending"
     LOADING = "loading"
@@ -28,8 +35,15 @@ class Deployment(models.Model):
 
     name = models.CharField(max_length=63, unique=True, validators=[NAME_VALIDATOR])
     model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="deployments")
+    # The count the scheduler decided last (between min and max); min = max is a fixed count.
     replicas = models.PositiveIntegerField(default=1)
+    min_replicas = models.PositiveIntegerField(default=1)
+    max_replicas = models.PositiveIntegerField(default=1)
+    gpus_per_replica = models.PositiveIntegerField(default=1, help_text="a gang of GPUs on one host")
+    selector = models.JSONField(default=dict, blank=True, help_text="GPU labels it needs, e.g. {\"gpu\": \"h100\"}")
     priority = models.CharField(max_length=10, choices=Priority.choices, default=Priority.STANDARD)
+    profile = models.CharField(max_length=10, choices=Profile.choices, default=Profile.UNKNOWN, blank=True,
+                               help_text="what bounds it, for co-location by the latency-sensitive strategy")
     # The serving settings the memory estimate is made for (and the worker warms up at).
     dtype = models.CharField(max_length=20, blank=True, default="", help_text="serving dtype; empty: as stored")
     batch = models.PositiveIntegerField(default=1, help_text="concurrent sequences per replica")
@@ -38,6 +52,12 @@ class Deployment(models.Model):
     estimates = models.JSONField(default=dict)
     slo_latency_ms = models.PositiveIntegerField(null=True, blank=True, help_text="p95 latency target")
     latency_critical = models.BooleanField(default=False)
+    # What the agents observed (host reports), and the times the scheduler's quiet window and cooldown use.
+    traffic_rps = models.FloatField(default=0.0)
+    observed_p95_ms = models.FloatField(null=True, blank=True)
+    violating = models.BooleanField(default=False)
+    status_since = models.DateTimeField(null=True, blank=True, help_text="when it last entered or left its SLO")
+    last_scale_at = models.DateTimeField(null=True, blank=True)
     state = models.CharField(max_length=20, choices=DeploymentState.choices, default=DeploymentState.PENDING)
     reason = models.TextField(blank=True)
     created = models.DateTimeField(default=timezone.now)
@@ -67,6 +87,8 @@ class Replica(models.Model):
     measured_bytes = models.PositiveBigIntegerField(null=True, blank=True)
     loaded_bytes = models.PositiveBigIntegerField(null=True, blank=True)
     reason = models.TextField(blank=True)
+    action = models.CharField(max_length=10, blank=True, help_text="the scheduler's last decision for it")
+    mps_percentage = models.PositiveIntegerField(null=True, blank=True)
     pid = models.PositiveIntegerField(null=True, blank=True)
     created = models.DateTimeField(default=timezone.now)
 

@@ -1,5 +1,5 @@
-"""One pass of the control loop: derive replicas from deployments, place the pending ones with
-the pure scheduler, and compute each host's desired state. Level-triggered: every pass looks at
+"""One pass of the control loop: snapshot the database into the pure scheduler's types, plan, apply the
+plan to the replica rows, and compute each host's desired state. Level-triggered: every pass looks at
 the whole database, so a missed pass or a lost message is repaired by the next one."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -18,9 +18,10 @@ from agent.protocol import DesiredReplica, DesiredState
 from console.catalog.memory import Reservation, deployment_estimates, reservation
 from console.catalog.models import DeviceKind
 from console.deployments.models import Deployment, DeploymentState, Replica
+from console.deployments.snapshot import deployment_spec, gpu_id, gpu_specs, host_specs, replica_specs
 from console.errors import Invalid
 from console.fleet.models import Gpu, Host
-from console.scheduler import GpuSlot, ReplicaRequest, plan
+from console.scheduler import Plan, PlanInput, PlannedReplica, Settings, plan
 
 log = logging.getLogger("modelgrid.scheduler")
 
@@ -29,52 +30,7 @@ log = logging.getLogger("modelgrid.scheduler")
 class PassResult:
     changed_hosts: tuple[int, ...]  # host ids whose desired state got a new generation
     changed: bool  # anything at all changed (replicas created, placed, states)
-
-
-def gpu_id(gpu: Gpu) -> str:
-    return f"{gpu.host.name}/{gpu.index}"
-
-
-def _sync_replica_rows() -> bool:
-    """Make the replica rows of each deployment match its replica count."""
-    changed = False
-    for dep in Deployment.objects.prefetch_related("replica_set"):
-        rows = sorted(dep.replica_set.all(), key=lambda r: r.index)
-        if len(rows) < dep.replicas:
-            have = {r.index for r in rows}
-            missing = [i for i in range(dep.replicas + len(rows)) if i not in have][: dep.replicas - len(rows)]
-            Replica.objects.bulk_create([Replica(deployment=dep, index=i) for i in missing])
-            changed = True
-        elif len(rows) > dep.replicas:
-            Replica.objects.filter(pk__in=[r.pk for r in rows[dep.replicas:]]).delete()
-            changed = True
-    return changed
-
-
-def _gpu_slots() -> tuple[list[GpuSlot], dict[str, Gpu]]:
-    """Schedulable GPUs of connected hosts, with what ModelGrid and others already use on them."""
-    gpus = list(
-        Gpu.objects.filter(host__connected=True)
-        .select_related("host")
-        .prefetch_related(Prefetch("replicas", queryset=Replica.objects.only("reserved_bytes", "measured_bytes")))
-    )
-    slots, by_id = [], {}
-    for gpu in gpus:
-        replicas = list(gpu.replicas.all())
-        reserved = sum(r.reserved_bytes for r in replicas)
-        ours = sum(r.measured_bytes or 0 for r in replicas)
-        slots.append(
-            GpuSlot(
-                id=gpu_id(gpu),
-                host=gpu.host.name,
-                total_bytes=gpu.total_bytes,
-                reserved_bytes=reserved,
-                # A reading never replaces a reservation; it only reveals memory others hold.
-                foreign_bytes=max(gpu.used_bytes - ours, 0),
-            )
-        )
-        by_id[gpu_id(gpu)] = gpu
-    return slots, by_id
+    plan: Plan | None = None
 
 
 def fleet_device_kind(gpus: dict[str, Gpu]) -> str:
@@ -83,7 +39,7 @@ def fleet_device_kind(gpus: dict[str, Gpu]) -> str:
     return DeviceKind.CPU if gpus and all(g.simulated for g in gpus.values()) else DeviceKind.CUDA
 
 
-def _reservations(deployments, device: str) -> tuple[dict[int, Reservation], dict[int, str]]:
+def _reservations(deployments: list[Deployment], device: str) -> tuple[dict[int, Reservation], dict[int, str]]:
     """The calibrated bytes one replica of each deployment reserves on `device`, and why any cannot
     be estimated (a model directory that went missing or changed since registration)."""
     needs, problems = {}, {}
@@ -98,61 +54,137 @@ def _reservations(deployments, device: str) -> tuple[dict[int, Reservation], dic
     return needs, problems
 
 
-def _place_pending() -> bool:
-    pending = list(Replica.objects.filter(host__isnull=True).select_related("deployment__model"))
-    if not pending:
-        return False
-    slots, gpus = _gpu_slots()
+def _plan_and_apply(now: datetime) -> tuple[bool, Plan | None]:
+    """Plan every deployment on the connected GPUs and write the outcome onto the replica rows."""
+    deployments = list(Deployment.objects.select_related("model").prefetch_related(
+        "adapters", Prefetch("replica_set", queryset=Replica.objects.select_related("host").prefetch_related(
+            "gpus__host"))))
+    specs, gpus = gpu_specs()
     device = fleet_device_kind(gpus)
-    needs, problems = _reservations({r.deployment for r in pending}, device)
-    changed = _set_reasons([(r, problems[r.deployment_id]) for r in pending if r.deployment_id in problems])
-    pending = [r for r in pending if r.deployment_id in needs]
-    requests = [ReplicaRequest(r.deployment.name, r.index, needs[r.deployment_id].bytes) for r in pending]
-    result = plan(slots, requests, buffer_bytes=settings.MODELGRID_GPU_BUFFER_BYTES)
-    by_key = {(r.deployment.name, r.index): r for r in pending}
-    for p in result.placements:
-        replica, gpu = by_key[(p.deployment, p.index)], gpus[p.gpu]
-        need = needs[replica.deployment_id]
-        replica.host = gpu.host
-        replica.reserved_bytes = need.bytes
-        replica.reservation = {"device": device, "estimated_bytes": need.estimated_bytes,
-                               "factor": need.correction.factor, "calibrated_from": need.correction.samples}
-        replica.observed_state = "pending"
-        replica.reason = p.reason
-        replica.save(update_fields=["host", "reserved_bytes", "reservation", "observed_state", "reason"])
-        replica.gpus.set([gpu])
-        log.info("placed %s#%d on %s: %s", p.deployment, p.index, p.gpu, p.reason)
-        changed = True
-    changed |= _set_reasons([(by_key[(u.deployment, u.index)], u.reason) for u in result.unplaced])
-    return changed
-
-
-def _set_reasons(replicas: list[tuple[Replica, str]]) -> bool:
+    needs, problems = _reservations(deployments, device)
     changed = False
-    for replica, reason in replicas:
-        if replica.reason != reason:
-            replica.reason = reason
-            replica.save(update_fields=["reason"])
-            log.info("cannot place %s#%d: %s", replica.deployment.name, replica.index, reason)
+    for dep in deployments:
+        if dep.pk in problems:
+            changed |= _ensure_rows(dep, problems[dep.pk])
+    planned = [d for d in deployments if d.pk in needs]
+    request = PlanInput(
+        gpus=tuple(specs),
+        deployments=tuple(deployment_spec(d, needs[d.pk].bytes) for d in planned),
+        replicas=replica_specs(planned),
+        hosts=host_specs(),
+        strategy=settings.MODELGRID_STRATEGY,
+        buffer_bytes=settings.MODELGRID_GPU_BUFFER_BYTES,
+        now=now.timestamp(),
+        settings=Settings(quiet_window_s=settings.MODELGRID_QUIET_WINDOW_SECONDS,
+                          cooldown_s=settings.MODELGRID_SCALE_COOLDOWN_SECONDS,
+                          search_budget_s=settings.MODELGRID_SEARCH_BUDGET_SECONDS),
+    )
+    result = plan(request)
+    by_name = {d.name: d for d in planned}
+    for decision in result.scale:
+        dep = by_name[decision.deployment]
+        if decision.target != dep.replicas:
+            log.info("scale %s from %d to %d: %s", dep.name, dep.replicas, decision.target, decision.reason)
+            dep.replicas, dep.last_scale_at = decision.target, now
+            dep.save(update_fields=["replicas", "last_scale_at"])
+            changed = True
+    planned_rows: dict[str, set[int]] = {}
+    for p in result.replicas:
+        dep = by_name[p.deployment]
+        planned_rows.setdefault(p.deployment, set()).add(p.index)
+        changed |= _apply(dep, p, gpus, needs[dep.pk], device)
+    for dep in planned:  # rows the plan no longer mentions: scaled away
+        gone = [r.pk for r in dep.replica_set.all() if r.index not in planned_rows.get(dep.name, set())]
+        if gone:
+            Replica.objects.filter(pk__in=gone).delete()
+            changed = True
+    return changed, result
+
+
+def _ensure_rows(dep: Deployment, reason: str) -> bool:
+    """A deployment the scheduler cannot plan: its replicas wait unplaced, saying why."""
+    rows = {r.index: r for r in dep.replica_set.all()}
+    changed = False
+    for index in range(dep.replicas):
+        row = rows.get(index) or Replica(deployment=dep, index=index)
+        if row.reason != reason or row.pk is None:
+            row.reason = reason
+            row.save()
             changed = True
     return changed
+
+
+def _apply(dep: Deployment, p: PlannedReplica, gpus: dict[str, Gpu], need: Reservation, device: str) -> bool:
+    """Write one planned replica onto its row (created if new); True if anything changed."""
+    row = next((r for r in dep.replica_set.all() if r.index == p.index), None)
+    if p.action == "stop" and p.index >= dep.replicas:
+        if row is not None:
+            row.delete()
+        return row is not None
+    if row is None:
+        row = Replica(deployment=dep, index=p.index)
+    before = _row_key(row)
+    row.reason, row.action = p.reason, p.action
+    row.mps_percentage = p.mps_percentage
+    if p.state == "ready" and p.gpus:
+        placement = [gpus[g] for g in p.gpus]
+        moved = row.host_id != placement[0].host_id or _gpu_ids(row) != list(p.gpus)
+        if moved:
+            row.observed_state, row.measured_bytes, row.pid = "pending", None, None
+            if row.host_id is not None:
+                log.info("move %s#%d from %s to %s: %s", dep.name, p.index, ",".join(_gpu_ids(row)),
+                         ",".join(p.gpus), p.reason)
+        if moved or p.action in ("place", "move", "wake") or not row.reservation:
+            row.reserved_bytes = p.reserved_bytes
+            row.reservation = {"device": device, "estimated_bytes": need.estimated_bytes,
+                               "factor": need.correction.factor, "calibrated_from": need.correction.samples}
+        row.host, row.desired_state = placement[0].host, "ready"
+        row.save()
+        if moved or row.pk is None:
+            row.gpus.set(placement)
+    elif p.state == "sleeping":
+        row.host = Host.objects.get(name=p.host) if p.host and (row.host is None or row.host.name != p.host) \
+            else row.host
+        row.desired_state, row.reserved_bytes = "sleeping", 0
+        row.save()
+        row.gpus.clear()
+    else:  # stopped but still wanted (preempted without room to sleep), or refused: waits unplaced
+        row.host, row.desired_state, row.reserved_bytes, row.reservation = None, "ready", 0, {}
+        row.observed_state, row.pid = "pending", None
+        row.save()
+        row.gpus.clear()
+    if p.action in ("place", "move", "wake", "preempt", "sleep", "stop", "refuse") and before != _row_key(row):
+        log.info("%s %s#%d: %s", p.action, dep.name, p.index, p.reason)
+    return before != _row_key(row)
+
+
+def _gpu_ids(row: Replica) -> list[str]:
+    return sorted(gpu_id(g) for g in row.gpus.all()) if row.pk else []
+
+
+def _row_key(row: Replica) -> tuple:
+    return (row.pk, row.host_id, row.desired_state, row.reserved_bytes, row.reason, row.mps_percentage)
 
 
 def derive_state(replicas: list[Replica]) -> tuple[str, str]:
     """A deployment's state and reason, from its replicas."""
     if not replicas:
         return DeploymentState.PENDING, "waiting for the scheduler"
-    unplaced = [r for r in replicas if r.host_id is None]
+    serving = [r for r in replicas if r.desired_state == "ready"]
+    unplaced = [r for r in serving if r.host_id is None]
     if unplaced and unplaced[0].reason:
         if len(unplaced) == len(replicas):
             return DeploymentState.UNSCHEDULABLE, unplaced[0].reason
         return DeploymentState.DEGRADED, f"{len(unplaced)} of {len(replicas)} replicas unplaced: {unplaced[0].reason}"
-    states = [r.observed_state for r in replicas]
     failed = [r for r in replicas if r.observed_state == "failed"]
     if failed:
         return DeploymentState.FAILED, f"replica {failed[0].index} failed: {failed[0].reason}"
-    if all(s == "ready" for s in states):
-        return DeploymentState.READY, ""
+    states = [r.observed_state for r in serving]
+    asleep = len(replicas) - len(serving)
+    if states and all(s == "ready" for s in states):
+        return DeploymentState.READY, f"{asleep} replica(s) asleep in host memory" if asleep else ""
+    if not serving:
+        return DeploymentState.READY, f"all {asleep} replica(s) asleep in host memory; a request wakes one"
     if "loading" in states:
         return DeploymentState.LOADING, "loading weights"
     return DeploymentState.PENDING, "waiting for an agent to start the replica"
@@ -213,18 +245,19 @@ def _bump_generations() -> tuple[int, ...]:
     return tuple(changed)
 
 
-def _expire_silent_hosts() -> bool:
+def _expire_silent_hosts(now: datetime) -> bool:
     """A host whose agent stopped reporting is offline: it gets no new replicas."""
-    cutoff = timezone.now() - timedelta(seconds=settings.MODELGRID_HOST_STALE_SECONDS)
+    cutoff = now - timedelta(seconds=settings.MODELGRID_HOST_STALE_SECONDS)
     return bool(Host.objects.filter(connected=True, last_seen__lt=cutoff).update(connected=False))
 
 
 def reconcile_once() -> PassResult:
     """One pass, committed in one transaction."""
+    now = timezone.now()
     with transaction.atomic():
-        changed = _expire_silent_hosts()
-        changed |= _sync_replica_rows()
-        changed |= _place_pending()
+        changed = _expire_silent_hosts(now)
+        planned, result = _plan_and_apply(now)
+        changed |= planned
         changed |= _refresh_deployment_states()
         hosts = _bump_generations()
-    return PassResult(changed_hosts=hosts, changed=changed or bool(hosts))
+    return PassResult(changed_hosts=hosts, changed=changed or bool(hosts), plan=result)

@@ -14,10 +14,28 @@ class DeploymentIn(Schema):
                               "default: as stored")
     batch: int = Field(1, ge=1, description="concurrent sequences per replica, for the memory estimate")
     seq: int | None = Field(None, ge=1, description="tokens per sequence; default min(max positions, 2048)")
+    min_replicas: int | None = Field(None, description="with max_replicas: the scheduler keeps the count in "
+                                     "[min, max], adding replicas while the SLO is violated")
+    max_replicas: int | None = None
+    gpus_per_replica: int = Field(1, description="GPUs one replica spans (a gang on one host)")
+    selector: dict[str, str] = Field(default_factory=dict, description="GPU labels required, e.g. {\"gpu\": \"h100\"}")
+    slo_latency_ms: int | None = Field(None, description="p95 latency target")
+    latency_critical: bool = False
+    profile: str = Field("", description="compute, memory, io or empty (unknown): what bounds it")
 
 
 class DeploymentPatch(Schema):
-    replicas: int = Field(..., ge=0, le=64)
+    """Only the fields given change. `replicas` alone sets a fixed count (min = max)."""
+
+    replicas: int | None = None
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    gpus_per_replica: int | None = None
+    priority: str | None = None
+    selector: dict[str, str] | None = None
+    slo_latency_ms: int | None = None
+    latency_critical: bool | None = None
+    profile: str | None = None
 
 
 class MemoryOut(Schema):
@@ -38,6 +56,9 @@ class ReplicaOut(Schema):
     reserved_bytes: int
     measured_bytes: int | None
     memory: MemoryOut
+    action: str = Field(description="the scheduler's last decision: keep, place, move, wake, preempt, sleep, "
+                        "stop or refuse")
+    mps_percentage: int | None = Field(description="CUDA MPS active-thread percentage on a shared GPU")
     endpoint: str | None
     pid: int | None
     reason: str
@@ -55,7 +76,17 @@ class DeploymentOut(Schema):
     name: str
     model: str
     replica_count: int
+    min_replicas: int
+    max_replicas: int
+    gpus_per_replica: int
+    selector: dict[str, str]
     priority: str
+    slo_latency_ms: int | None
+    latency_critical: bool
+    profile: str
+    traffic_rps: float
+    observed_p95_ms: float | None
+    violating: bool
     dtype: str
     batch: int
     seq: int | None

@@ -17,6 +17,10 @@ class Host(models.Model):
     generation = models.PositiveBigIntegerField(default=0)
     acked_generation = models.PositiveBigIntegerField(default=0)
     desired_digest = models.CharField(max_length=64, blank=True)
+    labels = models.JSONField(default=dict, blank=True, help_text="labels of all its GPUs (agent --label)")
+    ram_free_bytes = models.PositiveBigIntegerField(null=True, blank=True, help_text="room for sleeping replicas")
+    # Per deployment served here: request rate, latency percentiles, errors (the agent's recent window).
+    serving = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["name"]

@@ -1,9 +1,42 @@
-"""Pure placement core: frozen dataclasses in, a plan out, a reason for every decision.
+"""Pure placement and priority core: frozen dataclasses in, a plan out, a reason for every decision.
 
-No Django, no ORM, no I/O: the console snapshots its rows into these types.
+No Django, no ORM, no I/O: the console snapshots its rows into these types and calls `plan`.
 """
 
-from console.scheduler.plan import plan
-from console.scheduler.types import GpuSlot, Placement, Plan, ReplicaRequest, Unplaced
+from console.scheduler.planner import plan
+from console.scheduler.types import (
+    STRATEGIES,
+    TIERS,
+    Deployment,
+    Gpu,
+    GpuBalance,
+    Host,
+    Move,
+    Plan,
+    PlanInput,
+    PlannedReplica,
+    Replica,
+    ScaleDecision,
+    SearchReport,
+    Settings,
+    Unplaced,
+)
 
-__all__ = ["GpuSlot", "Placement", "Plan", "ReplicaRequest", "Unplaced", "plan"]
+__all__ = [
+    "STRATEGIES",
+    "TIERS",
+    "Deployment",
+    "Gpu",
+    "GpuBalance",
+    "Host",
+    "Move",
+    "Plan",
+    "PlanInput",
+    "PlannedReplica",
+    "Replica",
+    "ScaleDecision",
+    "SearchReport",
+    "Settings",
+    "Unplaced",
+    "plan",
+]

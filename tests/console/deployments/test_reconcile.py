@@ -1,8 +1,8 @@
 import pytest
 
-from console.deployments.models import Replica
+from console.deployments.models import Deployment, Replica
 from console.deployments.reconcile import desired_state, reconcile_once
-from console.deployments.services import create_deployment, delete_deployment
+from console.deployments.services import create_deployment, delete_deployment, scale_deployment
 from console.fleet.models import Gpu, Host
 
 pytestmark = pytest.mark.django_db
@@ -70,9 +70,71 @@ def test_foreign_memory_on_a_gpu_is_not_placed_over(host, model):
 
 
 def test_scaling_down_removes_the_highest_replicas(host, model):
-    dep = create_deployment("chat", "tiny", replicas=3)
+    create_deployment("chat", "tiny", replicas=3)
     reconcile_once()
-    dep.replicas = 1
-    dep.save()
+    scale_deployment("chat", 1)
     reconcile_once()
     assert list(Replica.objects.values_list("index", flat=True)) == [0]
+
+
+def sized(name: str, gib: float, **policy):
+    """A deployment of the tiny model whose replicas need `gib` GiB (as if estimated so)."""
+    dep = create_deployment(name, "tiny", **policy)
+    dep.estimates["cpu"]["total_bytes"] = int(gib * GiB)
+    dep.save()
+    return dep
+
+
+def test_a_critical_deployment_takes_the_room_of_a_batch_one(host, model):
+    sized("cheap", 20, priority="batch")
+    reconcile_once()
+    assert Replica.objects.get(deployment__name="cheap").host == host
+    sized("vital", 20, priority="critical")
+    reconcile_once()
+    vital, cheap = Replica.objects.get(deployment__name="vital"), Replica.objects.get(deployment__name="cheap")
+    assert [g.index for g in vital.gpus.all()] == [0]
+    assert cheap.host is None and cheap.action == "preempt"
+    assert "vital#0" in cheap.reason and "critical" in cheap.reason
+    dep = Deployment.objects.get(name="cheap")
+    assert dep.state == "unschedulable"
+
+
+def test_replicas_of_a_host_that_went_offline_move_to_another(host, model):
+    other = Host.objects.create(name="h2", endpoint="http://127.0.0.1:8", connected=True)
+    Gpu.objects.create(host=other, index=0, uuid="SIM-2", name="sim", total_bytes=24 * GiB, simulated=True)
+    sized("chat", 10)
+    reconcile_once()
+    first = Replica.objects.get().host
+    Host.objects.filter(pk=first.pk).update(connected=False)
+    result = reconcile_once()
+    replica = Replica.objects.get()
+    assert replica.host not in (None, first)
+    assert replica.action == "move" and "is gone" in replica.reason
+    assert replica.observed_state == "pending"
+    assert set(result.changed_hosts) >= {replica.host.pk}
+
+
+def test_a_selector_no_gpu_matches_says_which_labels_excluded_them(host, model):
+    dep = sized("picky", 1, selector={"gpu": "h100"})
+    reconcile_once()
+    dep.refresh_from_db()
+    assert dep.state == "unschedulable"
+    assert "excluded by label gpu=h100" in dep.reason
+
+
+def test_replicas_sharing_a_gpu_get_mps_shares_by_tier(host, model):
+    Gpu.objects.filter(host=host, index=1).delete()
+    sized("vital", 5, priority="critical")
+    sized("bulk", 5, priority="batch")
+    reconcile_once()
+    shares = {r.deployment.name: r.mps_percentage for r in Replica.objects.select_related("deployment")}
+    gpus = {r.deployment.name: [g.index for g in r.gpus.all()] for r in Replica.objects.all()}
+    assert gpus["vital"] == gpus["bulk"]
+    assert shares["vital"] > shares["bulk"] and 95 <= shares["vital"] + shares["bulk"] <= 105
+
+
+def test_an_autoscaled_deployment_starts_at_its_minimum(host, model):
+    dep = sized("elastic", 1, min_replicas=1, max_replicas=3, slo_latency_ms=100)
+    reconcile_once()
+    dep.refresh_from_db()
+    assert dep.replicas == 1 and Replica.objects.count() == 1

@@ -1,0 +1,76 @@
+"""Database rows as the pure scheduler's input types (console/scheduler): plain values, read once a pass."""
+
+from __future__ import annotations
+
+from django.db.models import Prefetch
+
+from console.deployments.models import Deployment, Replica
+from console.fleet.labels import gpu_labels
+from console.fleet.models import Gpu, Host
+from console.scheduler import Deployment as DeploymentSpec
+from console.scheduler import Gpu as GpuSpec
+from console.scheduler import Host as HostSpec
+from console.scheduler import Replica as ReplicaSpec
+
+
+def gpu_id(gpu: Gpu) -> str:
+    return f"{gpu.host.name}/{gpu.index}"
+
+
+def gpu_specs() -> tuple[list[GpuSpec], dict[str, Gpu]]:
+    """Schedulable GPUs of connected hosts, with the memory other processes use on them."""
+    gpus = list(
+        Gpu.objects.filter(host__connected=True)
+        .select_related("host")
+        .prefetch_related(Prefetch("replicas", queryset=Replica.objects.only("measured_bytes", "observed_state")))
+    )
+    specs, by_id = [], {}
+    for gpu in gpus:
+        # What our own ready workers measured is ours; the rest of the reading is foreign. A reading never
+        # replaces a reservation: reservations come from the replica rows alone.
+        ours = sum(r.measured_bytes or 0 for r in gpu.replicas.all() if r.observed_state == "ready")
+        specs.append(GpuSpec(id=gpu_id(gpu), host=gpu.host.name, total_bytes=gpu.total_bytes,
+                             used_bytes=max(gpu.used_bytes - ours, 0), labels=gpu_labels(gpu)))
+        by_id[gpu_id(gpu)] = gpu
+    return specs, by_id
+
+
+def host_specs() -> tuple[HostSpec, ...]:
+    """Connected hosts with the host RAM they report free for sleeping replicas (None: unknown)."""
+    return tuple(HostSpec(h.name, h.ram_free_bytes) for h in Host.objects.filter(connected=True))
+
+
+def deployment_spec(dep: Deployment, replica_bytes: int) -> DeploymentSpec:
+    """A deployment with its calibrated bytes per replica and what the agents observed of it."""
+    return DeploymentSpec(
+        name=dep.name,
+        bytes=replica_bytes,
+        replicas=dep.replicas,
+        min_replicas=dep.min_replicas,
+        max_replicas=max(dep.max_replicas, dep.min_replicas),
+        gpus_per_replica=dep.gpus_per_replica,
+        priority=dep.priority,
+        selector=dict(dep.selector or {}),
+        slo_latency_ms=dep.slo_latency_ms,
+        latency_critical=dep.latency_critical,
+        profile=dep.profile or None,
+        traffic_rps=dep.traffic_rps,
+        observed_latency_ms=dep.observed_p95_ms,
+        violating=dep.violating if dep.slo_latency_ms else None,
+        status_since=dep.status_since.timestamp() if dep.status_since else None,
+        last_scale_at=dep.last_scale_at.timestamp() if dep.last_scale_at else None,
+    )
+
+
+def replica_specs(deployments: list[Deployment]) -> tuple[ReplicaSpec, ...]:
+    """Replicas that exist: ready ones with their GPUs (the plan moves those whose GPUs are gone or
+    full), sleeping ones on their host. Rows without a host are not placed yet."""
+    specs = []
+    for dep in deployments:
+        for r in dep.replica_set.all():
+            if r.desired_state == "sleeping" and r.host is not None:
+                specs.append(ReplicaSpec(dep.name, r.index, (), 0, "sleeping", r.host.name))
+            elif r.host_id is not None:
+                ids = tuple(sorted(gpu_id(g) for g in r.gpus.all()))
+                specs.append(ReplicaSpec(dep.name, r.index, ids, r.reserved_bytes, "ready"))
+    return tuple(specs)

@@ -1,0 +1,89 @@
+"""Reason texts: every placement, move, preemption, sleep, stop and refusal says why, in words a person can act on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+GiB = 1024**3
+
+
+def gib(n: int) -> str:
+    """Bytes as GiB with two decimals ("30.20 GiB"), or MiB with one below 1 GiB ("512.0 MiB"), so a
+    small model does not read as needing nothing."""
+    if abs(n) < GiB:
+        return f"{n / 2**20:.1f} MiB"
+    return f"{n / GiB:.2f} GiB"
+
+
+def gpu_list(ids: Iterable[str]) -> str:
+    """GPU ids joined for a sentence."""
+    return ", ".join(ids)
+
+
+def selector_text(selector: Mapping[str, str]) -> str:
+    """A selector as the labels it requires ("gpu=a100,zone=b")."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+
+
+def seconds(s: float) -> str:
+    """A duration rounded for people ("45 s", "12 min", "2.5 h")."""
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def slo_text(slo_ms: float | None, observed_ms: float | None, violating: bool) -> str:
+    """How a deployment stands against its SLO ("violating its 200 ms p95 SLO at 340 ms")."""
+    if slo_ms is not None and observed_ms is not None:
+        verb = "violating" if violating else "within"
+        return f"{verb} its {slo_ms:g} ms p95 SLO at {observed_ms:g} ms"
+    if violating:
+        return "violating its SLO"
+    return "within its SLO" if slo_ms is not None else "no SLO"
+
+
+def refusal(
+    share: int,
+    width: int,
+    largest: tuple[int, str] | None,
+    excluded_by_label: int,
+    selector: Mapping[str, str],
+    excluded_by_neighbours: int = 0,
+    gang_note: str = "",
+) -> str:
+    """Why a replica fits nowhere: its need, the best room there is, and what was excluded."""
+    if width == 1:
+        need = f"needs {gib(share)}"
+    else:
+        need = f"needs {width} GPUs with {gib(share)} free each on one host"
+    if largest is None:
+        text = f"{need}; no GPU is available" + (" (no agent connected)" if not excluded_by_label else "")
+    else:
+        text = f"{need}; the largest free space is {gib(max(largest[0], 0))} on {largest[1]}"
+    if gang_note:
+        text += f"; {gang_note}"
+    if excluded_by_label:
+        plural = "GPU" if excluded_by_label == 1 else "GPUs"
+        text += f"; {excluded_by_label} {plural} excluded by label {selector_text(selector)}"
+    if excluded_by_neighbours:
+        plural = "GPU" if excluded_by_neighbours == 1 else "GPUs"
+        text += (f"; {excluded_by_neighbours} {plural} with room excluded: they hold latency-critical or "
+                 "non-complementary replicas")
+    return text
+
+
+def placed(strategy_note: str, share: int, width: int, gpus: list[str], free_before: list[int]) -> str:
+    """Where a new replica goes and what is left there."""
+    if width == 1:
+        return (f"{strategy_note}: needs {gib(share)}; {gpus[0]} had {gib(free_before[0])} free, "
+                f"{gib(free_before[0] - share)} left after")
+    left = min(free_before) - share
+    return (f"{strategy_note}: needs {width} GPUs with {gib(share)} each on one host; {gpu_list(gpus)} "
+            f"(at least {gib(left)} left after on each)")
+
+
+def preempted_by(name: str, index: int, tier: str, why: str) -> str:
+    """Who took a replica's room, and why that one outranks it."""
+    return f"preempted by {name}#{index} ({tier}, {why})"

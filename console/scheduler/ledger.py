@@ -1,0 +1,141 @@
+"""The reservation ledger: free = total - foreign use - reservations - buffer, per GPU, never overcommitted.
+
+A reservation is the only thing that claims memory for ModelGrid; a live reading enters only as the
+foreign use the caller passes in, so it can never replace or shrink a reservation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from console.scheduler.types import Gpu
+
+if TYPE_CHECKING:
+    from console.scheduler.units import Unit
+
+SelectorKey = frozenset  # frozenset of (label, value) pairs
+
+
+class OvercommitError(RuntimeError):
+    """A reservation that would exceed a GPU's free space: a bug in the planner, never a user error."""
+
+
+NO_SELECTOR: SelectorKey = frozenset()
+
+
+def selector_key(selector: Mapping[str, str]) -> SelectorKey:
+    """A hashable form of a label selector."""
+    return frozenset(selector.items()) if selector else NO_SELECTOR
+
+
+class Ledger:
+    """GPU capacities and ModelGrid's reservations on them, numbered 0..n-1 for speed."""
+
+    def __init__(self, gpus: Sequence[Gpu], buffer_bytes: int) -> None:
+        self.gpus = list(gpus)
+        self.buffer = buffer_bytes
+        self.ids = [g.id for g in self.gpus]
+        self.number = {g.id: i for i, g in enumerate(self.gpus)}
+        self.host = [g.host for g in self.gpus]
+        # What ModelGrid may reserve in all: may be negative when foreign use ate the buffer.
+        self.capacity = [g.total_bytes - g.used_bytes - buffer_bytes for g in self.gpus]
+        self.reserved = [0] * len(self.gpus)
+        self.holders: list[list[Unit]] = [[] for _ in self.gpus]
+        self.host_gpus: dict[str, list[int]] = {}
+        self.slot = []  # position of each GPU on its host: 0 for the first
+        for i, g in enumerate(self.gpus):
+            self.slot.append(len(self.host_gpus.setdefault(g.host, [])))
+            self.host_gpus[g.host].append(i)
+        # Bytes held per GPU by each tier (critical..batch): preemption skips GPUs without enough below a tier.
+        self.tier_bytes = [[0, 0, 0, 0] for _ in self.gpus]
+        self.releases = 0  # counts releases: a replica that failed before any later release fails again
+        self.host_ready: dict[str, int] = dict.fromkeys(self.host_gpus, 0)  # ready replicas per host
+        self._eligible: dict[SelectorKey, list[int]] = {}
+        self._eligible_sets: dict[SelectorKey, set[int]] = {}
+        self._listeners: list[Callable[[int], None]] = []
+
+    def __len__(self) -> int:
+        return len(self.gpus)
+
+    def free(self, g: int) -> int:
+        """Bytes still reservable on GPU number g."""
+        return self.capacity[g] - self.reserved[g]
+
+    def listen(self, callback: Callable[[int], None]) -> None:
+        """Call `callback(g)` after every change of GPU g (indexes keep themselves sorted this way)."""
+        self._listeners.append(callback)
+
+    def eligible(self, key: SelectorKey) -> list[int]:
+        """GPU numbers whose labels satisfy a selector."""
+        found = self._eligible.get(key)
+        if found is None:
+            found = [i for i, g in enumerate(self.gpus) if all(g.labels.get(k) == v for k, v in key)] if key else \
+                list(range(len(self.gpus)))
+            self._eligible[key] = found
+        return found
+
+    def eligible_set(self, key: SelectorKey) -> set[int]:
+        """`eligible(key)` as a set."""
+        found = self._eligible_sets.get(key)
+        if found is None:
+            found = self._eligible_sets[key] = set(self.eligible(key))
+        return found
+
+    def reserve(self, unit: Unit, gpus: Iterable[int]) -> None:
+        """Hold `unit.share` bytes on each of `gpus` for `unit`; refuses to overcommit."""
+        gpus = tuple(gpus)
+        for g in gpus:
+            if self.free(g) < unit.share:
+                raise OvercommitError(f"{unit.label} needs {unit.share} B on {self.ids[g]}, {self.free(g)} B free")
+        rank = unit.demand.rank
+        for g in gpus:
+            self.reserved[g] += unit.share
+            self.holders[g].append(unit)
+            self.tier_bytes[g][rank] += unit.share
+        unit.gpus = gpus
+        if gpus:
+            self.host_ready[self.host[gpus[0]]] += 1
+        if self._listeners:
+            for g in gpus:
+                for callback in self._listeners:
+                    callback(g)
+
+    def reserve_one(self, unit: Unit, g: int) -> None:
+        """`reserve(unit, [g])` for the bulk of a re-plan, before any index listens; refuses to overcommit."""
+        if self._listeners or self.capacity[g] - self.reserved[g] < unit.share:
+            self.reserve(unit, (g,))
+            return
+        self.reserved[g] += unit.share
+        self.holders[g].append(unit)
+        self.tier_bytes[g][unit.demand.rank] += unit.share
+        unit.gpus = (g,)
+        self.host_ready[self.host[g]] += 1
+
+    def release(self, unit: Unit) -> None:
+        """Give back what `unit` holds."""
+        gpus, unit.gpus = unit.gpus, ()
+        self.releases += 1
+        for g in gpus:
+            self.reserved[g] -= unit.share
+            self.holders[g].remove(unit)
+            self.tier_bytes[g][unit.demand.rank] -= unit.share
+        if gpus:
+            self.host_ready[self.host[gpus[0]]] -= 1
+        if self._listeners:
+            for g in gpus:
+                for callback in self._listeners:
+                    callback(g)
+
+    def freeable(self, g: int, rank: int) -> int:
+        """Free bytes of GPU g plus what replicas of tier `rank` and below hold there."""
+        return self.capacity[g] - self.reserved[g] + sum(self.tier_bytes[g][rank:])
+
+    def largest_free(self, gpus: Iterable[int]) -> tuple[int, str] | None:
+        """(free bytes, GPU id) of the roomiest of `gpus`, or None when there are none."""
+        best = None
+        for g in gpus:
+            f = self.free(g)
+            if best is None or f > best[0]:
+                best = (f, self.ids[g])
+        return best

@@ -1,0 +1,250 @@
+"""The planner: one pass from a PlanInput to a Plan.
+
+1. Scale decisions set each deployment's target count; units are built in priority classes (units.py).
+2. Existing ready replicas stay where they are if they still fit (stability); the rest are displaced.
+3. Class by class (min replicas critical..batch, SLO replicas, extras, batch leftovers): the strategy
+   places each unit, largest first; memory-optimized then repacks the class to place more; what still
+   fails is repaired by one move, by preempting lower tiers (min and SLO classes) or by a temporal
+   swap (extras).
+4. A final round repeats the repairs until nothing changes, so re-planning the result moves nothing.
+5. outcome.py turns the units into actions, states, MPS percentages and reasons.
+
+The only clock read is time.perf_counter: for the improvement search's deadline and for elapsed_ms.
+The cyclic garbage collector is paused while a pass runs (see _collector_paused).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from time import perf_counter
+
+from console.scheduler import explain
+from console.scheduler.index import IndexBook
+from console.scheduler.ledger import Ledger
+from console.scheduler.outcome import assemble
+from console.scheduler.preemption import preempt_for, swap_for
+from console.scheduler.repair import one_move, repack_class
+from console.scheduler.scaling import decide
+from console.scheduler.strategies import make_placer
+from console.scheduler.types import STRATEGIES, Plan, PlanInput, SearchReport
+from console.scheduler.units import EXTRA_CLASS, Unit, build_units
+
+SETTLE_ROUNDS = 20
+
+
+def plan(request: PlanInput) -> Plan:
+    """Place, keep, move, preempt, sleep or refuse every replica of `request`, each with its reason."""
+    started = perf_counter()
+    with _collector_paused():
+        run = Run(request, started)
+        run.keep_existing()
+        run.place_classes()
+        run.settle()
+        return assemble(run, elapsed_ms=1000 * (perf_counter() - started))
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for one pass: a pass allocates some 100,000 short-lived objects,
+    and the full collections they trigger over a large process (the console's) cost 20-40 ms of a 10,000-
+    replica re-plan. Reference counting still frees everything; the collector resumes afterwards."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+class Run:
+    """The mutable state of one planning pass."""
+
+    def __init__(self, request: PlanInput, started: float) -> None:
+        if request.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {request.strategy!r}; use one of {', '.join(STRATEGIES)}")
+        self.request = request
+        self.settings = request.settings
+        self.deadline = started + request.settings.search_budget_s
+        self.ledger = Ledger(request.gpus, request.buffer_bytes)
+        self.book = IndexBook(self.ledger)
+        self.placer = make_placer(request.strategy, self.ledger, self.book)
+        self.decisions = {d.name: decide(d, request.now, request.settings) for d in request.deployments}
+        self.demands, self.wanted, self.retired, self.orphans = build_units(
+            request.deployments, self.decisions, request.replicas)
+        self.ram = {h.name: h.ram_free_bytes for h in request.hosts}
+        limit = request.settings.max_moves
+        self.moves_left = float("inf") if limit is None else limit
+        self.failed: list[Unit] = []
+        self.failed_at: dict[tuple, int] = {}  # alike replicas -> ledger release count at their last failure
+        self.search: SearchReport | None = None
+
+    # --- stability --------------------------------------------------------------------------------
+
+    def keep_existing(self) -> None:
+        """Reserve existing ready replicas where they are; where a GPU no longer holds all of its replicas,
+        the most important ones stay and the rest are displaced."""
+        ledger = self.ledger
+        number, capacity, reserved = ledger.number, ledger.capacity, ledger.reserved
+        ready = [u for u in self.wanted if u.origin]
+        load: dict[str, int] = {}
+        for u in ready:
+            for gpu in u.origin:
+                load[gpu] = load.get(gpu, 0) + u.share
+        crowded = {gpu for gpu, need in load.items() if gpu in number and need > ledger.free(number[gpu])}
+        # Order matters only on crowded GPUs: sorting the 10,000 replicas of a large re-plan would not pay.
+        rest = []
+        for u in ready:
+            if crowded and any(gpu in crowded for gpu in u.origin):
+                rest.append(u)
+            elif len(u.origin) == 1 and u.demand.width == 1 and not u.demand.key:  # most replicas, in few steps
+                g = number.get(u.origin[0])
+                if g is not None and capacity[g] - reserved[g] >= u.share:
+                    ledger.reserve_one(u, g)
+                    u.fixed, u.state = True, "ready"
+                    u.demand.ready += 1
+                else:
+                    rest.append(u)
+            else:
+                rest.append(u)
+        rest.sort(key=lambda u: (u.klass, -u.demand.value, u.demand.name, u.index))
+        for u in rest:
+            cause = self._why_not_kept(u)
+            if cause:
+                u.cause, u.cause_kind = cause, "displaced"
+                continue
+            ledger.reserve(u, [number[i] for i in u.origin])
+            u.fixed, u.state = True, "ready"
+            u.demand.ready += 1
+
+    def _why_not_kept(self, u: Unit) -> str:
+        ledger = self.ledger
+        for gpu in u.origin:
+            if gpu not in ledger.number:
+                host = gpu.rsplit("/", 1)[0]
+                return f"host {host} is gone" if host not in ledger.host_gpus else f"GPU {gpu} is gone"
+        numbers = [ledger.number[i] for i in u.origin]
+        if len(numbers) != u.width:
+            return f"it now needs {u.width} GPUs, not {len(numbers)}"
+        if len({ledger.host[g] for g in numbers}) > 1:
+            return "its GPUs are on different hosts"
+        allowed = ledger.eligible_set(u.demand.key)
+        for g in numbers:
+            if g not in allowed:
+                return f"{ledger.ids[g]} no longer matches its selector {explain.selector_text(u.demand.dep.selector)}"
+        for g in numbers:
+            if ledger.free(g) < u.share:
+                gpu = ledger.gpus[g]
+                return (f"{ledger.ids[g]} no longer has room for its {explain.gib(u.share)}: "
+                        f"{explain.gib(max(ledger.free(g), 0))} free with {explain.gib(gpu.used_bytes)} "
+                        "used by other processes")
+        return ""
+
+    # --- placement --------------------------------------------------------------------------------
+
+    def order(self, u: Unit) -> tuple:
+        """Greedy order within a class: largest first (gangs before single GPUs); extras by value first."""
+        size = (-u.width, -u.share, u.demand.name, u.index)
+        if u.klass >= EXTRA_CLASS:
+            return (-u.demand.value,) + size
+        if self.placer.name == "latency-sensitive":
+            return (not u.demand.lc,) + size
+        return size
+
+    def place_classes(self) -> None:
+        by_class: dict[int, list[Unit]] = {}
+        for u in self.wanted:
+            if u.state != "ready":
+                by_class.setdefault(u.klass, []).append(u)
+        for klass in sorted(by_class):
+            units = sorted(by_class[klass], key=self.order)
+            failed = [u for u in units if not self.try_place(u)]
+            if failed and self.placer.name == "memory-optimized":
+                members = [u for u in self.wanted if u.klass == klass]
+                failed = repack_class(self, members, failed)
+            self.failed.extend(failed)
+            for u in failed:
+                if u.state != "ready":
+                    self.repair(u)
+
+    def try_place(self, u: Unit) -> bool:
+        """Place `u` where the strategy says, waking a sleeping replica on its own host when it can."""
+        if u.asleep and u.home in self.ledger.host_gpus:
+            found = self.placer.choose(u, only_host=u.home)
+            if found:
+                self.place(u, *found)
+                return True
+        found = self.placer.choose(u)
+        if found:
+            self.place(u, *found)
+            return True
+        return False
+
+    def repair(self, u: Unit) -> bool:
+        """Place `u` by a plain fit, one move, preemption (min and SLO classes) or a temporal swap (extras)."""
+        # Placements only take room (and give lower-tier victims exactly the room they take), so what
+        # failed cannot succeed until something is released: skip the attempt until then, for this replica
+        # and for every other replica of its deployment in the same class (they are alike).
+        alike = (id(u.demand), u.phase, u.share)
+        if self.failed_at.get(alike) == self.ledger.releases:
+            return False
+        if self._repair(u):
+            return True
+        self.failed_at[alike] = self.ledger.releases
+        return False
+
+    def _repair(self, u: Unit) -> bool:
+        if self.try_place(u):
+            return True
+        if self.moves_left > 0 and one_move(self, u):
+            return True
+        if not self.settings.preempt:
+            return False
+        if u.phase in ("min", "slo"):
+            return preempt_for(self, u)
+        return swap_for(self, u)
+
+    def settle(self) -> None:
+        """Repeat the repairs until no failed replica can be placed any more."""
+        for _ in range(SETTLE_ROUNDS):
+            pending = {id(u): u for u in self.failed if u.state != "ready"}
+            self.failed = sorted(pending.values(), key=lambda u: (u.klass, self.order(u)))
+            progress = False
+            for u in list(self.failed):
+                if u.state != "ready" and self.repair(u):
+                    progress = True
+            if not progress:
+                break
+        self.failed = [u for u in self.failed if u.state != "ready"]
+
+    # --- changes ----------------------------------------------------------------------------------
+
+    def place(self, u: Unit, gpus: tuple[int, ...], note: str) -> None:
+        """Reserve `gpus` for `u` and write down where and why."""
+        ledger = self.ledger
+        before = [ledger.free(g) for g in gpus]
+        ledger.reserve(u, gpus)
+        u.state = "ready"
+        u.demand.ready += 1
+        u.reason = explain.placed(note, u.share, u.width, [ledger.ids[g] for g in gpus], before)
+
+    def relocate(self, mover: Unit, gpus: tuple[int, ...], note: str, beneficiary: Unit) -> None:
+        """Move a placed replica to `gpus` to make room for `beneficiary`."""
+        self._unreserve(mover)
+        self.place(mover, gpus, note)
+        mover.moved_by = (f"to make room for {beneficiary.label} ({beneficiary.demand.tier}), which fits "
+                          "nowhere else")
+
+    def evict(self, victim: Unit, kind: str, cause: str, by: Unit) -> None:
+        """Take a replica off its GPUs (preempted or put to sleep); it may still be placed elsewhere."""
+        self._unreserve(victim)
+        victim.cause, victim.cause_kind, victim.evictor = cause, kind, by
+        self.failed.append(victim)
+
+    def _unreserve(self, u: Unit) -> None:
+        self.ledger.release(u)
+        u.demand.ready -= 1
+        u.state = "pending"
+        u.relocated = u.fixed  # a kept replica taken off its GPUs: where it ends up is decided anew

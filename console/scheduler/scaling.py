@@ -1,0 +1,55 @@
+"""Replica counts: up at once for an SLO violation, down one at a time after a quiet window, never within a cooldown.
+
+Batch deployments take leftovers: they ask for their maximum and get whatever room is left.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+from console.scheduler.explain import seconds, slo_text
+from console.scheduler.types import Deployment, ScaleDecision, Settings
+
+
+@cache
+def _fixed(n: int) -> str:
+    return f"fixed at {n} replica{'s' if n != 1 else ''}"
+
+
+def decide(dep: Deployment, now: float, settings: Settings) -> ScaleDecision:
+    """The replica count `dep` should have this pass, and why."""
+    low, high = dep.low, dep.high
+    current = min(max(dep.replicas, low), high)
+    if low == high:
+        return ScaleDecision(dep.name, current, low, _fixed(low))
+    if dep.priority == "batch":
+        return ScaleDecision(dep.name, current, high, f"batch: asks for its maximum of {high}, placed only in "
+                             "the room left after every other tier")
+    since_change = None if dep.last_scale_at is None else now - dep.last_scale_at
+    cooling = since_change is not None and since_change < settings.cooldown_s
+    cooldown_note = "" if since_change is None else \
+        f"within the cooldown ({seconds(since_change)} of {seconds(settings.cooldown_s)} since the last change)"
+    status = slo_text(dep.slo_latency_ms, dep.observed_latency_ms, dep.is_violating)
+    if dep.is_violating:
+        if current >= high:
+            return ScaleDecision(dep.name, current, current, f"{status}; already at its maximum of {high}")
+        if cooling:
+            return ScaleDecision(dep.name, current, current, f"{status}, but {cooldown_note}: stays at {current}")
+        target = current + 1
+        if dep.slo_latency_ms and dep.observed_latency_ms and current > 0:
+            # Linear estimate: twice the target latency wants twice the replicas.
+            target = max(target, math.ceil(current * dep.observed_latency_ms / dep.slo_latency_ms))
+        target = min(target, high)
+        return ScaleDecision(dep.name, current, target, f"{status}: {current} -> {target} replicas (max {high})")
+    if current <= low:
+        return ScaleDecision(dep.name, current, current, f"{status}; at its minimum of {low}")
+    quiet_for = None if dep.status_since is None else now - dep.status_since
+    if quiet_for is None or quiet_for < settings.quiet_window_s:
+        so_far = "for an unknown time" if quiet_for is None else f"for {seconds(quiet_for)}"
+        return ScaleDecision(dep.name, current, current, f"{status} {so_far} of a {seconds(settings.quiet_window_s)} "
+                             f"quiet window: stays at {current}")
+    if cooling:
+        return ScaleDecision(dep.name, current, current, f"{status}, but {cooldown_note}: stays at {current}")
+    return ScaleDecision(dep.name, current, current - 1, f"{status} for {seconds(quiet_for)} (quiet window "
+                         f"{seconds(settings.quiet_window_s)}): {current} -> {current - 1} replicas")

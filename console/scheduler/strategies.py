@@ -1,0 +1,184 @@
+"""The four placement strategies: which GPU (or GPUs, for a gang) a replica goes to, and a note saying why.
+
+* fill-first: the fullest GPU already in use that fits; only when none fits, the largest idle GPU, on a
+  host already in use if one fits. Fewest GPUs in use.
+* balance: the GPU with the most free memory (worst fit), ties to every host's first GPU before any host's
+  second, and away from hosts that already run the same deployment when another host has room. Spreads load.
+* memory-optimized: best fit (the GPU it fits most tightly), largest replicas first; the planner adds an
+  improvement search that repacks to place more.
+* latency-sensitive: a latency-critical replica gets an idle GPU (best fit among idle ones) or else shares
+  only with complementary, non-latency-critical workloads; other replicas pack onto GPUs in use first,
+  keeping idle GPUs for latency-critical ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from console.scheduler.gangs import choose_gang
+from console.scheduler.index import IndexBook
+from console.scheduler.ledger import Ledger
+from console.scheduler.units import Unit
+
+# Profile pairs that may share a GPU when one of them is latency-critical: they contend for different units.
+COMPLEMENTARY = {frozenset(p) for p in (("compute", "memory"), ("compute", "io"), ("memory", "io"), ("io",))}
+BALANCE_LOOKAHEAD = 32  # GPUs balance looks through for a host without the same deployment
+
+
+def compatible(a: Unit, b: Unit) -> bool:
+    """Whether two replicas may share a GPU under latency-sensitive placement."""
+    if not (a.demand.lc or b.demand.lc):
+        return True
+    if a.demand.lc and b.demand.lc:
+        return False
+    p, q = a.demand.profile, b.demand.profile
+    return p is not None and q is not None and frozenset((p, q)) in COMPLEMENTARY
+
+
+class Placer:
+    """Base: best fit. Subclasses change the GPU preference (`single`, `rank`) and, for latency, `allows`."""
+
+    name = "memory-optimized"
+    note = "best fit"
+
+    def __init__(self, ledger: Ledger, book: IndexBook) -> None:
+        self.ledger = ledger
+        self.book = book
+
+    def allows(self, unit: Unit, g: int, leaving: Iterable[Unit] = ()) -> bool:
+        """Whether `unit` may share GPU g with its holders (except those `leaving`)."""
+        return True
+
+    def rank(self, unit: Unit, g: int) -> tuple:
+        """Preference among a few candidate GPUs (a host's GPUs, a gang's members): lower is better."""
+        return (self.ledger.free(g), g)
+
+    def choose(self, unit: Unit, only_host: str | None = None, exclude: int | None = None
+               ) -> tuple[tuple[int, ...], str] | None:
+        """GPUs for `unit` (on `only_host` if given, never GPU `exclude`) and a note on why, or None."""
+        if unit.width > 1:
+            return choose_gang(self, unit, only_host, exclude)
+        if only_host is not None:
+            eligible = self.ledger.eligible_set(unit.demand.key)
+            fits = [g for g in self.ledger.host_gpus.get(only_host, ()) if g in eligible and g != exclude
+                    and self.ledger.free(g) >= unit.share and self.allows(unit, g)]
+            if not fits:
+                return None
+            return (min(fits, key=lambda g: self.rank(unit, g)),), f"{self.note} on its own host"
+        found = self.single(unit, exclude)
+        return None if found is None else ((found[0],), found[1])
+
+    def single(self, unit: Unit, exclude: int | None) -> tuple[int, str] | None:
+        index = self.book.gpus(("free", unit.demand.key), self.ledger.eligible(unit.demand.key), self.ledger.free)
+        entries = index.entries
+        for i in range(index.position(unit.share), len(entries)):
+            g = entries[i][1]
+            if g != exclude:
+                return g, self.note
+        return None
+
+
+class FillFirst(Placer):
+    name = "fill-first"
+    note = "fill first"
+
+    def _key(self, g: int) -> tuple:
+        if self.ledger.holders[g]:
+            return (0, self.ledger.free(g))
+        host_busy = self.ledger.host_ready[self.ledger.host[g]] > 0
+        return (1, 0 if host_busy else 1, -self.ledger.free(g))
+
+    def rank(self, unit: Unit, g: int) -> tuple:
+        return self._key(g) + (g,)
+
+    def single(self, unit: Unit, exclude: int | None) -> tuple[int, str] | None:
+        index = self.book.gpus(("fill", unit.demand.key), self.ledger.eligible(unit.demand.key), self._key,
+                               host_scoped=True)
+        entries = index.entries
+        for i in range(index.position((0, unit.share)), index.position((1,))):
+            if entries[i][1] != exclude:
+                return entries[i][1], "fill first: the fullest GPU in use that fits"
+        for busy, words in ((0, "on a host in use"), (1, "on an idle host")):
+            for i in range(index.position((1, busy)), index.position((1, busy + 1))):
+                g = entries[i][1]
+                if self.ledger.free(g) < unit.share:
+                    break
+                if g != exclude:
+                    return g, f"fill first: no GPU in use has room; opened the largest idle GPU {words}"
+        return None
+
+
+class Balance(Placer):
+    name = "balance"
+    note = "balance: the GPU with the most free memory"
+
+    def _key(self, g: int) -> tuple:
+        # Among equally free GPUs, every host's first GPU comes before any host's second: spread over hosts.
+        return (-self.ledger.free(g), self.ledger.slot[g])
+
+    def rank(self, unit: Unit, g: int) -> tuple:
+        return self._key(g) + (g,)
+
+    def single(self, unit: Unit, exclude: int | None) -> tuple[int, str] | None:
+        index = self.book.gpus(("balance", unit.demand.key), self.ledger.eligible(unit.demand.key), self._key)
+        first = None
+        for i, (_, g) in enumerate(index.entries):
+            if self.ledger.free(g) < unit.share or i >= BALANCE_LOOKAHEAD:
+                break
+            if g == exclude:
+                continue
+            if first is None:
+                first = g
+            if not self._runs_here(unit, self.ledger.host[g]):
+                note = self.note if g == first else f"{self.note} on a host not yet running {unit.demand.name}"
+                return g, note
+        return None if first is None else (first, self.note)
+
+    def _runs_here(self, unit: Unit, host: str) -> bool:
+        return any(u.demand is unit.demand for g in self.ledger.host_gpus[host] for u in self.ledger.holders[g])
+
+
+class LatencySensitive(Placer):
+    name = "latency-sensitive"
+    note = "latency-sensitive"
+
+    def allows(self, unit: Unit, g: int, leaving: Iterable[Unit] = ()) -> bool:
+        gone = set(map(id, leaving))
+        return all(compatible(unit, other) for other in self.ledger.holders[g] if id(other) not in gone)
+
+    def _key(self, g: int) -> tuple:
+        return (1 if self.ledger.holders[g] else 0, self.ledger.free(g))
+
+    def rank(self, unit: Unit, g: int) -> tuple:
+        idle = not self.ledger.holders[g]
+        return (0 if idle == unit.demand.lc else 1, self.ledger.free(g), g)
+
+    def single(self, unit: Unit, exclude: int | None) -> tuple[int, str] | None:
+        index = self.book.gpus(("latency", unit.demand.key), self.ledger.eligible(unit.demand.key), self._key)
+        entries = index.entries
+        idle = (index.position((0, unit.share)), index.position((1,)))
+        shared = (index.position((1, unit.share)), len(entries))
+        order = (idle, shared) if unit.demand.lc else (shared, idle)
+        for lo, hi in order:
+            for i in range(lo, hi):
+                g = entries[i][1]
+                if g != exclude and self.allows(unit, g):
+                    if not self.ledger.holders[g]:
+                        what = "a GPU of its own" if unit.demand.lc else "an idle GPU (no shared GPU fits)"
+                    elif unit.demand.lc:
+                        what = "a GPU shared only with complementary workloads"
+                    else:
+                        what = "a shared GPU (idle GPUs stay free for latency-critical replicas)"
+                    return g, f"latency-sensitive: {what}, best fit"
+        return None
+
+
+PLACERS = {p.name: p for p in (FillFirst, Balance, Placer, LatencySensitive)}
+
+
+def make_placer(strategy: str, ledger: Ledger, book: IndexBook) -> Placer:
+    """The placer for a strategy name."""
+    try:
+        return PLACERS[strategy](ledger, book)
+    except KeyError:
+        raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(PLACERS)}") from None

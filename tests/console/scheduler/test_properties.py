@@ -1,0 +1,139 @@
+"""Properties that hold for any fleet and any deployments (hypothesis): capacity, gangs, tiers, stability."""
+
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from console.scheduler import STRATEGIES, TIERS, Deployment, Gpu, Host, PlanInput, Replica, Settings, plan
+from console.scheduler.types import TIER_RANK
+
+GiB = 1024**3
+HALF = GiB // 2
+FAST = Settings(search_budget_s=60, search_iterations=150)  # deterministic and quick
+
+
+@st.composite
+def fleets(draw):
+    gpus = []
+    for h in range(draw(st.integers(1, 4))):
+        for i in range(draw(st.integers(1, 4))):
+            total = draw(st.sampled_from([16, 24, 40, 80])) * GiB
+            used = draw(st.integers(0, 16)) * HALF
+            labels = {"gpu": draw(st.sampled_from(["a100", "l4"]))}
+            gpus.append(Gpu(f"h{h}/{i}", f"h{h}", total, used, labels))
+    return tuple(gpus)
+
+
+@st.composite
+def deployments(draw):
+    found = []
+    for n in range(draw(st.integers(1, 7))):
+        low = draw(st.integers(0, 3))
+        high = low + draw(st.integers(0, 2))
+        slo = draw(st.sampled_from([None, 200.0]))
+        found.append(Deployment(
+            name=f"d{n}",
+            bytes=draw(st.integers(1, 100)) * HALF,
+            replicas=draw(st.integers(low, high)),
+            min_replicas=low,
+            max_replicas=high,
+            gpus_per_replica=draw(st.sampled_from([1, 1, 1, 2, 3])),
+            priority=draw(st.sampled_from(TIERS)),
+            selector=draw(st.sampled_from([{}, {}, {"gpu": "a100"}])),
+            slo_latency_ms=slo,
+            observed_latency_ms=draw(st.sampled_from([100.0, 400.0])) if slo else None,
+            latency_critical=draw(st.booleans()),
+            profile=draw(st.sampled_from([None, "compute", "memory", "io"])),
+            traffic_rps=draw(st.sampled_from([0.0, 1.0, 50.0])),
+        ))
+    return tuple(found)
+
+
+@st.composite
+def inputs(draw):
+    gpus = draw(fleets())
+    hosts = tuple(Host(h, draw(st.sampled_from([None, 0, 40 * GiB]))) for h in sorted({g.host for g in gpus}))
+    return PlanInput(gpus, draw(deployments()), hosts=hosts, strategy=draw(st.sampled_from(STRATEGIES)),
+                     buffer_bytes=draw(st.integers(0, 2)) * HALF, settings=FAST)
+
+
+def carry_over(request: PlanInput, result) -> PlanInput:
+    """The next pass's input: the same request with the replicas as this plan left them."""
+    current = tuple(
+        Replica(r.deployment, r.index, r.gpus, r.reserved_bytes, r.state, r.host)
+        for r in result.replicas if r.state in ("ready", "sleeping"))
+    return replace(request, replicas=current)
+
+
+def shaken(request: PlanInput, draw) -> PlanInput:
+    """The same fleet after traffic changed: some deployments now violate their SLO or want more replicas."""
+    changed = []
+    for d in request.deployments:
+        if draw(st.booleans()):
+            d = replace(d, violating=True, max_replicas=d.high + 2)
+        changed.append(d)
+    return replace(request, deployments=tuple(changed))
+
+
+RUN = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def assert_within_capacity_and_gangs_on_one_host(request: PlanInput, result) -> None:
+    reserved = {g.id: 0 for g in request.gpus}
+    width = {d.name: d.gpus_per_replica for d in request.deployments}
+    for r in result.replicas:
+        if r.state == "ready":
+            assert len(r.gpus) == width[r.deployment]
+            assert len({g.rsplit("/", 1)[0] for g in r.gpus}) == 1, r
+            for g in r.gpus:
+                reserved[g] += r.reserved_bytes // len(r.gpus)
+    for g in request.gpus:
+        assert reserved[g.id] <= max(g.total_bytes - g.used_bytes - request.buffer_bytes, 0), g.id
+    assert {b.gpu: b.reserved_bytes for b in result.ledger} == reserved
+
+
+@RUN
+@given(inputs(), st.data())
+def test_no_gpu_is_ever_over_capacity_minus_buffer_and_gangs_share_a_host(request, data):
+    first = plan(request)
+    assert_within_capacity_and_gangs_on_one_host(request, first)
+    shaken_request = shaken(request, data.draw)
+    assert_within_capacity_and_gangs_on_one_host(shaken_request, plan(carry_over(shaken_request, first)))
+
+
+@RUN
+@given(inputs(), st.data())
+def test_a_higher_tier_is_never_preempted_for_a_lower_one(request, data):
+    first = plan(request)
+    second = plan(carry_over(shaken(request, data.draw), first))
+    tiers = {d.name: TIER_RANK[d.priority] for d in request.deployments}
+    for r in second.replicas:
+        if r.preempted_by is not None:
+            by = r.preempted_by.rsplit("#", 1)[0]
+            assert tiers[by] <= tiers[r.deployment], (r.deployment, r.preempted_by)
+            if r.action == "preempt":
+                assert tiers[by] < tiers[r.deployment] or "minimum" in r.reason, r.reason
+
+
+@RUN
+@given(inputs())
+def test_a_replan_of_an_unchanged_input_moves_nothing(request):
+    first = plan(request)
+    second = plan(carry_over(request, first))
+    assert second.moves == ()
+    before = {(r.deployment, r.index): r.gpus for r in first.replicas if r.state == "ready"}
+    after = {(r.deployment, r.index): r.gpus for r in second.replicas if r.state == "ready"}
+    assert after == before
+    assert {r.action for r in second.replicas if r.state == "ready"} <= {"keep"}
+
+
+@RUN
+@given(inputs(), st.data())
+def test_a_replan_after_preemptions_and_sleeps_moves_nothing(request, data):
+    shaken_request = shaken(request, data.draw)
+    second = plan(carry_over(shaken_request, plan(request)))
+    third = plan(carry_over(shaken_request, second))
+    assert third.moves == ()
+    before = {(r.deployment, r.index): r.gpus for r in second.replicas if r.state == "ready"}
+    assert {(r.deployment, r.index): r.gpus for r in third.replicas if r.state == "ready"} == before
