@@ -54,18 +54,19 @@ def checkpoint_size(files: tuple[Path, ...]) -> int:
 class Throttle:
     """Calls `report(loaded, total)` every PROGRESS_STEP of the total or PROGRESS_INTERVAL_S, and at the end."""
 
-    def __init__(self, total: int, report: ProgressCallback) -> None:
+    def __init__(self, total: int, report: ProgressCallback, clock: Callable[[], float] = time.monotonic) -> None:
         self.total = total
         self.loaded = 0
         self._report = report
+        self._clock = clock
         self._lock = threading.Lock()  # transformers materialises tensors from a thread pool
         self._last_bytes = 0
-        self._last_time = time.monotonic()
+        self._last_time = clock()
 
     def add(self, nbytes: int) -> None:
         with self._lock:
             self.loaded += nbytes
-            now = time.monotonic()
+            now = self._clock()
             due = (
                 self.loaded - self._last_bytes >= PROGRESS_STEP * self.total
                 or now - self._last_time >= PROGRESS_INTERVAL_S
