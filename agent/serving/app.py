@@ -1,7 +1,9 @@
 """The agent's Open Inference Protocol (KServe v2 REST) server over its ready workers.
 
 Models are addressed by deployment name. Every error is `{"error": "..."}` with a status that says
-whose move it is: 400 the request, 404 the name, 503 the replica (loading or failed), 500/504 the worker.
+whose move it is: 400 the request, 404 the name, 503 the replica (loading, failed, or asleep and not
+woken in time), 507 the replica's memory (the request needs more than its share), 500/504 the worker.
+A request for a model whose replicas here all sleep wakes one and is answered once it is ready.
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ from aiohttp import web
 import agent
 from agent.serving.tensors import BadRequest, encode_outputs, parse_infer_request
 from agent.workers.spec import SIGNATURES, WorkerSpec
-from agent.workers.supervisor import InferenceInputError, InferenceTimeout, WorkerUnavailable
+from agent.workers.supervisor import (
+    InferenceInputError,
+    InferenceOutOfMemory,
+    InferenceTimeout,
+    WakeFailed,
+    WorkerUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +44,22 @@ class Replica(Protocol):
 
 
 class ReplicaSource(Protocol):
+    """Where the replicas come from (the Agent). It may also have `async wake(name) -> Replica`, which
+    returns a ready replica of that deployment, waking one if need be, or raises WorkerUnavailable."""
+
     def handles(self) -> list[Any]: ...
+
+
+WAKEABLE = ("sleeping", "preloaded")
+# States that are where the console wants them, not on their way to serving.
+RESTING = ("sleeping", "preloaded", "stopped")
 
 
 SOURCE = web.AppKey("source", ReplicaSource)
 
 
 def make_app(source: ReplicaSource) -> web.Application:
-    """The v2 REST application over `source.handles()` (a Supervisor)."""
+    """The v2 REST application over `source.handles()` (the Agent, a Supervisor, or a fake)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors])
     app[SOURCE] = source
     app.router.add_get("/v2/health/live", live)
@@ -64,8 +80,9 @@ async def live(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """Ready when every replica this agent runs is ready (vacuously so with none)."""
-    waiting = [h for h in request.app[SOURCE].handles() if h.state != "ready"]
+    """Ready when every replica meant to serve is ready (vacuously so with none); sleeping, preloaded and
+    evicted replicas are where the console wants them."""
+    waiting = [h for h in request.app[SOURCE].handles() if h.state not in ("ready", *RESTING)]
     if waiting:
         return error(503, "not ready: " + "; ".join(_describe(h) for h in waiting))
     return web.json_response({"ready": True})
@@ -110,23 +127,31 @@ async def infer(request: web.Request) -> web.Response:
     replicas, name = _replicas(request)
     if not replicas:
         return _unknown(request, name)
-    candidates = [h for h in replicas if h.state == "ready"]
-    if not candidates:
-        return error(503, _not_ready_text(name, replicas))
-    replica = min(candidates, key=lambda h: h.queued)  # least busy first
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         return error(400, f"the request body is not valid JSON ({e})")
-    signature = SIGNATURES[replica.spec.task]
+    signature = SIGNATURES[replicas[0].spec.task]
     try:
         parsed = parse_infer_request(body, signature)
     except BadRequest as e:
         return error(400, str(e))
+    candidates = [h for h in replicas if h.state == "ready"]
+    wake = getattr(request.app[SOURCE], "wake", None)
     try:
+        if candidates:
+            replica = min(candidates, key=lambda h: h.queued)  # least busy first
+        elif wake is not None and any(h.state in WAKEABLE for h in replicas):
+            replica = await wake(name)  # bounded by the agent's --wake-timeout
+        else:
+            return error(503, _not_ready_text(name, replicas))
         outputs = await replica.infer(parsed.inputs)
     except InferenceInputError as e:
         return error(400, str(e))
+    except InferenceOutOfMemory as e:
+        return error(507, f"model {name!r} cannot take this request: {e}")
+    except WakeFailed as e:
+        return error(503, str(e))
     except WorkerUnavailable as e:
         return error(503, f"model {name!r} is not ready: {e}")
     except InferenceTimeout as e:

@@ -84,6 +84,7 @@ class WorkerHandle:
         self._exited = asyncio.Event()
         self._stopping = False
         self._wake_task: asyncio.Task | None = None
+        self._sleep_task: asyncio.Task | None = None
 
     @property
     def measured_bytes(self) -> int | None:
@@ -122,12 +123,6 @@ class WorkerHandle:
         self._exited.set()
         self._idle.set()  # a request that slips in finds the state and fails at once
         self._set("failed", reason)
-
-    def mark_stopped(self, reason: str) -> None:
-        """Record a replica whose worker was ended on purpose (evicted), so the reason is reported."""
-        self._exited.set()
-        self._idle.set()
-        self._set("stopped", reason)
 
     def status(self) -> ReplicaStatus:
         """This replica as the wire protocol reports it."""
@@ -175,12 +170,18 @@ class WorkerHandle:
             self.queued -= 1
 
     async def sleep(self, timeout: float = DEFAULT_SWAP_TIMEOUT) -> None:
-        """Move the weights to host memory and free the device; a no-op when already asleep."""
-        if self.state == "sleeping":
-            return
-        if self.state not in ("ready", "preloaded") or self.transition is not None:
-            raise WorkerUnavailable(f"cannot sleep: {self._unavailable_text()}")
-        self.transition = "sleep"  # requests arriving from now on are refused, not queued behind it
+        """Move the weights to host memory and free the device; concurrent callers share one sleep."""
+        if self._sleep_task is None:
+            if self.state == "sleeping" and self.transition is None:
+                return
+            if self.state not in ("ready", "preloaded") or self.transition is not None:
+                raise WorkerUnavailable(f"cannot sleep: {self._unavailable_text()}")
+            self.transition = "sleep"  # requests arriving from now on are refused, not queued behind it
+            self._sleep_task = asyncio.ensure_future(self._sleep(timeout))
+            self._sleep_task.add_done_callback(self._sleep_done)
+        await asyncio.shield(self._sleep_task)
+
+    async def _sleep(self, timeout: float) -> None:
         try:
             result = await self.call("sleep", None, timeout, states=("ready", "preloaded"))
         finally:
@@ -188,6 +189,11 @@ class WorkerHandle:
         self.host_bytes = int(result["host_bytes"])
         self.sleep_wake = _sleep_wake(result)
         self._set("sleeping")
+
+    def _sleep_done(self, task: asyncio.Task) -> None:
+        self._sleep_task = None
+        if not task.cancelled():
+            task.exception()  # retrieved here so an unawaited failure is not logged as lost
 
     async def wake(self, then: Literal["ready", "preloaded"] = "ready", timeout: float = DEFAULT_SWAP_TIMEOUT) -> None:
         """Copy the weights back onto the device and end in `then`; concurrent callers share one wake."""
@@ -257,8 +263,8 @@ class WorkerHandle:
 
     # --- lifecycle ------------------------------------------------------------------------------
 
-    async def stop(self, timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
-        """Terminate the worker (SIGTERM, then SIGKILL after `timeout`), reap it, and mark it stopped."""
+    async def stop(self, timeout: float = DEFAULT_STOP_TIMEOUT, reason: str = "") -> None:
+        """Terminate the worker (SIGTERM, then SIGKILL after `timeout`), reap it, and mark it stopped (with why)."""
         self._stopping = True
         self._stop_heartbeat()
         if self._process is not None and not self._exited.is_set():
@@ -280,8 +286,7 @@ class WorkerHandle:
                 if not self._exited.is_set():
                     self._on_exit()  # the watcher never fired; reap by hand (join waits the kill out)
         self._close()
-        if self.state != "stopped":
-            self._set("stopped")
+        self._set("stopped", reason)
 
     def _on_readable(self) -> None:
         try:

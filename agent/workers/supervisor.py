@@ -13,6 +13,7 @@ from agent.workers.errors import (
     InferenceInputError,
     InferenceOutOfMemory,
     InferenceTimeout,
+    WakeFailed,
     WorkerUnavailable,
 )
 from agent.workers.handle import (
@@ -36,6 +37,7 @@ __all__ = [
     "InferenceTimeout",
     "Supervisor",
     "WorkerHandle",
+    "WakeFailed",
     "WorkerState",
     "WorkerUnavailable",
 ]
@@ -87,13 +89,6 @@ class Supervisor:
         handle.fail_without_start(reason)
         return handle
 
-    def add_stopped(self, spec: WorkerSpec, reason: str) -> WorkerHandle:
-        """Track a replica whose worker was ended on purpose (evicted), so it is reported stopped with why."""
-        handle = self._new(spec)
-        self._handles[spec.replica_id] = handle
-        handle.mark_stopped(reason)
-        return handle
-
     def _new(self, spec: WorkerSpec) -> WorkerHandle:
         interval, timeout = self._heartbeat
         return WorkerHandle(spec, self._on_change, self._on_progress, interval, timeout)
@@ -113,6 +108,12 @@ class Supervisor:
             # Forgotten only once stopped: if this is cancelled half-way, stop_all() still sees it.
             if self._handles.get(replica_id) is handle:
                 del self._handles[replica_id]
+
+    async def evict(self, replica_id: int, reason: str) -> None:
+        """Stop a replica's worker but keep it, reported `stopped` with `reason`, until it is stopped or started."""
+        handle = self._handles.get(replica_id)
+        if handle is not None:
+            await handle.stop(self._stop_timeout, reason)
 
     async def stop_all(self) -> None:
         """Stop every worker and every spare, in parallel; no process is left behind and no spare is
