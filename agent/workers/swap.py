@@ -1,10 +1,12 @@
 """Sleep and wake: move a model's weights to host memory and back, bit for bit (imports torch: workers only).
 
 `sleep` copies every parameter and buffer storage (each shared storage once) into one host buffer,
-pinned on CUDA so the copy back runs at full bus speed, then drops the device tensors so their
-memory is freed (and handed back to the driver with empty_cache). `wake` allocates one device
-buffer, copies the host buffer into it in one transfer, and points every parameter and buffer at
-its place in it, with the same dtype, shape, strides and sharing as before.
+page-locked on CUDA so the copy back runs at full bus speed, then drops the device tensors so their
+memory is freed (and handed back to the driver with empty_cache). The buffer is plain host memory
+registered with cudaHostRegister at its exact size: `pin_memory=True` would round it up to a power
+of two (torch's caching host allocator), up to twice the weights, and keep it cached after a wake.
+`wake` allocates one device buffer, copies the host buffer into it in one transfer, and points
+every parameter and buffer at its place in it, with the same dtype, shape, strides and sharing.
 
 On the CPU, "device" and host are the same memory: sleep is still a real copy into a separate host
 buffer and the model's own tensors are released, so the code path is the one that runs on CUDA,
@@ -26,13 +28,15 @@ class Transfer:
     direction: str  # "sleep" or "wake"
     bytes: int
     seconds: float
+    pinned: bool = False  # the host buffer was page-locked (CUDA)
 
     @property
     def bandwidth(self) -> float:
         return self.bytes / self.seconds if self.seconds > 0 else 0.0
 
     def as_dict(self) -> dict:
-        return {"direction": self.direction, "bytes": self.bytes, "seconds": self.seconds, "bandwidth": self.bandwidth}
+        return {"direction": self.direction, "bytes": self.bytes, "seconds": self.seconds, "bandwidth": self.bandwidth,
+                "pinned": self.pinned}
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class WeightSwap:
         self._offsets: list[int] = []  # byte offset of each storage in the host buffer
         self._sizes: list[int] = []
         self._host: torch.Tensor | None = None
+        self._pinned = False
 
     @property
     def host_bytes(self) -> int:
@@ -74,20 +79,21 @@ class WeightSwap:
         start = time.perf_counter()
         storages = self._layout()
         total = self._offsets[-1] + self._sizes[-1] if storages else 0
-        # Pinned (page-locked) host memory: the copy back is a DMA at full PCIe/NVLink bandwidth.
-        host = torch.empty(total, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        host = torch.empty(total, dtype=torch.uint8)
+        # Page-locked host memory: both copies are DMAs at full PCIe/NVLink bandwidth.
+        pinned = self.device.type == "cuda" and total > 0 and pin(host)
         for storage, offset, size in zip(storages, self._offsets, self._sizes, strict=True):
             host[offset : offset + size].copy_(_bytes_of(storage), non_blocking=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self._host = host
+        self._host, self._pinned = host, pinned
         for slot in self._slots:  # drop every reference the model holds, so the storages are freed
             _assign(slot, torch.empty(0, dtype=slot.dtype, device=self.device))
         del storages
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.asleep = True
-        return Transfer("sleep", total, time.perf_counter() - start)
+        return Transfer("sleep", total, time.perf_counter() - start, pinned)
 
     def wake(self) -> Transfer:
         """Copy the weights back onto the device in one transfer and free the host copy."""
@@ -110,9 +116,12 @@ class WeightSwap:
                 tensor.set_(storage, base + slot.offset, slot.size, slot.stride)
                 restored[slot.tensor_id] = tensor
             _assign(slot, tensor)
+        pinned, self._pinned = self._pinned, False
+        if pinned:
+            unpin(host)  # before the buffer is freed
         self._host = None
         self.asleep = False
-        return Transfer("wake", int(host.numel()), time.perf_counter() - start)
+        return Transfer("wake", int(host.numel()), time.perf_counter() - start, pinned)
 
     def _layout(self) -> list[torch.UntypedStorage]:
         """Record every registered tensor and lay out its storage (each shared one once) in one block."""
@@ -138,6 +147,22 @@ class WeightSwap:
                               tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset())
                     )
         return storages
+
+
+def pin(host: torch.Tensor) -> bool:
+    """Page-lock a host tensor's memory in place, at its exact size; False (it stays pageable) if CUDA refuses."""
+    cudart = torch.cuda.cudart()
+    code = int(cudart.cudaHostRegister(host.data_ptr(), host.numel() * host.element_size(), 1))  # 1: portable
+    if code != 0:
+        clear = getattr(cudart, "cudaGetLastError", None)
+        if clear is not None:
+            clear()  # a failed registration must not surface later as another call's error
+        return False
+    return True
+
+
+def unpin(host: torch.Tensor) -> None:
+    torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
 
 
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:

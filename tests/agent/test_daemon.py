@@ -151,9 +151,8 @@ def replica(path, replica_id=7, deployment="chat", state="ready", **extra) -> De
         model_path=str(path),
         architecture="LlamaForCausalLM",
         gpus=[1],
-        reserved_bytes=GIB,
         state=state,
-        **extra,
+        **({"reserved_bytes": GIB} | extra),
     )
 
 
@@ -393,3 +392,21 @@ async def test_a_hung_worker_is_reported_and_replaced(console, run_agent, tmp_pa
     assert hung.reason == "no heartbeat for 1 s"
     again = await console.expect(ReplicaStatus, replica_id=7, state="ready", timeout=60)
     assert again.pid != first.pid and not alive(first.pid)
+
+
+async def test_a_request_out_of_memory_is_a_507_and_harms_no_other_replica(console, run_agent, tmp_path):
+    llama = build_tiny_llama(tmp_path / "tiny-llama")
+    agent = await run_agent(cap_cpu_workers=True)
+    await console.expect(Hello)
+    # Each CPU worker is held to its reservation (1 MiB here) plus room for threads and the mapped file.
+    small = [replica(llama, replica_id=i, deployment=name, reserved_bytes=1 << 20) for i, name in ((1, "a"), (2, "b"))]
+    await console.send(DesiredState(generation=1, replicas=small))
+    await console.expect_each((ReplicaStatus, {"replica_id": 1, "state": "ready"}),
+                              (ReplicaStatus, {"replica_id": 2, "state": "ready"}), timeout=60)
+    huge = {"inputs": [{"name": "input_ids", "shape": [256, 1024], "datatype": "INT64", "data": [1] * (256 * 1024)}]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{agent.endpoint}/v2/models/a/infer", json=huge) as response:
+            assert response.status == 507
+            assert (await response.json())["error"].startswith("model 'a' cannot take this request: out of memory")
+    assert (await post_infer(agent, "a"))[0] == 200 and (await post_infer(agent, "b"))[0] == 200
+    assert [(h.spec.replica_id, h.state) for h in agent.supervisor.handles()] == [(1, "ready"), (2, "ready")]

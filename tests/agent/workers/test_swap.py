@@ -6,7 +6,7 @@ import torch
 import transformers
 
 from agent.workers.memory_probe import weights_bytes
-from agent.workers.swap import WeightSwap
+from agent.workers.swap import WeightSwap, pin, unpin
 
 IDS = torch.tensor([[1, 5, 42, 7, 300, 2]])
 
@@ -104,3 +104,32 @@ def test_a_sleeping_model_refuses_inference_in_the_worker_runtime(tmp_path):
     woke = model.wake()
     assert woke["direction"] == "wake" and woke["host_bytes"] == 0
     assert np.array_equal(model.infer(ids)["logits"], before)
+
+
+class FakeCudart:
+    def __init__(self, code, calls):
+        self.code, self.calls = code, calls
+
+    def cudaHostRegister(self, ptr, size, flags):
+        self.calls.append(("register", ptr, size, flags))
+        return self.code
+
+    def cudaHostUnregister(self, ptr):
+        self.calls.append(("unregister", ptr))
+        return 0
+
+    def cudaGetLastError(self):
+        self.calls.append(("clear",))
+        return 0
+
+
+def test_the_host_copy_is_page_locked_at_its_exact_size_and_a_refusal_leaves_it_pageable(monkeypatch):
+    calls = []
+    host = torch.empty(1000, dtype=torch.uint8)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: FakeCudart(0, calls))
+    assert pin(host) and calls == [("register", host.data_ptr(), 1000, 1)]  # 1000, not rounded to 1024
+    unpin(host)
+    assert calls[-1] == ("unregister", host.data_ptr())
+    calls.clear()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: FakeCudart(712, calls))  # cudaErrorHostMemoryAlreadyRegistered
+    assert not pin(host) and calls[-1] == ("clear",)
