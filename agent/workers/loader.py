@@ -82,11 +82,12 @@ class Throttle:
 class _CountedSlice:
     """A checkpoint tensor not yet read; transformers reads it with `[...]`, which we count."""
 
-    def __init__(self, handle: Any, key: str, throttle: Throttle) -> None:
+    def __init__(self, handle: Any, key: str, throttle: Throttle, own_copy_as: torch.dtype | None) -> None:
         self._handle = handle
         self._key = key
         self._slice = handle.get_slice(key)
         self._throttle = throttle
+        self._own_copy_as = own_copy_as
 
     def get_shape(self) -> list[int]:
         return self._slice.get_shape()
@@ -96,6 +97,11 @@ class _CountedSlice:
 
     def __getitem__(self, index: Any) -> torch.Tensor:
         tensor = self._handle.get_tensor(self._key) if index is Ellipsis else self._slice[index]
+        if self._own_copy_as is not None and (tensor.dtype == self._own_copy_as or not tensor.is_floating_point()):
+            # On the CPU safetensors hands out views of its private file mapping, read lazily on first
+            # touch: copied here, the weights are resident when the replica says ready, and the load
+            # reads the file (transformers' dtype conversion copies the other tensors anyway).
+            tensor = tensor.clone()
         self._throttle.add(tensor.numel() * tensor.element_size())
         return tensor
 
@@ -129,7 +135,8 @@ def load_to_device(
     target = str(device) if device.type == "cuda" else "cpu"
     with contextlib.ExitStack() as files_open:
         handles = [files_open.enter_context(safe_open(str(f), framework="pt", device=target)) for f in files]
-        state = {key: _CountedSlice(h, key, throttle) for h in handles for key in h.keys()}
+        own_copy_as = dtype if device.type == "cpu" else None
+        state = {key: _CountedSlice(h, key, throttle, own_copy_as) for h in handles for key in h.keys()}
         # pretrained_model_name_or_path=None: transformers refuses a path together with a state dict;
         # the config carries everything the path would have given it.
         model = model_class(config, task).from_pretrained(

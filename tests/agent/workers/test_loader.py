@@ -73,3 +73,15 @@ def test_progress_is_also_reported_when_time_passes():
     now[0] = 0.3  # past the 250 ms interval, far below 5% of the bytes
     throttle.add(1)
     assert seen == [2]
+
+
+def file_mappings(path) -> list[tuple[int, int]]:
+    with open("/proc/self/maps") as maps:
+        return [tuple(int(x, 16) for x in line.split()[0].split("-")) for line in maps if str(path) in line]
+
+
+def test_on_the_cpu_the_weights_are_the_process_own_memory_not_a_view_of_the_file(models):
+    model, _ = loader.load_to_device(models["llama"], "causal-lm", torch.float32, torch.device("cpu"))
+    mapped = file_mappings(models["llama"] / "model.safetensors")
+    inside = [n for n, p in model.named_parameters() if any(a <= p.data_ptr() < b for a, b in mapped)]
+    assert inside == []  # resident once ready, and independent of the file and the page cache
