@@ -35,7 +35,7 @@ from agent.protocol import (
 from agent.replicas import Replicas, ReplicaSettings
 from agent.restarts import RestartBackoff
 from agent.serving import make_app, start_server
-from agent.workers.handle import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
+from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from agent.workers.supervisor import DEFAULT_WARM_SPARES, Supervisor, WorkerHandle
 
 log = logging.getLogger(__name__)

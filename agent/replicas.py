@@ -22,7 +22,8 @@ from agent.protocol import DesiredReplica, DesiredState, GpuInfo
 from agent.restarts import RestartBackoff
 from agent.sleep_budget import Sleeper, fit
 from agent.workers.errors import InferenceError, WakeFailed
-from agent.workers.handle import DEFAULT_SWAP_TIMEOUT, HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
+from agent.workers.handle import DEFAULT_SWAP_TIMEOUT
+from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from agent.workers.spec import DTYPES, WorkerSpec
 from agent.workers.supervisor import DEFAULT_WARM_SPARES, Supervisor, WorkerHandle
 

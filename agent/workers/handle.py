@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from agent.protocol import Measurement, ReplicaStatus, SleepWake
 from agent.workers.errors import ERROR_KINDS, InferenceError, InferenceTimeout, WorkerUnavailable
+from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Heartbeat
 from agent.workers.spares import Spare, spawn_worker
 from agent.workers.spec import WorkerSpec
 
@@ -32,8 +33,6 @@ StatusCallback = Callable[["WorkerHandle"], None]
 DEFAULT_STOP_TIMEOUT = 5.0
 DEFAULT_INFER_TIMEOUT = 120.0
 DEFAULT_SWAP_TIMEOUT = 600.0  # a sleep or wake copies every weight; big models on slow buses take a while
-HEARTBEAT_INTERVAL = 1.0
-HEARTBEAT_TIMEOUT = 10.0
 # A loaded worker answers pings from its pipe thread; while it starts or loads it may hold the GIL in
 # long C calls (imports, reads), so only these states are watched.
 WATCHED_STATES = ("ready", "preloaded", "sleeping")
@@ -68,11 +67,8 @@ class WorkerHandle:
         self.transition: str | None = None  # "sleep" or "wake" while one runs
         self._on_change = on_change
         self._on_progress = on_progress
-        self._heartbeat_interval = heartbeat_interval
-        self._heartbeat_timeout = heartbeat_timeout
-        self._heartbeat: asyncio.TimerHandle | None = None
-        self._last_pong = 0.0
-        self._pings = itertools.count(1)
+        self._heartbeat = Heartbeat(self._ping, self._kill_silent, lambda: self.state in WATCHED_STATES,
+                                    heartbeat_interval, heartbeat_timeout)
         self._kill_reason = ""
         self._process: Any = None
         self._conn: Any = None
@@ -266,7 +262,7 @@ class WorkerHandle:
     async def stop(self, timeout: float = DEFAULT_STOP_TIMEOUT, reason: str = "") -> None:
         """Terminate the worker (SIGTERM, then SIGKILL after `timeout`), reap it, and mark it stopped (with why)."""
         self._stopping = True
-        self._stop_heartbeat()
+        self._heartbeat.stop()
         if self._process is not None and not self._exited.is_set():
             with contextlib.suppress(ProcessLookupError, OSError):
                 self._process.terminate()
@@ -300,7 +296,7 @@ class WorkerHandle:
     def _handle(self, message: tuple) -> None:
         kind = message[0]
         if kind == "pong":
-            self._last_pong = time.monotonic()
+            self._heartbeat.pong()
         elif kind == "progress":
             self.loaded_bytes = int(message[1]["loaded_bytes"])
             self.total_bytes = int(message[1]["total_bytes"])
@@ -316,7 +312,7 @@ class WorkerHandle:
             self.loaded_bytes = self.total_bytes
             self.last_used = time.monotonic()
             self._idle.set()
-            self._start_heartbeat()
+            self._heartbeat.start()
             self._set(self.after_load)
         elif kind == "failed":
             self._set("failed", message[1]["reason"])
@@ -332,36 +328,24 @@ class WorkerHandle:
         else:
             log.warning("replica %d: unknown message %r from worker", self.spec.replica_id, kind)
 
-    def _start_heartbeat(self) -> None:
-        self._last_pong = time.monotonic()
-        if self._heartbeat is None and self._heartbeat_timeout > 0:
-            self._heartbeat = self._loop.call_later(self._heartbeat_interval, self._beat)
+    def _ping(self, number: int) -> None:
+        if self._conn is not None and not self._exited.is_set() and not self._stopping:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                self._conn.send(("ping", number))
 
-    def _stop_heartbeat(self) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            self._heartbeat = None
-
-    def _beat(self) -> None:
-        self._heartbeat = None
-        if self._exited.is_set() or self._conn is None or self._stopping:
+    def _kill_silent(self, reason: str) -> None:
+        if self._exited.is_set() or self._stopping:
             return
-        silent = time.monotonic() - self._last_pong
-        if self.state in WATCHED_STATES and silent > self._heartbeat_timeout:
-            self._kill_reason = f"no heartbeat for {self._heartbeat_timeout:g} s"
-            log.warning("replica %d: worker pid %s: %s; killing it", self.spec.replica_id, self.pid, self._kill_reason)
-            with contextlib.suppress(ProcessLookupError, OSError):
-                self._process.kill()
-            return
-        with contextlib.suppress(BrokenPipeError, OSError):
-            self._conn.send(("ping", next(self._pings)))
-        self._heartbeat = self._loop.call_later(self._heartbeat_interval, self._beat)
+        self._kill_reason = reason
+        log.warning("replica %d: worker pid %s: %s; killing it", self.spec.replica_id, self.pid, reason)
+        with contextlib.suppress(ProcessLookupError, OSError):
+            self._process.kill()
 
     def _on_exit(self) -> None:
         if self._exited.is_set():
             return
         self._on_readable()  # a "failed" message may still sit in the pipe: read it before judging the exit
-        self._stop_heartbeat()
+        self._heartbeat.stop()
         self._loop.remove_reader(self._process.sentinel)
         self._process.join(1.0)  # the sentinel fires as the process exits; reaping it is immediate
         self.exitcode = self._process.exitcode

@@ -16,14 +16,8 @@ from agent.workers.errors import (
     WakeFailed,
     WorkerUnavailable,
 )
-from agent.workers.handle import (
-    DEFAULT_STOP_TIMEOUT,
-    HEARTBEAT_INTERVAL,
-    HEARTBEAT_TIMEOUT,
-    StatusCallback,
-    WorkerHandle,
-    WorkerState,
-)
+from agent.workers.handle import DEFAULT_STOP_TIMEOUT, StatusCallback, WorkerHandle, WorkerState
+from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from agent.workers.spares import SparePool
 from agent.workers.spec import WorkerSpec
 

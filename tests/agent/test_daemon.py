@@ -303,9 +303,12 @@ async def test_it_sleeps_one_model_wakes_another_and_switches_to_a_preloaded_one
     a = replica(llama, replica_id=1, deployment="a", mps_percentage=30)
     b = replica(llama, replica_id=2, deployment="b", state="sleeping")
     await console.send(DesiredState(generation=1, replicas=[a, b]))
-    ready_a = await console.expect(ReplicaStatus, replica_id=1, state="ready", timeout=60)
+    ready_a, asleep_b = await console.expect_each(
+        (ReplicaStatus, {"replica_id": 1, "state": "ready"}),
+        (ReplicaStatus, {"replica_id": 2, "state": "sleeping"}),  # loaded, then put to sleep
+        timeout=90,
+    )
     assert ready_a.mps_percentage == 30  # a simulated GPU records the MPS share
-    asleep_b = await console.expect(ReplicaStatus, replica_id=2, state="sleeping", timeout=60)  # loaded, then slept
     assert asleep_b.host_bytes >= asleep_b.measurement.weights_bytes and asleep_b.sleep_wake.direction == "sleep"
     report = await console.expect(HostReport)
     assert report.gpus[1].used_bytes == ready_a.measured_bytes  # a sleeping replica holds no device memory
@@ -358,8 +361,8 @@ async def test_sleepers_beyond_the_host_budget_are_evicted_least_recently_used_f
     first = replica(llama, replica_id=1, deployment="first")
     second = replica(llama, replica_id=2, deployment="second")
     await console.send(DesiredState(generation=1, replicas=[first, second]))
-    await console.expect(ReplicaStatus, replica_id=1, state="ready", timeout=60)
-    await console.expect(ReplicaStatus, replica_id=2, state="ready", timeout=60)
+    await console.expect_each((ReplicaStatus, {"replica_id": 1, "state": "ready"}),
+                              (ReplicaStatus, {"replica_id": 2, "state": "ready"}), timeout=90)
     assert (await post_infer(agent, "second"))[0] == 200  # `second` is now the more recently used
 
     await console.send(DesiredState(generation=2, replicas=[first.model_copy(update={"state": "sleeping"}),
