@@ -228,8 +228,12 @@ class Replicas:
         if handle.state in (*ON_DEVICE, "sleeping"):
             self.backoff.ready(rid)  # it loaded: the run of failures is over
         placement = self._placements.get(rid)
-        if handle.state == "preloaded" and placement is not None and placement.state == "sleeping":
+        target = placement.state if placement is not None else None
+        if handle.state == "preloaded" and target == "sleeping":
             self._spawn(self._sleep(handle))  # loaded (or restarted) only to be put to sleep
+        elif handle.state == "sleeping" and target == "ready" and handle.transition is None and not handle.reason:
+            # The console changed its mind while it fell asleep (a failed wake has a reason: no retry loop).
+            self._spawn(self._wake(handle, "ready"))
         elif handle.state == "failed" and handle.pid is not None and not self._stopping:
             # A worker process crashed, hung or failed to load: restart it, backing off so a model that
             # always fails costs little. (A replica refused before any process started is not

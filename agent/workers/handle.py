@@ -207,13 +207,13 @@ class WorkerHandle:
             self.promote()  # another caller woke it into preloaded; this one needs it serving
 
     def promote(self) -> None:
-        """Preloaded -> ready: it is on the device already, so it serves at once."""
-        if self.state == "preloaded":
+        """Preloaded -> ready: it is on the device already, so it serves at once (not while it goes to sleep)."""
+        if self.state == "preloaded" and self.transition is None:
             self._set("ready")
 
     def demote(self) -> None:
         """Ready -> preloaded: stays on the device, takes no new requests."""
-        if self.state == "ready":
+        if self.state == "ready" and self.transition is None:
             self._set("preloaded")
 
     async def _wake(self, then: str, timeout: float) -> None:
