@@ -47,6 +47,22 @@ def build_parser() -> argparse.ArgumentParser:
         type=_count,
         help="worker processes kept spawned with torch imported, so a new replica starts faster (default 1, 0: off)",
     )
+    run.add_argument(
+        "--sleep-budget",
+        default=None,
+        type=_size,
+        help="host memory for sleeping replicas' weights, like 64GiB or bytes; beyond it the least recently "
+        "used are stopped (default: half of this host's RAM)",
+    )
+    run.add_argument("--wake-timeout", default=30.0, type=_positive,
+                     help="seconds a request waits for a sleeping replica to wake before a 503 (default 30)")
+    run.add_argument("--heartbeat-timeout", default=10.0, type=_positive,
+                     help="seconds a loaded worker may miss heartbeats before it is killed and replaced (default 10)")
+    run.add_argument("--mps", action="store_true",
+                     help="start the CUDA MPS control daemon (nvidia-cuda-mps-control) and stop it on exit, so "
+                     "replicas sharing a GPU run at once with their mps_percentage of its SMs")
+    run.add_argument("--cap-cpu-workers", action="store_true",
+                     help="hold CPU workers to their reservation with an address-space cap (simulated GPUs)")
 
     demo = commands.add_parser("demo-models", help="write the demo model directories (tiny-llama, tiny-bert, minilm)")
     demo.add_argument("directory")
@@ -122,16 +138,26 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         report_interval=args.report_interval,
         advertise=args.advertise,
         warm_workers=args.warm_workers,
+        sleep_budget=args.sleep_budget,
+        wake_timeout=args.wake_timeout,
+        heartbeat_timeout=args.heartbeat_timeout,
+        mps=args.mps,
+        cap_cpu_workers=args.cap_cpu_workers,
     )
     return asyncio.run(_serve(Agent(config, backend)))
 
 
 async def _serve(daemon: Agent) -> int:
+    from agent.mps import MpsUnavailable
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, daemon.request_stop)
     try:
         await daemon.run()
+    except MpsUnavailable as e:
+        logging.getLogger("agent").error("cannot start MPS: %s", e)
+        return 1
     except OSError as e:  # the listen address is taken or not ours
         logging.getLogger("agent").error("cannot serve inference: %s", e)
         return 1
@@ -159,6 +185,20 @@ def _at_least_one(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
     return int(text)
+
+
+def _size(text: str) -> int:
+    units = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+             "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+    number = text.strip().rstrip("BbIiKkMmGgTt")
+    unit = text.strip()[len(number):].lower()
+    try:
+        value = float(number) * units[unit]
+    except (ValueError, KeyError):
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 64GiB, 512MiB or a number of bytes")
+    return int(value)
 
 
 def _count(text: str) -> int:

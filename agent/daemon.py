@@ -2,8 +2,9 @@
 the desired state the console sends.
 
 Message flow on each connection: agent sends hello, then a report; then a report every
-`report_interval` seconds and a replica_status on every worker state change; the console sends
-desired_state (answered by an ack once applied) or error.
+`report_interval` seconds and a replica_status on every worker state change (and, throttled, on
+loading progress); the console sends desired_state (answered by an ack once applied) or error.
+The replicas themselves (converging, restarts, sleep budget, wakes) are agent.replicas.
 """
 
 from __future__ import annotations
@@ -18,14 +19,11 @@ import aiohttp
 from pydantic import BaseModel, ValidationError
 
 import agent
-from agent.artifacts import ArtifactError, inspect_model_dir
-from agent.artifacts.model_dir import CAUSAL_LM_SUFFIXES
-from agent.converge import Running, device_for, plan_convergence
 from agent.gpus import GpuBackend
+from agent.mps import MpsControl
 from agent.protocol import (
     PROTOCOL_VERSION,
     Ack,
-    DesiredReplica,
     DesiredState,
     ErrorReply,
     GpuInfo,
@@ -34,9 +32,10 @@ from agent.protocol import (
     dump,
     parse_console_message,
 )
+from agent.replicas import Replicas, ReplicaSettings
 from agent.restarts import RestartBackoff
 from agent.serving import make_app, start_server
-from agent.workers.spec import DTYPES, WorkerSpec
+from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from agent.workers.supervisor import DEFAULT_WARM_SPARES, Supervisor, WorkerHandle
 
 log = logging.getLogger(__name__)
@@ -59,6 +58,24 @@ class AgentConfig:
     restart_backoff_min: float = 1.0  # a crashed worker is restarted after this, doubling per crash
     restart_backoff_max: float = 60.0
     warm_workers: int = DEFAULT_WARM_SPARES  # spawned workers kept with torch imported, for fast starts
+    sleep_budget: int | None = None  # host bytes for sleeping replicas; None: half the host's RAM
+    wake_timeout: float = 30.0  # how long a request waits for a sleeping replica to wake (then 503)
+    heartbeat_interval: float = HEARTBEAT_INTERVAL
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # a loaded worker silent this long is killed and replaced
+    mps: bool = False  # start the CUDA MPS control daemon (real GPUs only)
+    cap_cpu_workers: bool = False  # hold CPU workers to their reservation (address-space cap)
+
+    def replica_settings(self) -> ReplicaSettings:
+        return ReplicaSettings(
+            warm_workers=self.warm_workers,
+            restart_backoff_min=self.restart_backoff_min,
+            restart_backoff_max=self.restart_backoff_max,
+            sleep_budget=self.sleep_budget,
+            wake_timeout=self.wake_timeout,
+            heartbeat_interval=self.heartbeat_interval,
+            heartbeat_timeout=self.heartbeat_timeout,
+            cap_cpu_workers=self.cap_cpu_workers,
+        )
 
 
 def websocket_url(console: str) -> str:
@@ -79,17 +96,29 @@ class Agent:
         self.config = config
         self.backend = backend
         self.ws_url = websocket_url(config.console)
-        self.supervisor = Supervisor(on_change=self._on_worker_change, warm_spares=config.warm_workers)
+        self.replicas = Replicas(config.replica_settings(), backend, self._on_worker_change)
         self.endpoint = ""
         self.listening = asyncio.Event()
         self.applied_generation: int | None = None
-        self._placements: dict[int, DesiredReplica] = {}
-        self._generations: dict[int, int] = {}  # replica id -> generation its worker was started under
         self._outbox: asyncio.Queue[str] | None = None
         self._stop = asyncio.Event()
-        self.backoff = RestartBackoff(config.restart_backoff_min, config.restart_backoff_max)
-        self._restart_timers: dict[int, asyncio.TimerHandle] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._mps: MpsControl | None = None
+
+    @property
+    def supervisor(self) -> Supervisor:
+        return self.replicas.supervisor
+
+    @property
+    def backoff(self) -> RestartBackoff:
+        return self.replicas.backoff
+
+    def handles(self) -> list[WorkerHandle]:
+        """The replicas the inference server answers for."""
+        return self.replicas.handles()
+
+    async def wake(self, deployment: str) -> WorkerHandle:
+        """For the inference server: a ready replica of `deployment`, woken if it sleeps (bounded wait)."""
+        return await self.replicas.wake_for_request(deployment)
 
     def request_stop(self) -> None:
         """Ask `run()` to stop the workers and return (safe from a signal handler on the loop)."""
@@ -97,7 +126,12 @@ class Agent:
 
     async def run(self) -> None:
         """Serve inference and stay connected to the console until asked to stop."""
-        runner, port = await start_server(make_app(self.supervisor), self.config.listen_host, self.config.listen_port)
+        await self._start_mps()
+        try:
+            runner, port = await start_server(make_app(self), self.config.listen_host, self.config.listen_port)
+        except BaseException:
+            await self._stop_mps()
+            raise
         self.endpoint = self.config.advertise.rstrip("/") or _endpoint(self.config.listen_host, port)
         print(f"ModelGrid agent {self.config.name} serving inference on {self.endpoint}", flush=True)
         self.listening.set()
@@ -108,17 +142,30 @@ class Agent:
             async with aiohttp.ClientSession(timeout=timeout) as session:
                 link = asyncio.create_task(self._stay_connected(session))
                 await self._stop.wait()
-                for timer in self._restart_timers.values():
-                    timer.cancel()
                 log.info("stopping: %d worker(s)", len(self.supervisor.handles()))
-                await self.supervisor.stop_all()
+                await self.replicas.stop_all()
                 await self._flush()  # let the console hear the replicas stopped
                 link.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await link
         finally:
-            await self.supervisor.stop_all()
+            await self.replicas.stop_all()
+            await self._stop_mps()  # after the workers: MPS clients must be gone before the server quits
             await runner.cleanup()
+
+    async def _start_mps(self) -> None:
+        if not self.config.mps:
+            return
+        if self.backend.device_kind != "cuda":
+            log.info("--mps with simulated GPUs: each replica's MPS share is recorded in its status; "
+                     "no MPS daemon is started")
+            return
+        self._mps = MpsControl()
+        await self._mps.start()  # MpsUnavailable says what is missing
+
+    async def _stop_mps(self) -> None:
+        if self._mps is not None:
+            await self._mps.stop()
 
     async def _stay_connected(self, session: aiohttp.ClientSession) -> None:
         delay = self.config.backoff_min
@@ -219,85 +266,21 @@ class Agent:
                 "ignoring stale desired state generation %d (applied %d)", desired.generation, self.applied_generation
             )
             return False
-        running = {
-            h.spec.replica_id: Running(h.spec, h.state, self._generations.get(h.spec.replica_id, -1))
-            for h in self.supervisor.handles()
-        }
-        plan = plan_convergence(desired, running, self.backend.device_kind)
-        for reason in plan.reasons:
-            log.info("generation %d: %s", desired.generation, reason)
-        await asyncio.gather(*(self.supervisor.stop(replica_id) for replica_id in plan.stop))
-        for replica in plan.start:
-            self._start(replica)
-            self._generations[replica.id] = desired.generation
-        self._placements = {r.id: r for r in desired.replicas}
-        self._generations = {k: v for k, v in self._generations.items() if self.supervisor.get(k)}
+        await self.replicas.apply(desired)
         self.applied_generation = desired.generation
         return True
 
-    def _start(self, replica: DesiredReplica) -> WorkerHandle:
-        device = device_for(replica, self.backend.device_kind)
-        try:
-            # Read torch-free before spawning: a bad directory fails in milliseconds, with a message
-            # that names the file, instead of after a worker has imported torch.
-            task = inspect_model_dir(replica.model_path).task
-            if replica.dtype not in DTYPES:
-                raise ArtifactError(f"dtype {replica.dtype!r} is not supported ({', '.join(DTYPES)})")
-        except ArtifactError as e:
-            guess = "causal-lm" if replica.architecture.endswith(CAUSAL_LM_SUFFIXES) else "encoder"
-            spec = WorkerSpec(replica.id, replica.model_path, guess, device, replica.dtype, replica.deployment)
-            return self.supervisor.add_failed(spec, str(e))
-        spec = WorkerSpec(replica.id, replica.model_path, task, device, replica.dtype, replica.deployment)
-        return self.supervisor.start(spec)
-
-    def _on_worker_change(self, handle: WorkerHandle) -> None:
+    def _on_worker_change(self, handle: WorkerHandle, progress: bool) -> None:
         # A report first: the console applies it in one transaction, so a replica never shows ready
         # while its GPU does not yet show the bytes it measured. Then the status event itself.
-        self._post(self._report())
+        # Loading progress is only the status event, throttled by the worker.
+        if not progress:
+            self._post(self._report())
         self._post(handle.status())
-        replica_id = handle.spec.replica_id
-        if handle.state == "ready":
-            self.backoff.ready(replica_id)
-        elif handle.state == "failed" and handle.pid is not None and not self._stop.is_set():
-            # A worker process crashed or failed to load: restart it, backing off so a model that
-            # always fails costs little. (A replica refused before any process started is not
-            # retried: its directory would be refused again.)
-            delay = self.backoff.failed(replica_id)
-            log.warning("replica %d failed (%s); restarting in %g s (failure %d in a row)",
-                        replica_id, handle.reason, delay, self.backoff.failures(replica_id))
-            old = self._restart_timers.pop(replica_id, None)
-            if old is not None:
-                old.cancel()
-            self._restart_timers[replica_id] = asyncio.get_running_loop().call_later(
-                delay, self._spawn_task, self._restart(replica_id, handle)
-            )
-
-    def _spawn_task(self, coroutine) -> None:
-        task = asyncio.ensure_future(coroutine)
-        self._tasks.add(task)  # the loop keeps only weak references to tasks
-        task.add_done_callback(self._tasks.discard)
-
-    async def _restart(self, replica_id: int, failed: WorkerHandle) -> None:
-        self._restart_timers.pop(replica_id, None)
-        replica = self._placements.get(replica_id)
-        # Only the same failed worker of a replica that is still wanted: the desired state may
-        # have moved on while we waited.
-        if replica is None or replica.state != "ready" or self.supervisor.get(replica_id) is not failed:
-            return
-        await self.supervisor.stop(replica_id)
-        if self.supervisor.get(replica_id) is None and not self._stop.is_set():
-            log.info("replica %d: restarting its worker", replica_id)
-            self._start(replica)
 
     def gpus(self) -> list[GpuInfo]:
         """The backend's GPU reading, with each simulated GPU charged what its workers measured."""
-        used: dict[int, int] = {}
-        for handle in self.supervisor.handles():
-            placement = self._placements.get(handle.spec.replica_id)
-            if handle.measured_bytes and handle.state == "ready":
-                index = placement.gpus[0] if placement and placement.gpus else 0
-                used[index] = used.get(index, 0) + handle.measured_bytes
-        return self.backend.collect(used)
+        return self.replicas.gpus()
 
     def _hello(self) -> Hello:
         return Hello(

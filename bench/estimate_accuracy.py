@@ -15,8 +15,9 @@
    * forward peak: glibc's malloc in-use bytes (mallinfo2: uordblks + hblkhd, all arenas, mmapped
      chunks included -- torch's CPU allocator uses malloc) sampled after every aten op of the
      warm-up forward through a TorchDispatchMode, minus the value before the forward, under
-     torch.inference_mode. No tracemalloc (it does not see torch's allocations), no RSS (it does
-     not shrink when the allocator frees).
+     torch.inference_mode. The probe is agent/workers/memory_probe.py: the worker measures the
+     same way. No tracemalloc (it does not see torch's allocations), no RSS (it does not shrink
+     when the allocator frees).
      "w diff B" is estimated minus measured weight bytes, exact to the byte. all-MiniLM-L6-v2 shows
      +4,096: its checkpoint still holds `embeddings.position_ids` (int64[1, 512]), which transformers 5
      keeps as a non-persistent buffer (in memory, counted under np-buf, but not in state_dict).
@@ -26,7 +27,7 @@
 
 from __future__ import annotations
 
-import ctypes
+import functools
 import gc
 import json
 import sys
@@ -39,11 +40,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from agent.artifacts import estimate  # noqa: E402
 from agent.artifacts.config import ModelConfig  # noqa: E402
 from agent.artifacts.params import count_parameters  # noqa: E402
+from agent.workers.memory_probe import checkpoint_bytes, forward_peak_bytes  # noqa: E402  (the worker's probe)
 
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
@@ -138,46 +139,6 @@ def table_parameters() -> list[float]:
 # --- CPU measurement ------------------------------------------------------------------------------
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-_libc = ctypes.CDLL("libc.so.6")
-_libc.mallinfo2.restype = _MallInfo2
-
-
-def malloc_in_use() -> int:
-    info = _libc.mallinfo2()
-    return info.uordblks + info.hblkhd
-
-
-class PeakMalloc(TorchDispatchMode):
-    """Samples malloc's in-use bytes after every aten op: the forward's peak at op granularity."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.peak = malloc_in_use()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.peak = max(self.peak, malloc_in_use())
-        return out
-
-
-def checkpoint_bytes(model: torch.nn.Module) -> tuple[int, int]:
-    """(unique state_dict tensor bytes, non-persistent buffer bytes)."""
-    seen, total = set(), 0
-    for t in model.state_dict().values():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-        if key not in seen:
-            seen.add(key)
-            total += t.numel() * t.element_size()
-    state = set(model.state_dict())
-    extra = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if n not in state)
-    return total, extra
-
-
 def tiny_models() -> dict[str, tuple[dict, dict]]:
     """name -> (config.json dict, forward shape {batch, seq}); weights random, float32."""
     dec = {"vocab_size": 8192, "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4,
@@ -234,12 +195,8 @@ def measure(path: Path, arch: str, feed: dict[str, torch.Tensor]) -> tuple[int, 
     weights, extra = checkpoint_bytes(model)
     with torch.inference_mode():
         model(**feed)  # first call: lazy one-time allocations (oneDNN primitives) stay out of the peak
-        gc.collect()
-        before = malloc_in_use()
-        with PeakMalloc() as tracker:
-            out = model(**feed)
-        peak = tracker.peak - before
-    del out, model
+        peak = forward_peak_bytes(functools.partial(model, **feed))
+    del model
     gc.collect()
     return weights, extra, peak
 

@@ -23,6 +23,10 @@ class GpuBackend(Protocol):
         """One reading of every GPU; `used_by_workers` maps GPU index to bytes our workers measured."""
         ...
 
+    def process_memory(self, pid: int) -> int | None:
+        """Device memory held by one process, CUDA context included; None where it cannot be read."""
+        ...
+
 
 class GpuBackendUnavailable(RuntimeError):
     """The backend cannot run on this host; the message says why and what to do instead."""

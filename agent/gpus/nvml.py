@@ -76,6 +76,32 @@ class NvmlBackend:
                 log.warning("NVML cannot read GPU %d: %s", index, e)
         return gpus
 
+    def process_memory(self, pid: int) -> int | None:
+        """GPU memory NVML charges to process `pid` on all GPUs (CUDA context included); None if unknown.
+
+        None when NVML is missing, sees no such process (another PID namespace, such as a container
+        without --pid=host), or cannot say (MPS clients and some drivers report no per-process use).
+        """
+        if not self._init():
+            return None
+        nvml = self._nvml
+        total, seen = 0, False
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError:
+            return None
+        for index in range(count):
+            try:
+                processes = nvml.nvmlDeviceGetComputeRunningProcesses(nvml.nvmlDeviceGetHandleByIndex(index))
+            except nvml.NVMLError as e:
+                log.debug("NVML cannot list the processes of GPU %d: %s", index, e)
+                continue
+            for process in processes:
+                used = getattr(process, "usedGpuMemory", None)
+                if process.pid == pid and used is not None:
+                    total, seen = total + int(used), True
+        return total if seen else None
+
     def _read(self, index: int) -> GpuInfo:
         nvml = self._nvml
         handle = nvml.nvmlDeviceGetHandleByIndex(index)

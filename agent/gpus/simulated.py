@@ -62,6 +62,10 @@ class SimulatedBackend:
         """Always true: simulation needs no hardware."""
         return True
 
+    def process_memory(self, pid: int) -> int | None:
+        """Simulated GPUs hold no process memory: workers run on the CPU and measure themselves."""
+        return None
+
     def collect(self, used_by_workers: dict[int, int]) -> list[GpuInfo]:
         """Each GPU's used bytes is the sum its workers measured (not clamped, so an overcommit shows)."""
         return [

@@ -9,10 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 PROTOCOL_VERSION = 1
 
-# Observed states a replica can report; `pending` means placed but not yet started by an agent.
-REPLICA_STATES = ("pending", "loading", "ready", "sleeping", "stopped", "failed")
-ReplicaState = Literal["pending", "loading", "ready", "sleeping", "stopped", "failed"]
-TargetState = Literal["ready", "sleeping", "stopped"]
+# Observed states a replica can report; `pending` means placed but not yet started by an agent,
+# `starting` that its worker process exists but has not begun reading weights, `preloaded` that its
+# weights are on its GPUs and warmed up but it takes no requests until its target becomes `ready`.
+REPLICA_STATES = ("pending", "starting", "loading", "ready", "preloaded", "sleeping", "stopped", "failed")
+ReplicaState = Literal["pending", "starting", "loading", "ready", "preloaded", "sleeping", "stopped", "failed"]
+TargetState = Literal["ready", "preloaded", "sleeping", "stopped"]
 
 
 class _Message(BaseModel):
@@ -31,31 +33,43 @@ class GpuInfo(_Message):
 
 
 class Measurement(_Message):
-    """What a loaded replica really uses, measured by its worker after a warm-up forward."""
+    """What a loaded replica really takes, measured by its worker after a warm-up forward."""
 
     device: Literal["cpu", "cuda"]
     batch: int = Field(ge=1)  # the warm-up shape actually used
     seq: int = Field(ge=1)
-    weights_bytes: int = Field(ge=0)  # parameters + buffers on the device
+    weights_bytes: int = Field(ge=0)  # parameters + buffers on the device, shared storages once
     peak_bytes: int = Field(ge=0)  # cuda: max_memory_allocated during warm-up; cpu: weights + forward peak
     allocated_bytes: int | None = Field(default=None, ge=0)  # cuda only
     reserved_bytes: int | None = Field(default=None, ge=0)  # cuda only
     process_bytes: int | None = Field(default=None, ge=0)  # cuda only: NVML per-process memory, context included
-    total_bytes: int = Field(ge=0)  # what the replica takes from its device
+    total_bytes: int = Field(ge=0)  # what the replica takes from its device (see docs/runtime.md)
     load_seconds: float | None = Field(default=None, ge=0)
     load_bandwidth: float | None = Field(default=None, ge=0)  # bytes/s
+
+
+class SleepWake(_Message):
+    """The last sleep (device -> host memory) or wake (host -> device) of a replica's weights."""
+
+    direction: Literal["sleep", "wake"]
+    bytes: int = Field(ge=0)
+    seconds: float = Field(ge=0)
+    bandwidth: float | None = Field(default=None, ge=0)  # bytes/s
 
 
 class ReplicaStatus(_Message):
     type: Literal["replica_status"] = "replica_status"
     replica_id: int
     state: ReplicaState
-    measured_bytes: int | None = Field(default=None, ge=0)
+    measured_bytes: int | None = Field(default=None, ge=0)  # equals measurement.total_bytes when measured
     loaded_bytes: int | None = Field(default=None, ge=0)
     total_bytes: int | None = Field(default=None, ge=0)
     reason: str = ""
     pid: int | None = None
     measurement: Measurement | None = None
+    sleep_wake: SleepWake | None = None
+    host_bytes: int | None = Field(default=None, ge=0)  # host memory held for it while sleeping
+    mps_percentage: int | None = Field(default=None, ge=1, le=100)
 
 
 class Hello(_Message):
@@ -87,8 +101,9 @@ class DesiredReplica(_Message):
     reserved_bytes: int = Field(ge=0)
     state: TargetState = "ready"
     dtype: str = "float32"
-    batch: int = Field(default=1, ge=1)  # the declared shape the worker warms up (and is measured) at
-    seq: int | None = Field(default=None, ge=1)
+    batch: int = Field(default=1, ge=1)  # the shape the worker warms up and measures at
+    seq: int | None = Field(default=None, ge=1)  # None: min(max positions, 2048)
+    mps_percentage: int | None = Field(default=None, ge=1, le=100)  # CUDA MPS active-thread share
 
 
 class DesiredState(_Message):

@@ -2,7 +2,9 @@
 
 Models are addressed by deployment name (or an adapter's name). Every error is `{"error": "..."}` with a
 status that says whose move it is: 400 the request, 404 the name, 429 a full queue, 503 the replica
-(loading or failed), 500/504 the worker. The same app serves /v1 (agent.serving.openai) and /metrics.
+(loading, failed, or asleep and not woken in time), 507 the replica's memory (the request needs more than
+its share), 500/504 the worker. A request for a model whose replicas here all sleep wakes one and is
+answered once it is ready. The same app serves /v1 (agent.serving.openai) and /metrics.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from agent.metrics import CONTENT_TYPE, Metrics, replica_snapshot
 from agent.serving.batching import BatchSettings
 from agent.serving.dispatch import (
     DISPATCHER,
+    RESTING,
     BadInput,
     Dispatcher,
     Replica,
@@ -73,8 +76,9 @@ async def live(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """Ready when every replica this agent runs is ready (vacuously so with none)."""
-    waiting = [h for h in request.app[SOURCE].handles() if h.state != "ready"]
+    """Ready when every replica meant to serve is ready (vacuously so with none); sleeping, preloaded and
+    evicted replicas are where the console wants them."""
+    waiting = [h for h in request.app[SOURCE].handles() if h.state not in ("ready", *RESTING)]
     if waiting:
         return error(503, "not ready: " + "; ".join(describe(h) for h in waiting))
     return web.json_response({"ready": True})
@@ -115,7 +119,7 @@ async def infer(request: web.Request) -> web.Response:
     dispatcher = request.app[DISPATCHER]
     route = dispatcher.route(request.match_info["name"])
     with dispatcher.observe(route) as seen:
-        dispatcher.pick(route)  # not ready: say so before reading the body
+        dispatcher.check(route)  # neither ready nor wakeable: say so before reading the body
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

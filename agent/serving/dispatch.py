@@ -18,9 +18,15 @@ from aiohttp import web
 from agent.metrics import Metrics
 from agent.serving.batching import Batcher, BatcherClosed, BatchSettings, InvalidInput, QueueFull, Result, RunBatch
 from agent.serving.tensors import BadRequest
+from agent.workers.errors import (
+    InferenceInputError,
+    InferenceOutOfMemory,
+    InferenceTimeout,
+    WakeFailed,
+    WorkerUnavailable,
+)
 from agent.workers.generation_spec import GenerationRequest, GenerationResult
 from agent.workers.spec import WorkerSpec
-from agent.workers.supervisor import InferenceInputError, InferenceTimeout, WorkerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +55,15 @@ class Replica(Protocol):
 
 
 class ReplicaSource(Protocol):
+    """Where the replicas come from (the Agent; a Supervisor or a fake in tests). The Agent also has
+    `async wake(deployment) -> Replica`: a ready replica, woken if need be, or WakeFailed saying why."""
+
     def handles(self) -> list[Any]: ...
+
+
+WAKEABLE = ("sleeping", "preloaded")
+# States that are where the console wants them, not on their way to serving.
+RESTING = ("sleeping", "preloaded", "stopped")
 
 
 class ServingError(Exception):
@@ -81,6 +95,10 @@ class NotReady(ServingError):
     status, code = 503, "model_not_ready"
 
 
+class OutOfMemory(ServingError):
+    status, code = 507, "insufficient_memory"
+
+
 class Timeout(ServingError):
     status, code = 504, "timeout"
 
@@ -101,6 +119,10 @@ def serving_error(error: BaseException, name: str) -> ServingError:
         return BadInput(str(error))
     if isinstance(error, QueueFull):
         return Busy(f"model {name!r}: {error}")
+    if isinstance(error, InferenceOutOfMemory):
+        return OutOfMemory(f"model {name!r} cannot take this request: {error}")
+    if isinstance(error, WakeFailed):
+        return NotReady(str(error))
     if isinstance(error, WorkerUnavailable | BatcherClosed):
         return NotReady(f"model {name!r} is not ready: {error}")
     if isinstance(error, InferenceTimeout):
@@ -178,16 +200,27 @@ class Dispatcher:
         adapters = sorted({(a, h.spec.deployment) for h in handles for a in adapters_of(h)})
         return [(d, None) for d in deployments] + [(a, d) for a, d in adapters if a not in deployments]
 
-    def pick(self, route: Route) -> Any:
-        """The ready replica with the least work queued; NotReady saying why when none is."""
-        ready = [h for h in route.replicas if h.state == "ready"]
-        if not ready:
+    def check(self, route: Route) -> None:
+        """NotReady, saying why, when no replica of the route is ready or can be woken for it."""
+        if not any(h.state == "ready" for h in route.replicas) and not self._wakeable(route):
             raise NotReady(not_ready_text(route.name, route.replicas))
-        return min(ready, key=lambda h: h.queued + self._depth(h))
+
+    async def pick(self, route: Route) -> Any:
+        """The ready replica with the least work queued; when every one sleeps, one woken for this
+        request (bounded by the agent's wake timeout); NotReady saying why when neither can be."""
+        ready = [h for h in route.replicas if h.state == "ready"]
+        if ready:
+            return min(ready, key=lambda h: h.queued + self._depth(h))
+        if self._wakeable(route):
+            return await self.source.wake(route.deployment)
+        raise NotReady(not_ready_text(route.name, route.replicas))
+
+    def _wakeable(self, route: Route) -> bool:
+        return hasattr(self.source, "wake") and any(h.state in WAKEABLE for h in route.replicas)
 
     async def infer(self, route: Route, inputs: dict[str, np.ndarray]) -> Result:
         """One request through the picked replica's batcher."""
-        replica = self.pick(route)
+        replica = await self.pick(route)
         batcher = self._batchers.get(replica)
         if batcher is None:
             batcher = self._batchers[replica] = Batcher.from_settings(_forward(replica), self.batching)
@@ -195,7 +228,7 @@ class Dispatcher:
 
     async def generate(self, route: Route, request: GenerationRequest) -> GenerationResult:
         """One prompt continued on the picked replica (generation is not batched)."""
-        replica = self.pick(route)
+        replica = await self.pick(route)
         if not hasattr(replica, "generate"):  # a worker runtime from before text generation
             raise Unsupported(f"model {route.name!r}: this agent's workers cannot generate text")
         return await replica.generate(request)

@@ -1,12 +1,15 @@
-"""The worker process: load one replica, report, then answer inference requests over a Pipe.
+"""The worker process: load one replica, report, then answer the agent's commands over a Pipe.
 
 Started with the spawn method (CUDA cannot live through fork). torch is imported only after the
 environment below is set, inside `main`, so the daemon can import this module without torch.
 
-Messages, worker -> agent: ("loading", info), ("ready", {"measured_bytes": n, ...}),
-("failed", {"reason": text}), ("result", request_id, outputs), ("error", request_id, text, bad_input).
-Agent -> worker: ("load", spec) (to a warm spare only), ("infer", request_id, inputs), ("stop",).
-Tensors are numpy arrays.
+Worker -> agent: ("loading", {"pid", "total_bytes"}), ("progress", {"loaded_bytes", "total_bytes"}),
+("ready", {"measured_bytes", "measurement", ...describe()}), ("failed", {"reason", "oom"}),
+("pong", n), ("result", request_id, value), ("error", request_id, text, kind) with kind one of
+"input" (the caller's fault), "oom" (out of memory; the worker carries on) or "error".
+Agent -> worker: ("load", spec) (to a warm spare only), ("ping", n), ("stop",), and commands
+(kind, request_id, payload) for kind in LoadedModel.commands: "infer" (payload: numpy inputs),
+"sleep", "wake". Pings are answered by the pipe's reader thread (agent.workers.channel).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
+from agent.workers import limits
+from agent.workers.channel import WorkerChannel
 from agent.workers.spec import WorkerSpec
 
 _REASON_LIMIT = 1000
@@ -37,42 +42,53 @@ def main(spec: WorkerSpec | None, conn: Connection) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    channel = WorkerChannel(conn)
+    channel.start()
     if spec is None:
         _log_as(f"spare {os.getpid()}")
-        spec = _wait_as_spare(conn)
+        spec = _wait_as_spare(channel)
         if spec is None:
             return
     _log_as(str(spec.replica_id))
-    if not _send(conn, ("loading", {"model_path": spec.model_path, "device": spec.device, "pid": os.getpid()})):
-        return
+    limits.before_cuda(spec)  # nothing has touched CUDA yet, in a spare either
     try:
-        from agent.workers import runtime
+        from agent.workers import loader, runtime
 
-        model = runtime.load(spec)
-        measured = model.measure_bytes()
+        total = loader.checkpoint_size(loader.checkpoint_files(spec.model_path))
+        if not channel.send(("loading", {"model_path": spec.model_path, "device": spec.device, "pid": os.getpid(),
+                                         "total_bytes": total})):
+            return
+        model = runtime.load(spec, progress=lambda done, of: channel.send(
+            ("progress", {"loaded_bytes": done, "total_bytes": of})))
+        measurement = model.measure()
     except Exception as e:  # any failure to load is reported, never raised into the void
-        if isinstance(e, ValueError):  # ArtifactError and our own checks: the message says it all
+        oom = limits.is_out_of_memory(e)
+        if isinstance(e, ValueError) and not oom:  # ArtifactError and our own checks: the message says it all
             log.error("cannot load %s: %s", spec.model_path, e)
         else:
             log.exception("cannot load %s", spec.model_path)
-        _send(conn, ("failed", {"reason": describe_error(e)}))
-        conn.close()
+        reason = describe_error(e)
+        if oom:
+            reason = f"out of memory while loading on {spec.device}: {reason}"
+        channel.send(("failed", {"reason": reason, "oom": oom}))
+        channel.close()
         sys.exit(1)
-    log.info("ready: %s (%s) on %s, %d bytes", spec.deployment or spec.model_path, spec.task, spec.device, measured)
-    if _send(conn, ("ready", {"measured_bytes": measured, **model.describe()})):
-        _serve(model, conn, runtime.InputError)
+    log.info(
+        "ready: %s (%s) on %s, %d bytes measured",
+        spec.deployment or spec.model_path, spec.task, spec.device, measurement["total_bytes"],
+    )
+    ready = {"measured_bytes": measurement["total_bytes"], "measurement": measurement, **model.describe()}
+    if channel.send(("ready", ready)):
+        serve(model, channel, runtime.InputError)
 
 
-def _wait_as_spare(conn: Connection) -> WorkerSpec | None:
-    # Importing torch does not initialise CUDA, so the spare can still serve any device.
+def _wait_as_spare(channel: WorkerChannel) -> WorkerSpec | None:
+    # Importing torch does not initialise CUDA, so the spare can still serve any device and MPS share.
     with contextlib.suppress(Exception):  # a broken install is reported by the import in main, per replica
         from agent.workers import runtime  # noqa: F401
-    try:
-        message = conn.recv()
-    except (EOFError, OSError):
+    message = channel.recv()
+    if message is None or message[0] != "load":
         return None  # the agent stopped before it needed this spare
-    if message[0] != "load":
-        return None
     return message[1]
 
 
@@ -85,41 +101,46 @@ def _log_as(name: str) -> None:
     )
 
 
-def _serve(model: Any, conn: Connection, input_error: type[Exception]) -> None:
+def serve(model: Any, channel: WorkerChannel, input_error: type[Exception]) -> None:
+    """Answer commands one at a time until the agent says stop or goes away."""
     while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            return  # the agent is gone: so is this worker
-        if message[0] == "stop":
-            return
-        if message[0] != "infer":
-            log.warning("ignoring unknown message %r", message[0])
+        message = channel.recv()
+        if message is None or message[0] == "stop":
+            return  # the agent is gone, or asked: so is this worker
+        if len(message) != 3:
+            log.warning("ignoring malformed message %r", message[0])
             continue
-        _, request_id, inputs = message
-        try:
-            reply: tuple = ("result", request_id, model.infer(inputs))
-        except input_error as e:
-            reply = ("error", request_id, str(e), True)
-        except Exception as e:
-            log.exception("inference failed")
-            reply = ("error", request_id, describe_error(e), False)
-        if not _send(conn, reply):
+        kind, request_id, payload = message
+        command = model.commands.get(kind)
+        if command is None:
+            reply: tuple = ("error", request_id, f"this worker has no command {kind!r}", "error")
+        else:
+            reply = _run(model, kind, request_id, command, payload, input_error)
+        if not channel.send(reply):
             return
+
+
+def _run(model: Any, kind: str, request_id: int, command: Any, payload: Any, input_error: type[Exception]) -> tuple:
+    try:
+        return ("result", request_id, command(payload))
+    except input_error as e:
+        return ("error", request_id, str(e), "input")
+    except Exception as e:
+        if not limits.is_out_of_memory(e):
+            log.exception("%s failed", kind)
+            return ("error", request_id, describe_error(e), "error")
+        text = f"out of memory during {kind} on {model.device}: {describe_error(e)}"
+    # Out of memory: one request too big for this replica's share. Outside the except block the
+    # failed call's frames (and the tensors they hold) are gone, so recovering frees them too.
+    log.warning("%s", text)
+    model.recover_from_oom()
+    return ("error", request_id, text, "oom")
 
 
 def describe_error(error: BaseException) -> str:
     """One line a person can act on: the exception type and its message, bounded in length."""
     text = f"{type(error).__name__}: {error}".strip()
     return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 1] + "…"
-
-
-def _send(conn: Connection, message: tuple) -> bool:
-    try:
-        conn.send(message)
-        return True
-    except (BrokenPipeError, EOFError, OSError):
-        return False
 
 
 def _die_with_parent() -> None:

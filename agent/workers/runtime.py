@@ -1,16 +1,26 @@
-"""Load a model and run forward passes. Imported only inside worker processes: it imports torch."""
+"""Load a model, run forward passes, sleep and wake. Imported only inside worker processes: it imports torch."""
 
 from __future__ import annotations
 
+import gc
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel  # PreTrainedModel: see LoadedModel
+from transformers import PreTrainedModel  # imported early on purpose: see LoadedModel
 
 from agent.artifacts import inspect_model_dir
+from agent.workers import limits, loader
+from agent.workers.measure import measure_replica, warmup_inputs, warmup_shape
 from agent.workers.spec import DTYPES, SIGNATURES, WorkerSpec
+from agent.workers.swap import WeightSwap
+
+log = logging.getLogger("agent.worker")
+
+Command = Callable[[Any], Any]
 
 
 class InputError(ValueError):
@@ -23,10 +33,17 @@ class LoadedModel:
     # Importing PreTrainedModel above (transformers.modeling_utils) is what the first from_pretrained
     # would otherwise do, 2 s and more: a warm spare worker (agent.workers.spares) thus pays it early.
 
-    def __init__(self, spec: WorkerSpec, model: PreTrainedModel, device: torch.device) -> None:
+    def __init__(
+        self, spec: WorkerSpec, model: PreTrainedModel, device: torch.device, stats: loader.LoadStats | None = None
+    ) -> None:
         self.spec = spec
         self.model = model
         self.device = device
+        self.load_stats = stats
+        self.swap = WeightSwap(model, device)
+        # What the agent may ask of this worker by name: ("infer" | "sleep" | "wake", request id, payload).
+        # A new worker command is one more entry here (and a WorkerHandle.call on the agent side).
+        self.commands: dict[str, Command] = {"infer": self.infer, "sleep": self.sleep, "wake": self.wake}
         self.signature = SIGNATURES[spec.task]
         config = model.config
         self.vocab_size = int(config.vocab_size)
@@ -39,24 +56,40 @@ class LoadedModel:
         """Facts the daemon shows in model metadata."""
         return {"output_dim": self.output_dim, "vocab_size": self.vocab_size, "max_positions": self.max_positions}
 
-    def measure_bytes(self) -> int:
-        """Bytes this replica holds on its device, after a warm-up forward (see the comments)."""
-        self.infer({"input_ids": np.zeros((1, 4), dtype=np.int64)})
+    def measure(self) -> dict[str, Any]:
+        """Warm up at the spec's shape and measure what this replica takes (Measurement fields)."""
+        batch, seq = warmup_shape(self.model.config, self.spec.task, self.spec.batch, self.spec.seq)
+        inputs = warmup_inputs(batch, seq, self.vocab_size)
+        result = measure_replica(self.model, self.device, self.infer, inputs)
+        if self.load_stats is not None:
+            result["load_seconds"] = self.load_stats.seconds
+            result["load_bandwidth"] = self.load_stats.bandwidth
+        return result
+
+    def sleep(self, _payload: Any = None) -> dict[str, Any]:
+        """Move the weights to host memory and free the device (see agent.workers.swap)."""
+        with torch.no_grad():
+            transfer = self.swap.sleep()
+        gc.collect()
+        return transfer.as_dict() | {"host_bytes": self.swap.host_bytes}
+
+    def wake(self, _payload: Any = None) -> dict[str, Any]:
+        """Copy the weights back onto the device; serves again, bit for bit as before."""
+        with torch.no_grad():
+            transfer = self.swap.wake()
+        return transfer.as_dict() | {"host_bytes": self.swap.host_bytes}
+
+    def recover_from_oom(self) -> None:
+        """After an allocation failed: free what the failed call left, so the next one can run."""
+        gc.collect()
         if self.device.type == "cuda":
-            # What the caching allocator holds after a warm-up (weights, buffers, workspaces, freed
-            # activation blocks it keeps) is what this replica takes from the GPU. The CUDA context
-            # itself (a few hundred MiB) is outside the allocator and not counted here.
-            torch.cuda.synchronize(self.device)
-            return int(torch.cuda.memory_reserved(self.device))
-        # On the CPU there is no allocator to ask: count parameter and buffer bytes, the part that
-        # stays resident; activations come and go with each request.
-        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        buffers = sum(b.numel() * b.element_size() for b in self.model.buffers())
-        return int(params + buffers)
+            torch.cuda.empty_cache()
 
     @torch.inference_mode()
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One forward pass over a batch of token ids; returns the task's output tensor as float32."""
+        if self.swap.asleep:
+            raise RuntimeError("the model is asleep: wake it before inference")
         tensors = self._check(inputs)
         if self.spec.task == "causal-lm":
             out = self.model(**tensors, use_cache=False)
@@ -100,8 +133,8 @@ def mean_pool_normalize(hidden: torch.Tensor, attention_mask: torch.Tensor) -> t
     return F.normalize((summed / counts).float(), p=2, dim=1)
 
 
-def load(spec: WorkerSpec) -> LoadedModel:
-    """Load the model directory from safetensors only, in eval mode on the spec's device."""
+def load(spec: WorkerSpec, progress: loader.ProgressCallback | None = None) -> LoadedModel:
+    """Load the model directory from safetensors only, in eval mode on the spec's device, within its limits."""
     if spec.task not in SIGNATURES:
         raise ValueError(f"task {spec.task!r} is not servable (causal-lm or encoder)")
     if spec.dtype not in DTYPES:
@@ -116,12 +149,11 @@ def load(spec: WorkerSpec) -> LoadedModel:
         if not torch.cuda.is_available():
             raise RuntimeError(f"{spec.device} asked for, but this worker's torch {torch.__version__} sees no CUDA GPU")
         torch.cuda.set_device(device)
-    model_class = AutoModelForCausalLM if spec.task == "causal-lm" else AutoModel
-    model = model_class.from_pretrained(
-        spec.model_path, use_safetensors=True, local_files_only=True, dtype=getattr(torch, spec.dtype)
-    )
-    model.to(device).eval()
-    return LoadedModel(spec, model, device)
+    applied = limits.apply_memory_limits(spec, torch, device)
+    if applied:
+        log.info("limits: %s", applied)
+    model, stats = loader.load_to_device(spec.model_path, spec.task, getattr(torch, spec.dtype), device, progress)
+    return LoadedModel(spec, model, device, stats)
 
 
 def _int_matrix(name: str, value: Any) -> np.ndarray:

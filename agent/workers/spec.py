@@ -21,6 +21,12 @@ class WorkerSpec:
     device: str = "cpu"  # "cpu" or "cuda:N"
     dtype: str = "float32"
     deployment: str = ""  # the name inference requests use; the worker only logs it
+    batch: int = 1  # the warm-up (and measurement) shape
+    seq: int | None = None  # None: min(max positions, 2048); clamped to what the model takes
+    reserved_bytes: int = 0  # the console's reservation on the GPU; 0: no limit
+    gpu_total_bytes: int = 0  # the GPU's memory, to turn the reservation into a CUDA memory fraction
+    mps_percentage: int | None = None  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, set before CUDA initialises
+    memory_limit_bytes: int | None = None  # CPU workers: address space allowed beyond the worker's baseline
 
 
 @dataclass(frozen=True)

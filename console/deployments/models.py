@@ -72,7 +72,7 @@ class Deployment(models.Model):
 class Replica(models.Model):
     """One copy of a deployment: where the scheduler put it and what the agent reports of it."""
 
-    TARGET_STATES = [("ready", "ready"), ("sleeping", "sleeping"), ("stopped", "stopped")]
+    TARGET_STATES = [("ready", "ready"), ("preloaded", "preloaded"), ("sleeping", "sleeping"), ("stopped", "stopped")]
     OBSERVED_STATES = [(s, s) for s in REPLICA_STATES]
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="replica_set")

@@ -185,7 +185,7 @@ def derive_state(replicas: list[Replica]) -> tuple[str, str]:
         return DeploymentState.READY, f"{asleep} replica(s) asleep in host memory" if asleep else ""
     if not serving:
         return DeploymentState.READY, f"all {asleep} replica(s) asleep in host memory; a request wakes one"
-    if "loading" in states:
+    if "loading" in states or "starting" in states:
         return DeploymentState.LOADING, "loading weights"
     return DeploymentState.PENDING, "waiting for an agent to start the replica"
 

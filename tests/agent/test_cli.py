@@ -45,6 +45,14 @@ def test_it_refuses_a_bad_gpu_spec_and_a_bad_listen_address():
     assert code == 2 and "'localhost' is not HOST:PORT" in output
     code, output = finish(agent("run", "--console", "http://x", "--token", "t", "--warm-workers", "-1"))
     assert code == 2 and "'-1' is not a whole number" in output
+    code, output = finish(agent("run", "--console", "http://x", "--token", "t", "--sleep-budget", "lots"))
+    assert code == 2 and "'lots' is not a size like 64GiB" in output
+
+
+def test_sizes_take_binary_and_decimal_units():
+    from agent.cli import _size
+
+    assert _size("64GiB") == 64 << 30 and _size("1.5GB") == 1_500_000_000 and _size("4096") == 4096
 
 
 def test_without_gpus_it_says_to_simulate_them():

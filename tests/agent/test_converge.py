@@ -1,9 +1,12 @@
 from agent.converge import Running, device_for, plan_convergence
 from agent.protocol import DesiredReplica, DesiredState
+from agent.sleep_budget import Sleeper, fit
 from agent.workers.spec import WorkerSpec
 
+MIB = 1 << 20
 
-def desired(replica_id, path="/m/a", state="ready", gpus=(0,), dtype="float32", deployment="d"):
+
+def desired(replica_id, path="/m/a", state="ready", gpus=(0,), dtype="float32", deployment="d", mps=None):
     return DesiredReplica(
         id=replica_id,
         deployment=deployment,
@@ -13,49 +16,125 @@ def desired(replica_id, path="/m/a", state="ready", gpus=(0,), dtype="float32", 
         reserved_bytes=1,
         state=state,
         dtype=dtype,
+        mps_percentage=mps,
     )
 
 
-def running(replica_id, path="/m/a", state="ready", generation=1, device="cpu", deployment="d"):
-    return Running(WorkerSpec(replica_id, path, "causal-lm", device, "float32", deployment), state, generation)
+def running(replica_id, path="/m/a", state="ready", generation=1, device="cpu", deployment="d", **extra):
+    return Running(WorkerSpec(replica_id, path, "causal-lm", device, "float32", deployment), state, generation, **extra)
+
+
+def plan(replicas, current, generation=2, **kwargs):
+    return plan_convergence(DesiredState(generation=generation, replicas=replicas), current, "cpu", **kwargs)
+
+
+def verbs(p):
+    return [(a.verb, a.replica_id, a.target) for a in p.actions]
 
 
 def test_it_starts_what_is_missing_and_stops_what_is_not_wanted():
-    plan = plan_convergence(
-        DesiredState(generation=2, replicas=[desired(1), desired(2)]), {2: running(2), 3: running(3)}, "cpu"
-    )
-    assert plan.stop == (3,) and [r.id for r in plan.start] == [1]
-    assert "replica 3: stop (desired state is absent)" in plan.reasons
+    p = plan([desired(1), desired(2)], {2: running(2), 3: running(3)})
+    assert p.stop == (3,) and [r.id for r in p.start] == [1]
+    assert "replica 3: stop (desired state is absent)" in p.reasons
 
 
-def test_it_stops_replicas_whose_target_is_stopped_or_sleeping():
-    state = DesiredState(generation=2, replicas=[desired(1, state="stopped"), desired(2, state="sleeping")])
-    plan = plan_convergence(state, {1: running(1), 2: running(2)}, "cpu")
-    assert plan.stop == (1, 2) and plan.start == ()
+def test_it_moves_a_running_worker_between_ready_preloaded_and_sleeping_without_a_restart():
+    current = {1: running(1, "/m/a", "ready"), 2: running(2, state="sleeping"), 3: running(3, state="preloaded"),
+               4: running(4, state="ready")}
+    p = plan([desired(1, state="sleeping"), desired(2), desired(3), desired(4, state="preloaded")], current)
+    assert sorted(verbs(p)) == [("demote", 4, "preloaded"), ("promote", 3, "ready"), ("sleep", 1, "sleeping"),
+                                ("wake", 2, "ready")]
+    assert p.stop == () and p.start == ()
 
 
-def test_it_restarts_a_replica_whose_model_or_device_changed():
-    plan = plan_convergence(
+def test_a_switch_promotes_the_staged_replica_before_it_frees_the_old_one():
+    # The console swaps B (staged) in for A in one generation: B serves before A stops serving.
+    current = {1: running(1, state="ready"), 2: running(2, state="preloaded"), 3: running(3, state="sleeping"),
+               4: running(4, state="ready")}
+    replicas = [desired(1, state="sleeping"), desired(2), desired(3), desired(4, state="stopped"), desired(5)]
+    assert [a.verb for a in plan(replicas, current).actions] == ["promote", "stop", "sleep", "wake", "start"]
+
+
+def test_it_starts_a_replica_into_preloaded_or_sleeping_when_it_has_no_worker():
+    p = plan([desired(1, state="preloaded"), desired(2, state="sleeping"), desired(3, state="stopped")], {})
+    assert verbs(p) == [("start", 1, "preloaded"), ("start", 2, "sleeping")]
+    assert p.reasons[1] == "replica 2: start d from /m/a (then sleeping)"
+
+
+def test_a_loading_worker_is_retargeted_instead_of_restarted():
+    p = plan([desired(1, state="sleeping"), desired(2)], {1: running(1, state="loading"),
+                                                           2: running(2, state="starting", target="ready")})
+    assert verbs(p) == [("retarget", 1, "sleeping")]
+
+
+def test_it_restarts_a_replica_whose_model_device_or_mps_share_changed():
+    p = plan_convergence(
         DesiredState(generation=2, replicas=[desired(1, path="/m/b", gpus=[1])]),
         {1: running(1, device="cuda:0")},
         "cuda",
     )
-    assert plan.stop == (1,) and [r.id for r in plan.start] == [1]
-    assert plan.reasons == ("replica 1: restart (model_path, device changed)",)
+    assert p.stop == (1,) and [r.id for r in p.start] == [1]
+    assert p.reasons[0] == "replica 1: restart (model_path, device changed)"
+    assert plan([desired(1, mps=40)], {1: running(1)}).reasons[0] == "replica 1: restart (mps_percentage changed)"
 
 
-def test_it_leaves_a_failed_replica_alone_until_a_new_generation():
-    state = DesiredState(generation=1, replicas=[desired(1)])
-    assert plan_convergence(state, {1: running(1, state="failed", generation=1)}, "cpu").start == ()
-    retry = plan_convergence(
-        DesiredState(generation=2, replicas=[desired(1)]), {1: running(1, state="failed", generation=1)}, "cpu"
-    )
-    assert retry.stop == (1,) and [r.id for r in retry.start] == [1]
+def test_it_leaves_a_failed_or_evicted_replica_alone_until_a_new_generation():
+    for state in ("failed", "stopped"):
+        assert plan([desired(1)], {1: running(1, state=state, generation=1)}, generation=1).actions == ()
+        retry = plan([desired(1, state="sleeping")], {1: running(1, state=state, generation=1)}, generation=2)
+        assert verbs(retry) == [("stop", 1, "stopped"), ("start", 1, "sleeping")]
 
 
 def test_it_keeps_a_healthy_replica_running():
-    plan = plan_convergence(DesiredState(generation=5, replicas=[desired(1)]), {1: running(1)}, "cpu")
-    assert plan.stop == () and plan.start == ()
+    assert plan([desired(1)], {1: running(1)}, generation=5).actions == ()
+
+
+def test_a_replica_woken_by_a_request_stays_ready_until_the_next_generation():
+    woken = {1: running(1, state="ready", woken=True)}
+    assert plan([desired(1, state="sleeping")], woken).actions == ()
+    assert verbs(plan([desired(1, state="sleeping")], {1: running(1, state="ready")})) == [("sleep", 1, "sleeping")]
+
+
+def test_a_sleeping_replica_asked_to_preload_wakes_onto_its_gpu_only_if_there_is_room():
+    current = {1: running(1, state="sleeping", weights_bytes=600), 2: running(2, state="sleeping", weights_bytes=600)}
+    replicas = [desired(1, state="preloaded"), desired(2, state="preloaded")]
+    assert verbs(plan(replicas, current, free_bytes={0: 1000})) == [("wake", 1, "preloaded")]  # room for one
+    assert plan(replicas, current, free_bytes={0: 100}).actions == ()  # both stay asleep, host copies ready
+
+
+def test_sleeping_beyond_the_host_budget_evicts_the_least_recently_used():
+    current = {
+        1: running(1, state="sleeping", weights_bytes=400 * MIB, last_used=10.0),
+        2: running(2, state="sleeping", weights_bytes=400 * MIB, last_used=30.0),
+        3: running(3, state="ready", weights_bytes=400 * MIB, last_used=20.0),
+    }
+    replicas = [desired(1, state="sleeping"), desired(2, state="sleeping"), desired(3, state="sleeping")]
+    p = plan(replicas, current, sleep_budget=1000 * MIB)
+    assert verbs(p) == [("evict", 1, "stopped"), ("sleep", 3, "sleeping")]
+    evict = p.actions[0]
+    assert evict.detail.startswith("evicted from host memory: sleeping replicas needed 1,200.0 MiB, more than")
+    assert "least recently used" in evict.detail and p.stop == (1,)
+
+
+def test_a_replica_bigger_than_the_whole_budget_is_stopped_instead_of_put_to_sleep():
+    current = {1: running(1, state="sleeping", weights_bytes=100, last_used=1.0),
+               2: running(2, state="ready", weights_bytes=5000, last_used=9.0)}
+    p = plan([desired(1, state="sleeping"), desired(2, state="sleeping")], current, sleep_budget=1000)
+    assert verbs(p) == [("evict", 2, "stopped")]  # the small one keeps sleeping
+    assert "exceed the host-RAM budget" in p.actions[0].detail and "--sleep-budget" in p.actions[0].detail
+
+
+def test_waking_or_stopping_replicas_free_their_share_of_the_budget():
+    current = {1: running(1, state="sleeping", weights_bytes=600, last_used=1.0),
+               2: running(2, state="ready", weights_bytes=600, last_used=2.0)}
+    p = plan([desired(1), desired(2, state="sleeping")], current, sleep_budget=1000)
+    assert sorted(verbs(p)) == [("sleep", 2, "sleeping"), ("wake", 1, "ready")]
+
+
+def test_the_budget_fit_drops_oldest_first_and_only_as_many_as_needed():
+    sleepers = [Sleeper(1, 300, 5.0), Sleeper(2, 300, 1.0), Sleeper(3, 300, 3.0), Sleeper(4, 300, 9.0)]
+    assert sorted(fit(sleepers, 700)) == [2, 3]
+    assert fit(sleepers, 1200) == {}
 
 
 def test_the_device_is_the_first_gpu_on_cuda_hosts_and_the_cpu_otherwise():

@@ -2,6 +2,8 @@
 
 import asyncio
 import logging
+import os
+import signal
 import time
 
 import aiohttp
@@ -9,6 +11,7 @@ import psutil
 import pytest
 from aiohttp import web
 
+from agent.artifacts import read_safetensors_header
 from agent.daemon import Agent, AgentConfig, websocket_url
 from agent.gpus import SimulatedBackend
 from agent.protocol import (
@@ -71,6 +74,24 @@ class FakeConsole:
             if isinstance(message, kind) and all(getattr(message, k) == v for k, v in fields.items()):
                 return message
 
+    async def expect_each(self, *wanted, timeout: float = 30):
+        """Messages matching each (kind, fields) pair, arriving in any order; returned in the order asked."""
+        found: list = [None] * len(wanted)
+        deadline = time.monotonic() + timeout
+        while any(f is None for f in found):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = [(k.__name__, f) for (k, f), m in zip(wanted, found, strict=True) if m is None]
+                raise TimeoutError(f"no {missing} within {timeout} s")
+            message = await asyncio.wait_for(self.messages.get(), remaining)
+            for i, (kind, fields) in enumerate(wanted):
+                if found[i] is None and isinstance(message, kind) and all(
+                    getattr(message, k) == v for k, v in fields.items()
+                ):
+                    found[i] = message
+                    break
+        return found
+
     async def stop(self) -> None:
         for ws in self.sockets:
             await ws.close()
@@ -89,7 +110,7 @@ async def console():
 async def run_agent(console):
     started = []
 
-    async def start(token: str = TOKEN) -> Agent:
+    async def start(token: str = TOKEN, **settings) -> Agent:
         config = AgentConfig(
             console=console.url,
             token=token,
@@ -98,6 +119,7 @@ async def run_agent(console):
             backoff_min=0.05,
             backoff_max=0.2,
             restart_backoff_min=0.1,
+            **settings,
         )
         agent = Agent(config, SimulatedBackend("sim:1x80GiB,1x24GiB", host="test-host"))
         task = asyncio.create_task(agent.run())
@@ -107,20 +129,30 @@ async def run_agent(console):
 
     yield start
     for agent, task in started:
+        # Every process the agent started, replicas and warm spares: none may outlive it.
+        pids = [h.pid for h in agent.supervisor.handles() if h.pid] + [s.pid for s in agent.supervisor.spares.spares()]
         agent.request_stop()
         await asyncio.wait_for(task, 30)
         assert agent.supervisor.handles() == []
+        assert [pid for pid in pids if alive(pid)] == []
 
 
-def replica(path, replica_id=7, deployment="chat", state="ready") -> DesiredReplica:
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def replica(path, replica_id=7, deployment="chat", state="ready", **extra) -> DesiredReplica:
     return DesiredReplica(
         id=replica_id,
         deployment=deployment,
         model_path=str(path),
         architecture="LlamaForCausalLM",
         gpus=[1],
-        reserved_bytes=GIB,
         state=state,
+        **({"reserved_bytes": GIB} | extra),
     )
 
 
@@ -145,11 +177,14 @@ async def test_it_converges_to_the_desired_state_reports_and_serves(console, run
     assert (await console.expect(HostReport)).replicas == []
 
     await console.send(DesiredState(generation=3, replicas=[replica(llama)]))
-    loading = await console.expect(ReplicaStatus, replica_id=7)
-    assert loading.state == "loading" and loading.pid
+    starting = await console.expect(ReplicaStatus, replica_id=7)
+    assert starting.state == "starting" and starting.pid
     await console.expect(Ack, generation=3)
+    loading = await console.expect(ReplicaStatus, replica_id=7, state="loading", timeout=60)
+    assert loading.pid == starting.pid and loading.total_bytes > 0 and loading.loaded_bytes == 0
     ready = await console.expect(ReplicaStatus, replica_id=7, state="ready", timeout=60)
-    assert ready.measured_bytes > 0 and ready.pid == loading.pid
+    assert ready.measured_bytes == ready.measurement.total_bytes > 0 and ready.pid == loading.pid
+    assert ready.loaded_bytes == ready.total_bytes == loading.total_bytes
 
     # The simulated GPU the replica was placed on is charged what the worker measured.
     report = await console.expect(HostReport)
@@ -218,7 +253,7 @@ async def test_a_replica_that_cannot_load_is_reported_failed_and_retried_only_on
     await console.expect(ReplicaStatus, replica_id=9, state="failed")
     await console.expect(Ack, generation=2)
 
-    # `stopped` (and for now `sleeping`) replicas do not run.
+    # `stopped` replicas do not run.
     await console.send(DesiredState(generation=3, replicas=[replica(tmp_path, replica_id=9, state="stopped")]))
     await console.expect(Ack, generation=3)
     assert agent.supervisor.handles() == []
@@ -250,3 +285,131 @@ async def test_it_keeps_retrying_while_the_console_is_down(run_agent, caplog, co
     agent = await run_agent()
     await asyncio.sleep(0.5)
     assert "cannot reach the console" in caplog.text and agent.endpoint
+
+
+INFER_BODY = {"inputs": [{"name": "input_ids", "shape": [1, 3], "datatype": "INT64", "data": [1, 2, 3]}]}
+
+
+async def post_infer(agent, name):
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{agent.endpoint}/v2/models/{name}/infer", json=INFER_BODY) as response:
+            return response.status, await response.json()
+
+
+async def test_it_sleeps_one_model_wakes_another_and_switches_to_a_preloaded_one(console, run_agent, tmp_path):
+    llama = build_tiny_llama(tmp_path / "tiny-llama")
+    agent = await run_agent()
+    await console.expect(Hello)
+    a = replica(llama, replica_id=1, deployment="a", mps_percentage=30)
+    b = replica(llama, replica_id=2, deployment="b", state="sleeping")
+    await console.send(DesiredState(generation=1, replicas=[a, b]))
+    ready_a, asleep_b = await console.expect_each(
+        (ReplicaStatus, {"replica_id": 1, "state": "ready"}),
+        (ReplicaStatus, {"replica_id": 2, "state": "sleeping"}),  # loaded, then put to sleep
+        timeout=90,
+    )
+    assert ready_a.mps_percentage == 30  # a simulated GPU records the MPS share
+    assert asleep_b.host_bytes >= asleep_b.measurement.weights_bytes and asleep_b.sleep_wake.direction == "sleep"
+    report = await console.expect(HostReport)
+    assert report.gpus[1].used_bytes == ready_a.measured_bytes  # a sleeping replica holds no device memory
+
+    # Generation 2 sleeps `a` and wakes `b`: the same workers, moved in place.
+    await console.send(DesiredState(generation=2, replicas=[a.model_copy(update={"state": "sleeping"}),
+                                                            b.model_copy(update={"state": "ready"})]))
+    _, woke_b, _ = await console.expect_each(
+        (ReplicaStatus, {"replica_id": 1, "state": "sleeping"}),
+        (ReplicaStatus, {"replica_id": 2, "state": "ready"}),
+        (Ack, {"generation": 2}),
+    )
+    assert woke_b.pid == asleep_b.pid and woke_b.sleep_wake.direction == "wake"
+    assert (await post_infer(agent, "b"))[0] == 200
+
+    # A stale generation is ignored: nothing moves and nothing is acknowledged.
+    await console.send(DesiredState(generation=1, replicas=[a, b]))
+    with pytest.raises(TimeoutError):
+        await console.expect(Ack, timeout=0.6)
+    assert [(h.spec.replica_id, h.state) for h in agent.supervisor.handles()] == [(1, "sleeping"), (2, "ready")]
+
+    # A request for the sleeping `a` wakes it and is answered; it stays awake under this generation.
+    status, body = await post_infer(agent, "a")
+    assert status == 200 and body["outputs"][0]["shape"] == [1, 3, 1024]
+    assert agent.supervisor.get(1).state == "ready" and agent.supervisor.get(1).pid == ready_a.pid
+    await console.send(DesiredState(generation=2, replicas=[a.model_copy(update={"state": "sleeping"}),
+                                                            b.model_copy(update={"state": "ready"})]))
+    await console.expect(Ack, generation=2)
+    assert agent.supervisor.get(1).state == "ready"
+
+    # Generation 3 stages `a` (already on its device) while `b` serves; generation 4 switches to it.
+    await console.send(DesiredState(generation=3, replicas=[a.model_copy(update={"state": "preloaded"}),
+                                                            b.model_copy(update={"state": "ready"})]))
+    await console.expect_each((ReplicaStatus, {"replica_id": 1, "state": "preloaded"}), (Ack, {"generation": 3}))
+    await console.send(DesiredState(generation=4, replicas=[a, b.model_copy(update={"state": "stopped"})]))
+    promoted, _, _ = await console.expect_each(
+        (ReplicaStatus, {"replica_id": 1, "state": "ready"}),
+        (ReplicaStatus, {"replica_id": 2, "state": "stopped"}),
+        (Ack, {"generation": 4}),
+    )
+    assert promoted.pid == ready_a.pid and not alive(woke_b.pid)
+    assert (await post_infer(agent, "a"))[0] == 200
+
+
+async def test_sleepers_beyond_the_host_budget_are_evicted_least_recently_used_first(console, run_agent, tmp_path):
+    llama = build_tiny_llama(tmp_path / "tiny-llama")
+    size = sum(t.nbytes for t in read_safetensors_header(llama / "model.safetensors"))
+    agent = await run_agent(sleep_budget=int(size * 1.5))  # room for one sleeping tiny-llama, not two
+    await console.expect(Hello)
+    first = replica(llama, replica_id=1, deployment="first")
+    second = replica(llama, replica_id=2, deployment="second")
+    await console.send(DesiredState(generation=1, replicas=[first, second]))
+    await console.expect_each((ReplicaStatus, {"replica_id": 1, "state": "ready"}),
+                              (ReplicaStatus, {"replica_id": 2, "state": "ready"}), timeout=90)
+    assert (await post_infer(agent, "second"))[0] == 200  # `second` is now the more recently used
+
+    await console.send(DesiredState(generation=2, replicas=[first.model_copy(update={"state": "sleeping"}),
+                                                            second.model_copy(update={"state": "sleeping"})]))
+    evicted, _, _ = await console.expect_each(
+        (ReplicaStatus, {"replica_id": 1, "state": "stopped"}),
+        (ReplicaStatus, {"replica_id": 2, "state": "sleeping"}),
+        (Ack, {"generation": 2}),
+    )
+    assert evicted.reason.startswith("evicted from host memory: sleeping replicas needed")
+    assert "least recently used" in evicted.reason and "--sleep-budget" in evicted.reason
+
+    # The same generation again leaves the evicted replica stopped (no load-evict loop).
+    await console.send(DesiredState(generation=2, replicas=[first.model_copy(update={"state": "sleeping"}),
+                                                            second.model_copy(update={"state": "sleeping"})]))
+    await console.expect(Ack, generation=2)
+    report = await console.expect(HostReport)
+    assert [(r.replica_id, r.state) for r in report.replicas] == [(1, "stopped"), (2, "sleeping")]
+
+
+async def test_a_hung_worker_is_reported_and_replaced(console, run_agent, tmp_path):
+    llama = build_tiny_llama(tmp_path / "tiny-llama")
+    await run_agent(heartbeat_interval=0.2, heartbeat_timeout=1.0)
+    await console.expect(Hello)
+    await console.send(DesiredState(generation=1, replicas=[replica(llama)]))
+    first = await console.expect(ReplicaStatus, replica_id=7, state="ready", timeout=60)
+
+    os.kill(first.pid, signal.SIGSTOP)
+    hung = await console.expect(ReplicaStatus, replica_id=7, state="failed", timeout=15)
+    assert hung.reason == "no heartbeat for 1 s"
+    again = await console.expect(ReplicaStatus, replica_id=7, state="ready", timeout=60)
+    assert again.pid != first.pid and not alive(first.pid)
+
+
+async def test_a_request_out_of_memory_is_a_507_and_harms_no_other_replica(console, run_agent, tmp_path):
+    llama = build_tiny_llama(tmp_path / "tiny-llama")
+    agent = await run_agent(cap_cpu_workers=True)
+    await console.expect(Hello)
+    # Each CPU worker is held to its reservation (1 MiB here) plus room for threads and the mapped file.
+    small = [replica(llama, replica_id=i, deployment=name, reserved_bytes=1 << 20) for i, name in ((1, "a"), (2, "b"))]
+    await console.send(DesiredState(generation=1, replicas=small))
+    await console.expect_each((ReplicaStatus, {"replica_id": 1, "state": "ready"}),
+                              (ReplicaStatus, {"replica_id": 2, "state": "ready"}), timeout=60)
+    huge = {"inputs": [{"name": "input_ids", "shape": [256, 1024], "datatype": "INT64", "data": [1] * (256 * 1024)}]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{agent.endpoint}/v2/models/a/infer", json=huge) as response:
+            assert response.status == 507
+            assert (await response.json())["error"].startswith("model 'a' cannot take this request: out of memory")
+    assert (await post_infer(agent, "a"))[0] == 200 and (await post_infer(agent, "b"))[0] == 200
+    assert [(h.spec.replica_id, h.state) for h in agent.supervisor.handles()] == [(1, "ready"), (2, "ready")]

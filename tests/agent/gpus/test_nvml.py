@@ -1,5 +1,7 @@
 """This machine has no NVIDIA driver: NVML must say so cleanly instead of failing the agent."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from agent.gpus import GpuBackendUnavailable, NvmlBackend, make_backend
@@ -34,3 +36,46 @@ def test_it_reads_real_gpus_when_there_are_some():
         pytest.skip("no NVIDIA GPU here")
     gpus = backend.collect({})
     assert gpus and all(not g.simulated and g.total_bytes > 0 for g in gpus)
+
+
+class FakeNvml:
+    """Just enough of pynvml for per-process memory: two GPUs, one process on both, one that says nothing."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, processes):
+        self.processes = processes
+
+    def nvmlDeviceGetCount(self):
+        return len(self.processes)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        if self.processes[handle] is None:
+            raise self.NVMLError("Not Supported")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.processes[handle]]
+
+
+def fake_backend(processes) -> NvmlBackend:
+    backend = NvmlBackend()
+    backend._nvml, backend._initialised = FakeNvml(processes), True
+    return backend
+
+
+def test_it_reads_a_processes_gpu_memory_across_gpus():
+    backend = fake_backend([[(10, 500), (11, 7)], [(10, 300)], None])
+    assert backend.process_memory(10) == 800
+    assert backend.process_memory(11) == 7
+
+
+def test_a_process_nvml_cannot_see_or_measure_has_no_reading():
+    backend = fake_backend([[(10, None)], [(12, 5)]])
+    assert backend.process_memory(10) is None  # MPS clients and some drivers report no per-process use
+    assert backend.process_memory(99) is None  # another PID namespace, or not on a GPU
+
+
+def test_without_nvml_there_is_no_process_reading(no_gpu):
+    assert no_gpu.process_memory(1) is None

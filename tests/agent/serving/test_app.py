@@ -9,7 +9,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from agent.serving import make_app
 from agent.serving.batching import BatchSettings
 from agent.workers.spec import WorkerSpec
-from agent.workers.supervisor import InferenceInputError, InferenceTimeout, WorkerUnavailable
+from agent.workers.supervisor import (
+    InferenceInputError,
+    InferenceOutOfMemory,
+    InferenceTimeout,
+    WakeFailed,
+    WorkerUnavailable,
+)
 
 VOCAB = 8
 
@@ -43,12 +49,29 @@ class FakeSource:
         return self.replicas
 
 
+class WakingSource(FakeSource):
+    """Wakes a sleeping replica the way the agent does, or fails with `fail`."""
+
+    def __init__(self, *replicas, fail=None):
+        super().__init__(*replicas)
+        self.fail = fail
+        self.woken = []
+
+    async def wake(self, name):
+        self.woken.append(name)
+        if self.fail:
+            raise self.fail
+        replica = next(r for r in self.replicas if r.spec.deployment == name and r.state in ("sleeping", "preloaded"))
+        replica.state = "ready"
+        return replica
+
+
 @pytest.fixture
 async def serve():
     clients = []
 
-    async def start(*replicas, batching=None):
-        client = TestClient(TestServer(make_app(FakeSource(*replicas), batching=batching)))
+    async def start(*replicas, batching=None, source=None):
+        client = TestClient(TestServer(make_app(source or FakeSource(*replicas), batching=batching)))
         await client.start_server()
         clients.append(client)
         return client
@@ -232,7 +255,8 @@ async def test_a_body_that_is_not_json_is_a_400(serve):
         (InferenceInputError("input 'input_ids' holds 5000, outside this model's range [0, 8)"), 400),
         (WorkerUnavailable("replica 1: worker process was killed by signal SIGKILL"), 503),
         (InferenceTimeout("replica 1 did not answer within 120 s"), 504),
-        (RuntimeError("CUDA error: out of memory"), 500),
+        (InferenceOutOfMemory("out of memory during infer on cuda:0: OutOfMemoryError: tried to allocate"), 507),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), 500),
     ],
 )
 async def test_worker_errors_map_to_statuses_with_their_message(serve, error, status):
@@ -304,3 +328,35 @@ async def test_metrics_are_scraped_in_the_text_format_after_requests(serve):
         'modelgrid_replica_state{deployment="chat",replica="1",state="ready"} 1.0',
     ):
         assert line in text
+
+
+async def test_a_request_for_a_sleeping_model_wakes_it_and_is_answered(serve):
+    sleeper = FakeReplica(1, "chat", state="sleeping")
+    source = WakingSource(sleeper, FakeReplica(2, "other"))
+    client = await serve(source=source)
+    response = await client.post("/v2/models/chat/infer", json=ids_body([1, 2], [1, 2]))
+    assert response.status == 200, await response.text()
+    assert source.woken == ["chat"] and sleeper.state == "ready" and len(sleeper.seen) == 1
+    await client.post("/v2/models/chat/infer", json=ids_body([1, 2], [1, 2]))
+    assert source.woken == ["chat"]  # awake now: no second wake
+
+
+async def test_a_model_that_cannot_be_woken_in_time_is_a_503_with_the_reason(serve):
+    reason = "model 'chat' is waking: replica 1 was not ready within 30 s"
+    client = await serve(source=WakingSource(FakeReplica(1, "chat", state="sleeping"), fail=WakeFailed(reason)))
+    response = await client.post("/v2/models/chat/infer", json=ids_body([1], [1, 1]))
+    assert response.status == 503 and await response.json() == {"error": reason}
+
+
+async def test_a_model_only_loading_or_failed_is_not_woken(serve):
+    source = WakingSource(FakeReplica(1, "chat", state="loading"))
+    response = await (await serve(source=source)).post("/v2/models/chat/infer", json=ids_body([1], [1, 1]))
+    assert response.status == 503 and source.woken == []
+    assert "replica 1 of 'chat' is loading" in (await response.json())["error"]
+
+
+async def test_sleeping_and_preloaded_replicas_do_not_make_the_host_unready(serve):
+    client = await serve(FakeReplica(1, "chat"), FakeReplica(2, "a", state="sleeping"),
+                         FakeReplica(3, "b", state="preloaded"), FakeReplica(4, "c", state="stopped"))
+    assert (await client.get("/v2/health/ready")).status == 200
+    assert (await client.get("/v2/models/a/ready")).status == 503  # not serving until woken

@@ -43,7 +43,7 @@ async def test_a_replica_adopts_a_spare_serves_exact_logits_and_the_pool_refills
         assert handle.pid == spare.pid and handle.status().pid == spare.pid
         await until(lambda: handle.state in ("ready", "failed"), 120, "the adopted spare to load")
         assert handle.state == "ready", handle.reason
-        assert events == [(1, "loading"), (1, "ready")]
+        assert events == [(1, "starting"), (1, "loading"), (1, "ready")]
 
         outputs = await handle.infer({"input_ids": IDS})
         with torch.inference_mode():

@@ -12,9 +12,16 @@ import psutil
 import pytest
 import pytest_asyncio
 
+from agent.artifacts import read_safetensors_header
 from agent.workers.demo_models import build_tiny_bert, build_tiny_llama
 from agent.workers.spec import WorkerSpec
-from agent.workers.supervisor import InferenceInputError, Supervisor, WorkerHandle, WorkerUnavailable
+from agent.workers.supervisor import (
+    InferenceInputError,
+    InferenceOutOfMemory,
+    Supervisor,
+    WorkerHandle,
+    WorkerUnavailable,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -29,11 +36,16 @@ async def until(predicate, timeout: float, what: str):
         await asyncio.sleep(0.05)
 
 
+MIB = 1 << 20
+HEARTBEAT_TIMEOUT = 1.5
+
+
 @dataclass
 class Workers:
     supervisor: Supervisor
     paths: dict
     events: list = field(default_factory=list)
+    progress: list = field(default_factory=list)
 
     def __getitem__(self, replica_id: int) -> WorkerHandle:
         return self.supervisor.get(replica_id)
@@ -49,26 +61,48 @@ def paths(tmp_path_factory):
     shutil.copytree(llama, broken)
     data = (broken / "model.safetensors").read_bytes()
     (broken / "model.safetensors").write_bytes(data[: len(data) // 2])
-    return {"llama": llama, "bert": bert, "broken": broken}
+    return {"llama": llama, "bert": bert, "broken": broken, "wide": build_wide_llama(root / "wide-llama")}
+
+
+def build_wide_llama(directory):
+    """A one-layer Llama with a 16k vocabulary: about 70 MB of weights, two 32 MiB embedding tables."""
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=16384, hidden_size=512, num_hidden_layers=1, num_attention_heads=8,
+                                      num_key_value_heads=2, intermediate_size=1024, max_position_embeddings=256)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def workers(paths):
-    events = []
-    supervisor = Supervisor(on_change=lambda h: events.append((h.spec.replica_id, h.state, h.reason)))
+    events, progress = [], []
+    supervisor = Supervisor(
+        on_change=lambda h: events.append((h.spec.replica_id, h.state, h.reason)),
+        on_progress=lambda h: progress.append((h.spec.replica_id, h.loaded_bytes, h.total_bytes)),
+        heartbeat_interval=0.2,
+        heartbeat_timeout=HEARTBEAT_TIMEOUT,
+    )
     specs = [
         WorkerSpec(1, str(paths["llama"]), "causal-lm", deployment="chat"),
         WorkerSpec(2, str(paths["bert"]), "encoder", deployment="embed"),
         WorkerSpec(3, str(paths["broken"]), "causal-lm", deployment="broken"),
         WorkerSpec(4, str(paths["llama"]), "causal-lm", deployment="victim"),
         WorkerSpec(5, str(paths["llama"]), "causal-lm", deployment="to-stop"),
+        WorkerSpec(6, str(paths["llama"]), "causal-lm", deployment="sleeper", batch=2, seq=1000),
+        # Held to 40 MiB of address space above its baseline: the 70 MB model cannot fit.
+        WorkerSpec(7, str(paths["wide"]), "causal-lm", deployment="too-big", memory_limit_bytes=40 * MIB),
+        # Room for the tiny model, not for a request whose logits alone take a gigabyte.
+        WorkerSpec(8, str(paths["llama"]), "causal-lm", deployment="capped", memory_limit_bytes=300 * MIB),
     ]
     supervisor.start_spares()  # none: these tests start their workers cold
     for spec in specs:
         supervisor.start(spec)
     try:
         await until(lambda: all(h.state in ("ready", "failed") for h in supervisor.handles()), 120, "workers to load")
-        yield Workers(supervisor, paths, events)
+        yield Workers(supervisor, paths, events, progress)
     finally:
         await supervisor.stop_all()
 
@@ -80,17 +114,39 @@ def reference_model(path, cls_name: str):
     return getattr(transformers, cls_name).from_pretrained(path, dtype=torch.float32).eval()
 
 
-async def test_it_loads_a_causal_lm_and_reports_ready_with_measured_bytes(workers):
+async def test_it_loads_a_causal_lm_and_reports_ready_with_a_measurement(workers):
     chat = workers[1]
     assert chat.state == "ready", chat.reason
-    assert (1, "loading", "") in workers.events and (1, "ready", "") in workers.events
-    # On the CPU a replica measures its parameter and buffer bytes.
+    assert [e[1] for e in workers.events if e[0] == 1] == ["starting", "loading", "ready"]
+    # On the CPU a replica measures its parameter and buffer bytes, then the warm-up forward's peak on top.
     model = reference_model(workers.paths["llama"], "AutoModelForCausalLM")
     tensors = [*model.parameters(), *model.buffers()]
-    assert chat.measured_bytes == sum(t.numel() * t.element_size() for t in tensors)
+    m = chat.measurement
+    assert m.device == "cpu" and m.weights_bytes == sum(t.numel() * t.element_size() for t in tensors)
+    assert (m.batch, m.seq) == (1, 256)  # the default shape: min(max positions, 2048)
+    assert m.peak_bytes > m.weights_bytes and m.total_bytes == m.peak_bytes == chat.measured_bytes
+    assert m.allocated_bytes is m.reserved_bytes is m.process_bytes is None
+    assert m.load_seconds > 0 and m.load_bandwidth > 0
     assert chat.info["output_dim"] == 1024
-    assert chat.status().pid == chat.pid and psutil.pid_exists(chat.pid)
+    status = chat.status()
+    assert status.pid == chat.pid and psutil.pid_exists(chat.pid)
+    assert status.measurement == m and status.measured_bytes == m.total_bytes
     assert workers.supervisor.spares.spares() == []  # warm_spares defaults to 0 here: started cold
+
+
+async def test_it_reports_loading_progress_in_bytes_up_to_the_checkpoint_size(workers):
+    size = sum(t.nbytes for t in read_safetensors_header(workers.paths["llama"] / "model.safetensors"))
+    mine = [(loaded, total) for replica, loaded, total in workers.progress if replica == 1]
+    assert mine and all(total == size for _, total in mine)
+    assert [loaded for loaded, _ in mine] == sorted(loaded for loaded, _ in mine)
+    assert mine[-1] == (size, size)
+    assert workers[1].status().loaded_bytes == workers[1].status().total_bytes == size
+
+
+async def test_it_warms_up_at_the_declared_shape_clamped_to_the_model(workers):
+    m = workers[6].measurement
+    assert (m.batch, m.seq) == (2, 256)  # 1000 tokens asked; the model has 256 positions
+    assert m.peak_bytes > workers[1].measurement.peak_bytes  # twice the activations of batch 1
 
 
 async def test_its_logits_equal_exactly_what_transformers_computes(workers):
@@ -191,3 +247,68 @@ async def test_stopping_a_worker_while_it_loads_leaves_no_process(workers):
     await asyncio.sleep(0.3)
     await supervisor.stop_all()
     assert handle.state == "stopped" and not psutil.pid_exists(handle.pid)
+
+
+async def test_a_sleeping_replica_frees_its_weights_and_wakes_bit_exact(workers):
+    sleeper = workers[6]
+    before = await sleeper.infer({"input_ids": IDS})
+    await sleeper.sleep()
+    assert sleeper.state == "sleeping" and sleeper.status().state == "sleeping"
+    assert sleeper.host_bytes >= sleeper.measurement.weights_bytes
+    assert sleeper.status().host_bytes == sleeper.host_bytes
+    assert sleeper.sleep_wake.direction == "sleep" and sleeper.sleep_wake.bytes == sleeper.host_bytes
+    with pytest.raises(WorkerUnavailable, match="replica 6 is sleeping"):
+        await sleeper.infer({"input_ids": IDS}, timeout=5)
+    await sleeper.sleep()  # already asleep: nothing to do
+
+    await asyncio.gather(sleeper.wake(), sleeper.wake())  # two callers share one wake
+    assert sleeper.state == "ready" and sleeper.status().host_bytes is None
+    assert sleeper.sleep_wake.direction == "wake" and sleeper.sleep_wake.seconds > 0
+    after = await sleeper.infer({"input_ids": IDS})
+    assert np.array_equal(before["logits"], after["logits"])
+    assert [e[1] for e in workers.events if e[0] == 6][-2:] == ["sleeping", "ready"]
+
+
+async def test_a_request_queued_behind_a_sleep_is_refused_with_the_reason(workers):
+    sleeper = workers[6]
+    sleeping = asyncio.create_task(sleeper.sleep())
+    await asyncio.sleep(0)
+    with pytest.raises(WorkerUnavailable, match="replica 6 is going to sleep"):
+        await sleeper.infer({"input_ids": IDS}, timeout=5)
+    await sleeping
+    await sleeper.wake(then="preloaded")
+    assert sleeper.state == "preloaded"  # on the device, but it takes no requests
+    with pytest.raises(WorkerUnavailable, match="replica 6 is preloaded"):
+        await sleeper.infer({"input_ids": IDS}, timeout=5)
+    sleeper.promote()
+    assert sleeper.state == "ready" and (await sleeper.infer({"input_ids": IDS}))["logits"].shape == (2, 6, 1024)
+
+
+async def test_a_worker_out_of_memory_while_loading_fails_with_the_reason_and_harms_no_other(workers):
+    too_big = workers[7]
+    assert too_big.state == "failed"
+    assert too_big.reason.startswith("out of memory while loading on cpu: ")
+    await until(lambda: too_big.exitcode is not None, 10, "the failed worker to exit")
+    assert workers[1].state == "ready" and (await workers[1].infer({"input_ids": IDS}))["logits"].shape == (2, 6, 1024)
+
+
+async def test_a_request_out_of_memory_is_refused_and_the_worker_serves_on(workers):
+    capped = workers[8]
+    assert capped.state == "ready", capped.reason
+    huge = np.ones((256, 1024), dtype=np.int64)  # logits alone: 256 x 1024 x 1024 floats, 1 GiB
+    with pytest.raises(InferenceOutOfMemory, match="out of memory during infer on cpu: .*can't allocate memory"):
+        await capped.infer({"input_ids": huge})
+    assert capped.state == "ready" and psutil.pid_exists(capped.pid)
+    small = await capped.infer({"input_ids": IDS})
+    assert np.array_equal(small["logits"], (await workers[1].infer({"input_ids": IDS}))["logits"])
+
+
+async def test_a_hung_worker_is_killed_after_missing_heartbeats(workers):
+    capped = workers[8]
+    assert capped.state == "ready"
+    os.kill(capped.pid, signal.SIGSTOP)  # frozen: neither its main thread nor its pipe thread runs
+    await until(lambda: capped.state == "failed", HEARTBEAT_TIMEOUT + 10, "the hung worker to be declared failed")
+    assert capped.reason == f"no heartbeat for {HEARTBEAT_TIMEOUT:g} s"
+    await until(lambda: capped.exitcode is not None, 10, "the hung worker to be reaped")
+    assert capped.exitcode == -signal.SIGKILL and not psutil.pid_exists(capped.pid)
+    assert workers[1].state == "ready"  # a slow but answering worker is left alone

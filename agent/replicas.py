@@ -1,0 +1,299 @@
+"""The agent's replicas: converge workers to a desired state and keep them there (no torch).
+
+Applies a convergence plan (agent.converge) phase by phase, restarts crashed workers with backoff,
+keeps sleeping replicas inside the host-RAM budget (agent.sleep_budget), wakes a sleeping replica
+when a request needs it, and charges each GPU what its replicas measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+from agent.artifacts import ArtifactError, inspect_model_dir
+from agent.artifacts.model_dir import CAUSAL_LM_SUFFIXES
+from agent.converge import Running, device_for, plan_convergence
+from agent.gpus import GpuBackend
+from agent.protocol import DesiredReplica, DesiredState, GpuInfo
+from agent.restarts import RestartBackoff
+from agent.sleep_budget import Sleeper, fit
+from agent.workers.errors import InferenceError, WakeFailed
+from agent.workers.handle import DEFAULT_SWAP_TIMEOUT
+from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
+from agent.workers.spec import DTYPES, WorkerSpec
+from agent.workers.supervisor import DEFAULT_WARM_SPARES, Supervisor, WorkerHandle
+
+log = logging.getLogger("agent.daemon")
+
+Notify = Callable[[WorkerHandle, bool], None]  # (handle, progress only)
+ON_DEVICE = ("ready", "preloaded")
+# Address space a capped CPU worker may use beyond its reservation: thread stacks and malloc arenas
+# reserve address space without using memory, and the checkpoint is mapped while it is read.
+CPU_CAP_SLACK = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ReplicaSettings:
+    warm_workers: int = DEFAULT_WARM_SPARES  # spawned workers kept with torch imported, for fast starts
+    restart_backoff_min: float = 1.0  # a crashed worker is restarted after this, doubling per crash
+    restart_backoff_max: float = 60.0
+    sleep_budget: int | None = None  # host bytes for sleeping replicas; None: half the host's RAM
+    wake_timeout: float = 30.0  # how long a request waits for a sleeping replica to wake
+    swap_timeout: float = DEFAULT_SWAP_TIMEOUT
+    heartbeat_interval: float = HEARTBEAT_INTERVAL
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # a loaded worker silent this long is killed and replaced
+    cap_cpu_workers: bool = False  # hold CPU workers to their reservation with an address-space cap
+
+
+def default_sleep_budget() -> int:
+    """Half of this host's RAM."""
+    return psutil.virtual_memory().total // 2
+
+
+class Replicas:
+    """Every replica of this host: its worker, where the console wants it, and what it is doing."""
+
+    def __init__(self, settings: ReplicaSettings, backend: GpuBackend, notify: Notify) -> None:
+        self.settings = settings
+        self.backend = backend
+        self._notify = notify
+        self.supervisor = Supervisor(
+            on_change=self._on_change,
+            on_progress=lambda handle: notify(handle, True),
+            warm_spares=settings.warm_workers,
+            heartbeat_interval=settings.heartbeat_interval,
+            heartbeat_timeout=settings.heartbeat_timeout,
+        )
+        self.sleep_budget = settings.sleep_budget if settings.sleep_budget is not None else default_sleep_budget()
+        self.backoff = RestartBackoff(settings.restart_backoff_min, settings.restart_backoff_max)
+        self.generation = -1  # the desired-state generation applied last
+        self._placements: dict[int, DesiredReplica] = {}
+        self._generations: dict[int, int] = {}  # replica id -> generation its worker was started (or ended) under
+        self._woken: dict[int, int] = {}  # replica id -> generation under which a request woke it
+        self._gpu_totals: dict[int, int] = {}
+        self._restart_timers: dict[int, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._stopping = False
+
+    def handles(self) -> list[WorkerHandle]:
+        return self.supervisor.handles()
+
+    # --- converging -----------------------------------------------------------------------------
+
+    async def apply(self, desired: DesiredState) -> None:
+        """Converge to `desired`: promotions, then what frees memory, then wakes and starts."""
+        running = {h.spec.replica_id: self._running(h, desired.generation) for h in self.supervisor.handles()}
+        gpus = self.gpus()
+        free = {g.index: max(g.total_bytes - g.used_bytes, 0) for g in gpus}
+        plan = plan_convergence(desired, running, self.backend.device_kind, free, self.sleep_budget)
+        for reason in plan.reasons:
+            log.info("generation %d: %s", desired.generation, reason)
+        self.generation = desired.generation
+        self._placements = {r.id: r for r in desired.replicas}
+        for replica_id in plan.ids("promote"):
+            self._handle(replica_id).promote()
+        frees = [self.supervisor.stop(a.replica_id) for a in plan.actions if a.verb == "stop"]
+        frees += [self._evict(a.replica_id, a.detail) for a in plan.actions if a.verb == "evict"]
+        frees += [self._sleep(self._handle(i)) for i in plan.ids("sleep")]
+        for replica_id in plan.ids("demote"):
+            self._handle(replica_id).demote()
+        await asyncio.gather(*frees)
+        for action in plan.actions:
+            handle = self.supervisor.get(action.replica_id)
+            if action.verb == "wake" and handle is not None:
+                self._spawn(self._wake(handle, "preloaded" if action.target == "preloaded" else "ready"))
+            elif action.verb == "start" and action.replica is not None and handle is None:
+                self._start(action.replica)
+                self._generations[action.replica_id] = desired.generation
+            elif action.verb == "retarget" and handle is not None:
+                handle.after_load = "ready" if action.target == "ready" else "preloaded"
+        self._generations = {k: v for k, v in self._generations.items() if self.supervisor.get(k)}
+        self._woken = {k: v for k, v in self._woken.items() if self.supervisor.get(k)}
+
+    def _running(self, handle: WorkerHandle, generation: int) -> Running:
+        rid = handle.spec.replica_id
+        placement = self._placements.get(rid)
+        weights = handle.host_bytes or (handle.measurement.weights_bytes if handle.measurement else 0)
+        return Running(
+            spec=handle.spec,
+            state=handle.state,
+            generation=self._generations.get(rid, -1),
+            target=placement.state if placement else "ready",
+            weights_bytes=weights,
+            last_used=handle.last_used,
+            woken=self._woken.get(rid) == generation,
+        )
+
+    def _handle(self, replica_id: int) -> WorkerHandle:
+        handle = self.supervisor.get(replica_id)
+        assert handle is not None, f"replica {replica_id} has no worker"
+        return handle
+
+    def _start(self, replica: DesiredReplica) -> WorkerHandle:
+        device = device_for(replica, self.backend.device_kind)
+        try:
+            # Read torch-free before spawning: a bad directory fails in milliseconds, with a message
+            # that names the file, instead of after a worker has imported torch.
+            artifact = inspect_model_dir(replica.model_path)
+            if replica.dtype not in DTYPES:
+                raise ArtifactError(f"dtype {replica.dtype!r} is not supported ({', '.join(DTYPES)})")
+        except ArtifactError as e:
+            guess = "causal-lm" if replica.architecture.endswith(CAUSAL_LM_SUFFIXES) else "encoder"
+            return self.supervisor.add_failed(self._spec(replica, guess, device), str(e))
+        spec = self._spec(replica, artifact.task, device, artifact.weights_bytes)
+        return self.supervisor.start(spec, after_load="ready" if replica.state == "ready" else "preloaded")
+
+    def _spec(self, replica: DesiredReplica, task: str, device: str, file_bytes: int = 0) -> WorkerSpec:
+        gpu = replica.gpus[0] if replica.gpus else 0
+        limit = None
+        if self.settings.cap_cpu_workers and device == "cpu" and replica.reserved_bytes:
+            limit = replica.reserved_bytes + file_bytes + CPU_CAP_SLACK
+        return WorkerSpec(
+            replica.id, replica.model_path, task, device, replica.dtype, replica.deployment,
+            batch=replica.batch,
+            seq=replica.seq,
+            reserved_bytes=replica.reserved_bytes,
+            gpu_total_bytes=self._gpu_totals.get(gpu, 0),
+            mps_percentage=replica.mps_percentage,
+            memory_limit_bytes=limit,
+        )
+
+    # --- sleep, wake, evict ---------------------------------------------------------------------
+
+    async def _sleep(self, handle: WorkerHandle) -> None:
+        """Put one replica to sleep within the host-RAM budget, evicting the least recently used."""
+        rid = handle.spec.replica_id
+        weights = handle.measurement.weights_bytes if handle.measurement else 0
+        others = [Sleeper(h.spec.replica_id, h.host_bytes, h.last_used)
+                  for h in self.supervisor.handles() if h.state == "sleeping" and h is not handle]
+        dropped = fit([*others, Sleeper(rid, weights, handle.last_used)], self.sleep_budget)
+        await asyncio.gather(*(self._evict(other, why) for other, why in dropped.items() if other != rid))
+        if rid in dropped:
+            await self._evict(rid, dropped[rid])
+            return
+        try:
+            await handle.sleep(self.settings.swap_timeout)
+        except InferenceError as e:
+            if handle.state in ON_DEVICE:  # alive but cannot sleep (host memory): stop it to free its GPU
+                await self._evict(rid, f"stopped instead of sleeping: {e}")
+
+    async def _wake(self, handle: WorkerHandle, then: str) -> None:
+        try:
+            await handle.wake("preloaded" if then == "preloaded" else "ready", self.settings.swap_timeout)
+        except InferenceError as e:
+            log.warning("replica %d: cannot wake: %s", handle.spec.replica_id, e)
+
+    async def _evict(self, replica_id: int, reason: str) -> None:
+        log.warning("replica %d: %s", replica_id, reason)
+        await self.supervisor.evict(replica_id, reason)
+        self._generations[replica_id] = self.generation  # left stopped until the console sends a new generation
+
+    async def wake_for_request(self, deployment: str) -> WorkerHandle:
+        """A ready replica of `deployment`, waking (or promoting) one if none is; WakeFailed says why not."""
+        handles = [h for h in self.supervisor.handles() if h.spec.deployment == deployment]
+        ready = [h for h in handles if h.state == "ready"]
+        if ready:
+            return min(ready, key=lambda h: h.queued)
+        # Preloaded first (already on the device), then the most recently used sleeper.
+        candidates = sorted((h for h in handles if h.state in ("preloaded", "sleeping")),
+                            key=lambda h: (h.state != "preloaded", -h.last_used))
+        if not candidates:
+            states = "; ".join(f"replica {h.spec.replica_id} is {h.state}" for h in handles) or "no replica here"
+            raise WakeFailed(f"model {deployment!r} has no replica that can be woken ({states})")
+        handle = candidates[0]
+        timeout = self.settings.wake_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                await handle.wake("ready", self.settings.swap_timeout)
+        except TimeoutError:
+            raise WakeFailed(
+                f"model {deployment!r} is waking: replica {handle.spec.replica_id} was not ready within {timeout:g} s"
+            ) from None
+        except InferenceError as e:
+            raise WakeFailed(f"model {deployment!r} could not be woken: {e}") from e
+        self._woken[handle.spec.replica_id] = self.generation
+        log.info("replica %d: woken by a request for %r", handle.spec.replica_id, deployment)
+        return handle
+
+    # --- watching -------------------------------------------------------------------------------
+
+    def _on_change(self, handle: WorkerHandle) -> None:
+        rid = handle.spec.replica_id
+        self._fill_process_bytes(handle)
+        self._notify(handle, False)
+        if handle.state in (*ON_DEVICE, "sleeping"):
+            self.backoff.ready(rid)  # it loaded: the run of failures is over
+        placement = self._placements.get(rid)
+        target = placement.state if placement is not None else None
+        if handle.state == "preloaded" and target == "sleeping":
+            self._spawn(self._sleep(handle))  # loaded (or restarted) only to be put to sleep
+        elif handle.state == "sleeping" and target == "ready" and handle.transition is None and not handle.reason:
+            # The console changed its mind while it fell asleep (a failed wake has a reason: no retry loop).
+            self._spawn(self._wake(handle, "ready"))
+        elif handle.state == "failed" and handle.pid is not None and not self._stopping:
+            # A worker process crashed, hung or failed to load: restart it, backing off so a model that
+            # always fails costs little. (A replica refused before any process started is not
+            # retried: its directory would be refused again.)
+            delay = self.backoff.failed(rid)
+            log.warning("replica %d failed (%s); restarting in %g s (failure %d in a row)",
+                        rid, handle.reason, delay, self.backoff.failures(rid))
+            old = self._restart_timers.pop(rid, None)
+            if old is not None:
+                old.cancel()
+            self._restart_timers[rid] = asyncio.get_running_loop().call_later(
+                delay, self._spawn, self._restart(rid, handle)
+            )
+
+    def _fill_process_bytes(self, handle: WorkerHandle) -> None:
+        # pynvml lives in the daemon (agent/gpus/nvml.py), so NVML's per-process reading, CUDA context
+        # included, is added here to what the worker measured.
+        m = handle.measurement
+        if handle.state not in ON_DEVICE or m is None or m.device != "cuda" or m.process_bytes is not None:
+            return
+        used = self.backend.process_memory(handle.pid) if handle.pid else None
+        if used:
+            handle.measurement = m.model_copy(update={"process_bytes": used, "total_bytes": used})
+
+    async def _restart(self, replica_id: int, failed: WorkerHandle) -> None:
+        self._restart_timers.pop(replica_id, None)
+        replica = self._placements.get(replica_id)
+        # Only the same failed worker of a replica that is still wanted: the desired state may
+        # have moved on while we waited.
+        if replica is None or replica.state == "stopped" or self.supervisor.get(replica_id) is not failed:
+            return
+        await self.supervisor.stop(replica_id)
+        if self.supervisor.get(replica_id) is None and not self._stopping:
+            log.info("replica %d: restarting its worker", replica_id)
+            self._start(replica)
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._tasks.discard)
+
+    def gpus(self) -> list[GpuInfo]:
+        """The backend's GPU reading, with each simulated GPU charged what its on-device replicas measured."""
+        used: dict[int, int] = {}
+        for handle in self.supervisor.handles():
+            placement = self._placements.get(handle.spec.replica_id)
+            if handle.measured_bytes and handle.state in ON_DEVICE:
+                index = placement.gpus[0] if placement and placement.gpus else 0
+                used[index] = used.get(index, 0) + handle.measured_bytes
+        gpus = self.backend.collect(used)
+        self._gpu_totals = {g.index: g.total_bytes for g in gpus}
+        return gpus
+
+    async def stop_all(self) -> None:
+        """Stop every worker and spare; nothing restarts afterwards."""
+        self._stopping = True
+        for timer in self._restart_timers.values():
+            timer.cancel()
+        self._restart_timers.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.supervisor.stop_all()
