@@ -17,13 +17,13 @@ When the rows arrive grouped (AdapterPool.forward orders them so) the bmm reads 
 otherwise the rows are gathered and the deltas added back with index_add_. The stacked A/B are kept
 per layer while the batch's set of adapters stays the same.
 
-Why this and not one small matmul pair per adapter group (tried first): on a CPU, each op enters an
-OpenMP parallel region, and on a busy machine (2 cores, load 3-4) every such entry can cost a
-scheduler slice; 16 groups x 24 layers x 3 ops made MiniLM's mixed batch (64 x 128) 2-3x slower than
-its base forward, while the two bmm calls per layer kept it within 10%. The price is padding: flops
-for a batch mixing ranks 8 and 64 are those of rank 64 for every row, which is still small beside the
-base layer (2 * r / hidden of its flops). A per-row weight gather (BGMV) would suit one-token decode
-steps better; the worker runs whole-sequence forwards.
+Why this and not one small matmul pair per adapter group (the first version): on a CPU every op
+enters an OpenMP parallel region, and on a busy machine each entry can wait a scheduler slice. On 2
+shared cores (load 3-4), MiniLM with 16 adapters at 64 x 128 ran 1.8x (rows grouped) to 2.8x (rows
+scattered) slower than its base forward with per-group matmuls, and at 93% / 57% of the base with
+the two bmm calls. The price is padding: a batch mixing ranks 8 and 64 pays rank 64 for every row,
+which stays small beside the base layer (about 2 * r / hidden of its flops). A per-row weight gather
+(BGMV) would suit one-token decode steps better; the worker runs whole-sequence forwards.
 """
 
 from __future__ import annotations
@@ -123,13 +123,13 @@ class AdapterSlots:
         if self._active:
             raise RuntimeError("cannot change adapters during a forward pass")
         self._weights[slot] = dict(weights)
-        self.version += 1
+        self._changed()
 
     def remove(self, slot: int) -> None:
         if self._active:
             raise RuntimeError("cannot change adapters during a forward pass")
         if self._weights.pop(slot, None) is not None:
-            self.version += 1
+            self._changed()
 
     def weights(self, slot: int) -> dict[str, LoraWeights]:
         return self._weights[slot]
@@ -150,6 +150,11 @@ class AdapterSlots:
             yield
         finally:
             self.plan, self._active = None, False
+
+    def _changed(self) -> None:
+        self.version += 1
+        for layer in self.layers.values():
+            layer.forget_stacked()  # frees the copies of an adapter that just left the device
 
     def _device(self) -> torch.device:
         layer = next(iter(self.layers.values()), None)
@@ -192,11 +197,15 @@ class MultiLoraLinear(nn.Module):
             out.index_add_(0, plan.scatter, delta if plan.keep is None else delta.index_select(0, plan.keep))
         return out
 
+    def forget_stacked(self) -> None:
+        self._stacked = None
+
     def _stacked_weights(self, plan: BatchPlan) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A^T and scale * B^T of the batch's adapters, zero-padded to the largest rank, stacked by group.
 
         Kept until the batch's set of adapters or the slots change: consecutive batches over the same
-        adapters (the common case under steady traffic) then pay nothing here.
+        adapters (the common case under steady traffic) then pay nothing here. The copy is outside the
+        pool's byte budgets: at most the active adapters' bytes, padded to their largest rank.
         """
         key = (self.slots.version, plan.slots)
         if self._stacked is not None and self._stacked[0] == key:
@@ -244,19 +253,3 @@ def attach_multi_lora(model: nn.Module, targets: Iterable[str] | None = None) ->
         setattr(parent, child, layer)
         slots.layers[name] = layer
     return slots
-
-
-def resolve_layer(module: str, layers: Iterable[str]) -> str | None:
-    """The wrapped layer an adapter's module name refers to, allowing one wrapper prefix on either side.
-
-    An adapter trained on BertForSequenceClassification names "bert.encoder...", the served BertModel
-    "encoder..."; an adapter trained on a bare model served under its head model is the reverse.
-    """
-    names = set(layers)
-    if module in names:
-        return module
-    _, _, rest = module.partition(".")
-    if rest in names:
-        return rest
-    longer = [n for n in names if n.endswith(f".{module}") and n.count(".") == module.count(".") + 1]
-    return longer[0] if len(longer) == 1 else None

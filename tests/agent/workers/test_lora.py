@@ -191,3 +191,22 @@ def test_a_grouped_even_batch_is_planned_in_place_and_others_gather_and_pad():
     assert uneven.keep.tolist() == [0, 3, 4, 5] and uneven.scatter.tolist() == [1, 0, 2, 4]
     assert plan_batch([None, None], cpu) is None
     assert grouped_order([1, None, 0, 1]) == [2, 0, 3, 1]
+
+
+def test_replacing_the_adapter_in_a_slot_takes_effect_on_the_next_forward():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    slots = attach_multi_lora(model)
+    x = torch.randn(2, 3, 8)
+    first = LoraWeights(torch.randn(2, 8), torch.randn(8, 2), 0.5)
+    second = LoraWeights(torch.randn(4, 8), torch.randn(8, 4), 2.0)
+    with torch.inference_mode():
+        base = model(x)
+        outputs = []
+        for weights in (first, second):
+            slots.put(0, {"0": weights})
+            with slots.batch([0, None]):
+                outputs.append(model(x))
+    for out, w in zip(outputs, (first, second), strict=True):
+        torch.testing.assert_close(out[0], base[0] + w.scale * (x[0] @ w.a.T) @ w.b.T)
+        torch.testing.assert_close(out[1], base[1])
