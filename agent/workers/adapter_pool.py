@@ -121,7 +121,7 @@ class AdapterPool:
         inputs: Mapping[str, torch.Tensor],
         names: Sequence[str | None],
     ) -> torch.Tensor:
-        """`run(inputs)` with row i using adapter names[i]; returns run's output (rows first) in the callers' order.
+        """`run(inputs)` with row i using adapter names[i]; returns run's output (rows first) in the caller's order.
 
         The rows are reordered so each adapter's are adjacent, which spares every layer a gather.
         """
