@@ -213,7 +213,7 @@ def adapter_mixed(setup: Setup) -> list[dict]:
 def mixed_on(base: Base, setup: Setup) -> list[dict]:
     from agent.workers.adapter_pool import AdapterPool
 
-    repeats = 2 if setup.quick else 10
+    repeats = 3 if setup.quick else 10
     rows = []
     targets = TARGETS[base.task]
     shapes = lora_shapes(base, setup)
@@ -223,7 +223,7 @@ def mixed_on(base: Base, setup: Setup) -> list[dict]:
     used = min(N_ADAPTERS, setup.batch)  # a batch smaller than 16 rows mixes fewer adapters
     first, second = names[:used], names[N_ADAPTERS : N_ADAPTERS + used]
     inputs = token_inputs(base, setup, setup.batch)
-    # As requests arrive: neighbouring rows use different adapters.
+    # Interleaved, as requests arrive: neighbouring rows use different adapters.
     arrival = {s[0]: [s[i % used] for i in range(setup.batch)] for s in (first, second)}
 
     plain = load_base(base, setup)
@@ -237,20 +237,22 @@ def mixed_on(base: Base, setup: Setup) -> list[dict]:
         out = model(**batch)
         return out.logits if base.task == "causal-lm" else out.last_hidden_state
 
-    def pooled(sets):
-        calls = itertools.count()
-        return lambda: pool.forward(lambda b: run(served, b), inputs, arrival[sets[next(calls) % len(sets)]])
+    def mixed(order):
+        def forward():
+            with pool.serving(order):
+                run(served, inputs)
+        return forward
 
-    def not_regrouped():
-        with pool.serving(arrival["a0"]):
-            run(served, inputs)
+    def alternating(orders):
+        calls = itertools.count()
+        return lambda: mixed(orders[next(calls) % len(orders)])()
 
     peft_loop = peft_one_at_a_time(base, setup, {n: paths[n] for n in first}, inputs, arrival["a0"], run)
     methods = {
         "base only": lambda: run(plain, inputs),
-        "mixed (pool.forward)": pooled(["a0"]),
-        "mixed, rows left scattered": not_regrouped,
-        f"mixed, other {used} each batch": pooled(["a0", f"a{N_ADAPTERS}"]),
+        "mixed, rows grouped by adapter": mixed(sorted(arrival["a0"], key=names.index)),
+        "mixed, rows interleaved": mixed(arrival["a0"]),
+        f"mixed, interleaved, other {used} each batch": alternating([arrival["a0"], arrival[f"a{N_ADAPTERS}"]]),
         "PEFT, one adapter at a time": peft_loop,
     }
     timings = timed_round_robin(methods, setup.device, repeats)

@@ -2,10 +2,11 @@
 
     pool = AdapterPool(model, gpu_budget=256 << 20, cpu_budget=2 << 30, base=inspect_model_dir(path))
     pool.load("support-bot", "/adapters/support-bot")
-    logits = pool.forward(lambda batch: model(**batch).logits, {"input_ids": ids}, ["support-bot", None, "legal"])
+    with pool.serving(["support-bot", None, "legal"]):   # one adapter name, or None, per row
+        logits = model(input_ids=ids).logits
 
-`forward` takes one adapter name (or None) per row, runs the rows grouped by adapter and returns the
-output in the caller's row order; `serving(names)` is the lower-level block for rows already grouped.
+Rows may come in any order; a batch whose rows are grouped by adapter (`lora.grouped_order`) spares
+every layer a gather and a scatter.
 
 `AdapterTiers` decides what lives where; this class carries its moves out on tensors: reading from
 safetensors, copying between host (pinned when CUDA is there) and device, and handing each adapter
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -29,7 +30,7 @@ from agent.artifacts import ModelArtifact
 from agent.artifacts.adapters import AdapterArtifact, check_adapter_matches, read_adapter_dir
 from agent.workers.adapter_tiers import CPU, DISK, GPU, AdapterTiers, Move
 from agent.workers.adapter_weights import PackedAdapter, PackedLayer, plan_layout, read_packed
-from agent.workers.lora import AdapterSlots, attach_multi_lora, grouped_order
+from agent.workers.lora import AdapterSlots, attach_multi_lora
 
 
 class AdapterPool:
@@ -114,29 +115,6 @@ class AdapterPool:
         slots = self.acquire(names)
         with self.slots.batch(slots):
             yield slots
-
-    def forward(
-        self,
-        run: Callable[[dict[str, torch.Tensor]], torch.Tensor],
-        inputs: Mapping[str, torch.Tensor],
-        names: Sequence[str | None],
-    ) -> torch.Tensor:
-        """`run(inputs)` with row i using adapter names[i]; returns run's output (rows first) in the caller's order.
-
-        The rows are reordered so each adapter's are adjacent, which spares every layer a gather.
-        """
-        slots = self.acquire(names)
-        order = grouped_order(slots)
-        if order == list(range(len(order))):
-            with self.slots.batch(slots):
-                return run(dict(inputs))
-        index = torch.tensor(order, device=self.device)
-        grouped = {k: v.index_select(0, index.to(v.device)) for k, v in inputs.items()}
-        with self.slots.batch([slots[i] for i in order]):
-            out = run(grouped)
-        inverse = torch.empty_like(index)
-        inverse[index] = torch.arange(len(order), device=index.device)
-        return out.index_select(0, inverse.to(out.device))
 
     def hint(self, demand: Mapping[str, float]) -> list[str]:
         """Expected demand from the console; returns the names this pool does not hold."""

