@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -250,18 +251,27 @@ def _modules(weights: Path, tensors: list[TensorInfo], config: dict[str, Any]) -
     return tuple(modules)
 
 
-def _base_tensor(module: str, shapes: dict[str, tuple[int, ...]]) -> str | None:
-    """The base tensor a module adapts; tolerates a wrapper prefix ("transformer.", "bert.") on either side."""
-    exact = f"{module}.weight"
-    if exact in shapes:
-        return exact
-    # Hub checkpoints are often saved from the bare model (GPT-2: "h.0.attn.c_attn") while the adapter was
-    # trained on the head model ("transformer.h.0.attn.c_attn"), or the other way round.
+def match_module(module: str, names: Iterable[str]) -> str | None:
+    """The name in `names` that an adapter's module refers to, allowing one wrapper prefix on either side.
+
+    Hub checkpoints are often saved from the bare model (GPT-2: "h.0.attn.c_attn") while the adapter was
+    trained on the head model ("transformer.h.0.attn.c_attn"), or the other way round (an adapter trained
+    on BertForSequenceClassification names "bert.encoder...", a served BertModel "encoder...").
+    """
+    names = set(names)
+    if module in names:
+        return module
     _, _, rest = module.partition(".")
-    if rest and f"{rest}.weight" in shapes:
-        return f"{rest}.weight"
-    candidates = [n for n in shapes if n.endswith(f".{exact}") and n.count(".") == exact.count(".") + 1]
-    return candidates[0] if len(candidates) == 1 else None
+    if rest in names:
+        return rest
+    longer = [n for n in names if n.endswith(f".{module}") and n.count(".") == module.count(".") + 1]
+    return longer[0] if len(longer) == 1 else None
+
+
+def _base_tensor(module: str, shapes: dict[str, tuple[int, ...]]) -> str | None:
+    weights = [name.removesuffix(".weight") for name in shapes if name.endswith(".weight")]
+    found = match_module(module, weights)
+    return None if found is None else f"{found}.weight"
 
 
 def _stored_dtype(tensors: list[TensorInfo]) -> str:

@@ -2,8 +2,11 @@
 
     pool = AdapterPool(model, gpu_budget=256 << 20, cpu_budget=2 << 30, base=inspect_model_dir(path))
     pool.load("support-bot", "/adapters/support-bot")
-    with pool.serving(["support-bot", None, "legal"]):   # one adapter name (or None) per row
-        out = model(input_ids=ids)
+    with pool.serving(["support-bot", None, "legal"]):   # one adapter name, or None, per row
+        logits = model(input_ids=ids).logits
+
+Rows may come in any order; a batch whose rows are grouped by adapter (`lora.grouped_order`) spares
+every layer a gather and a scatter.
 
 `AdapterTiers` decides what lives where; this class carries its moves out on tensors: reading from
 safetensors, copying between host (pinned when CUDA is there) and device, and handing each adapter

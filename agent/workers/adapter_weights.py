@@ -14,8 +14,8 @@ import torch
 from safetensors import safe_open
 
 from agent.artifacts import ArtifactError
-from agent.artifacts.adapters import WEIGHTS_NAME, AdapterArtifact
-from agent.workers.lora import LoraWeights, resolve_layer
+from agent.artifacts.adapters import WEIGHTS_NAME, AdapterArtifact, match_module
+from agent.workers.lora import LoraWeights
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def plan_layout(artifact: AdapterArtifact, layers: dict[str, tuple[int, int]]) -
     """
     layout, offset = [], 0
     for m in artifact.modules:
-        layer = resolve_layer(m.name, layers)
+        layer = match_module(m.name, layers)
         if layer is None:
             raise ArtifactError(
                 f"{artifact.path}: adapter targets {m.name}, which this worker did not wrap for LoRA "

@@ -9,16 +9,21 @@ Which rows use which adapter is set per forward on the shared `AdapterSlots`, ne
     with slots.batch([0, None, 1, 0]):   # per row: a slot, or None for the base model alone
         out = model(input_ids)
 
-Method: grouped gather-and-multiply (segmented, as in Punica's SGMV). Rows are grouped by slot once
-per forward; each layer then runs two small matmuls per adapter group, on a contiguous slice of the
-batch when the group's rows are adjacent (no copy) and on gathered rows otherwise (index_select, then
-index_add_ back). Measured on 2 CPU cores against the alternative of gathering each row's A and B into
-padded [batch, r_max, d] stacks for torch.bmm (BGMV style), batch 64 x 128 tokens, 16 adapters:
-hidden 384 with ranks 8/16/64 mixed, +5.0 ms per layer grouped vs +9.8 ms for bmm (padding every
-adapter to rank 64 more than doubles the flops and the gather copies weights per row); hidden 64 and
-rank 16, about even (+0.9 vs +1.2 ms). The bmm form only wins when each row holds a handful of tokens
-(decode: 1 token per row, +0.08 vs +0.41 ms), where per-group launches dominate; the worker runs
-whole-sequence forwards today, so the grouped form is the one kept.
+Method: segmented batched matmul over padded groups (Punica's SGMV idea, with torch.bmm). The rows
+are grouped by adapter once per forward; each group is padded to the largest group's row count and
+each adapter's A and B to the largest rank in the batch, so every layer adds its delta with two bmm
+calls whatever the number of adapters: [groups, rows*tokens, in] @ [groups, in, r] @ [groups, r, out].
+When the rows arrive grouped (see `grouped_order`) the bmm reads the batch in place;
+otherwise the rows are gathered and the deltas added back with index_add_. The stacked A/B are kept
+per layer while the batch's set of adapters stays the same.
+
+Why this and not one small matmul pair per adapter group (the first version): on a CPU every op
+enters an OpenMP parallel region, and on a busy machine each entry can wait a scheduler slice. On 2
+shared cores (load 3-4), MiniLM with 16 adapters at 64 x 128 ran 1.8x (rows grouped) to 2.8x (rows
+scattered) slower than its base forward with per-group matmuls, and at 93% / 57% of the base with
+the two bmm calls. The price is padding: a batch mixing ranks 8 and 64 pays rank 64 for every row,
+which stays small beside the base layer (about 2 * r / hidden of its flops). A per-row weight gather
+(BGMV) would suit one-token decode steps better; the worker runs whole-sequence forwards.
 """
 
 from __future__ import annotations
@@ -45,11 +50,55 @@ class LoraWeights:
         return int(self.a.shape[0])
 
 
-Rows = slice | torch.Tensor  # a contiguous run of batch rows, or the indices of scattered ones
+@dataclass(frozen=True)
+class BatchPlan:
+    """How the rows of one forward fall into adapter groups; computed once, used by every layer."""
+
+    size: int  # rows in the batch
+    slots: tuple[int, ...]  # one per group, ascending
+    rows_per_group: int  # the largest group's size; smaller groups are padded up to it
+    # Batch rows in group order, each group padded by repeating its last row. None when that order is
+    # simply rows [0, groups * rows_per_group): the batch was already grouped, so no copy is needed.
+    gather: torch.Tensor | None
+    keep: torch.Tensor | None  # positions of real (not padding) rows in the gathered order; None: all
+    scatter: torch.Tensor | None  # the batch row each kept position adds into
+
+
+def plan_batch(row_slots: Sequence[int | None], device: torch.device) -> BatchPlan | None:
+    """Group a batch's rows by slot (None: no adapter); None when no row uses an adapter."""
+    by_slot: dict[int, list[int]] = {}
+    for row, slot in enumerate(row_slots):
+        if slot is not None:
+            by_slot.setdefault(slot, []).append(row)
+    if not by_slot:
+        return None
+    slots = tuple(sorted(by_slot))
+    per_group = max(len(rows) for rows in by_slot.values())
+    padded, kept = [], []
+    for g, slot in enumerate(slots):
+        rows = by_slot[slot]
+        padded += rows + [rows[-1]] * (per_group - len(rows))
+        kept += range(g * per_group, g * per_group + len(rows))
+    in_place = padded == list(range(len(padded)))
+    if in_place:
+        return BatchPlan(len(row_slots), slots, per_group, None, None, None)
+    tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
+    keep = None if len(kept) == len(padded) else tensor(kept)
+    return BatchPlan(len(row_slots), slots, per_group, tensor(padded), keep, tensor([padded[k] for k in kept]))
+
+
+def grouped_order(row_slots: Sequence[int | None]) -> list[int]:
+    """A row order that puts each adapter's rows next to each other (rows without one last).
+
+    A batcher that builds batches in this order spares every layer a gather and a scatter. Reordering an
+    assembled batch instead costs a gather of the inputs and of the output: for a causal LM's logits
+    that is about what it saves.
+    """
+    return sorted(range(len(row_slots)), key=lambda i: (row_slots[i] is None, row_slots[i] or 0))
 
 
 class AdapterSlots:
-    """The adapters a model's multi-LoRA layers can use, by slot, and the row groups of the current forward.
+    """The adapters a model's multi-LoRA layers can use, by slot, and the plan of the current forward.
 
     One forward at a time: the worker serves batches one after another, and `batch` refuses nesting.
     """
@@ -57,8 +106,8 @@ class AdapterSlots:
     def __init__(self) -> None:
         self._weights: dict[int, dict[str, LoraWeights]] = {}
         self.layers: dict[str, MultiLoraLinear] = {}
-        self.groups: tuple[tuple[dict[str, LoraWeights], Rows], ...] = ()
-        self.batch_size = 0
+        self.plan: BatchPlan | None = None
+        self.version = 0  # bumped on every change, so layers rebuild their stacked weights
         self._active = False
 
     def put(self, slot: int, weights: dict[str, LoraWeights]) -> None:
@@ -73,12 +122,19 @@ class AdapterSlots:
                     f"{name}: adapter weights A {list(w.a.shape)} and B {list(w.b.shape)} do not fit a layer with "
                     f"in={layer.in_features}, out={layer.out_features}"
                 )
+        if self._active:
+            raise RuntimeError("cannot change adapters during a forward pass")
         self._weights[slot] = dict(weights)
+        self._changed()
 
     def remove(self, slot: int) -> None:
         if self._active:
-            raise RuntimeError("cannot remove an adapter during a forward pass")
-        self._weights.pop(slot, None)
+            raise RuntimeError("cannot change adapters during a forward pass")
+        if self._weights.pop(slot, None) is not None:
+            self._changed()
+
+    def weights(self, slot: int) -> dict[str, LoraWeights]:
+        return self._weights[slot]
 
     def __contains__(self, slot: int) -> bool:
         return slot in self._weights
@@ -88,23 +144,19 @@ class AdapterSlots:
         """Within the block, row i of every forward uses the adapter in slot row_slots[i] (None: no adapter)."""
         if self._active:
             raise RuntimeError("a multi-LoRA batch is already active; forwards run one at a time")
-        by_slot: dict[int, list[int]] = {}
         for row, slot in enumerate(row_slots):
-            if slot is not None:
-                if slot not in self._weights:
-                    raise KeyError(f"row {row} asks for slot {slot}, which holds no adapter")
-                by_slot.setdefault(slot, []).append(row)
-        device = self._device()
-        groups = []
-        for slot, rows in by_slot.items():
-            contiguous = rows[-1] - rows[0] + 1 == len(rows)
-            spec = slice(rows[0], rows[-1] + 1) if contiguous else torch.tensor(rows, device=device)
-            groups.append((self._weights[slot], spec))
-        self.groups, self.batch_size, self._active = tuple(groups), len(row_slots), True
+            if slot is not None and slot not in self._weights:
+                raise KeyError(f"row {row} asks for slot {slot}, which holds no adapter")
+        self.plan, self._active = plan_batch(row_slots, self._device()), True
         try:
             yield
         finally:
-            self.groups, self.batch_size, self._active = (), 0, False
+            self.plan, self._active = None, False
+
+    def _changed(self) -> None:
+        self.version += 1
+        for layer in self.layers.values():
+            layer.forget_stacked()  # frees the copies of an adapter that just left the device
 
     def _device(self) -> torch.device:
         layer = next(iter(self.layers.values()), None)
@@ -123,36 +175,57 @@ class MultiLoraLinear(nn.Module):
             self.in_features, self.out_features = int(base.weight.shape[0]), int(base.nf)
         else:
             self.in_features, self.out_features = base.in_features, base.out_features
+        self._stacked: tuple[tuple, tuple[torch.Tensor, torch.Tensor] | None] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
-        groups = self.slots.groups
-        if not groups:
+        plan = self.slots.plan
+        if plan is None:
             return out
-        if x.shape[0] != self.slots.batch_size:
-            raise RuntimeError(
-                f"{self.name}: input has {x.shape[0]} rows but the multi-LoRA batch has {self.slots.batch_size}"
-            )
-        for weights, rows in groups:
-            w = weights.get(self.name)
-            if w is not None:
-                _add_delta(out, x, rows, w)
+        if x.shape[0] != plan.size:
+            raise RuntimeError(f"{self.name}: input has {x.shape[0]} rows but the multi-LoRA batch has {plan.size}")
+        stacked = self._stacked_weights(plan)
+        if stacked is None:  # no adapter of this batch targets this layer
+            return out
+        a, b = stacked
+        groups, padded_rows = len(plan.slots), len(plan.slots) * plan.rows_per_group
+        xs = x[:padded_rows] if plan.gather is None else x.index_select(0, plan.gather)
+        # [groups, rows_per_group * tokens, in] @ [groups, in, r] @ [groups, r, out]: two calls per layer.
+        delta = torch.bmm(torch.bmm(xs.reshape(groups, -1, self.in_features), a), b)
+        delta = delta.view(padded_rows, *out.shape[1:])
+        if plan.gather is None:
+            out[:padded_rows].add_(delta)  # a view of out: adds in place, no copy back
+        else:
+            out.index_add_(0, plan.scatter, delta if plan.keep is None else delta.index_select(0, plan.keep))
         return out
 
+    def forget_stacked(self) -> None:
+        self._stacked = None
 
-def _add_delta(out: torch.Tensor, x: torch.Tensor, rows: Rows, w: LoraWeights) -> None:
-    """out[rows] += scale * (x[rows] @ A^T) @ B^T, in place."""
-    if isinstance(rows, slice):
-        xs = x[rows]
-        down = xs.reshape(-1, xs.shape[-1]) @ w.a.T
-        target = out[rows]  # a view: adding into it adds into `out`
-        if target.is_contiguous():
-            target.view(-1, target.shape[-1]).addmm_(down, w.b.T, alpha=w.scale)
-        else:
-            target.add_((down @ w.b.T).view(target.shape), alpha=w.scale)
-    else:
-        delta = (x.index_select(0, rows) @ w.a.T) @ w.b.T
-        out.index_add_(0, rows, delta, alpha=w.scale)
+    def _stacked_weights(self, plan: BatchPlan) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A^T and scale * B^T of the batch's adapters, zero-padded to the largest rank, stacked by group.
+
+        Kept until the batch's set of adapters or the slots change: consecutive batches over the same
+        adapters (the common case under steady traffic) then pay nothing here. The copy is outside the
+        pool's byte budgets: at most the active adapters' bytes, padded to their largest rank.
+        """
+        key = (self.slots.version, plan.slots)
+        if self._stacked is not None and self._stacked[0] == key:
+            return self._stacked[1]
+        found = [self.slots.weights(s).get(self.name) for s in plan.slots]
+        present = [w for w in found if w is not None]
+        stacked = None
+        if present:
+            rank, like = max(w.rank for w in present), present[0].a
+            a = like.new_zeros(len(found), self.in_features, rank)
+            b = like.new_zeros(len(found), rank, self.out_features)
+            for g, w in enumerate(found):
+                if w is not None:
+                    a[g, :, : w.rank] = w.a.T
+                    b[g, : w.rank] = w.b.T * w.scale
+            stacked = (a, b)
+        self._stacked = (key, stacked)
+        return stacked
 
 
 def attach_multi_lora(model: nn.Module, targets: Iterable[str] | None = None) -> AdapterSlots:
@@ -182,19 +255,3 @@ def attach_multi_lora(model: nn.Module, targets: Iterable[str] | None = None) ->
         setattr(parent, child, layer)
         slots.layers[name] = layer
     return slots
-
-
-def resolve_layer(module: str, layers: Iterable[str]) -> str | None:
-    """The wrapped layer an adapter's module name refers to, allowing one wrapper prefix on either side.
-
-    An adapter trained on BertForSequenceClassification names "bert.encoder...", the served BertModel
-    "encoder..."; an adapter trained on a bare model served under its head model is the reverse.
-    """
-    names = set(layers)
-    if module in names:
-        return module
-    _, _, rest = module.partition(".")
-    if rest in names:
-        return rest
-    longer = [n for n in names if n.endswith(f".{module}") and n.count(".") == module.count(".") + 1]
-    return longer[0] if len(longer) == 1 else None

@@ -15,7 +15,7 @@ from transformers import AutoModel, AutoModelForCausalLM, GPT2Config, GPT2LMHead
 from agent.artifacts import read_model_dir  # noqa: E402
 from agent.workers.adapter_pool import AdapterPool  # noqa: E402
 from agent.workers.demo_models import build_tiny_bert, build_tiny_llama  # noqa: E402
-from agent.workers.lora import AdapterSlots, LoraWeights, attach_multi_lora  # noqa: E402
+from agent.workers.lora import AdapterSlots, LoraWeights, attach_multi_lora, grouped_order, plan_batch  # noqa: E402
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 MB = 1 << 20
@@ -87,8 +87,11 @@ def check_mixed_batch_matches_peft(base_dir, model_class, paths, inputs, rows):
     assert relative_error(output(served, inputs), want_base) <= 1e-6
 
 
-SCATTERED = ["a", None, "b", "c", "a", "b", None, "c"]  # every group gathered by index
-GROUPED = ["a", "a", "b", "b", "b", "c", None, None]  # every group a contiguous slice
+# The adapters load into slots 0, 1, 2 in the order a, b, c.
+SCATTERED = ["a", None, "b", "c", "a", "b", None, "c"]  # rows gathered into groups, deltas added back by index
+UNEVEN = ["a", "a", "b", "b", "b", "c", None, None]  # grouped, but groups padded to the largest
+IN_PLACE = ["a", "a", "b", "b", "c", "c", None, None]  # grouped and even: the batch is used where it lies
+ROW_ORDERS = pytest.mark.parametrize("rows", [SCATTERED, UNEVEN, IN_PLACE], ids=["scattered", "uneven", "in-place"])
 
 
 @pytest.fixture(scope="module")
@@ -111,13 +114,13 @@ def token_batch(rows, seq, vocab, seed=0):
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-@pytest.mark.parametrize("rows", [SCATTERED, GROUPED], ids=["scattered", "grouped"])
+@ROW_ORDERS
 def test_a_mixed_batch_on_tiny_llama_matches_peft_row_by_row(llama, rows):
     base, paths = llama
     check_mixed_batch_matches_peft(base, AutoModelForCausalLM, paths, token_batch(len(rows), 12, 1024), rows)
 
 
-@pytest.mark.parametrize("rows", [SCATTERED, GROUPED], ids=["scattered", "grouped"])
+@ROW_ORDERS
 def test_a_mixed_batch_on_tiny_bert_matches_peft_row_by_row(bert, rows):
     base, paths = bert
     check_mixed_batch_matches_peft(base, AutoModel, paths, token_batch(len(rows), 12, 1024), rows)
@@ -166,3 +169,34 @@ def test_slots_refuse_weights_that_do_not_fit_and_rows_of_empty_slots(llama):
     with pytest.raises(KeyError, match="row 1 asks for slot 3, which holds no adapter"):
         with slots.batch([None, 3]):
             pass
+
+
+def test_a_grouped_even_batch_is_planned_in_place_and_others_gather_and_pad():
+    cpu = torch.device("cpu")
+    in_place = plan_batch([0, 0, 1, 1, None], cpu)
+    assert (in_place.slots, in_place.rows_per_group, in_place.gather) == ((0, 1), 2, None)
+    uneven = plan_batch([1, 0, 1, None, 1], cpu)
+    assert uneven.slots == (0, 1) and uneven.rows_per_group == 3
+    assert uneven.gather.tolist() == [1, 1, 1, 0, 2, 4]  # slot 0's one row padded by repeating it
+    assert uneven.keep.tolist() == [0, 3, 4, 5] and uneven.scatter.tolist() == [1, 0, 2, 4]
+    assert plan_batch([None, None], cpu) is None
+    assert grouped_order([1, None, 0, 1]) == [2, 0, 3, 1]
+
+
+def test_replacing_the_adapter_in_a_slot_takes_effect_on_the_next_forward():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    slots = attach_multi_lora(model)
+    x = torch.randn(2, 3, 8)
+    first = LoraWeights(torch.randn(2, 8), torch.randn(8, 2), 0.5)
+    second = LoraWeights(torch.randn(4, 8), torch.randn(8, 4), 2.0)
+    with torch.inference_mode():
+        base = model(x)
+        outputs = []
+        for weights in (first, second):
+            slots.put(0, {"0": weights})
+            with slots.batch([0, None]):
+                outputs.append(model(x))
+    for out, w in zip(outputs, (first, second), strict=True):
+        torch.testing.assert_close(out[0], base[0] + w.scale * (x[0] @ w.a.T) @ w.b.T)
+        torch.testing.assert_close(out[1], base[1])
