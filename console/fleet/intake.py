@@ -72,6 +72,11 @@ def apply_replica_status(host: Host, status: ReplicaStatus) -> None:
         fields["measured_bytes"] = status.measured_bytes
     if status.loaded_bytes is not None:
         fields["loaded_bytes"] = status.loaded_bytes
+    if status.total_bytes is not None:
+        fields["loading_total_bytes"] = status.total_bytes
+    fields["host_bytes"] = status.host_bytes
+    if status.sleep_wake is not None:
+        fields["sleep_wake"] = status.sleep_wake.model_dump()
     if status.reason:
         fields["reason"] = status.reason
     if not Replica.objects.filter(pk=status.replica_id, host=host).update(**fields):
