@@ -177,8 +177,11 @@ def _changes(spec: WorkerSpec, replica: DesiredReplica, device_kind: str) -> str
         "model_path": (spec.model_path, replica.model_path),
         "dtype": (spec.dtype, replica.dtype),
         "deployment": (spec.deployment, replica.deployment),
-        "device": (spec.device, device_for(replica, device_kind)),
-        # CUDA reads the MPS share once, when the worker's context is made.
-        "mps_percentage": (spec.mps_percentage, replica.mps_percentage),
     }
+    # A sleeping replica holds no GPU (the console lists none for it) and no SM share: where it wakes
+    # is decided when it is woken, so neither is a change that would restart it.
+    if replica.state != "sleeping":
+        fields["device"] = (spec.device, device_for(replica, device_kind))
+        # CUDA reads the MPS share once, when the worker's context is made.
+        fields["mps_percentage"] = (spec.mps_percentage, replica.mps_percentage)
     return ", ".join(name for name, (old, new) in fields.items() if old != new)

@@ -16,14 +16,17 @@ import socket
 from dataclasses import dataclass
 
 import aiohttp
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ValidationError
 
 import agent
 from agent.gpus import GpuBackend
+from agent.metrics import Metrics, replica_snapshot
 from agent.mps import MpsControl
 from agent.protocol import (
     PROTOCOL_VERSION,
     Ack,
+    DeploymentServing,
     DesiredState,
     ErrorReply,
     GpuInfo,
@@ -103,6 +106,7 @@ class Agent:
         self._outbox: asyncio.Queue[str] | None = None
         self._stop = asyncio.Event()
         self._mps: MpsControl | None = None
+        self.metrics = Metrics(CollectorRegistry())  # its own registry: /metrics shows this agent only
 
     @property
     def supervisor(self) -> Supervisor:
@@ -128,7 +132,8 @@ class Agent:
         """Serve inference and stay connected to the console until asked to stop."""
         await self._start_mps()
         try:
-            runner, port = await start_server(make_app(self), self.config.listen_host, self.config.listen_port)
+            app = make_app(self, metrics=self.metrics)
+            runner, port = await start_server(app, self.config.listen_host, self.config.listen_port)
         except BaseException:
             await self._stop_mps()
             raise
@@ -231,6 +236,7 @@ class Agent:
         while True:
             await asyncio.sleep(self.config.report_interval)
             self._post(self._report())
+            self.replicas.refresh_adapters()  # their counts reach the console with the next report
 
     async def _flush(self) -> None:
         if self._outbox is not None:
@@ -292,7 +298,23 @@ class Agent:
         )
 
     def _report(self) -> HostReport:
-        return HostReport(gpus=self.gpus(), replicas=[h.status() for h in self.supervisor.handles()])
+        """GPUs, every replica, how each deployment was served lately (the scheduler's SLO input), and the
+        room left for sleeping replicas."""
+        gpus = self.gpus()
+        handles = self.supervisor.handles()
+        self.metrics.set_gpus(gpus)
+        self.metrics.set_replicas([replica_snapshot(h) for h in handles])
+        serving = [
+            DeploymentServing(
+                deployment=d.deployment, requests=d.requests, request_rate=d.request_rate,
+                error_rate=min(d.error_rate, 1.0), queue_depth=d.queue_depth,
+                p50_ms=None if d.p50_seconds is None else 1000 * d.p50_seconds,
+                p95_ms=None if d.p95_seconds is None else 1000 * d.p95_seconds,
+            )
+            for d in self.metrics.snapshot().deployments
+        ]
+        return HostReport(gpus=gpus, replicas=[h.status() for h in handles], serving=serving,
+                          ram_free_bytes=self.replicas.sleep_room())
 
 
 def _endpoint(host: str, port: int) -> str:

@@ -20,6 +20,7 @@ from agent.converge import Running, device_for, plan_convergence
 from agent.gpus import GpuBackend
 from agent.protocol import DesiredReplica, DesiredState, GpuInfo
 from agent.restarts import RestartBackoff
+from agent.serving.batching import BatchSettings
 from agent.sleep_budget import Sleeper, fit
 from agent.workers.errors import InferenceError, WakeFailed
 from agent.workers.handle import DEFAULT_SWAP_TIMEOUT
@@ -34,6 +35,7 @@ ON_DEVICE = ("ready", "preloaded")
 # Address space a capped CPU worker may use beyond its reservation: thread stacks and malloc arenas
 # reserve address space without using memory, and the checkpoint is mapped while it is read.
 CPU_CAP_SLACK = 256 * 1024 * 1024
+DEFAULT_ADAPTER_POOL_BYTES = 256 * 1024 * 1024  # device tier when the console names no budget
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class Replicas:
             log.info("generation %d: %s", desired.generation, reason)
         self.generation = desired.generation
         self._placements = {r.id: r for r in desired.replicas}
+        for handle in self.supervisor.handles():
+            self._configure(handle)
         for replica_id in plan.ids("promote"):
             self._handle(replica_id).promote()
         frees = [self.supervisor.stop(a.replica_id) for a in plan.actions if a.verb == "stop"]
@@ -113,6 +117,51 @@ class Replicas:
                 handle.after_load = "ready" if action.target == "ready" else "preloaded"
         self._generations = {k: v for k, v in self._generations.items() if self.supervisor.get(k)}
         self._woken = {k: v for k, v in self._woken.items() if self.supervisor.get(k)}
+
+    def _configure(self, handle: WorkerHandle) -> None:
+        """What a replica's placement says beyond its worker: batching, and the adapters it serves."""
+        placement = self._placements.get(handle.spec.replica_id)
+        if placement is None:
+            return
+        handle.batching = BatchSettings(max_batch_size=placement.max_batch_size,
+                                        max_delay=placement.max_batch_delay_ms / 1000)
+        handle.adapters = {a.name for a in placement.adapters}
+        if handle.adapters or handle.adapter_stats:
+            self._spawn(self.sync_adapters(handle))
+
+    async def sync_adapters(self, handle: WorkerHandle) -> None:
+        """Make the worker's adapter pool hold what the placement lists (the pool ignores adapters it already
+        has); its stats come back for the next report. Only while its model is on the device."""
+        placement = self._placements.get(handle.spec.replica_id)
+        if placement is None or handle.state not in ON_DEVICE or handle.transition is not None:
+            return
+        wanted = {a.name for a in placement.adapters}
+        gpu_budget = placement.adapter_pool_bytes or DEFAULT_ADAPTER_POOL_BYTES
+        payload = {
+            "gpu_budget": gpu_budget,
+            "cpu_budget": placement.adapter_host_bytes or 4 * gpu_budget,
+            "load": [a.model_dump() for a in placement.adapters],
+            "unload": sorted({a.name for a in handle.adapter_stats} - wanted),
+            "hints": placement.adapter_hints,
+        }
+        try:
+            await handle.configure_adapters(payload)
+        except InferenceError as e:
+            handle.adapter_error = f"adapters not applied: {e}"
+        if handle.adapter_error:
+            log.warning("replica %d: %s", handle.spec.replica_id, handle.adapter_error)
+
+    def sleep_room(self) -> int:
+        """Host bytes another sleeping replica may take: what the sleep budget has left, at most what the
+        host has available."""
+        asleep = sum(h.host_bytes for h in self.supervisor.handles() if h.state == "sleeping")
+        return max(min(self.sleep_budget - asleep, psutil.virtual_memory().available), 0)
+
+    def refresh_adapters(self) -> None:
+        """Re-sync every replica with adapters (idempotent), so their request counts and tiers stay current."""
+        for handle in self.supervisor.handles():
+            if handle.adapters and handle.state == "ready" and not handle.queued:
+                self._spawn(self.sync_adapters(handle))
 
     def _running(self, handle: WorkerHandle, generation: int) -> Running:
         rid = handle.spec.replica_id
@@ -227,6 +276,8 @@ class Replicas:
         self._notify(handle, False)
         if handle.state in (*ON_DEVICE, "sleeping"):
             self.backoff.ready(rid)  # it loaded: the run of failures is over
+        if handle.state in ON_DEVICE and handle.transition is None:
+            self._configure(handle)  # a fresh (or woken) worker gets its batching and adapters
         placement = self._placements.get(rid)
         target = placement.state if placement is not None else None
         if handle.state == "preloaded" and target == "sleeping":

@@ -57,6 +57,18 @@ class SleepWake(_Message):
     bandwidth: float | None = Field(default=None, ge=0)  # bytes/s
 
 
+class AdapterStatus(_Message):
+    """One LoRA adapter in a replica's pool: where it lives now and how it has been used."""
+
+    name: str
+    tier: Literal["gpu", "cpu", "disk"]  # device tier, host tier, or only on disk
+    pinned: bool = False
+    nbytes: int = Field(ge=0)
+    requests: int = Field(default=0, ge=0)  # rows that asked for it
+    hits: int = Field(default=0, ge=0)  # batches that found it on the device
+    misses: int = Field(default=0, ge=0)  # batches that had to swap it in
+
+
 class ReplicaStatus(_Message):
     type: Literal["replica_status"] = "replica_status"
     replica_id: int
@@ -70,6 +82,8 @@ class ReplicaStatus(_Message):
     sleep_wake: SleepWake | None = None
     host_bytes: int | None = Field(default=None, ge=0)  # host memory held for it while sleeping
     mps_percentage: int | None = Field(default=None, ge=1, le=100)
+    adapters: list[AdapterStatus] = []
+    adapter_error: str = ""  # why the last change to its adapters was refused, if it was
 
 
 class Hello(_Message):
@@ -81,15 +95,35 @@ class Hello(_Message):
     gpus: list[GpuInfo]
 
 
+class DeploymentServing(_Message):
+    """How one deployment was served on this host over the agent's recent window (default 60 s)."""
+
+    deployment: str
+    requests: int = Field(ge=0)
+    request_rate: float = Field(ge=0)  # per second
+    error_rate: float = Field(ge=0, le=1)
+    p50_ms: float | None = Field(default=None, ge=0)
+    p95_ms: float | None = Field(default=None, ge=0)
+    queue_depth: int = Field(default=0, ge=0)
+
+
 class HostReport(_Message):
     type: Literal["report"] = "report"
     gpus: list[GpuInfo]
     replicas: list[ReplicaStatus] = []
+    serving: list[DeploymentServing] = []
+    ram_free_bytes: int | None = Field(default=None, ge=0)  # room left in the sleep budget
 
 
 class Ack(_Message):
     type: Literal["ack"] = "ack"
     generation: int = Field(ge=0)
+
+
+class DesiredAdapter(_Message):
+    name: str
+    path: str
+    pinned: bool = False
 
 
 class DesiredReplica(_Message):
@@ -104,6 +138,12 @@ class DesiredReplica(_Message):
     batch: int = Field(default=1, ge=1)  # the shape the worker warms up and measures at
     seq: int | None = Field(default=None, ge=1)  # None: min(max positions, 2048)
     mps_percentage: int | None = Field(default=None, ge=1, le=100)  # CUDA MPS active-thread share
+    max_batch_size: int = Field(default=8, ge=1)  # dynamic batching: rows per forward
+    max_batch_delay_ms: float = Field(default=5.0, ge=0)  # how long the first request waits for others
+    adapters: list[DesiredAdapter] = []
+    adapter_pool_bytes: int = Field(default=0, ge=0)  # device-tier budget for adapters
+    adapter_host_bytes: int = Field(default=0, ge=0)  # host-tier budget (0: as large as the device tier x 4)
+    adapter_hints: dict[str, float] = {}  # expected demand per adapter, for prefetch
 
 
 class DesiredState(_Message):

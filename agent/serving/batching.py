@@ -39,7 +39,7 @@ class BatcherClosed(RuntimeError):
 
 @dataclass(frozen=True)
 class BatchSettings:
-    """How a replica's batcher cuts batches (one per agent, the same for every replica)."""
+    """How a replica's batcher cuts batches (the deployment's, sent by the console; else the agent's default)."""
 
     max_batch_size: int = 8  # rows per forward; a request with more rows runs alone
     max_delay: float = 0.005  # seconds the first queued request waits for company
@@ -84,7 +84,7 @@ class Batcher:
         max_queue: int = 1024,
         input_errors: tuple[type[BaseException], ...] = (InferenceInputError,),
     ) -> None:
-        BatchSettings(max_batch_size, max_delay, max_queue)  # validates
+        self.settings = BatchSettings(max_batch_size, max_delay, max_queue)  # validates
         self._run_batch = run_batch
         self.max_batch_size = max_batch_size
         self.max_delay = max_delay

@@ -107,10 +107,6 @@ class Failed(ServingError):
     status, code = 500, "inference_failed"
 
 
-class Unsupported(ServingError):
-    status, code = 501, "not_implemented"
-
-
 def serving_error(error: BaseException, name: str) -> ServingError:
     """Any failure while serving model `name` as the ServingError the client is told about."""
     if isinstance(error, ServingError):
@@ -176,28 +172,28 @@ class Dispatcher:
         if replicas:
             if adapter is None:
                 return Route(name, name, None, tuple(replicas))
-            with_adapter = [h for h in replicas if adapter in adapters_of(h)]
+            with_adapter = [h for h in replicas if adapter in h.adapters]
             if not with_adapter:
-                have = sorted({a for h in replicas for a in adapters_of(h)})
+                have = sorted({a for h in replicas for a in h.adapters})
                 listed = f" (it has: {', '.join(have)})" if have else " (it has none)"
                 raise UnknownModel(f"model {name!r} has no adapter {adapter!r}{listed}", code="adapter_not_found")
             return Route(name, name, adapter, tuple(with_adapter))
-        owners = sorted({h.spec.deployment for h in handles if name in adapters_of(h)})
+        owners = sorted({h.spec.deployment for h in handles if name in h.adapters})
         if len(owners) > 1:
             raise BadInput(f"adapter {name!r} belongs to several models ({', '.join(owners)}); name the model")
         if not owners:
-            served = sorted({h.spec.deployment for h in handles} | {a for h in handles for a in adapters_of(h)})
+            served = sorted({h.spec.deployment for h in handles} | {a for h in handles for a in h.adapters})
             listed = f" (it serves: {', '.join(served)})" if served else " (it serves no models right now)"
             raise UnknownModel(f"model {name!r} is not served by this agent{listed}")
         if adapter not in (None, name):
             raise BadInput(f"model {name!r} is an adapter; it cannot take adapter {adapter!r} too")
-        return Route(name, owners[0], name, tuple(h for h in handles if name in adapters_of(h)))
+        return Route(name, owners[0], name, tuple(h for h in handles if name in h.adapters))
 
     def models(self) -> list[tuple[str, str | None]]:
         """Every name a request may use: (deployment, None) and (adapter, its deployment)."""
         handles = self.source.handles()
         deployments = sorted({h.spec.deployment for h in handles})
-        adapters = sorted({(a, h.spec.deployment) for h in handles for a in adapters_of(h)})
+        adapters = sorted({(a, h.spec.deployment) for h in handles for a in h.adapters})
         return [(d, None) for d in deployments] + [(a, d) for a, d in adapters if a not in deployments]
 
     def check(self, route: Route) -> None:
@@ -222,15 +218,18 @@ class Dispatcher:
         """One request through the picked replica's batcher."""
         replica = await self.pick(route)
         batcher = self._batchers.get(replica)
+        settings = getattr(replica, "batching", None) or self.batching  # per deployment when the console says
+        if batcher is not None and batcher.settings != settings and not batcher.depth:
+            # The deployment's batching changed; swapped only while idle, so no queued request is dropped.
+            self._batchers.pop(replica).close()
+            batcher = None
         if batcher is None:
-            batcher = self._batchers[replica] = Batcher.from_settings(_forward(replica), self.batching)
+            batcher = self._batchers[replica] = Batcher.from_settings(_forward(replica), settings)
         return await batcher.submit(inputs, route.adapter)
 
     async def generate(self, route: Route, request: GenerationRequest) -> GenerationResult:
         """One prompt continued on the picked replica (generation is not batched)."""
         replica = await self.pick(route)
-        if not hasattr(replica, "generate"):  # a worker runtime from before text generation
-            raise Unsupported(f"model {route.name!r}: this agent's workers cannot generate text")
         return await replica.generate(request)
 
     @contextmanager
@@ -289,11 +288,6 @@ def _forward(replica: Any) -> RunBatch:
         return await replica.infer(inputs)  # the plain call, which every replica takes
 
     return run
-
-
-def adapters_of(handle: Any) -> Collection[str]:
-    """The adapters a replica serves; a worker handle from before adapter pools has none."""
-    return getattr(handle, "adapters", ())
 
 
 def describe(handle: Any) -> str:

@@ -126,6 +126,14 @@ class AdapterPool:
         self._apply(moves)
         return moves
 
+    def offload(self) -> None:
+        """Free the device tier before the model sleeps (adapters go to the host tier or disk)."""
+        self._apply(self.tiers.offload())
+
+    def restore(self) -> None:
+        """Bring pinned adapters back after the model woke; the rest return on their next request."""
+        self._apply(self.tiers.restore())
+
     # -- stats -----------------------------------------------------------------------------------
 
     def stats_of(self, name: str) -> dict[str, Any]:

@@ -141,6 +141,25 @@ class AdapterTiers:
     def unpin(self, name: str) -> None:
         self._get(name).pinned = False
 
+    # -- the model going to sleep --------------------------------------------------------------------
+
+    def offload(self) -> list[Move]:
+        """Every adapter off the device (its model is going to sleep): to the host tier while it has
+        room, most recently used first, else to disk. Pins are kept, and honoured again by `restore`."""
+        moves: list[Move] = []
+        for state in sorted((a for a in self.adapters.values() if a.tier == GPU), key=lambda a: -a.last_used):
+            self._move(state, CPU if self.free(CPU) >= state.nbytes else DISK, moves)
+        return moves
+
+    def restore(self) -> list[Move]:
+        """Pinned adapters back onto the device (the model woke up); others come back on demand."""
+        moves: list[Move] = []
+        for state in self.adapters.values():
+            if state.pinned and state.tier != GPU:
+                self._make_room(GPU, state.nbytes, protect={state.name}, moves=moves)
+                self._move(state, GPU, moves)
+        return moves
+
     # -- serving ---------------------------------------------------------------------------------
 
     def acquire(self, names: Sequence[str | None], *, now: float | None = None) -> list[Move]:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from agent.protocol import Measurement, ReplicaStatus, SleepWake
+from agent.protocol import AdapterStatus, Measurement, ReplicaStatus, SleepWake
 from agent.workers.errors import ERROR_KINDS, InferenceError, InferenceTimeout, WorkerUnavailable
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Heartbeat
 from agent.workers.spares import Spare, spawn_worker
@@ -81,6 +81,12 @@ class WorkerHandle:
         self._stopping = False
         self._wake_task: asyncio.Task | None = None
         self._sleep_task: asyncio.Task | None = None
+        # LoRA adapters: the names the console wants served (what requests may ask for), what the
+        # worker's pool reported last, and why the last change was refused, if it was.
+        self.adapters: set[str] = set()
+        self.adapter_stats: list[AdapterStatus] = []
+        self.adapter_error = ""
+        self.batching: Any = None  # this replica's dynamic-batching settings (agent.serving.batching)
 
     @property
     def measured_bytes(self) -> int | None:
@@ -134,14 +140,40 @@ class WorkerHandle:
             sleep_wake=self.sleep_wake,
             host_bytes=self.host_bytes if self.state == "sleeping" else None,
             mps_percentage=self.spec.mps_percentage,
+            adapters=self.adapter_stats,
+            adapter_error=self.adapter_error,
         )
 
     # --- commands -------------------------------------------------------------------------------
 
-    async def infer(self, inputs: dict[str, Any], timeout: float = DEFAULT_INFER_TIMEOUT) -> dict[str, Any]:
-        """Run one request on the worker; concurrent callers queue. Raises InferenceError subclasses."""
+    async def infer(
+        self, inputs: dict[str, Any], adapters: list[str | None] | None = None, timeout: float = DEFAULT_INFER_TIMEOUT
+    ) -> dict[str, Any]:
+        """Run one batch on the worker, row i with adapters[i] (None: the base model); concurrent callers
+        queue. Raises InferenceError subclasses."""
         self.last_used = time.monotonic()
-        return await self.call("infer", inputs, timeout)
+        if adapters is None or all(a is None for a in adapters):
+            return await self.call("infer", inputs, timeout)
+        return await self.call("infer_mixed", {"inputs": inputs, "adapters": adapters}, timeout)
+
+    async def generate(self, request: Any, timeout: float = DEFAULT_INFER_TIMEOUT) -> Any:
+        """Continue one prompt in the worker (agent.workers.generation); a GenerationResult."""
+        self.last_used = time.monotonic()
+        return await self.call("generate", request, timeout)
+
+    async def configure_adapters(self, payload: dict[str, Any], timeout: float = DEFAULT_INFER_TIMEOUT) -> None:
+        """Load/unload adapters and pass demand hints (agent.workers.runtime.configure_adapters)."""
+        result = await self.call("adapters", payload, timeout, states=("ready", "preloaded"))
+        stats = result["stats"]
+        self.adapter_stats = [
+            AdapterStatus(name=a["name"], tier=a["tier"], pinned=a["pinned"], nbytes=a["nbytes"],
+                          requests=a["requests"], hits=a["hits"], misses=a["misses"])
+            for a in stats["adapters"]
+        ]
+        totals = stats["totals"]
+        self.info["adapters"] = {"hits": totals["hits"], "misses": totals["misses"],
+                                 "evictions": totals["evictions"], "loaded": totals["adapters"]}
+        self.adapter_error = "; ".join(result["errors"])
 
     async def call(
         self,
@@ -228,6 +260,7 @@ class WorkerHandle:
             self.transition = None
         self.host_bytes = 0
         self.sleep_wake = _sleep_wake(result)
+        self.info["wake_seconds"] = self.sleep_wake.seconds  # for the agent's /metrics
         self.last_used = time.monotonic()
         self._set(then)
 
@@ -309,6 +342,7 @@ class WorkerHandle:
         elif kind == "ready":
             self.measurement = Measurement(**message[1]["measurement"])
             self.info = {k: v for k, v in message[1].items() if k not in ("measured_bytes", "measurement")}
+            self.info["load_seconds"] = self.measurement.load_seconds  # for the agent's /metrics
             self.loaded_bytes = self.total_bytes
             self.last_used = time.monotonic()
             self._idle.set()

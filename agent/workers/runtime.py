@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 from collections.abc import Callable
@@ -13,7 +14,9 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel  # imported early on purpose: see LoadedModel
 
 from agent.artifacts import inspect_model_dir
-from agent.workers import limits, loader
+from agent.workers import generation, limits, loader
+from agent.workers.adapter_pool import AdapterPool
+from agent.workers.generation_spec import GenerationRequest, GenerationResult, PromptError
 from agent.workers.measure import measure_replica, warmup_inputs, warmup_shape
 from agent.workers.spec import DTYPES, SIGNATURES, WorkerSpec
 from agent.workers.swap import WeightSwap
@@ -41,9 +44,17 @@ class LoadedModel:
         self.device = device
         self.load_stats = stats
         self.swap = WeightSwap(model, device)
-        # What the agent may ask of this worker by name: ("infer" | "sleep" | "wake", request id, payload).
+        self.pool: AdapterPool | None = None  # made on the first adapter, so a plain model is untouched
+        # What the agent may ask of this worker by name: (command, request id, payload).
         # A new worker command is one more entry here (and a WorkerHandle.call on the agent side).
-        self.commands: dict[str, Command] = {"infer": self.infer, "sleep": self.sleep, "wake": self.wake}
+        self.commands: dict[str, Command] = {
+            "infer": self.infer,
+            "infer_mixed": lambda p: self.infer(p["inputs"], p["adapters"]),
+            "generate": self.generate,
+            "adapters": self.configure_adapters,
+            "sleep": self.sleep,
+            "wake": self.wake,
+        }
         self.signature = SIGNATURES[spec.task]
         config = model.config
         self.vocab_size = int(config.vocab_size)
@@ -66,8 +77,52 @@ class LoadedModel:
             result["load_bandwidth"] = self.load_stats.bandwidth
         return result
 
+    def configure_adapters(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Unload, load (and pin) adapters and take the console's demand hints; a refused adapter is
+        reported, the others still apply. Returns the pool's stats and the refusals."""
+        if self.pool is None:
+            self.pool = AdapterPool(self.model, gpu_budget=payload["gpu_budget"], cpu_budget=payload["cpu_budget"],
+                                    base=inspect_model_dir(self.spec.model_path))
+        errors = []
+        for name in payload.get("unload", ()):
+            self.pool.unload(name)
+        for adapter in payload.get("load", ()):
+            try:
+                self.pool.load(adapter["name"], adapter["path"], pin=adapter.get("pinned", False))
+            except (ValueError, OSError) as e:  # ArtifactError and AdapterRefused are ValueErrors
+                errors.append(f"adapter {adapter['name']!r}: {e}")
+        if payload.get("hints"):
+            self.pool.hint(payload["hints"])
+            self.pool.prefetch()
+        return {"stats": self.pool.stats(), "errors": errors}
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Continue one prompt (causal LMs), with its adapter when it names one."""
+        if self.spec.task != "causal-lm":
+            raise InputError(f"{self.spec.deployment or 'this model'} is an encoder: it embeds, it does not generate")
+        if self.swap.asleep:
+            raise RuntimeError("the model is asleep: wake it before inference")
+        try:
+            with torch.inference_mode(), self._adapters([request.adapter]):
+                return generation.generate(self.model, request)
+        except PromptError as e:
+            raise InputError(str(e)) from None
+
+    def _adapters(self, names: list[str | None]):
+        """Rows' adapters for the forwards inside the block (a no-op without adapters)."""
+        if all(n is None for n in names):
+            return contextlib.nullcontext()
+        if self.pool is None:
+            raise InputError(f"no adapters are loaded in this replica (asked for {sorted(set(filter(None, names)))})")
+        unknown = sorted({n for n in names if n is not None and n not in self.pool.tiers.adapters})
+        if unknown:
+            raise InputError(f"adapter {unknown[0]!r} is not loaded in this replica")
+        return self.pool.serving(names)
+
     def sleep(self, _payload: Any = None) -> dict[str, Any]:
         """Move the weights to host memory and free the device (see agent.workers.swap)."""
+        if self.pool is not None:
+            self.pool.offload()  # its device tier would otherwise keep device memory while asleep
         with torch.no_grad():
             transfer = self.swap.sleep()
         gc.collect()
@@ -77,6 +132,8 @@ class LoadedModel:
         """Copy the weights back onto the device; serves again, bit for bit as before."""
         with torch.no_grad():
             transfer = self.swap.wake()
+        if self.pool is not None:
+            self.pool.restore()
         return transfer.as_dict() | {"host_bytes": self.swap.host_bytes}
 
     def recover_from_oom(self) -> None:
@@ -86,11 +143,19 @@ class LoadedModel:
             torch.cuda.empty_cache()
 
     @torch.inference_mode()
-    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One forward pass over a batch of token ids; returns the task's output tensor as float32."""
+    def infer(self, inputs: dict[str, np.ndarray], adapters: list[str | None] | None = None) -> dict[str, np.ndarray]:
+        """One forward pass over a batch of token ids, row i with adapter adapters[i] (None: the base
+        model); returns the task's output tensor as float32."""
         if self.swap.asleep:
             raise RuntimeError("the model is asleep: wake it before inference")
         tensors = self._check(inputs)
+        rows = tensors["input_ids"].shape[0]
+        if adapters is not None and len(adapters) != rows:
+            raise InputError(f"{len(adapters)} adapter names for a batch of {rows} rows")
+        with self._adapters(adapters or [None] * rows):
+            return self._forward(tensors)
+
+    def _forward(self, tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
         if self.spec.task == "causal-lm":
             out = self.model(**tensors, use_cache=False)
             return {"logits": out.logits.float().cpu().numpy()}

@@ -48,6 +48,9 @@ class Deployment(models.Model):
     dtype = models.CharField(max_length=20, blank=True, default="", help_text="serving dtype; empty: as stored")
     batch = models.PositiveIntegerField(default=1, help_text="concurrent sequences per replica")
     seq = models.PositiveIntegerField(null=True, blank=True, help_text="tokens per sequence; empty: model default")
+    # Dynamic batching in each replica: rows per forward, and how long a request waits for company.
+    max_batch_size = models.PositiveIntegerField(default=8)
+    max_batch_delay_ms = models.FloatField(default=5.0)
     # The estimator's breakdown at these settings, per device kind ("cpu", "cuda"), before calibration.
     estimates = models.JSONField(default=dict)
     slo_latency_ms = models.PositiveIntegerField(null=True, blank=True, help_text="p95 latency target")
@@ -90,6 +93,7 @@ class Replica(models.Model):
     host_bytes = models.PositiveBigIntegerField(null=True, blank=True, help_text="host memory held while asleep")
     sleep_wake = models.JSONField(default=dict, blank=True, help_text="the last sleep or wake: bytes, seconds")
     adapter_stats = models.JSONField(default=list, blank=True, help_text="per adapter: tier, requests, hits")
+    adapter_error = models.TextField(blank=True, help_text="why its worker refused an adapter, if it did")
     reason = models.TextField(blank=True)
     action = models.CharField(max_length=10, blank=True, help_text="the scheduler's last decision for it")
     mps_percentage = models.PositiveIntegerField(null=True, blank=True)

@@ -4,7 +4,6 @@ the whole database, so a missed pass or a lost message is repaired by the next o
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -14,10 +13,11 @@ from django.db import transaction
 from django.db.models import Prefetch
 from django.utils import timezone
 
-from agent.protocol import DesiredReplica, DesiredState
 from console.catalog.memory import Reservation, deployment_estimates, reservation
 from console.catalog.models import DeviceKind
+from console.deployments.desired import bump_generations
 from console.deployments.models import Deployment, DeploymentState, Replica
+from console.deployments.observed import refresh_observations
 from console.deployments.snapshot import deployment_spec, gpu_id, gpu_specs, host_specs, replica_specs
 from console.errors import Invalid
 from console.fleet.models import Gpu, Host
@@ -201,50 +201,6 @@ def _refresh_deployment_states() -> bool:
     return changed
 
 
-def desired_replicas(host: Host) -> list[DesiredReplica]:
-    replicas = (
-        Replica.objects.filter(host=host)
-        .select_related("deployment__model")
-        .prefetch_related("gpus")
-        .order_by("pk")
-    )
-    return [
-        DesiredReplica(
-            id=r.pk,
-            deployment=r.deployment.name,
-            model_path=r.deployment.model.path,
-            architecture=r.deployment.model.architecture,
-            gpus=sorted(g.index for g in r.gpus.all()),
-            reserved_bytes=r.reserved_bytes,
-            state=r.desired_state,
-            dtype=r.deployment.dtype or r.deployment.model.stored_dtype,
-            batch=r.deployment.batch,
-            seq=r.deployment.seq,
-        )
-        for r in replicas
-    ]
-
-
-def desired_state(host: Host) -> DesiredState:
-    """The full desired state of a host at its current generation."""
-    return DesiredState(generation=host.generation, replicas=desired_replicas(host))
-
-
-def _bump_generations() -> tuple[int, ...]:
-    changed = []
-    for host in Host.objects.all():
-        body = "".join(r.model_dump_json() for r in desired_replicas(host))
-        digest = hashlib.sha256(body.encode()).hexdigest()
-        if digest != host.desired_digest:
-            # Conditional update: a concurrent pass that already bumped this host wins.
-            updated = Host.objects.filter(pk=host.pk, desired_digest=host.desired_digest).update(
-                desired_digest=digest, generation=host.generation + 1
-            )
-            if updated:
-                changed.append(host.pk)
-    return tuple(changed)
-
-
 def _expire_silent_hosts(now: datetime) -> bool:
     """A host whose agent stopped reporting is offline: it gets no new replicas."""
     cutoff = now - timedelta(seconds=settings.MODELGRID_HOST_STALE_SECONDS)
@@ -256,8 +212,9 @@ def reconcile_once() -> PassResult:
     now = timezone.now()
     with transaction.atomic():
         changed = _expire_silent_hosts(now)
+        changed |= refresh_observations(now)
         planned, result = _plan_and_apply(now)
         changed |= planned
         changed |= _refresh_deployment_states()
-        hosts = _bump_generations()
+        hosts = bump_generations()
     return PassResult(changed_hosts=hosts, changed=changed or bool(hosts), plan=result)

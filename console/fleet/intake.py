@@ -58,8 +58,10 @@ def _sync_gpus(host: Host, gpus: list[GpuInfo], prune: bool = False) -> None:
 
 
 def apply_report(host: Host, report: HostReport) -> None:
+    serving = {s.deployment: s.model_dump(exclude={"deployment"}) for s in report.serving}
     with transaction.atomic():
-        Host.objects.filter(pk=host.pk).update(last_seen=timezone.now(), connected=True)
+        Host.objects.filter(pk=host.pk).update(last_seen=timezone.now(), connected=True, serving=serving,
+                                               ram_free_bytes=report.ram_free_bytes)
         _sync_gpus(host, report.gpus)
         for status in report.replicas:
             apply_replica_status(host, status)
@@ -77,6 +79,8 @@ def apply_replica_status(host: Host, status: ReplicaStatus) -> None:
     fields["host_bytes"] = status.host_bytes
     if status.sleep_wake is not None:
         fields["sleep_wake"] = status.sleep_wake.model_dump()
+    fields["adapter_stats"] = [a.model_dump() for a in status.adapters]
+    fields["adapter_error"] = status.adapter_error
     if status.reason:
         fields["reason"] = status.reason
     if not Replica.objects.filter(pk=status.replica_id, host=host).update(**fields):

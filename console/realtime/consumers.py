@@ -20,7 +20,7 @@ from agent.protocol import (
     dump,
     parse_agent_message,
 )
-from console.deployments.reconcile import desired_state
+from console.deployments.desired import desired_state
 from console.fleet import intake
 from console.fleet.models import AgentCredential, Host
 from console.fleet.views import grid_context

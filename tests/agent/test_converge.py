@@ -140,3 +140,11 @@ def test_the_budget_fit_drops_oldest_first_and_only_as_many_as_needed():
 def test_the_device_is_the_first_gpu_on_cuda_hosts_and_the_cpu_otherwise():
     assert device_for(desired(1, gpus=[3, 4]), "cuda") == "cuda:3"
     assert device_for(desired(1, gpus=[3]), "cpu") == "cpu"
+
+
+def test_a_replica_sent_to_sleep_without_a_gpu_is_slept_in_place_not_restarted():
+    # The console lists no GPU and no MPS share for a sleeping replica: neither is a change on a CUDA host.
+    spec = WorkerSpec(7, "/m/a", "causal-lm", "cuda:1", "float32", "d", mps_percentage=40)
+    current = {7: Running(spec, "ready", 1, weights_bytes=10)}
+    desired_state = DesiredState(generation=2, replicas=[desired(7, state="sleeping", gpus=())])
+    assert verbs(plan_convergence(desired_state, current, "cuda")) == [("sleep", 7, "sleeping")]

@@ -4,8 +4,9 @@ import pytest
 
 from agent.protocol import Measurement, ReplicaStatus
 from console.catalog.models import Calibration, MemorySample
+from console.deployments.desired import desired_state
 from console.deployments.models import Deployment, Replica
-from console.deployments.reconcile import desired_state, reconcile_once
+from console.deployments.reconcile import reconcile_once
 from console.deployments.services import create_deployment, scale_deployment
 from console.errors import Invalid
 from console.fleet.intake import apply_replica_status

@@ -1,7 +1,8 @@
 import pytest
 
+from console.deployments.desired import desired_state
 from console.deployments.models import Deployment, Replica
-from console.deployments.reconcile import desired_state, reconcile_once
+from console.deployments.reconcile import reconcile_once
 from console.deployments.services import create_deployment, delete_deployment, scale_deployment
 from console.fleet.models import Gpu, Host
 
@@ -138,3 +139,23 @@ def test_an_autoscaled_deployment_starts_at_its_minimum(host, model):
     reconcile_once()
     dep.refresh_from_db()
     assert dep.replicas == 1 and Replica.objects.count() == 1
+
+
+def test_the_desired_state_carries_shares_batching_and_adapters(host, model, tmp_path):
+    from console.catalog.adapters import register_adapter
+    from tests.adapter_files import write_adapter
+
+    Gpu.objects.filter(host=host, index=1).delete()
+    sized("vital", 5, priority="critical")
+    bulk = sized("bulk", 5, priority="batch")
+    Deployment.objects.filter(pk=bulk.pk).update(max_batch_size=32, max_batch_delay_ms=2.5)
+    register_adapter("sql", "bulk", str(write_adapter(tmp_path / "sql", {"model.layers.0.mlp.up_proj": (8, 16, 32)})),
+                     pinned=True)
+    reconcile_once()
+    host.refresh_from_db()
+    by_name = {r.deployment: r for r in desired_state(host).replicas}
+    assert by_name["vital"].mps_percentage > by_name["bulk"].mps_percentage
+    assert (by_name["bulk"].max_batch_size, by_name["bulk"].max_batch_delay_ms) == (32, 2.5)
+    [adapter] = by_name["bulk"].adapters
+    assert (adapter.name, adapter.pinned) == ("sql", True)
+    assert by_name["bulk"].adapter_pool_bytes == 8 * (16 + 32) * 4 and by_name["vital"].adapters == []

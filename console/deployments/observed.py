@@ -1,0 +1,35 @@
+"""What the agents observed of each deployment (host reports), folded into the fields the scheduler reads:
+request rate, recent p95 latency, whether it violates its SLO and since when."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from console.deployments.models import Deployment
+from console.fleet.models import Host
+
+
+def refresh_observations(now: datetime) -> bool:
+    """Aggregate connected hosts' serving figures per deployment; True if one entered or left its SLO
+    (a rate or latency that merely moved is stored without counting as a change worth a refresh).
+
+    The rate is the sum over hosts; the p95 is the worst host's (a conservative merge: the percentile of
+    the union is not derivable from per-host percentiles, and the worst host is what violates the SLO)."""
+    rate: dict[str, float] = {}
+    p95: dict[str, float] = {}
+    for serving in Host.objects.filter(connected=True).values_list("serving", flat=True):
+        for name, figures in (serving or {}).items():
+            rate[name] = rate.get(name, 0.0) + float(figures.get("request_rate") or 0.0)
+            if figures.get("p95_ms") is not None:
+                p95[name] = max(p95.get(name, 0.0), float(figures["p95_ms"]))
+    changed = False
+    for dep in Deployment.objects.all():
+        observed = p95.get(dep.name)
+        violating = bool(dep.slo_latency_ms and observed is not None and observed > dep.slo_latency_ms)
+        update = {"traffic_rps": round(rate.get(dep.name, 0.0), 3), "observed_p95_ms": observed}
+        if violating != dep.violating or dep.status_since is None:
+            update |= {"violating": violating, "status_since": now}
+        if any(getattr(dep, k) != v for k, v in update.items()):
+            Deployment.objects.filter(pk=dep.pk).update(**update)
+            changed |= "violating" in update
+    return changed

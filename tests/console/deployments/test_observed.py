@@ -1,0 +1,78 @@
+"""Host reports of how deployments were served become the scheduler's SLO input."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from agent.protocol import DeploymentServing, HostReport
+from console.deployments.models import Deployment
+from console.deployments.observed import refresh_observations
+from console.deployments.services import create_deployment
+from console.fleet.intake import apply_report
+from console.fleet.models import Host
+
+pytestmark = pytest.mark.django_db
+
+
+def report(*serving, ram=None):
+    return HostReport(gpus=[], serving=[DeploymentServing(deployment=d, requests=10, request_rate=r, error_rate=0,
+                                                          p95_ms=p) for d, r, p in serving], ram_free_bytes=ram)
+
+
+def test_rates_add_up_across_hosts_and_the_worst_p95_counts(host, model):
+    create_deployment("chat", "tiny", slo_latency_ms=100)
+    other = Host.objects.create(name="h2", connected=True)
+    apply_report(host, report(("chat", 2.0, 80.0), ram=1 << 30))
+    apply_report(other, report(("chat", 3.0, 120.0)))
+    assert refresh_observations(timezone.now())  # it started violating: a change the loop acts on
+    dep = Deployment.objects.get()
+    assert (dep.traffic_rps, dep.observed_p95_ms, dep.violating) == (5.0, 120.0, True)
+    assert Host.objects.get(name="h1").ram_free_bytes == 1 << 30
+
+
+def test_the_status_clock_restarts_only_when_the_slo_status_flips(host, model):
+    create_deployment("chat", "tiny", slo_latency_ms=100)
+    t0 = timezone.now()
+    apply_report(host, report(("chat", 1.0, 50.0)))
+    refresh_observations(t0)
+    apply_report(host, report(("chat", 4.0, 60.0)))
+    assert not refresh_observations(t0 + timedelta(seconds=30))  # still within the SLO
+    dep = Deployment.objects.get()
+    assert dep.status_since == t0 and dep.traffic_rps == 4.0 and not dep.violating
+    apply_report(host, report(("chat", 4.0, 150.0)))
+    later = t0 + timedelta(seconds=60)
+    assert refresh_observations(later)
+    dep.refresh_from_db()
+    assert dep.violating and dep.status_since == later
+
+
+def test_a_deployment_without_an_slo_never_violates(host, model):
+    create_deployment("bulk", "tiny")
+    apply_report(host, report(("bulk", 1.0, 5000.0)))
+    refresh_observations(timezone.now())
+    assert not Deployment.objects.get().violating
+
+
+def test_hosts_that_went_offline_no_longer_count(host, model):
+    create_deployment("chat", "tiny")
+    apply_report(host, report(("chat", 2.0, 10.0)))
+    Host.objects.filter(pk=host.pk).update(connected=False)
+    refresh_observations(timezone.now())
+    assert Deployment.objects.get().traffic_rps == 0.0
+
+
+def test_a_deployment_violating_its_slo_gets_more_replicas_from_the_loop(host, model):
+    from console.deployments.models import Replica
+    from console.deployments.reconcile import reconcile_once
+
+    create_deployment("chat", "tiny", min_replicas=1, max_replicas=3, slo_latency_ms=100)
+    reconcile_once()
+    assert Deployment.objects.get().replicas == 1
+    apply_report(host, report(("chat", 20.0, 250.0)))
+    reconcile_once()
+    dep = Deployment.objects.get()
+    assert dep.violating and dep.replicas == 3 and dep.last_scale_at is not None
+    assert Replica.objects.filter(deployment=dep, host__isnull=False).count() == 3
+    extra = Replica.objects.get(deployment=dep, index=2)
+    assert "SLO" in extra.reason
