@@ -32,6 +32,8 @@ def deployment_data(dep: Deployment) -> dict:
         "traffic_rps": dep.traffic_rps,
         "observed_p95_ms": dep.observed_p95_ms,
         "violating": dep.violating,
+        "max_batch_size": dep.max_batch_size,
+        "max_batch_delay_ms": dep.max_batch_delay_ms,
         "dtype": dep.dtype or dep.model.stored_dtype,
         "batch": dep.batch,
         "seq": dep.seq,

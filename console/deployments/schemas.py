@@ -22,6 +22,8 @@ class DeploymentIn(Schema):
     slo_latency_ms: int | None = Field(None, description="p95 latency target")
     latency_critical: bool = False
     profile: str = Field("", description="compute, memory, io or empty (unknown): what bounds it")
+    max_batch_size: int = Field(8, description="dynamic batching: rows per forward")
+    max_batch_delay_ms: float = Field(5.0, description="dynamic batching: how long a request waits for others")
 
 
 class DeploymentPatch(Schema):
@@ -36,6 +38,8 @@ class DeploymentPatch(Schema):
     slo_latency_ms: int | None = None
     latency_critical: bool | None = None
     profile: str | None = None
+    max_batch_size: int | None = None
+    max_batch_delay_ms: float | None = None
 
 
 class MemoryOut(Schema):
@@ -87,6 +91,8 @@ class DeploymentOut(Schema):
     traffic_rps: float
     observed_p95_ms: float | None
     violating: bool
+    max_batch_size: int
+    max_batch_delay_ms: float
     dtype: str
     batch: int
     seq: int | None

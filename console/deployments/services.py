@@ -18,7 +18,7 @@ MAX_REPLICAS = 64
 MAX_GANG = 16
 # What an operator may change on a deployment (PATCH, the SLO form); the serving shape is fixed at creation.
 POLICY_FIELDS = ("replicas", "min_replicas", "max_replicas", "gpus_per_replica", "priority", "selector",
-                 "slo_latency_ms", "latency_critical", "profile")
+                 "slo_latency_ms", "latency_critical", "profile", "max_batch_size", "max_batch_delay_ms")
 
 
 def create_deployment(
@@ -91,7 +91,8 @@ def _checked_policy(current: Deployment, changes: dict[str, Any]) -> dict[str, A
         out["min_replicas"] = out["max_replicas"] = out["replicas"]
     elif "min_replicas" in out or "max_replicas" in out:
         low = out.get("min_replicas", current.min_replicas)
-        high = out.get("max_replicas", max(current.max_replicas, low))
+        # Creating with a minimum only: the maximum is the minimum. Changing a stored one: as stored.
+        high = out.get("max_replicas", max(current.max_replicas, low) if current.pk is None else current.max_replicas)
         if low > high:
             raise Invalid(f"min_replicas {low} is above max_replicas {high}")
         out["min_replicas"], out["max_replicas"] = low, high
@@ -112,6 +113,13 @@ def _checked_policy(current: Deployment, changes: dict[str, Any]) -> dict[str, A
     if "slo_latency_ms" in changes:
         value = changes["slo_latency_ms"]
         out["slo_latency_ms"] = None if value in (None, "", 0) else _whole(value, "slo_latency_ms", 1, 3_600_000)
+    if "max_batch_size" in changes:
+        out["max_batch_size"] = _whole(changes["max_batch_size"], "max_batch_size", 1, 1024)
+    if "max_batch_delay_ms" in changes:
+        delay = changes["max_batch_delay_ms"]
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay <= 10_000:
+            raise Invalid(f"max_batch_delay_ms must be a number of milliseconds between 0 and 10000, got {delay!r}")
+        out["max_batch_delay_ms"] = float(delay)
     if "latency_critical" in changes:
         if not isinstance(changes["latency_critical"], bool):
             raise Invalid(f"latency_critical must be true or false, got {changes['latency_critical']!r}")

@@ -65,3 +65,20 @@ def test_it_scales_a_deployment_up_and_down(api, registered, client):
     reconcile_once()
     assert [rep["index"] for rep in api.get("/api/v1/deployments/chat").json()["replicas"]] == [0]
     assert client.patch("/api/v1/deployments/ghost", data='{"replicas": 1}', **patch).status_code == 404
+
+
+def test_it_changes_the_policy_and_refuses_a_bad_change_whole(api, registered, client):
+    api.post("/api/v1/deployments", {"name": "chat", "model": "tiny", "min_replicas": 1, "max_replicas": 4,
+                                     "priority": "high", "slo_latency_ms": 200, "selector": {"gpu": "h100"}})
+    patch = {"HTTP_AUTHORIZATION": api.auth["HTTP_AUTHORIZATION"], "content_type": "application/json"}
+    r = client.patch("/api/v1/deployments/chat", data='{"priority": "critical", "max_batch_size": 16, '
+                     '"max_batch_delay_ms": 2.5, "latency_critical": true}', **patch)
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert (body["priority"], body["max_batch_size"], body["max_batch_delay_ms"]) == ("critical", 16, 2.5)
+    assert (body["min_replicas"], body["max_replicas"], body["selector"]) == (1, 4, {"gpu": "h100"})
+    r = client.patch("/api/v1/deployments/chat", data='{"priority": "low", "max_batch_size": 2}', **patch)
+    assert r.status_code == 422 and "priority 'low' is not one of" in r.json()["detail"]
+    assert Deployment.objects.get().max_batch_size == 16  # nothing of the refused change was stored
+    r = client.patch("/api/v1/deployments/chat", data='{"min_replicas": 5}', **patch)
+    assert r.status_code == 422 and "min_replicas 5 is above max_replicas 4" in r.json()["detail"]
