@@ -57,6 +57,8 @@ def deployment_data(dep: Deployment) -> dict:
                 "memory": replica_memory(r),
                 "action": r.action,
                 "mps_percentage": r.mps_percentage,
+                "adapters": r.adapter_stats,
+                "adapter_error": r.adapter_error,
                 "endpoint": r.host.endpoint if r.host and r.host.endpoint else None,
                 "pid": r.pid,
                 "reason": r.reason,

@@ -63,6 +63,9 @@ class ReplicaOut(Schema):
     action: str = Field(description="the scheduler's last decision: keep, place, move, wake, preempt, sleep, "
                         "stop or refuse")
     mps_percentage: int | None = Field(description="CUDA MPS active-thread percentage on a shared GPU")
+    adapters: list[dict] = Field(description="its worker's adapter pool: name, tier (gpu, cpu, disk), pinned, "
+                                 "nbytes, requests, hits, misses")
+    adapter_error: str = Field(description="why its worker refused an adapter, if it did")
     endpoint: str | None
     pid: int | None
     reason: str
