@@ -3,8 +3,9 @@
     .venv/bin/python bench/switching.py                       # every section, demo bases, device picked
     .venv/bin/python bench/switching.py --sections adapter-swap --base /models/llama-1b
 
-A section is a function `(Setup) -> list[dict]` registered with `@section(name, title)`; each dict is
-one table row (keys are the columns). Add a section by writing one such function.
+Sections: cold-load and sleep-wake (temporal sharing; measured with bench/sleep_wake.py's code, which also
+runs alone), adapter-swap and adapter-mixed (adapter pools). A section is a function `(Setup) -> list[dict]`
+registered with `@section(name, title)`; each dict is one table row (keys are the columns).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sleep_wake.py, next to this file
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -284,6 +286,43 @@ def peft_one_at_a_time(base: Base, setup: Setup, paths: dict[str, Path], inputs,
             run(model, batches[n])
 
     return loop
+
+
+# -- temporal sharing: cold load, sleep and wake (measured by bench/sleep_wake.py's code) --------------
+
+_TEMPORAL: dict[tuple, list[dict]] = {}  # one measurement serves both tables
+
+
+def temporal(setup: Setup) -> list[dict]:
+    """bench/sleep_wake.py's measurement of the demo models (and a 270M decoder unless --quick), or --base."""
+    import sleep_wake
+
+    key = (setup.device, setup.dtype, setup.bases)
+    if key not in _TEMPORAL:
+        dtype = str(setup.dtype).removeprefix("torch.")
+        names = ["tiny-llama", "minilm"] + ([] if setup.quick else ["decoder-270m"])
+        repeat = 2 if setup.quick else 5
+        _TEMPORAL[key] = [sleep_wake.bench_model(n, setup.workdir / "temporal", setup.device, dtype, repeat)
+                          for n in names]
+    return _TEMPORAL[key]
+
+
+@section("cold-load", "Cold load: the worker's loader against reading the same files (GB/s = 1e9 bytes/s)")
+def cold_load(setup: Setup) -> list[dict]:
+    return [{"model": r["model"], "params": f"{r['params']:,}", "weights MiB": r["bytes"] / 2**20,
+             "read cold GB/s": r["read_cold"] / 1e9, "read cached GB/s": r["read_cached"] / 1e9,
+             "load cold GB/s": r["load_cold"] / 1e9, "load cached GB/s": r["load_cached"] / 1e9,
+             "load/read cached": f"{100 * r['load_cached'] / r['read_cached']:.0f}%",
+             "resident before": f"{100 * r['resident']:.0f}%"} for r in temporal(setup)]
+
+
+@section("sleep-wake", "Sleep and wake against the copy limit (page-locked host -> GPU on CUDA, host buffer -> "
+                       "new host buffer on the CPU); fastest of the cycles")
+def sleep_wake_section(setup: Setup) -> list[dict]:
+    return [{"model": r["model"], "MiB": r["swap_bytes"] / 2**20, "sleep s": r["sleep_s"],
+             "sleep GB/s": r["sleep_bw"] / 1e9, "wake s": r["wake_s"], "wake GB/s": r["wake_bw"] / 1e9,
+             "limit GB/s": r["limit"] / 1e9, "wake/limit": f"{100 * r['wake_bw'] / r['limit']:.0f}%",
+             "first response after wake ms": 1000 * r["first_s"]} for r in temporal(setup)]
 
 
 # -- running -----------------------------------------------------------------------------------------

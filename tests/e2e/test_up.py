@@ -84,7 +84,10 @@ def test_register_deploy_infer_delete_and_stop(tiny_llama, tmp_path):
         assert api.post("/deployments", json={"name": "huge", "model": "huge"}).status_code == 201
         d = wait_for(lambda: (d := api.get("/deployments/huge").json())["state"] == "unschedulable" and d,
                      timeout=30, what="huge to be unschedulable")
-        assert re.fullmatch(r"needs 3\d\.\d\d GiB; the largest free space is 2\d\.\d\d GiB on local/[01]", d["reason"])
+        # About 30 GiB of weights (the tiny model's measured loads calibrate llama estimates a little).
+        pattern = r"needs (\d\d\.\d\d) GiB; the largest free space is 2\d\.\d\d GiB on local/[01]"
+        need = re.fullmatch(pattern, d["reason"])
+        assert need and 24 < float(need.group(1)) < 36, d["reason"]
 
         # Deleting a deployment stops its worker and empties its part of the GPU bar.
         chat, other = stack.worker_pids("chat"), stack.worker_pids("other")
