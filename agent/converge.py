@@ -178,10 +178,10 @@ def _changes(spec: WorkerSpec, replica: DesiredReplica, device_kind: str) -> str
         "dtype": (spec.dtype, replica.dtype),
         "deployment": (spec.deployment, replica.deployment),
     }
-    # A sleeping replica holds no GPU (the console lists none for it) and no SM share: where it wakes
-    # is decided when it is woken, so neither is a change that would restart it.
+    # A sleeping replica holds no GPU (the console lists none for it): where it wakes is decided when it
+    # is woken, so that is no change that would restart it. Nor is a new MPS share: CUDA reads it once,
+    # when the worker's context is made, and a neighbour arriving or leaving must not cost this replica a
+    # reload; the new share applies from its next start (its status reports the share it runs with).
     if replica.state != "sleeping":
         fields["device"] = (spec.device, device_for(replica, device_kind))
-        # CUDA reads the MPS share once, when the worker's context is made.
-        fields["mps_percentage"] = (spec.mps_percentage, replica.mps_percentage)
     return ", ".join(name for name, (old, new) in fields.items() if old != new)
