@@ -48,6 +48,9 @@ class Deployment(models.Model):
     dtype = models.CharField(max_length=20, blank=True, default="", help_text="serving dtype; empty: as stored")
     batch = models.PositiveIntegerField(default=1, help_text="concurrent sequences per replica")
     seq = models.PositiveIntegerField(null=True, blank=True, help_text="tokens per sequence; empty: model default")
+    # Standby: replicas are loaded onto their GPUs but take no requests (the agent's `preloaded`), so
+    # turning it off switches a new version in without a load gap.
+    standby = models.BooleanField(default=False)
     # Dynamic batching in each replica: rows per forward, and how long a request waits for company.
     max_batch_size = models.PositiveIntegerField(default=8)
     max_batch_delay_ms = models.FloatField(default=5.0)

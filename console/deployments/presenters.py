@@ -34,6 +34,7 @@ def deployment_data(dep: Deployment) -> dict:
         "violating": dep.violating,
         "max_batch_size": dep.max_batch_size,
         "max_batch_delay_ms": dep.max_batch_delay_ms,
+        "standby": dep.standby,
         "dtype": dep.dtype or dep.model.stored_dtype,
         "batch": dep.batch,
         "seq": dep.seq,

@@ -138,7 +138,7 @@ def _apply(dep: Deployment, p: PlannedReplica, gpus: dict[str, Gpu], need: Reser
             row.reserved_bytes = p.reserved_bytes
             row.reservation = {"device": device, "estimated_bytes": need.estimated_bytes,
                                "factor": need.correction.factor, "calibrated_from": need.correction.samples}
-        row.host, row.desired_state = placement[0].host, "ready"
+        row.host, row.desired_state = placement[0].host, "preloaded" if dep.standby else "ready"
         row.save()
         if moved or row.pk is None:
             row.gpus.set(placement)
@@ -170,7 +170,7 @@ def derive_state(replicas: list[Replica]) -> tuple[str, str]:
     """A deployment's state and reason, from its replicas."""
     if not replicas:
         return DeploymentState.PENDING, "waiting for the scheduler"
-    serving = [r for r in replicas if r.desired_state == "ready"]
+    serving = [r for r in replicas if r.desired_state in ("ready", "preloaded")]
     unplaced = [r for r in serving if r.host_id is None]
     if unplaced and unplaced[0].reason:
         if len(unplaced) == len(replicas):
@@ -181,6 +181,9 @@ def derive_state(replicas: list[Replica]) -> tuple[str, str]:
         return DeploymentState.FAILED, f"replica {failed[0].index} failed: {failed[0].reason}"
     states = [r.observed_state for r in serving]
     asleep = len(replicas) - len(serving)
+    if states and all(s == r.desired_state for s, r in zip(states, serving, strict=True)) \
+            and any(r.desired_state == "preloaded" for r in serving):
+        return DeploymentState.READY, "standing by: loaded on its GPUs, taking no requests until standby is off"
     if states and all(s == "ready" for s in states):
         return DeploymentState.READY, f"{asleep} replica(s) asleep in host memory" if asleep else ""
     if not serving:

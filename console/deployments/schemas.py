@@ -24,6 +24,8 @@ class DeploymentIn(Schema):
     profile: str = Field("", description="compute, memory, io or empty (unknown): what bounds it")
     max_batch_size: int = Field(8, description="dynamic batching: rows per forward")
     max_batch_delay_ms: float = Field(5.0, description="dynamic batching: how long a request waits for others")
+    standby: bool = Field(False, description="load its replicas but take no requests; turning it off serves "
+                          "without a load gap")
 
 
 class DeploymentPatch(Schema):
@@ -40,6 +42,7 @@ class DeploymentPatch(Schema):
     profile: str | None = None
     max_batch_size: int | None = None
     max_batch_delay_ms: float | None = None
+    standby: bool | None = None
 
 
 class MemoryOut(Schema):
@@ -96,6 +99,7 @@ class DeploymentOut(Schema):
     violating: bool
     max_batch_size: int
     max_batch_delay_ms: float
+    standby: bool
     dtype: str
     batch: int
     seq: int | None

@@ -18,7 +18,7 @@ MAX_REPLICAS = 64
 MAX_GANG = 16
 # What an operator may change on a deployment (PATCH, the SLO form); the serving shape is fixed at creation.
 POLICY_FIELDS = ("replicas", "min_replicas", "max_replicas", "gpus_per_replica", "priority", "selector",
-                 "slo_latency_ms", "latency_critical", "profile", "max_batch_size", "max_batch_delay_ms")
+                 "slo_latency_ms", "latency_critical", "profile", "max_batch_size", "max_batch_delay_ms", "standby")
 
 
 def create_deployment(
@@ -120,10 +120,11 @@ def _checked_policy(current: Deployment, changes: dict[str, Any]) -> dict[str, A
         if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay <= 10_000:
             raise Invalid(f"max_batch_delay_ms must be a number of milliseconds between 0 and 10000, got {delay!r}")
         out["max_batch_delay_ms"] = float(delay)
-    if "latency_critical" in changes:
-        if not isinstance(changes["latency_critical"], bool):
-            raise Invalid(f"latency_critical must be true or false, got {changes['latency_critical']!r}")
-        out["latency_critical"] = changes["latency_critical"]
+    for flag in ("latency_critical", "standby"):
+        if flag in changes:
+            if not isinstance(changes[flag], bool):
+                raise Invalid(f"{flag} must be true or false, got {changes[flag]!r}")
+            out[flag] = changes[flag]
     return out
 
 

@@ -70,7 +70,7 @@ def replica_specs(deployments: list[Deployment]) -> tuple[ReplicaSpec, ...]:
         for r in dep.replica_set.all():
             if r.desired_state == "sleeping" and r.host is not None:
                 specs.append(ReplicaSpec(dep.name, r.index, (), 0, "sleeping", r.host.name))
-            elif r.host_id is not None:
+            elif r.host_id is not None:  # ready or preloaded (standby): either holds its GPUs
                 ids = tuple(sorted(gpu_id(g) for g in r.gpus.all()))
                 specs.append(ReplicaSpec(dep.name, r.index, ids, r.reserved_bytes, "ready"))
     return tuple(specs)

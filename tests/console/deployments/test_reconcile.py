@@ -159,3 +159,21 @@ def test_the_desired_state_carries_shares_batching_and_adapters(host, model, tmp
     [adapter] = by_name["bulk"].adapters
     assert (adapter.name, adapter.pinned) == ("sql", True)
     assert by_name["bulk"].adapter_pool_bytes == 8 * (16 + 32) * 4 and by_name["vital"].adapters == []
+
+
+def test_a_standby_deployment_is_loaded_but_not_serving_until_switched_on(host, model):
+    from console.deployments.services import update_deployment
+
+    create_deployment("v2", "tiny", standby=True)
+    reconcile_once()
+    host.refresh_from_db()
+    [desired] = desired_state(host).replicas
+    assert desired.state == "preloaded" and desired.gpus  # it holds its GPU, staged for the switch
+    Replica.objects.update(observed_state="preloaded")
+    reconcile_once()
+    dep = Deployment.objects.get()
+    assert dep.state == "ready" and dep.reason.startswith("standing by")
+    update_deployment("v2", {"standby": False})
+    reconcile_once()
+    host.refresh_from_db()
+    assert [r.state for r in desired_state(host).replicas] == ["ready"]  # the agent promotes it in place
