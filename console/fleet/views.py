@@ -30,7 +30,8 @@ def _segments(gpu: dict) -> dict:
         progress = load_progress(r["state"], r["loaded_bytes"], r["loading_total_bytes"])
         toward = heading_for(r["state"], r["desired_state"])
         segments.append(r | {"width": round(width, 3), "fill": round(min(fill, 100), 1), "progress": progress,
-                             "toward": toward, "tooltip": _tooltip(r, progress, toward)})
+                             "toward": toward, "tooltip": _tooltip(r, progress, toward),
+                             "labelled": width >= _label_percent(r["deployment"])})
     ours = sum(r["measured_bytes"] or 0 for r in gpu["replicas"])
     foreign = max(gpu["used_bytes"] - ours, 0)
     return gpu | {
@@ -39,6 +40,12 @@ def _segments(gpu: dict) -> dict:
         "foreign_width": round(100 * foreign / total, 3),
         "reserved_pct": round(100 * gpu["reserved_bytes"] / total, 1),
     }
+
+
+def _label_percent(name: str) -> float:
+    """The share of a 1,100-pixel bar (the dashboard at its usual width) a segment needs to show `name`;
+    narrower ones rely on their tooltip and the legend."""
+    return (7 * len(name) + 14) / 11
 
 
 def _tooltip(r: dict, progress: int | None, toward: str | None) -> str:

@@ -101,6 +101,7 @@ def scene(model_path: str, *, adapter_error: str = "") -> dict:
     nightly = _deployment("nightly-batch", model.name, priority="batch", min_replicas=0, max_replicas=2, replicas=1,
                           state="ready", reason="all 1 replica(s) asleep in host memory; a request wakes one")
     _replica(nightly, 0, host=a, desired_state="sleeping", observed_state="sleeping", action="preempt", pid=3310,
+             measured_bytes=int(8.2 * GiB),
              host_bytes=8 * GiB, sleep_wake={"direction": "sleep", "bytes": 8 * GiB, "seconds": 2.9,
                                              "bandwidth": 2.96e9},
              reason="preempted by chat#2 (critical, violating its 200 ms p95 SLO at 340 ms); drained, then sleeping "

@@ -37,6 +37,13 @@ def test_segments_are_coloured_by_state_and_a_loading_one_shows_its_progress(htm
     assert '<span class="pill state-loading">loading 42%</span>' in html
 
 
+def test_a_segment_too_narrow_for_its_name_leaves_it_to_the_tooltip_and_legend(html):
+    wide = re.search(r'data-replica="chat#0".*?</div>\s*(.*?)\s*</div>', html, re.S).group(1)
+    narrow = re.search(r'data-replica="summarize#0".*?</div>\s*(.*?)\s*</div>', html, re.S).group(1)
+    assert wide == "<span>chat</span>" and narrow == ""
+    assert 'summarize#0</a>' in html
+
+
 def test_a_segment_tooltip_has_the_mps_share_and_the_schedulers_reason(html):
     seg = re.search(r'data-replica="chat#0" data-action="keep" title="([^"]*)"', html).group(1)
     assert seg.startswith("chat#0 · ready · reserved 20.00 GiB · measured 18.40 GiB · MPS 72% of SMs")

@@ -116,6 +116,7 @@ def test_each_replica_shows_its_state_progress_decision_and_memory(user_client, 
     asleep = row(user_client.get("/deployments/nightly-batch/status/", **HTMX).content.decode(), 0)
     assert "<strong>gpu-a</strong>" in asleep and "host RAM" in asleep and "action-preempt" in asleep
     assert "preempted by chat#2" in asleep and "slept 8.00 GiB in 2.90 s" in asleep
+    assert "nothing reserved on a GPU</span>, measured 8.20 GiB</div>" in asleep  # no error without an estimate
 
     preloaded = row(user_client.get("/deployments/embed/status/", **HTMX).content.decode(), 1)
     assert 'state-preloaded">preloaded' in preloaded and "→ ready" in preloaded
