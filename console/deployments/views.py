@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+from functools import wraps
+from urllib.parse import urlencode
+
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import redirect, render, resolve_url
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_POST, require_safe
+from django_htmx.http import HttpResponseClientRedirect
 
 from console.catalog import adapters
 from console.deployments import services
@@ -29,6 +34,21 @@ POLICY = "deployments/_policy.html"
 STOP_POLLING = 286
 PROFILES = [(Profile.UNKNOWN, "unknown"), (Profile.COMPUTE, "compute-bound"), (Profile.MEMORY, "memory-bound"),
             (Profile.IO, "I/O-bound")]
+
+
+def login_required_htmx(view):
+    """login_required; but an htmx request without a session (signed out in another tab) sends the whole
+    browser to the login page, instead of having the login form swapped into a fragment."""
+    guarded = login_required(view)
+
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        if request.htmx and not request.user.is_authenticated:
+            back = request.htmx.current_url_abs_path or request.get_full_path()
+            return HttpResponseClientRedirect(f"{resolve_url(settings.LOGIN_URL)}?{urlencode({'next': back})}")
+        return guarded(request, *args, **kwargs)
+
+    return wrapper
 
 
 def render_partial_or_full(request, fragment: str, context: dict, full: str = PAGE) -> HttpResponse:
@@ -58,13 +78,13 @@ def _context(dep: Deployment, **policy) -> dict:
 
 
 @login_required
-@require_GET
+@require_safe
 def deployment_page(request, name: str):
     return render(request, PAGE, _context(_deployment(name)))
 
 
-@login_required
-@require_GET
+@login_required_htmx
+@require_safe
 def status(request, name: str):
     """The live part of the deployment page (state, SLO, replicas), polled by the page every 2 s."""
     try:
@@ -76,7 +96,7 @@ def status(request, name: str):
     return render_partial_or_full(request, STATUS, _context(dep))
 
 
-@login_required
+@login_required_htmx
 @require_POST
 def update_policy(request, name: str):
     """Save the policy form. htmx: the card again, with the outcome inside it (and the status refreshed

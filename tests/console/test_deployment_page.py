@@ -58,6 +58,13 @@ def test_the_page_needs_a_login_and_an_existing_deployment(user_client, fleet):
     assert user_client.get("/deployments/ghost/").status_code == 404
 
 
+def test_a_poll_after_signing_out_sends_the_browser_to_the_login_page(fleet):
+    r = Client().get("/deployments/chat/status/", HTTP_HX_REQUEST="true",
+                     HTTP_HX_CURRENT_URL="http://testserver/deployments/chat/")
+    assert r.status_code == 200 and r["HX-Redirect"] == "/accounts/login/?next=%2Fdeployments%2Fchat%2F"
+    assert r.content == b""
+
+
 def test_the_page_polls_its_status_fragment_but_not_the_form(user_client, fleet):
     html = user_client.get("/deployments/chat/").content.decode()
     status = html.index('id="deployment-status"')
