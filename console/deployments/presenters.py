@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from console.catalog.memory import memory_summary
 from console.deployments.models import Deployment, Replica
+
+# Observed states on the way to `ready`: while a replica is in one of them and meant to be ready, its
+# target goes without saying.
+_ON_THE_WAY = ("pending", "starting", "loading")
+# A scale-up creates the new rows in the pass that sets last_scale_at, so they are this close behind it.
+_SAME_PASS = timedelta(seconds=10)
 
 
 def replica_memory(r: Replica) -> dict:
@@ -15,8 +23,57 @@ def replica_memory(r: Replica) -> dict:
         "device": r.reservation.get("device")}
 
 
-def deployment_data(dep: Deployment) -> dict:
-    replicas = dep.replica_set.select_related("host").prefetch_related("gpus").order_by("index")
+def replica_data(r: Replica) -> dict:
+    """One replica: placement, states, the scheduler's last decision, memory, load and sleep figures."""
+    return {
+        "index": r.index,
+        "host": r.host.name if r.host else None,
+        "gpus": sorted(g.index for g in r.gpus.all()),
+        "state": r.observed_state,
+        "desired_state": r.desired_state,
+        "reserved_bytes": r.reserved_bytes,
+        "measured_bytes": r.measured_bytes,
+        "memory": replica_memory(r),
+        "action": r.action,
+        "mps_percentage": r.mps_percentage,
+        "endpoint": r.host.endpoint if r.host and r.host.endpoint else None,
+        "pid": r.pid,
+        "reason": r.reason,
+        "loaded_bytes": r.loaded_bytes,
+        "loading_total_bytes": r.loading_total_bytes,
+        "host_bytes": r.host_bytes,
+        "sleep_wake": r.sleep_wake or None,
+        "adapter_stats": r.adapter_stats or [],
+        "adapter_error": r.adapter_error,
+    }
+
+
+def adapter_usage(dep: Deployment, replicas: list[Replica]) -> list[dict]:
+    """Each registered adapter with its tier on every replica that reported it, and its requests, hits
+    and misses summed over those replicas."""
+    out = []
+    for a in dep.adapters.all():
+        tiers, requests, hits, misses = [], 0, 0, 0
+        for r in replicas:
+            for s in r.adapter_stats or []:
+                if s.get("name") == a.name:
+                    tiers.append({"replica": r.index, "tier": s.get("tier", "disk")})
+                    requests += s.get("requests", 0)
+                    hits += s.get("hits", 0)
+                    misses += s.get("misses", 0)
+        out.append({"name": a.name, "path": a.path, "rank": a.rank, "nbytes": a.nbytes, "pinned": a.pinned,
+                    "tiers": tiers, "requests": requests, "hits": hits, "misses": misses})
+    return out
+
+
+def replica_rows(dep: Deployment) -> list[Replica]:
+    return list(dep.replica_set.select_related("host").prefetch_related("gpus").order_by("index"))
+
+
+def deployment_data(dep: Deployment, replicas: list[Replica] | None = None) -> dict:
+    """A deployment with its replicas and adapters (the API's DeploymentOut); `replicas` as read by
+    replica_rows() when the caller has them already."""
+    replicas = replica_rows(dep) if replicas is None else replicas
     return {
         "name": dep.name,
         "model": dep.model.name,
@@ -32,6 +89,8 @@ def deployment_data(dep: Deployment) -> dict:
         "traffic_rps": dep.traffic_rps,
         "observed_p95_ms": dep.observed_p95_ms,
         "violating": dep.violating,
+        "status_since": dep.status_since,
+        "last_scale_at": dep.last_scale_at,
         "max_batch_size": dep.max_batch_size,
         "max_batch_delay_ms": dep.max_batch_delay_ms,
         "standby": dep.standby,
@@ -39,31 +98,107 @@ def deployment_data(dep: Deployment) -> dict:
         "batch": dep.batch,
         "seq": dep.seq,
         "estimates": dep.estimates,
-        "adapters": [
-            {"name": a.name, "path": a.path, "rank": a.rank, "nbytes": a.nbytes, "pinned": a.pinned}
-            for a in dep.adapters.all()
-        ],
+        "adapters": adapter_usage(dep, replicas),
         "state": dep.state,
         "reason": dep.reason,
         "created": dep.created,
-        "replicas": [
-            {
-                "index": r.index,
-                "host": r.host.name if r.host else None,
-                "gpus": sorted(g.index for g in r.gpus.all()),
-                "state": r.observed_state,
-                "desired_state": r.desired_state,
-                "reserved_bytes": r.reserved_bytes,
-                "measured_bytes": r.measured_bytes,
-                "memory": replica_memory(r),
-                "action": r.action,
-                "mps_percentage": r.mps_percentage,
-                "adapters": r.adapter_stats,
-                "adapter_error": r.adapter_error,
-                "endpoint": r.host.endpoint if r.host and r.host.endpoint else None,
-                "pid": r.pid,
-                "reason": r.reason,
-            }
-            for r in replicas
-        ],
+        "replicas": [replica_data(r) for r in replicas],
+    }
+
+
+# Pages: what the figures mean, for the deployment page and the dashboard's table.
+
+def slo_status(dep: Deployment) -> dict:
+    """Where the deployment stands against its p95 target: none, waiting (no traffic measured), ok or
+    violating, and since when (the time it last entered or left its SLO)."""
+    if not dep.slo_latency_ms:
+        kind, label = "none", "no SLO"
+    elif dep.observed_p95_ms is None:
+        kind, label = "waiting", "no traffic yet"
+    elif dep.violating:
+        kind, label = "violating", "violating"
+    else:
+        kind, label = "ok", "within SLO"
+    since = dep.status_since if kind in ("ok", "violating") else None
+    return {"kind": kind, "label": label, "since": since, "target_ms": dep.slo_latency_ms,
+            "observed_ms": dep.observed_p95_ms}
+
+
+def scale_status(dep: Deployment, replicas: list[Replica]) -> dict:
+    """The replica target within its range and the last change the scheduler made to it.
+
+    The direction is read from the rows: a scale-up creates rows in the same pass, a scale-down deletes
+    them; when rows were added later by hand the direction is unknown."""
+    direction = None
+    if dep.last_scale_at:
+        later = [r.created for r in replicas if r.created >= dep.last_scale_at]
+        if not later:
+            direction = "down"
+        elif any(c - dep.last_scale_at <= _SAME_PASS for c in later):
+            direction = "up"
+    return {"target": dep.replicas, "min": dep.min_replicas, "max": dep.max_replicas,
+            "fixed": dep.min_replicas == dep.max_replicas, "direction": direction, "at": dep.last_scale_at}
+
+
+def state_counts(replicas: list[Replica]) -> list[tuple[str, int]]:
+    """How many replicas are in each observed state, most useful first ("1 ready, 1 loading")."""
+    order = ("ready", "preloaded", "loading", "starting", "pending", "sleeping", "stopped", "failed")
+    counts: dict[str, int] = {}
+    for r in replicas:
+        counts[r.observed_state] = counts.get(r.observed_state, 0) + 1
+    return sorted(counts.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+
+
+def deployment_row(dep: Deployment) -> dict:
+    """A deployment as one row of the dashboard: policy, replica range, SLO standing, state."""
+    replicas = list(dep.replica_set.all())
+    return {
+        "name": dep.name,
+        "model": dep.model.name,
+        "priority": dep.priority,
+        "latency_critical": dep.latency_critical,
+        "traffic_rps": dep.traffic_rps,
+        "state": dep.state,
+        "reason": dep.reason,
+        "slo": slo_status(dep),
+        "scale": scale_status(dep, replicas),
+        "counts": state_counts(replicas),
+    }
+
+
+def load_progress(state: str, loaded: int | None, total: int | None) -> int | None:
+    """Percent of the checkpoint read while a replica loads; None otherwise or when the total is unknown."""
+    if state != "loading" or not total:
+        return None
+    return min(100, int(100 * (loaded or 0) / total))
+
+
+def heading_for(state: str, desired: str) -> str | None:
+    """The target state worth showing beside the observed one (``sleeping → ready``): none when they
+    agree, or when a replica meant to be ready is simply on its way there."""
+    if desired == state or (state in _ON_THE_WAY and desired == "ready"):
+        return None
+    return desired
+
+
+def replica_view(r: dict) -> dict:
+    """A replica's data plus what its row shows: load progress in percent while loading, and its target
+    state when that differs from what it is doing (``sleeping → ready``)."""
+    return r | {"progress": load_progress(r["state"], r["loaded_bytes"], r["loading_total_bytes"]),
+                "toward": heading_for(r["state"], r["desired_state"])}
+
+
+def deployment_page_data(dep: Deployment) -> dict:
+    """Everything the deployment page and its live status fragment show."""
+    replicas = replica_rows(dep)
+    data = deployment_data(dep, replicas)
+    return data | {
+        "replicas": [replica_view(r) for r in data["replicas"]],
+        "adapters": [a | {"hit_percent": round(100 * a["hits"] / (a["hits"] + a["misses"]))
+                          if a["hits"] + a["misses"] else None} for a in data["adapters"]],
+        "slo": slo_status(dep),
+        "scale": scale_status(dep, replicas),
+        "counts": state_counts(replicas),
+        "endpoints": sorted({r["endpoint"] for r in data["replicas"] if r["endpoint"]}),
+        "adapter_errors": [(r["index"], r["adapter_error"]) for r in data["replicas"] if r["adapter_error"]],
     }

@@ -54,6 +54,23 @@ class MemoryOut(Schema):
     device: str | None = None
 
 
+class SleepWakeOut(Schema):
+    direction: str = Field(description="sleep or wake")
+    bytes: int
+    seconds: float
+    bandwidth: float | None = Field(None, description="bytes per second")
+
+
+class AdapterStatOut(Schema):
+    name: str
+    tier: str = Field(description="where the replica holds it: gpu, cpu (host memory) or disk")
+    pinned: bool = False
+    nbytes: int
+    requests: int = Field(0, description="rows that asked for it")
+    hits: int = Field(0, description="batches that found it on the device")
+    misses: int = Field(0, description="batches that had to swap it in")
+
+
 class ReplicaOut(Schema):
     index: int
     host: str | None
@@ -66,12 +83,20 @@ class ReplicaOut(Schema):
     action: str = Field(description="the scheduler's last decision: keep, place, move, wake, preempt, sleep, "
                         "stop or refuse")
     mps_percentage: int | None = Field(description="CUDA MPS active-thread percentage on a shared GPU")
-    adapters: list[dict] = Field(description="its worker's adapter pool: name, tier (gpu, cpu, disk), pinned, "
-                                 "nbytes, requests, hits, misses")
-    adapter_error: str = Field(description="why its worker refused an adapter, if it did")
     endpoint: str | None
     pid: int | None
     reason: str
+    loaded_bytes: int | None = Field(description="bytes read so far while loading")
+    loading_total_bytes: int | None = Field(description="bytes to load in all")
+    host_bytes: int | None = Field(description="host memory held while asleep")
+    sleep_wake: SleepWakeOut | None = Field(description="the last sleep or wake")
+    adapter_stats: list[AdapterStatOut]
+    adapter_error: str = Field(description="why its worker refused an adapter, if it did")
+
+
+class AdapterTierOut(Schema):
+    replica: int
+    tier: str
 
 
 class DeploymentAdapterOut(Schema):
@@ -80,6 +105,10 @@ class DeploymentAdapterOut(Schema):
     rank: int
     nbytes: int
     pinned: bool
+    tiers: list[AdapterTierOut] = Field(description="its tier on each replica that reported it")
+    requests: int = Field(description="summed over the replicas")
+    hits: int
+    misses: int
 
 
 class DeploymentOut(Schema):
@@ -97,6 +126,8 @@ class DeploymentOut(Schema):
     traffic_rps: float
     observed_p95_ms: float | None
     violating: bool
+    status_since: datetime | None = Field(description="when it last entered or left its SLO")
+    last_scale_at: datetime | None = Field(description="when the scheduler last changed its replica count")
     max_batch_size: int
     max_batch_delay_ms: float
     standby: bool

@@ -1,19 +1,128 @@
 from __future__ import annotations
 
+from functools import wraps
+from urllib.parse import urlencode
+
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import redirect, render
-from django.views.decorators.http import require_POST
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect, render, resolve_url
+from django.urls import reverse
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.http import require_POST, require_safe
+from django_htmx.http import HttpResponseClientRedirect
 
 from console.catalog import adapters
 from console.deployments import services
-from console.deployments.presenters import deployment_data
-from console.errors import DomainError
+from console.deployments.models import Deployment, Priority, Profile
+from console.deployments.policy_form import (
+    describe_changes,
+    field_named,
+    parse_policy_form,
+    policy_values,
+    stored_policy,
+    submitted_values,
+)
+from console.deployments.presenters import deployment_page_data
+from console.errors import DomainError, NotFound
+
+PAGE = "deployments/detail.html"
+STATUS = "deployments/_status.html"
+POLICY = "deployments/_policy.html"
+# htmx stops polling when a poll answers 286 (the deployment was deleted meanwhile).
+STOP_POLLING = 286
+PROFILES = [(Profile.UNKNOWN, "unknown"), (Profile.COMPUTE, "compute-bound"), (Profile.MEMORY, "memory-bound"),
+            (Profile.IO, "I/O-bound")]
+
+
+def login_required_htmx(view):
+    """login_required; but an htmx request without a session (signed out in another tab) sends the whole
+    browser to the login page, instead of having the login form swapped into a fragment."""
+    guarded = login_required(view)
+
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        if request.htmx and not request.user.is_authenticated:
+            back = request.htmx.current_url_abs_path or request.get_full_path()
+            return HttpResponseClientRedirect(f"{resolve_url(settings.LOGIN_URL)}?{urlencode({'next': back})}")
+        return guarded(request, *args, **kwargs)
+
+    return wrapper
+
+
+def render_partial_or_full(request, fragment: str, context: dict, full: str = PAGE) -> HttpResponse:
+    """The fragment alone for an htmx request, else the whole page; cached apart by HX-Request."""
+    response = render(request, fragment if request.htmx else full, context)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+def _deployment(name: str) -> Deployment:
+    try:
+        return services.get_deployment(name)
+    except NotFound as e:
+        raise Http404(str(e)) from None
+
+
+def _context(dep: Deployment, **policy) -> dict:
+    return {
+        "d": deployment_page_data(dep),
+        "policy": policy.get("values") or policy_values(dep),
+        "policy_error": policy.get("error"),
+        "policy_error_field": field_named(policy["error"]) if policy.get("error") else None,
+        "policy_saved": policy.get("saved"),
+        "priorities": Priority.values,
+        "profiles": PROFILES,
+    }
 
 
 @login_required
+@require_safe
 def deployment_page(request, name: str):
-    return render(request, "deployments/detail.html", {"d": deployment_data(services.get_deployment(name))})
+    return render(request, PAGE, _context(_deployment(name)))
+
+
+@login_required_htmx
+@require_safe
+def status(request, name: str):
+    """The live part of the deployment page (state, SLO, replicas), polled by the page every 2 s."""
+    try:
+        dep = services.get_deployment(name)
+    except NotFound:
+        if request.htmx:
+            return render(request, "deployments/_gone.html", {"name": name}, status=STOP_POLLING)
+        raise Http404(f"no deployment named {name!r}") from None
+    return render_partial_or_full(request, STATUS, _context(dep))
+
+
+@login_required_htmx
+@require_POST
+def update_policy(request, name: str):
+    """Save the policy form. htmx: the card again, with the outcome inside it (and the status refreshed
+    out of band); without JavaScript: back to the page with the outcome as a message."""
+    dep = _deployment(name)
+    before = stored_policy(dep)
+    try:
+        dep = services.update_deployment(name, parse_policy_form(request.POST))
+    except DomainError as e:
+        error, saved = str(e), None
+    else:
+        changes = describe_changes(before, dep)
+        error = None
+        saved = ("Saved: " + "; ".join(changes) + ". The scheduler acts on it at its next pass."
+                 if changes else "Nothing changed.")
+    if request.htmx:
+        context = _context(dep, error=error, saved=saved,
+                           values=submitted_values(request.POST) if error else None)
+        response = render(request, POLICY, context | {"oob": True})
+        patch_vary_headers(response, ("HX-Request",))
+        return response
+    if error:
+        messages.error(request, f"Policy not saved: {error}. Nothing was changed.")
+    else:
+        messages.success(request, saved)
+    return redirect(reverse("deployment", args=[name]) + "#policy")
 
 
 @login_required

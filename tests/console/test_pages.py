@@ -85,7 +85,7 @@ def test_deploy_with_settings_stores_them_and_the_page_shows_the_estimate(user_c
     assert (dep.replicas, dep.dtype, dep.batch, dep.seq) == (2, "float16", 4, 64)
     html = r.content.decode()
     assert "serving float16, batch 4, seq 64" in html and "Memory estimate per replica" in html
-    assert "2 replica(s)" in html
+    assert '<span class="stat-value">2 <span class="target">fixed</span></span>' in html
 
 
 def test_deploy_with_a_bad_setting_says_why_and_stores_nothing(user_client, store):

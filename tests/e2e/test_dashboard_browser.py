@@ -52,3 +52,56 @@ async def test_the_dashboard_follows_a_deployment_live(stack, tmp_path):
             assert await page.evaluate("window.__noReload === true"), "the page reloaded instead of updating live"
         finally:
             await browser.close()
+
+
+async def test_the_policy_form_changes_priority_and_slo_in_place(stack):
+    """A deployment with no replicas (nothing to load, so this stays quick): change its policy through the
+    card, see the outcome in it without a page load, the status follow, a refusal name the field, and the
+    stored values after a reload."""
+    with stack.api() as api:
+        path = str(stack.data_dir / "models" / "tiny-llama")
+        model = api.post("/models", json={"name": "policy-model", "path": path})
+        assert model.status_code in (201, 409), model.text
+        created = api.post("/deployments", json={"name": "policy-demo", "model": "policy-model", "replicas": 0})
+        assert created.status_code == 201, created.text
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        page = await browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_default_timeout(20_000)
+        try:
+            await page.goto(stack.url + "deployments/policy-demo/")
+            await page.fill("input[name=username]", "admin")
+            await page.fill("input[name=password]", ADMIN_PASSWORD)
+            await page.click("button[type=submit]")
+            await expect(page.locator("h1")).to_have_text("policy-demo")
+            await page.evaluate("window.__noReload = true")
+            card = page.locator("#policy")
+            await card.locator("select[name=priority]").select_option("critical")
+            await card.locator("input[name=slo_latency_ms]").fill("150")
+            await card.locator("button[type=submit]").click()
+            await expect(card.locator(".msg-success")).to_contain_text("priority standard → critical")
+            await expect(card.locator(".msg-success")).to_contain_text("p95 target none → 150 ms")
+            status = page.locator("#deployment-status")
+            await expect(status.locator('[data-stat="priority"] .tag')).to_have_text("critical")
+            await expect(status.locator('[data-stat="latency"] .badge')).to_have_text("no traffic yet")
+            assert await page.evaluate("window.__noReload === true"), "the form reloaded the page"
+
+            await card.locator("input[name=min_replicas]").fill("3")
+            await card.locator("input[name=max_replicas]").fill("1")
+            await card.locator("button[type=submit]").click()
+            await expect(card.locator(".msg-error")).to_contain_text("min_replicas 3 is above max_replicas 1")
+            await expect(card.locator("input[name=min_replicas]")).to_have_attribute("aria-invalid", "true")
+
+            with stack.api() as api:  # a change from elsewhere reaches the page through its 2 s poll
+                assert api.patch("/deployments/policy-demo", json={"priority": "high"}).status_code == 200
+            await expect(status.locator('[data-stat="priority"] .tag')).to_have_text("high", timeout=10_000)
+
+            await page.reload()
+            await expect(page.locator("#policy select[name=priority]")).to_have_value("high")
+            await expect(page.locator("#policy input[name=slo_latency_ms]")).to_have_value("150")
+            await expect(page.locator("#policy input[name=min_replicas]")).to_have_value("0")
+        finally:
+            await browser.close()
+            with stack.api() as api:
+                api.delete("/deployments/policy-demo")
+                api.delete("/models/policy-model")

@@ -83,7 +83,7 @@ def test_an_adapter_registered_through_the_api_is_served_by_name(stack, tiny_lla
         unknown = agent.post("/v1/completions", json={"model": "parrot", "prompt": "x", "max_tokens": 1})
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
     # The console hears how the adapter was used, tier and requests included.
-    stats = wait_for(lambda: [a for a in replica(api, "base").get("adapters", []) if a["requests"]], timeout=30,
+    stats = wait_for(lambda: [a for a in replica(api, "base").get("adapter_stats", []) if a["requests"]], timeout=30,
                      what="adapter stats in the console")
     assert stats[0]["name"] == "pirate" and stats[0]["tier"] == "gpu"
     assert api.delete("/deployments/base").status_code == 204

@@ -1,0 +1,134 @@
+"""The deployment page's "Policy and SLO" form: its text fields to the policy changes
+services.update_deployment() takes, and stored policy back to text. Parsing errors are Invalid and name
+the field the way the service's own refusals do, so the page can point at the input."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from console.deployments.models import Deployment
+from console.errors import Invalid
+
+# The form's fields, in the order of the form (all of services.POLICY_FIELDS but `replicas`, which is
+# the scheduler's to move within [min, max]).
+FIELDS = ("priority", "min_replicas", "max_replicas", "gpus_per_replica", "slo_latency_ms", "latency_critical",
+          "profile", "selector", "max_batch_size", "max_batch_delay_ms")
+
+
+def format_selector(selector: Mapping[str, str] | None) -> str:
+    """{"gpu": "h100", "zone": "a"} -> "gpu=h100, zone=a"."""
+    return ", ".join(f"{k}={v}" for k, v in (selector or {}).items())
+
+
+def parse_selector(text: str) -> dict[str, str]:
+    """"gpu=h100, zone=a" -> {"gpu": "h100", "zone": "a"}; empty text is no selector."""
+    out: dict[str, str] = {}
+    for part in (p.strip() for p in text.replace("\n", ",").split(",")):
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or not key or not value:
+            raise Invalid(f"selector: {part!r} is not key=value; write labels as gpu=h100, zone=a")
+        if key in out and out[key] != value:
+            raise Invalid(f"selector: label {key!r} is given twice ({out[key]!r} and {value!r})")
+        out[key] = value
+    return out
+
+
+def _whole(form: Mapping[str, str], field: str) -> int | None:
+    text = (form.get(field) or "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise Invalid(f"{field} must be a whole number, got {text!r}") from None
+
+
+def parse_policy_form(form: Mapping[str, str]) -> dict[str, Any]:
+    """The changes a submitted form asks for. An empty p95 target removes the SLO; an unchecked
+    latency_critical box is False; other empty numbers are left out (unchanged)."""
+    changes: dict[str, Any] = {}
+    for field in ("min_replicas", "max_replicas", "gpus_per_replica", "max_batch_size"):
+        value = _whole(form, field)
+        if value is not None:
+            changes[field] = value
+    changes["slo_latency_ms"] = _whole(form, "slo_latency_ms")
+    delay = (form.get("max_batch_delay_ms") or "").strip()
+    if delay:
+        try:
+            changes["max_batch_delay_ms"] = float(delay)
+        except ValueError:
+            raise Invalid(f"max_batch_delay_ms must be a number of milliseconds, got {delay!r}") from None
+    if form.get("priority"):
+        changes["priority"] = form["priority"]
+    changes["profile"] = form.get("profile", "")
+    changes["latency_critical"] = form.get("latency_critical") in ("on", "true", "1")
+    changes["selector"] = parse_selector(form.get("selector", ""))
+    return changes
+
+
+def policy_values(dep: Deployment) -> dict[str, Any]:
+    """The stored policy as the form shows it."""
+    return {
+        "priority": dep.priority,
+        "min_replicas": dep.min_replicas,
+        "max_replicas": dep.max_replicas,
+        "gpus_per_replica": dep.gpus_per_replica,
+        "slo_latency_ms": dep.slo_latency_ms or "",
+        "latency_critical": dep.latency_critical,
+        "profile": dep.profile,
+        "selector": format_selector(dep.selector),
+        "max_batch_size": dep.max_batch_size,
+        "max_batch_delay_ms": f"{dep.max_batch_delay_ms:g}",
+    }
+
+
+def submitted_values(form: Mapping[str, str]) -> dict[str, Any]:
+    """What the person typed, to show again beside a refusal."""
+    values: dict[str, Any] = {f: form.get(f, "") for f in FIELDS}
+    values["latency_critical"] = form.get("latency_critical") in ("on", "true", "1")
+    return values
+
+
+def field_named(message: str) -> str | None:
+    """The form field a refusal is about: the first field name the message mentions."""
+    hits = [(message.find(f), f) for f in FIELDS if f in message]
+    return min(hits)[1] if hits else None
+
+
+_LABELS = {"priority": "priority", "min_replicas": "min replicas", "max_replicas": "max replicas",
+           "gpus_per_replica": "GPUs per replica", "slo_latency_ms": "p95 target",
+           "latency_critical": "latency-critical", "profile": "profile", "selector": "selector",
+           "max_batch_size": "max batch size", "max_batch_delay_ms": "max batch delay"}
+
+
+def _shown(field: str, value: Any) -> str:
+    if value in (None, "", {}):
+        return "none"
+    if field == "selector":
+        return format_selector(value)
+    if field == "slo_latency_ms":
+        return f"{value} ms"
+    if field == "max_batch_delay_ms":
+        return f"{value:g} ms"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def describe_changes(before: dict[str, Any], after: Deployment) -> list[str]:
+    """What a save changed, for the success message: ["priority standard → critical", ...]."""
+    out = []
+    for field in FIELDS:
+        old, new = before[field], getattr(after, field)
+        if old != new:
+            out.append(f"{_LABELS[field]} {_shown(field, old)} → {_shown(field, new)}")
+    return out
+
+
+def stored_policy(dep: Deployment) -> dict[str, Any]:
+    """The policy fields as stored, to compare before and after a save."""
+    return {f: getattr(dep, f) for f in FIELDS}

@@ -1,0 +1,94 @@
+"""The dashboard: GPU segments by replica state, host labels and sleep room, the deployments table, and
+the note on what decides placement."""
+
+import re
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from console.fleet.views import grid_context
+from tests.console.fleet_scene import scene
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def user_client(client):
+    get_user_model().objects.create_user("ann", password="a-long-password")
+    client.login(username="ann", password="a-long-password")
+    return client
+
+
+@pytest.fixture
+def html(user_client, model_dir):
+    scene(str(model_dir))
+    return user_client.get("/").content.decode()
+
+
+def element(html: str, start: str, end: str) -> str:
+    i = html.index(start)
+    return re.sub(r"\s+", " ", html[i:html.index(end, i) + len(end)])
+
+
+def test_segments_are_coloured_by_state_and_a_loading_one_shows_its_progress(html):
+    seg = re.search(r'<div class="seg state-loading"[^>]*data-replica="chat#2".*?</span>', html, re.S).group(0)
+    assert '<div class="load" style="width: 42%"></div>' in seg
+    assert 'class="seg state-preloaded"' in html and 'class="seg state-sleeping"' in html
+    assert '<span class="pill state-loading">loading 42%</span>' in html
+
+
+def test_a_segment_too_narrow_for_its_name_leaves_it_to_the_tooltip_and_legend(html):
+    wide = re.search(r'data-replica="chat#0".*?</div>\s*(.*?)\s*</div>', html, re.S).group(1)
+    narrow = re.search(r'data-replica="summarize#0".*?</div>\s*(.*?)\s*</div>', html, re.S).group(1)
+    assert wide == "<span>chat</span>" and narrow == ""
+    assert 'summarize#0</a>' in html
+
+
+def test_a_segment_tooltip_has_the_mps_share_and_the_schedulers_reason(html):
+    seg = re.search(r'data-replica="chat#0" data-action="keep" title="([^"]*)"', html).group(1)
+    assert seg.startswith("chat#0 · ready · reserved 20.00 GiB · measured 18.40 GiB · MPS 72% of SMs")
+    assert "keep: kept on gpu-a/0: it still fits" in seg
+    waking = re.search(r'data-replica="summarize#0" data-action="wake" title="([^"]*)"', html).group(1)
+    assert waking.startswith("summarize#0 · sleeping → ready")
+
+
+def test_each_host_lists_its_labels_its_sleep_room_and_what_sleeps_there(html):
+    host_a = element(html, '<article class="host card" data-host="gpu-a">', "</article>")
+    assert '<h2>gpu-a</h2>' in host_a and ">zone=eu-1</span>" in host_a and ">gpu=h100</span>" in host_a
+    assert "Host RAM for sleeping replicas:</span> <strong>41.00 GiB</strong> free" in host_a
+    assert 'data-asleep="nightly-batch#0">nightly-batch#0 8.00 GiB</a>' in host_a
+    host_b = element(html, '<article class="host card" data-host="gpu-b">', "</article>")
+    assert ">gpu=a100</span>" in host_b and "summarize#0 86.7 MiB (waking)" in host_b
+
+
+def test_a_host_without_sleepers_or_sleep_figures_says_so(user_client, host):
+    page = user_client.get("/").content.decode()
+    assert "not reported" in page and "nothing asleep" in page and "gpu=sim" in page
+
+
+def test_the_deployments_table_shows_priority_replica_range_and_slo(html):
+    chat = element(html, '<tr data-deployment="chat">', "</tr>")
+    assert 'class="tag prio-critical">critical' in chat and "latency-critical" in chat
+    assert '3 <span class="muted">of 1–4</span>' in chat and "2 ready · 1 loading" in chat
+    assert 'data-slo="violating">violating' in chat and "340 ms / 200 ms" in chat and "48.2 req/s" in chat
+    assert chat.count('class="pill') == 1  # the state is the row's only pill (tests and scripts look for it)
+    embed = element(html, '<tr data-deployment="embed">', "</tr>")
+    assert '2 <span class="muted">fixed</span>' in embed and 'data-slo="ok">within SLO' in embed
+    big = element(html, '<tr data-deployment="big">', "</tr>")
+    assert 'data-slo="none">no SLO' in big and "needs 92.00 GiB" in big and "unschedulable" in big
+
+
+def test_the_scheduler_note_names_the_strategy_in_use(user_client, settings):
+    settings.MODELGRID_STRATEGY = "latency-sensitive"
+    page = user_client.get("/").content.decode()
+    note = element(page, '<details class="scheduler-note"', "</details>")
+    assert "<strong data-strategy>latency-sensitive</strong>" in note and "GPU of their own" in note
+    assert "docs/placement.md" in note and 'href="/api/v1/docs"' in note
+
+
+def test_the_websocket_render_has_the_same_grid(model_dir):
+    from django.template.loader import render_to_string
+
+    scene(str(model_dir))
+    live = render_to_string("fleet/_live.html", grid_context())
+    assert 'id="fleet-grid"' in live and 'id="deployment-table"' in live and "nightly-batch#0 8.00 GiB" in live

@@ -1,0 +1,234 @@
+"""The deployment page: live status fragment, replica table, adapters, and the Policy and SLO form
+(htmx and without JavaScript)."""
+
+import re
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from console.deployments.models import Deployment
+from tests.console.fleet_scene import scene
+
+pytestmark = pytest.mark.django_db
+HTMX = {"HTTP_HX_REQUEST": "true"}
+
+
+@pytest.fixture
+def user_client(client):
+    get_user_model().objects.create_user("ann", password="a-long-password")
+    client.login(username="ann", password="a-long-password")
+    return client
+
+
+@pytest.fixture
+def fleet(model_dir):
+    return scene(str(model_dir))
+
+
+def policy_form(dep: Deployment, **changes) -> dict:
+    """The form as the page fills it for `dep`, with `changes` typed over it."""
+    form = {"priority": dep.priority, "min_replicas": dep.min_replicas, "max_replicas": dep.max_replicas,
+            "gpus_per_replica": dep.gpus_per_replica, "slo_latency_ms": dep.slo_latency_ms or "",
+            "profile": dep.profile, "selector": ", ".join(f"{k}={v}" for k, v in dep.selector.items()),
+            "max_batch_size": dep.max_batch_size, "max_batch_delay_ms": dep.max_batch_delay_ms}
+    if dep.latency_critical:
+        form["latency_critical"] = "on"
+    return {k: v for k, v in (form | changes).items() if v is not None}
+
+
+def row(html: str, index: int) -> str:
+    match = re.search(rf'<tr data-replica="{index}".*?</tr>', html, re.S)
+    assert match, f"no row for replica {index}"
+    return re.sub(r"\s+", " ", match.group(0))
+
+
+def stat(html: str, name: str) -> str:
+    match = re.search(rf'<div class="stat" data-stat="{name}">(.*?)</div>', html, re.S)
+    assert match, f"no stat {name}"
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", match.group(1))).strip()
+
+
+def test_the_page_needs_a_login_and_an_existing_deployment(user_client, fleet):
+    anonymous = Client()
+    for url in ("/deployments/chat/", "/deployments/chat/status/"):
+        assert anonymous.get(url).status_code == 302
+    assert anonymous.post("/deployments/chat/policy/", {"priority": "batch"}).status_code == 302
+    assert Deployment.objects.get(name="chat").priority == "critical"
+    assert user_client.get("/deployments/ghost/").status_code == 404
+
+
+def test_a_poll_after_signing_out_sends_the_browser_to_the_login_page(fleet):
+    r = Client().get("/deployments/chat/status/", HTTP_HX_REQUEST="true",
+                     HTTP_HX_CURRENT_URL="http://testserver/deployments/chat/")
+    assert r.status_code == 200 and r["HX-Redirect"] == "/accounts/login/?next=%2Fdeployments%2Fchat%2F"
+    assert r.content == b""
+
+
+def test_the_page_polls_its_status_fragment_but_not_the_form(user_client, fleet):
+    html = user_client.get("/deployments/chat/").content.decode()
+    status = html.index('id="deployment-status"')
+    assert 'hx-get="/deployments/chat/status/" hx-trigger="every 2s"' in html[status - 200:status + 200]
+    policy = html.index('id="policy"')
+    assert html.count('hx-trigger="every 2s"') == 1 and policy > html.index('id="replicas"')
+    assert 'hx-post="/deployments/chat/policy/"' in html and 'hx-target="closest .card"' in html
+
+
+def test_the_status_fragment_is_only_the_status_for_htmx_and_the_page_otherwise(user_client, fleet):
+    fragment = user_client.get("/deployments/chat/status/", **HTMX)
+    html = fragment.content.decode()
+    assert fragment.status_code == 200 and "HX-Request" in fragment["Vary"]
+    assert html.startswith('<section id="deployment-status"') and "<html" not in html and 'id="policy"' not in html
+    full = user_client.get("/deployments/chat/status/").content.decode()
+    assert "<html" in full and 'id="policy"' in full
+
+
+def test_polling_stops_once_the_deployment_is_deleted(user_client, fleet):
+    Deployment.objects.filter(name="chat").delete()
+    r = user_client.get("/deployments/chat/status/", **HTMX)
+    assert r.status_code == 286 and "was deleted" in r.content.decode()
+    assert user_client.get("/deployments/chat/status/").status_code == 404
+
+
+def test_the_status_shows_traffic_slo_and_the_replica_range(user_client, fleet):
+    html = user_client.get("/deployments/chat/status/", **HTMX).content.decode()
+    assert stat(html, "traffic") == "Traffic 48.2 req/s summed over hosts"
+    latency = stat(html, "latency")
+    assert re.fullmatch(r"p95 latency / target 340 ms / 200 ms violating since \d\d:\d\d for 3 min", latency)
+    assert stat(html, "replicas") == "Replicas 3 of 1–4 scaled up 3 min ago"
+    assert stat(html, "priority") == "Priority critical latency-critical · compute-bound"
+    assert stat(html, "state").endswith("2 ready · 1 loading")
+
+    html = user_client.get("/deployments/embed/status/", **HTMX).content.decode()
+    assert stat(html, "latency").startswith("p95 latency / target 21 ms / 50 ms within SLO since 41 min ago")
+    assert stat(html, "replicas") == "Replicas 2 fixed a fixed count: min = max"
+    html = user_client.get("/deployments/nightly-batch/status/", **HTMX).content.decode()
+    assert stat(html, "latency") == "p95 latency – no SLO"
+
+
+def test_each_replica_shows_its_state_progress_decision_and_memory(user_client, fleet):
+    html = user_client.get("/deployments/chat/status/", **HTMX).content.decode()
+    ready, loading = row(html, 0), row(html, 2)
+    assert 'class="pill state-ready">ready' in ready and "MPS 72%" in ready and "pid 4121" in ready
+    assert 'class="tag action action-keep"' in ready and "kept on gpu-a/0: it still fits" in ready
+    assert "estimated 20.00 GiB" in ready and "calibrated from 6 loads" in ready and "measured 18.40 GiB" in ready
+    assert 'aria-valuenow="42"' in loading and "42% · 7.50 GiB of 17.80 GiB" in loading
+    assert "→" not in loading  # loading toward ready goes without saying
+    assert "added for the SLO" in loading and 'action-place' in loading
+
+    waking = row(user_client.get("/deployments/summarize/status/", **HTMX).content.decode(), 0)
+    assert 'state-sleeping">sleeping</span> <span class="toward" title="the scheduler wants it ready">→ ready' in waking
+    assert "holds 86.7 MiB of host RAM while asleep" in waking and "slept 86.7 MiB in 33 ms (2.55 GiB/s)" in waking
+
+    asleep = row(user_client.get("/deployments/nightly-batch/status/", **HTMX).content.decode(), 0)
+    assert "<strong>gpu-a</strong>" in asleep and "host RAM" in asleep and "action-preempt" in asleep
+    assert "preempted by chat#2" in asleep and "slept 8.00 GiB in 2.90 s" in asleep
+    assert "nothing reserved on a GPU</span>, measured 8.20 GiB</div>" in asleep  # no error without an estimate
+
+    preloaded = row(user_client.get("/deployments/embed/status/", **HTMX).content.decode(), 1)
+    assert 'state-preloaded">preloaded' in preloaded and "→ ready" in preloaded
+    assert "woke 5.10 GiB in 410 ms" in preloaded
+
+    refused = row(user_client.get("/deployments/big/status/", **HTMX).content.decode(), 0)
+    assert "not placed" in refused and "action-refuse" in refused and "needs 92.00 GiB" in refused
+
+
+def test_the_adapters_card_sums_requests_over_replicas_and_shows_tiers_and_refusals(user_client, model_dir):
+    scene(str(model_dir), adapter_error="adapter 'legal' has rank 64, above the pool's largest slot (rank 32)")
+    html = user_client.get("/deployments/chat/").content.decode()
+    sql = re.sub(r"\s+", " ", re.search(r'<tr data-adapter="sql">.*?</tr>', html, re.S).group(0))
+    assert "#0 gpu" in sql and "#1 gpu" in sql and "<td class=\"num\" data-requests>2100</td>" in sql
+    assert "140 / 5" in sql and "(97% hits)" in sql and "pinned" in sql
+    support = re.sub(r"\s+", " ", re.search(r'<tr data-adapter="support">.*?</tr>', html, re.S).group(0))
+    assert "#0 cpu" in support and "data-requests>40<" in support
+    assert "Replica 1 refused an adapter: adapter &#x27;legal&#x27; has rank 64" in html
+
+
+def test_the_policy_form_shows_the_stored_policy(user_client, fleet):
+    Deployment.objects.filter(name="chat").update(selector={"gpu": "h100", "zone": "eu-1"})
+    html = user_client.get("/deployments/chat/").content.decode()
+    assert '<option value="critical" selected>' in html
+    assert 'name="slo_latency_ms" type="number" min="1" class="num" placeholder="none" value="200"' in html
+    assert 'value="gpu=h100, zone=eu-1"' in html and 'name="latency_critical" checked' in html
+    assert '<option value="compute" selected>' in html
+
+
+def test_an_htmx_policy_change_is_stored_and_the_card_says_what_changed(user_client, fleet):
+    dep = fleet["embed"]
+    r = user_client.post("/deployments/embed/policy/", policy_form(
+        dep, priority="critical", slo_latency_ms="120", min_replicas="1", max_replicas="3",
+        selector="gpu=h100 , zone = eu-1", max_batch_delay_ms="2.5"), **HTMX)
+    html = r.content.decode()
+    assert r.status_code == 200 and "<html" not in html and html.startswith('<section class="card policy" id="policy">')
+    dep.refresh_from_db()
+    assert (dep.priority, dep.slo_latency_ms, dep.min_replicas, dep.max_replicas) == ("critical", 120, 1, 3)
+    assert dep.selector == {"gpu": "h100", "zone": "eu-1"} and dep.max_batch_delay_ms == 2.5
+    assert 'class="msg-success"' in html
+    assert "priority standard → critical" in html and "p95 target 50 ms → 120 ms" in html
+    assert "selector none → gpu=h100, zone=eu-1" in html and "max batch delay 5 ms → 2.5 ms" in html
+    assert 'value="120"' in html and '<option value="critical" selected>' in html
+    # The status is refreshed out of band with the new target and priority.
+    oob = html[html.index('<section id="deployment-status"'):]
+    assert 'hx-swap-oob="true"' in oob[:400] and "/ 120 ms</span>" in oob and "prio-critical" in oob
+
+
+def test_saving_an_unchanged_form_says_so(user_client, fleet):
+    r = user_client.post("/deployments/chat/policy/", policy_form(fleet["chat"]), **HTMX)
+    assert "Nothing changed." in r.content.decode()
+
+
+def test_unchecking_latency_critical_and_emptying_the_target_removes_them(user_client, fleet):
+    form = policy_form(fleet["chat"], slo_latency_ms="")
+    del form["latency_critical"]
+    user_client.post("/deployments/chat/policy/", form, **HTMX)
+    dep = Deployment.objects.get(name="chat")
+    assert dep.slo_latency_ms is None and dep.latency_critical is False
+
+
+@pytest.mark.parametrize("changes, field, message", [
+    ({"min_replicas": "5", "max_replicas": "2"}, "min_replicas", "min_replicas 5 is above max_replicas 2"),
+    ({"selector": "gpu h100"}, "selector", "selector: &#x27;gpu h100&#x27; is not key=value"),
+    ({"selector": "gpu=h100, gpu=a100"}, "selector", "label &#x27;gpu&#x27; is given twice"),
+    ({"priority": "urgent"}, "priority", "priority &#x27;urgent&#x27; is not one of"),
+    ({"slo_latency_ms": "fast"}, "slo_latency_ms", "slo_latency_ms must be a whole number"),
+    ({"max_batch_delay_ms": "20000"}, "max_batch_delay_ms", "max_batch_delay_ms must be a number of milliseconds"),
+    ({"gpus_per_replica": "0"}, "gpus_per_replica", "gpus_per_replica must be a whole number between 1 and 16"),
+])
+def test_a_refused_policy_change_names_the_field_and_stores_nothing(user_client, fleet, changes, field, message):
+    before = Deployment.objects.values().get(name="chat")
+    r = user_client.post("/deployments/chat/policy/", policy_form(fleet["chat"], **{"priority": "batch"} | changes),
+                         **HTMX)
+    html = r.content.decode()
+    assert r.status_code == 200 and 'class="msg-error" role="alert"' in html
+    assert message in html and "Nothing was changed." in html
+    assert Deployment.objects.values().get(name="chat") == before
+    # The input at fault is marked and what was typed is still there.
+    assert re.search(rf'name="{field}"[^>]*aria-invalid="true"', html)
+    assert html.count('aria-invalid="true"') == 1
+    if field == "selector":
+        assert f'value="{changes["selector"]}"' in html
+    if field != "priority":
+        assert '<option value="batch" selected>' in html  # what was typed, not what is stored (critical)
+
+
+def test_without_javascript_a_change_redirects_back_with_a_message(user_client, fleet):
+    r = user_client.post("/deployments/embed/policy/", policy_form(fleet["embed"], priority="high"))
+    assert r.status_code == 302 and r["Location"] == "/deployments/embed/#policy"
+    html = user_client.get(r["Location"]).content.decode()
+    assert 'class="msg-success">Saved: priority standard → high.' in html
+    assert Deployment.objects.get(name="embed").priority == "high"
+
+
+def test_without_javascript_a_refusal_redirects_back_with_the_reason(user_client, fleet):
+    before = Deployment.objects.values().get(name="embed")
+    r = user_client.post("/deployments/embed/policy/", policy_form(fleet["embed"], priority="high",
+                                                                     max_batch_size="0"), follow=True)
+    assert r.redirect_chain == [("/deployments/embed/#policy", 302)]
+    html = r.content.decode()
+    assert 'class="msg-error">Policy not saved: max_batch_size must be a whole number between 1 and 1024' in html
+    assert Deployment.objects.values().get(name="embed") == before
+
+
+def test_the_policy_view_takes_only_posts(user_client, fleet):
+    assert user_client.get("/deployments/chat/policy/").status_code == 405
+    assert user_client.post("/deployments/ghost/policy/", {}).status_code == 404

@@ -1,0 +1,78 @@
+"""The Policy and SLO form's text to policy changes and back (pure helpers, no database)."""
+
+import pytest
+
+from console.deployments.policy_form import (
+    field_named,
+    format_selector,
+    parse_policy_form,
+    parse_selector,
+)
+from console.errors import Invalid
+
+
+@pytest.mark.parametrize("text, selector", [
+    ("", {}),
+    ("  ", {}),
+    ("gpu=h100", {"gpu": "h100"}),
+    ("gpu = h100 ,zone=eu-1,", {"gpu": "h100", "zone": "eu-1"}),
+    ("gpu=h100\nzone=eu-1", {"gpu": "h100", "zone": "eu-1"}),
+    ("gpu=h100, gpu=h100", {"gpu": "h100"}),
+    ("tier=a=b", {"tier": "a=b"}),
+])
+def test_it_reads_a_selector(text, selector):
+    assert parse_selector(text) == selector
+
+
+@pytest.mark.parametrize("text, message", [
+    ("gpu", "selector: 'gpu' is not key=value"),
+    ("=h100", "selector: '=h100' is not key=value"),
+    ("gpu=", "selector: 'gpu=' is not key=value"),
+    ("gpu=h100, gpu=a100", "selector: label 'gpu' is given twice ('h100' and 'a100')"),
+])
+def test_it_refuses_a_selector_it_cannot_read_and_says_how_to_write_one(text, message):
+    with pytest.raises(Invalid, match="selector") as e:
+        parse_selector(text)
+    assert str(e.value).startswith(message)
+
+
+def test_a_selector_reads_back_as_it_is_written():
+    assert format_selector({"gpu": "h100", "zone": "eu-1"}) == "gpu=h100, zone=eu-1"
+    assert parse_selector(format_selector({"gpu": "h100", "zone": "eu-1"})) == {"gpu": "h100", "zone": "eu-1"}
+    assert format_selector({}) == format_selector(None) == ""
+
+
+def test_it_turns_the_form_into_policy_changes():
+    changes = parse_policy_form({"priority": "high", "min_replicas": "1", "max_replicas": " 3 ",
+                                 "gpus_per_replica": "2", "slo_latency_ms": "250", "latency_critical": "on",
+                                 "profile": "memory",
+                                 "selector": "gpu=a100", "max_batch_size": "16", "max_batch_delay_ms": "2.5"})
+    assert changes == {"priority": "high", "min_replicas": 1, "max_replicas": 3, "gpus_per_replica": 2,
+                       "slo_latency_ms": 250, "latency_critical": True, "profile": "memory",
+                       "selector": {"gpu": "a100"}, "max_batch_size": 16, "max_batch_delay_ms": 2.5}
+
+
+def test_empty_fields_clear_the_slo_and_the_flags_and_leave_counts_alone():
+    changes = parse_policy_form({"slo_latency_ms": "", "min_replicas": "", "selector": ""})
+    assert changes == {"slo_latency_ms": None, "latency_critical": False, "profile": "", "selector": {}}
+
+
+@pytest.mark.parametrize("form, message", [
+    ({"min_replicas": "two"}, "min_replicas must be a whole number, got 'two'"),
+    ({"max_batch_size": "1.5"}, "max_batch_size must be a whole number, got '1.5'"),
+    ({"max_batch_delay_ms": "soon"}, "max_batch_delay_ms must be a number of milliseconds, got 'soon'"),
+])
+def test_it_refuses_numbers_it_cannot_read_naming_the_field(form, message):
+    with pytest.raises(Invalid) as e:
+        parse_policy_form(form)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("message, field", [
+    ("min_replicas 5 is above max_replicas 2", "min_replicas"),
+    ("selector label 'x': names and values are 1-63 characters", "selector"),
+    ("latency_critical must be true or false, got 'x'", "latency_critical"),
+    ("something else went wrong", None),
+])
+def test_it_finds_the_field_a_refusal_is_about(message, field):
+    assert field_named(message) == field
