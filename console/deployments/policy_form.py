@@ -13,7 +13,7 @@ from console.errors import Invalid
 # The form's fields, in the order of the form (all of services.POLICY_FIELDS but `replicas`, which is
 # the scheduler's to move within [min, max]).
 FIELDS = ("priority", "min_replicas", "max_replicas", "gpus_per_replica", "slo_latency_ms", "latency_critical",
-          "profile", "selector", "max_batch_size", "max_batch_delay_ms")
+          "profile", "selector", "max_batch_size", "max_batch_delay_ms", "standby")
 
 
 def format_selector(selector: Mapping[str, str] | None) -> str:
@@ -66,6 +66,7 @@ def parse_policy_form(form: Mapping[str, str]) -> dict[str, Any]:
         changes["priority"] = form["priority"]
     changes["profile"] = form.get("profile", "")
     changes["latency_critical"] = form.get("latency_critical") in ("on", "true", "1")
+    changes["standby"] = form.get("standby") in ("on", "true", "1")
     changes["selector"] = parse_selector(form.get("selector", ""))
     return changes
 
@@ -83,6 +84,7 @@ def policy_values(dep: Deployment) -> dict[str, Any]:
         "selector": format_selector(dep.selector),
         "max_batch_size": dep.max_batch_size,
         "max_batch_delay_ms": f"{dep.max_batch_delay_ms:g}",
+        "standby": dep.standby,
     }
 
 
@@ -90,6 +92,7 @@ def submitted_values(form: Mapping[str, str]) -> dict[str, Any]:
     """What the person typed, to show again beside a refusal."""
     values: dict[str, Any] = {f: form.get(f, "") for f in FIELDS}
     values["latency_critical"] = form.get("latency_critical") in ("on", "true", "1")
+    values["standby"] = form.get("standby") in ("on", "true", "1")
     return values
 
 
@@ -102,7 +105,7 @@ def field_named(message: str) -> str | None:
 _LABELS = {"priority": "priority", "min_replicas": "min replicas", "max_replicas": "max replicas",
            "gpus_per_replica": "GPUs per replica", "slo_latency_ms": "p95 target",
            "latency_critical": "latency-critical", "profile": "profile", "selector": "selector",
-           "max_batch_size": "max batch size", "max_batch_delay_ms": "max batch delay"}
+           "max_batch_size": "max batch size", "max_batch_delay_ms": "max batch delay", "standby": "standby"}
 
 
 def _shown(field: str, value: Any) -> str:

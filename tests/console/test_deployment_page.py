@@ -34,6 +34,8 @@ def policy_form(dep: Deployment, **changes) -> dict:
             "max_batch_size": dep.max_batch_size, "max_batch_delay_ms": dep.max_batch_delay_ms}
     if dep.latency_critical:
         form["latency_critical"] = "on"
+    if dep.standby:
+        form["standby"] = "on"
     return {k: v for k, v in (form | changes).items() if v is not None}
 
 
@@ -232,3 +234,10 @@ def test_without_javascript_a_refusal_redirects_back_with_the_reason(user_client
 def test_the_policy_view_takes_only_posts(user_client, fleet):
     assert user_client.get("/deployments/chat/policy/").status_code == 405
     assert user_client.post("/deployments/ghost/policy/", {}).status_code == 404
+
+
+def test_the_policy_form_stages_a_deployment_on_standby(user_client, fleet):
+    dep = Deployment.objects.get(name="chat")
+    r = user_client.post(f"/deployments/{dep.name}/policy/", policy_form(dep, standby="on"), HTTP_HX_REQUEST="true")
+    assert r.status_code == 200 and "standby" in r.content.decode()
+    assert Deployment.objects.get(name="chat").standby is True
