@@ -1,6 +1,8 @@
-"""Fixtures shared by the console's database tests: a connected host with simulated GPUs, a model."""
+"""Fixtures shared by the console's database tests: a connected host with simulated GPUs, a model, and a
+signed-in browser client."""
 
 import pytest
+from django.contrib.auth import get_user_model
 
 from console.catalog.services import register_model
 from console.fleet.models import Gpu, Host
@@ -19,3 +21,10 @@ def host(db):
 @pytest.fixture
 def model(db, model_dir):
     return register_model("tiny", str(model_dir))
+
+
+@pytest.fixture
+def user_client(client):
+    get_user_model().objects.create_user("ann", password="a-long-password")
+    client.login(username="ann", password="a-long-password")
+    return client

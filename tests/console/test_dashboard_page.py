@@ -4,19 +4,11 @@ the note on what decides placement."""
 import re
 
 import pytest
-from django.contrib.auth import get_user_model
 
 from console.fleet.views import grid_context
 from tests.console.fleet_scene import scene
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def user_client(client):
-    get_user_model().objects.create_user("ann", password="a-long-password")
-    client.login(username="ann", password="a-long-password")
-    return client
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@
 import re
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.test import Client
 
 from console.deployments.models import Deployment
@@ -12,13 +11,6 @@ from tests.console.fleet_scene import scene
 
 pytestmark = pytest.mark.django_db
 HTMX = {"HTTP_HX_REQUEST": "true"}
-
-
-@pytest.fixture
-def user_client(client):
-    get_user_model().objects.create_user("ann", password="a-long-password")
-    client.login(username="ann", password="a-long-password")
-    return client
 
 
 @pytest.fixture

@@ -1,18 +1,10 @@
 import pytest
-from django.contrib.auth import get_user_model
 
 from console.catalog.models import Model
 from console.deployments.models import Deployment
 from tests.conftest import write_model_dir
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def user_client(client):
-    get_user_model().objects.create_user("ann", password="a-long-password")
-    client.login(username="ann", password="a-long-password")
-    return client
 
 
 @pytest.fixture
