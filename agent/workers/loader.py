@@ -75,8 +75,9 @@ class Throttle:
             if not due:
                 return
             self._last_bytes, self._last_time = self.loaded, now
-            loaded = self.loaded
-        self._report(min(loaded, self.total), self.total)
+            # Reported under the lock: from the pool's threads, reports must leave in the order counted
+            # or the agent sees progress go backwards.
+            self._report(min(self.loaded, self.total), self.total)
 
 
 class _CountedSlice:

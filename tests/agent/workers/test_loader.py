@@ -85,3 +85,22 @@ def test_on_the_cpu_the_weights_are_the_process_own_memory_not_a_view_of_the_fil
     mapped = file_mappings(models["llama"] / "model.safetensors")
     inside = [n for n, p in model.named_parameters() if any(a <= p.data_ptr() < b for a, b in mapped)]
     assert inside == []  # resident once ready, and independent of the file and the page cache
+
+
+def test_progress_from_many_threads_never_goes_backwards():
+    import threading
+    import time
+
+    seen = []
+
+    def report(done, total):
+        time.sleep(0)  # let another thread run between counting and reporting, if it could
+        seen.append(done)
+
+    throttle = loader.Throttle(8 * 400, report, clock=lambda: 100.0)
+    threads = [threading.Thread(target=lambda: [throttle.add(1) for _ in range(400)]) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(seen) >= 10 and seen == sorted(seen) and seen[-1] == 8 * 400
