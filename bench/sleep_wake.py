@@ -200,26 +200,39 @@ def bench_model(name: str, root: Path, device: torch.device, dtype: str, repeat:
     return result
 
 
+def cold_load_rows(results: list[dict]) -> list[dict]:
+    """Table 1, a row per model: the worker's loader against plain reads of the same files."""
+    return [{"model": r["model"], "params": f"{r['params']:,}", "weights MiB": f"{r['bytes'] / 2**20:.1f}",
+             "read cold GB/s": f"{r['read_cold'] / GB:.2f}", "read cached GB/s": f"{r['read_cached'] / GB:.2f}",
+             "load cold GB/s": f"{r['load_cold'] / GB:.2f}", "load cached GB/s": f"{r['load_cached'] / GB:.2f}",
+             "load/read cached": f"{100 * r['load_cached'] / r['read_cached']:.0f}%",
+             "resident before": f"{100 * r['resident']:.0f}%"} for r in results]
+
+
+def sleep_wake_rows(results: list[dict]) -> list[dict]:
+    """Table 2, a row per model: sleep and wake against the copy limit, and the first response after a wake."""
+    return [{"model": r["model"], "MiB": f"{r['swap_bytes'] / 2**20:.1f}", "sleep s": f"{r['sleep_s']:.4f}",
+             "sleep GB/s": f"{r['sleep_bw'] / GB:.2f}", "wake s": f"{r['wake_s']:.4f}",
+             "wake GB/s": f"{r['wake_bw'] / GB:.2f}", "limit GB/s": f"{r['limit'] / GB:.2f}",
+             "wake/limit": f"{100 * r['wake_bw'] / r['limit']:.0f}%",
+             "first response after wake ms": f"{1000 * r['first_s']:.1f}"} for r in results]
+
+
+def markdown(rows: list[dict]) -> str:
+    columns = list(rows[0])
+    widths = [max(len(c), *(len(row[c]) for row in rows)) for c in columns]
+    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)) + " |",
+             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines += ["| " + " | ".join(row[c].rjust(w) for c, w in zip(columns, widths, strict=True)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def print_tables(results: list[dict], device: torch.device, repeat: int) -> None:
-    mib = 2**20
     print("\n## 1. Cold load: the worker's loader against reading the same files (GB/s = 1e9 bytes/s)\n")
-    print(f"| {'model':<12} | {'params':>11} | {'weights MiB':>11} | {'read, cold':>10} | {'read, cached':>12} "
-          f"| {'load, cold':>10} | {'load, cached':>12} | {'load/read cached':>16} | {'resident before':>15} |")
-    print("|" + "|".join("-" * (n + 2) for n in (12, 11, 11, 10, 12, 10, 12, 16, 15)) + "|")
-    for r in results:
-        print(f"| {r['model']:<12} | {r['params']:>11,} | {r['bytes'] / mib:>11.1f} | {r['read_cold'] / GB:>10.2f} "
-              f"| {r['read_cached'] / GB:>12.2f} | {r['load_cold'] / GB:>10.2f} | {r['load_cached'] / GB:>12.2f} "
-              f"| {100 * r['load_cached'] / r['read_cached']:>15.0f}% | {100 * r['resident']:>14.0f}% |")
+    print(markdown(cold_load_rows(results)))
     where = "page-locked host -> GPU" if device.type == "cuda" else "host buffer -> new host buffer"
     print(f"\n## 2. Sleep and wake against the copy limit ({where}); fastest of {repeat}\n")
-    print(f"| {'model':<12} | {'bytes MiB':>9} | {'sleep s':>8} | {'sleep GB/s':>10} | {'wake s':>8} "
-          f"| {'wake GB/s':>9} | {'limit GB/s':>10} | {'wake/limit':>10} | {'first response after wake ms':>28} |")
-    print("|" + "|".join("-" * (n + 2) for n in (12, 9, 8, 10, 8, 9, 10, 10, 28)) + "|")
-    for r in results:
-        print(f"| {r['model']:<12} | {r['swap_bytes'] / mib:>9.1f} | {r['sleep_s']:>8.4f} "
-              f"| {r['sleep_bw'] / GB:>10.2f} | {r['wake_s']:>8.4f} | {r['wake_bw'] / GB:>9.2f} "
-              f"| {r['limit'] / GB:>10.2f} "
-              f"| {100 * r['wake_bw'] / r['limit']:>9.0f}% | {1000 * r['first_s']:>28.1f} |")
+    print(markdown(sleep_wake_rows(results)))
 
 
 def main() -> int:

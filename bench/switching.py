@@ -309,20 +309,17 @@ def temporal(setup: Setup) -> list[dict]:
 
 @section("cold-load", "Cold load: the worker's loader against reading the same files (GB/s = 1e9 bytes/s)")
 def cold_load(setup: Setup) -> list[dict]:
-    return [{"model": r["model"], "params": f"{r['params']:,}", "weights MiB": r["bytes"] / 2**20,
-             "read cold GB/s": r["read_cold"] / 1e9, "read cached GB/s": r["read_cached"] / 1e9,
-             "load cold GB/s": r["load_cold"] / 1e9, "load cached GB/s": r["load_cached"] / 1e9,
-             "load/read cached": f"{100 * r['load_cached'] / r['read_cached']:.0f}%",
-             "resident before": f"{100 * r['resident']:.0f}%"} for r in temporal(setup)]
+    import sleep_wake
+
+    return sleep_wake.cold_load_rows(temporal(setup))
 
 
 @section("sleep-wake", "Sleep and wake against the copy limit (page-locked host -> GPU on CUDA, host buffer -> "
                        "new host buffer on the CPU); fastest of the cycles")
 def sleep_wake_section(setup: Setup) -> list[dict]:
-    return [{"model": r["model"], "MiB": r["swap_bytes"] / 2**20, "sleep s": r["sleep_s"],
-             "sleep GB/s": r["sleep_bw"] / 1e9, "wake s": r["wake_s"], "wake GB/s": r["wake_bw"] / 1e9,
-             "limit GB/s": r["limit"] / 1e9, "wake/limit": f"{100 * r['wake_bw'] / r['limit']:.0f}%",
-             "first response after wake ms": 1000 * r["first_s"]} for r in temporal(setup)]
+    import sleep_wake
+
+    return sleep_wake.sleep_wake_rows(temporal(setup))
 
 
 # -- running -----------------------------------------------------------------------------------------

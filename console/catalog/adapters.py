@@ -28,7 +28,7 @@ def register_adapter(name: str, deployment: str, path: str, pinned: bool = False
     dep = get_deployment(deployment, missing=Invalid)
     try:
         adapter = read_adapter_dir(path)
-        fit = check_adapter_matches(adapter, read_model_dir(dep.model.path), dep.dtype or dep.model.stored_dtype)
+        fit = check_adapter_matches(adapter, read_model_dir(dep.model.path), dep.serving_dtype)
     except ArtifactError as e:
         raise Invalid(str(e)) from None
     try:

@@ -18,7 +18,9 @@ from agent.artifacts.dtypes import WORKER_DTYPES
 from agent.protocol import Measurement
 from console.catalog.calibration import NONE, WINDOW, Correction, correction, error_fraction
 from console.catalog.models import Calibration, DeviceKind, MemorySample, Model
-from console.errors import Invalid, NotFound
+from console.catalog.services import get_model
+from console.deployments.models import Replica
+from console.errors import Invalid
 
 log = logging.getLogger("modelgrid.memory")
 
@@ -51,9 +53,7 @@ def estimate_request(path: str | None, model: str | None, dtype: str | None, bat
     if bool(path) == bool(model):
         raise Invalid("give exactly one of 'path' (a model directory or file) and 'model' (a registered name)")
     if model:
-        path = Model.objects.filter(name=model).values_list("path", flat=True).first()
-        if path is None:
-            raise NotFound(f"no model named {model!r}")
+        path = get_model(model).path
     est = estimate_path(path, dtype, batch, seq, device, adapter_pool_bytes)
     corr = current_correction(est.family, device) if calibrate else NONE
     return est.as_dict() | {"calibrated_bytes": corr.apply(est.total_bytes), "calibration_factor": corr.factor,
@@ -90,13 +90,17 @@ def settings_estimates(model: Model, dtype: str, batch: int, seq: int | None,
 
 def deployment_estimates(dep) -> dict[str, dict]:
     """A stored deployment's breakdowns, its adapter pool sized for every registered adapter at once."""
-    pool = sum(a.nbytes for a in dep.adapters.all())
-    return settings_estimates(dep.model, dep.dtype or dep.model.stored_dtype, dep.batch, dep.seq, pool)
+    return settings_estimates(dep.model, dep.serving_dtype, dep.batch, dep.seq, dep.adapter_pool_bytes)
 
 
 def current_correction(family: str, device: str) -> Correction:
     row = Calibration.objects.filter(family=family, device=device).first()
     return Correction(row.factor, row.samples) if row else NONE
+
+
+def corrections(device: str) -> dict[str, Correction]:
+    """Every family's correction on `device`, read once (a scheduler pass needs them all)."""
+    return {c.family: Correction(c.factor, c.samples) for c in Calibration.objects.filter(device=device)}
 
 
 @dataclass(frozen=True)
@@ -106,28 +110,23 @@ class Reservation:
     bytes: int
     estimated_bytes: int  # the estimator's total before calibration
     correction: Correction
-    device: str
-
-    @property
-    def label(self) -> str:
-        if not self.correction.samples:
-            return "uncalibrated"
-        return f"calibrated from {self.correction.samples} load{'s' if self.correction.samples != 1 else ''}"
 
 
-def reservation(estimates: dict[str, dict], device: str) -> Reservation:
+def reservation(estimates: dict[str, dict], device: str, by_family: dict[str, Correction]) -> Reservation:
     """The calibrated bytes for a deployment's stored estimate on `device`."""
     est = estimates[device]
-    corr = current_correction(est["family"], device)
-    return Reservation(corr.apply(est["total_bytes"]), est["total_bytes"], corr, device)
+    corr = by_family.get(est["family"], NONE)
+    return Reservation(corr.apply(est["total_bytes"]), est["total_bytes"], corr)
 
 
-def record_load(host_name: str, replica, measurement: Measurement, pid: int | None) -> MemorySample | None:
+def record_load(host_name: str, replica_id: int, measurement: Measurement, pid: int | None) -> MemorySample | None:
     """Keep one load's estimate and measurement (once per worker) and recalibrate its family; None if
-    it was already kept or the artifact can no longer be read."""
-    key = f"{host_name}/{replica.pk}/{pid}"
+    it was already kept or the artifact can no longer be read. Every status of a ready worker carries its
+    measurement, so the cheap check comes first."""
+    key = f"{host_name}/{replica_id}/{pid}"
     if MemorySample.objects.filter(load_key=key).exists():
         return None
+    replica = Replica.objects.select_related("deployment__model").get(pk=replica_id)
     deployment = replica.deployment
     model = deployment.model
     try:

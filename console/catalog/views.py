@@ -10,7 +10,9 @@ from console.catalog import memory, services
 from console.catalog.calibration import error_fraction
 from console.catalog.models import Calibration, MemorySample, Model
 from console.deployments.services import create_deployment, unused_deployment_name
-from console.errors import DomainError, Invalid
+from console.errors import DomainError
+from console.fleet.templatetags.units import gib
+from console.forms import whole_number
 
 
 @login_required
@@ -43,22 +45,13 @@ def estimate_preview(request):
             form.get("path", "").strip() or None,
             form.get("model", "").strip() or None,
             form.get("dtype") or None,
-            _int(form.get("batch"), "batch") or 1,
-            _int(form.get("seq"), "seq"),
+            whole_number(form.get("batch"), "batch") or 1,
+            whole_number(form.get("seq"), "seq"),
             form.get("device") or "cuda",
         )
     except DomainError as e:
         return render(request, "catalog/_estimate.html", {"error": str(e)})
     return render(request, "catalog/_estimate.html", {"e": result})
-
-
-def _int(text: str | None, field: str) -> int | None:
-    if not text or not text.strip():
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise Invalid(f"{field} must be a whole number, got {text!r}") from None
 
 
 @login_required
@@ -74,9 +67,9 @@ def register(request):
         messages.success(
             request,
             f"Registered {model.name}: {model.parameters:,} parameters; one replica on a GPU needs about "
-            f"{_mib(model.estimate_bytes)} ({e['dtype']}, batch {e['batch']}, seq {e['seq']}: weights "
-            f"{_mib(e['weights_bytes'])}, KV cache {_mib(e['kv_cache_bytes'])}, activations "
-            f"{_mib(e['activation_bytes'])}, runtime {_mib(e['overhead_bytes'])}).",
+            f"{gib(model.estimate_bytes)} ({e['dtype']}, batch {e['batch']}, seq {e['seq']}: weights "
+            f"{gib(e['weights_bytes'])}, KV cache {gib(e['kv_cache_bytes'])}, activations "
+            f"{gib(e['activation_bytes'])}, runtime {gib(e['overhead_bytes'])}).",
         )
     return redirect("models")
 
@@ -87,15 +80,12 @@ def deploy(request, name: str):
     form = request.POST
     try:
         dep_name = form.get("deployment") or unused_deployment_name(name)
-        dep = create_deployment(dep_name, name, _int(form.get("replicas"), "replicas") or 1,
+        dep = create_deployment(dep_name, name, whole_number(form.get("replicas"), "replicas") or 1,
                                 form.get("priority") or "standard", dtype=form.get("dtype") or None,
-                                batch=_int(form.get("batch"), "batch") or 1, seq=_int(form.get("seq"), "seq"))
+                                batch=whole_number(form.get("batch"), "batch") or 1,
+                                seq=whole_number(form.get("seq"), "seq"))
     except DomainError as e:
         messages.error(request, f"Not deployed: {e}")
         return redirect("models")
     messages.success(request, f"Deployment {dep.name} created; the scheduler is placing it.")
     return redirect("deployment", dep.name)
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

@@ -18,9 +18,7 @@ def list_deployments(request):
 
 @router.post("", response={201: DeploymentOut, 409: ErrorOut, 422: ErrorOut}, summary="Deploy a registered model")
 def create_deployment(request, body: DeploymentIn):
-    policy = body.dict(include={"min_replicas", "max_replicas", "gpus_per_replica", "selector", "slo_latency_ms",
-                                "latency_critical", "profile", "max_batch_size", "max_batch_delay_ms",
-                                "standby"})
+    policy = body.dict(include=set(services.POLICY_FIELDS) - {"replicas", "priority"})
     dep = services.create_deployment(body.name, body.model, body.replicas, body.priority, dtype=body.dtype,
                                      batch=body.batch, seq=body.seq, **policy)
     return Status(201, deployment_data(dep))

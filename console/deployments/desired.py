@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
+from django.db.models import Prefetch
+
 from agent.protocol import DesiredAdapter, DesiredReplica, DesiredState
 from console.deployments.models import Replica
 from console.fleet.models import Host
@@ -13,16 +15,32 @@ def desired_replicas(host: Host) -> list[DesiredReplica]:
     replicas = (
         Replica.objects.filter(host=host)
         .select_related("deployment__model")
-        .prefetch_related("gpus", "deployment__adapters", "deployment__replica_set")
+        .prefetch_related("gpus", "deployment__adapters", Prefetch(  # only what popular_adapters reads
+            "deployment__replica_set", queryset=Replica.objects.only("deployment_id", "adapter_stats")))
         .order_by("pk")
     )
-    return [_desired(r) for r in replicas]
+    pools: dict[int, dict] = {}  # per deployment, once: its replicas share the same adapter fields
+    out = []
+    for r in replicas:
+        if r.deployment_id not in pools:
+            pools[r.deployment_id] = _adapter_fields(r.deployment)
+        out.append(_desired(r, pools[r.deployment_id]))
+    return out
 
 
-def _desired(r: Replica) -> DesiredReplica:
-    dep = r.deployment
+def _adapter_fields(dep) -> dict:
     adapters = list(dep.adapters.all())
-    pool = sum(a.nbytes for a in adapters)
+    pool = dep.adapter_pool_bytes
+    return {
+        "adapters": [DesiredAdapter(name=a.name, path=a.path, pinned=a.pinned) for a in adapters],
+        "adapter_pool_bytes": pool,
+        "adapter_host_bytes": 4 * pool,
+        "adapter_hints": popular_adapters(dep, pool),
+    }
+
+
+def _desired(r: Replica, adapter_fields: dict) -> DesiredReplica:
+    dep = r.deployment
     return DesiredReplica(
         id=r.pk,
         deployment=dep.name,
@@ -31,16 +49,13 @@ def _desired(r: Replica) -> DesiredReplica:
         gpus=sorted(g.index for g in r.gpus.all()),
         reserved_bytes=r.reserved_bytes,
         state=r.desired_state,
-        dtype=dep.dtype or dep.model.stored_dtype,
+        dtype=dep.serving_dtype,
         batch=dep.batch,
         seq=dep.seq,
         mps_percentage=r.mps_percentage,
         max_batch_size=dep.max_batch_size,
         max_batch_delay_ms=dep.max_batch_delay_ms,
-        adapters=[DesiredAdapter(name=a.name, path=a.path, pinned=a.pinned) for a in adapters],
-        adapter_pool_bytes=pool,
-        adapter_host_bytes=4 * pool,
-        adapter_hints=popular_adapters(dep, pool),
+        **adapter_fields,
     )
 
 

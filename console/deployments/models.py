@@ -74,6 +74,16 @@ class Deployment(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def serving_dtype(self) -> str:
+        """The dtype its replicas serve in: as chosen, else as the model is stored."""
+        return self.dtype or self.model.stored_dtype
+
+    @property
+    def adapter_pool_bytes(self) -> int:
+        """The device tier its adapters need: every registered adapter resident at once."""
+        return sum(a.nbytes for a in self.adapters.all())
+
 
 class Replica(models.Model):
     """One copy of a deployment: where the scheduler put it and what the agent reports of it."""

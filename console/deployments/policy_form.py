@@ -9,6 +9,7 @@ from typing import Any
 
 from console.deployments.models import Deployment
 from console.errors import Invalid
+from console.forms import checked, whole_number
 
 # The form's fields, in the order of the form (all of services.POLICY_FIELDS but `replicas`, which is
 # the scheduler's to move within [min, max]).
@@ -38,13 +39,7 @@ def parse_selector(text: str) -> dict[str, str]:
 
 
 def _whole(form: Mapping[str, str], field: str) -> int | None:
-    text = (form.get(field) or "").strip()
-    if not text:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise Invalid(f"{field} must be a whole number, got {text!r}") from None
+    return whole_number(form.get(field), field)
 
 
 def parse_policy_form(form: Mapping[str, str]) -> dict[str, Any]:
@@ -65,35 +60,22 @@ def parse_policy_form(form: Mapping[str, str]) -> dict[str, Any]:
     if form.get("priority"):
         changes["priority"] = form["priority"]
     changes["profile"] = form.get("profile", "")
-    changes["latency_critical"] = form.get("latency_critical") in ("on", "true", "1")
-    changes["standby"] = form.get("standby") in ("on", "true", "1")
+    changes["latency_critical"] = checked(form, "latency_critical")
+    changes["standby"] = checked(form, "standby")
     changes["selector"] = parse_selector(form.get("selector", ""))
     return changes
 
 
 def policy_values(dep: Deployment) -> dict[str, Any]:
     """The stored policy as the form shows it."""
-    return {
-        "priority": dep.priority,
-        "min_replicas": dep.min_replicas,
-        "max_replicas": dep.max_replicas,
-        "gpus_per_replica": dep.gpus_per_replica,
-        "slo_latency_ms": dep.slo_latency_ms or "",
-        "latency_critical": dep.latency_critical,
-        "profile": dep.profile,
-        "selector": format_selector(dep.selector),
-        "max_batch_size": dep.max_batch_size,
-        "max_batch_delay_ms": f"{dep.max_batch_delay_ms:g}",
-        "standby": dep.standby,
-    }
+    return stored_policy(dep) | {"slo_latency_ms": dep.slo_latency_ms or "",
+                                 "selector": format_selector(dep.selector),
+                                 "max_batch_delay_ms": f"{dep.max_batch_delay_ms:g}"}
 
 
 def submitted_values(form: Mapping[str, str]) -> dict[str, Any]:
     """What the person typed, to show again beside a refusal."""
-    values: dict[str, Any] = {f: form.get(f, "") for f in FIELDS}
-    values["latency_critical"] = form.get("latency_critical") in ("on", "true", "1")
-    values["standby"] = form.get("standby") in ("on", "true", "1")
-    return values
+    return {f: form.get(f, "") for f in FIELDS} | {f: checked(form, f) for f in ("latency_critical", "standby")}
 
 
 def field_named(message: str) -> str | None:

@@ -94,7 +94,7 @@ def deployment_data(dep: Deployment, replicas: list[Replica] | None = None) -> d
         "max_batch_size": dep.max_batch_size,
         "max_batch_delay_ms": dep.max_batch_delay_ms,
         "standby": dep.standby,
-        "dtype": dep.dtype or dep.model.stored_dtype,
+        "dtype": dep.serving_dtype,
         "batch": dep.batch,
         "seq": dep.seq,
         "estimates": dep.estimates,

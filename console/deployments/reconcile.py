@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import Prefetch
 from django.utils import timezone
 
-from console.catalog.memory import Reservation, deployment_estimates, reservation
+from console.catalog.memory import Reservation, corrections, deployment_estimates, reservation
 from console.catalog.models import DeviceKind
 from console.deployments.desired import bump_generations
 from console.deployments.models import Deployment, DeploymentState, Replica
@@ -21,7 +21,7 @@ from console.deployments.observed import refresh_observations
 from console.deployments.snapshot import deployment_spec, gpu_id, gpu_specs, host_specs, replica_specs
 from console.errors import Invalid
 from console.fleet.models import Gpu, Host
-from console.scheduler import Plan, PlanInput, PlannedReplica, Settings, plan
+from console.scheduler import PlanInput, PlannedReplica, Settings, plan
 
 log = logging.getLogger("modelgrid.scheduler")
 
@@ -30,7 +30,6 @@ log = logging.getLogger("modelgrid.scheduler")
 class PassResult:
     changed_hosts: tuple[int, ...]  # host ids whose desired state got a new generation
     changed: bool  # anything at all changed (replicas created, placed, states)
-    plan: Plan | None = None
 
 
 def fleet_device_kind(gpus: dict[str, Gpu]) -> str:
@@ -43,18 +42,19 @@ def _reservations(deployments: list[Deployment], device: str) -> tuple[dict[int,
     """The calibrated bytes one replica of each deployment reserves on `device`, and why any cannot
     be estimated (a model directory that went missing or changed since registration)."""
     needs, problems = {}, {}
+    by_family = corrections(device)
     for dep in deployments:
         try:
             if device not in dep.estimates:  # a row from before estimates were stored per deployment
                 dep.estimates = deployment_estimates(dep)
                 dep.save(update_fields=["estimates"])
-            needs[dep.pk] = reservation(dep.estimates, device)
+            needs[dep.pk] = reservation(dep.estimates, device, by_family)
         except Invalid as e:
             problems[dep.pk] = f"cannot estimate its memory: {e}"
     return needs, problems
 
 
-def _plan_and_apply(now: datetime) -> tuple[bool, Plan | None]:
+def _plan_and_apply(now: datetime) -> bool:
     """Plan every deployment on the connected GPUs and write the outcome onto the replica rows."""
     deployments = list(Deployment.objects.select_related("model").prefetch_related(
         "adapters", Prefetch("replica_set", queryset=Replica.objects.select_related("host").prefetch_related(
@@ -89,16 +89,17 @@ def _plan_and_apply(now: datetime) -> tuple[bool, Plan | None]:
             dep.save(update_fields=["replicas", "last_scale_at"])
             changed = True
     planned_rows: dict[str, set[int]] = {}
+    rows = {dep.pk: {r.index: r for r in dep.replica_set.all()} for dep in planned}
     for p in result.replicas:
         dep = by_name[p.deployment]
         planned_rows.setdefault(p.deployment, set()).add(p.index)
-        changed |= _apply(dep, p, gpus, needs[dep.pk], device)
+        changed |= _apply(dep, rows[dep.pk], p, gpus, needs[dep.pk], device)
     for dep in planned:  # rows the plan no longer mentions: scaled away
         gone = [r.pk for r in dep.replica_set.all() if r.index not in planned_rows.get(dep.name, set())]
         if gone:
             Replica.objects.filter(pk__in=gone).delete()
             changed = True
-    return changed, result
+    return changed
 
 
 def _ensure_rows(dep: Deployment, reason: str) -> bool:
@@ -114,56 +115,61 @@ def _ensure_rows(dep: Deployment, reason: str) -> bool:
     return changed
 
 
-def _apply(dep: Deployment, p: PlannedReplica, gpus: dict[str, Gpu], need: Reservation, device: str) -> bool:
-    """Write one planned replica onto its row (created if new); True if anything changed."""
-    row = next((r for r in dep.replica_set.all() if r.index == p.index), None)
+# The fields a pass owns on a replica row (intake owns the observed ones, which a move resets).
+_PLANNED = ("host_id", "desired_state", "reserved_bytes", "reservation", "reason", "action", "mps_percentage")
+_OBSERVED = ("observed_state", "measured_bytes", "pid")
+
+
+def _apply(dep: Deployment, rows: dict[int, Replica], p: PlannedReplica, gpus: dict[str, Gpu],
+           need: Reservation, device: str) -> bool:
+    """Write one planned replica onto its row (created if new); True if anything changed. Only the fields
+    that changed are written, so a steady pass writes nothing and never overwrites what intake just stored."""
+    row = rows.get(p.index)
     if p.action == "stop" and p.index >= dep.replicas:
         if row is not None:
             row.delete()
         return row is not None
     if row is None:
         row = Replica(deployment=dep, index=p.index)
-    before = _row_key(row)
-    row.reason, row.action = p.reason, p.action
-    row.mps_percentage = p.mps_percentage
+    before = {f: getattr(row, f) for f in _PLANNED + _OBSERVED}
+    had = _gpu_ids(row)
+    row.reason, row.action, row.mps_percentage = p.reason, p.action, p.mps_percentage
+    placement: list[Gpu] = []
     if p.state == "ready" and p.gpus:
         placement = [gpus[g] for g in p.gpus]
-        moved = row.host_id != placement[0].host_id or _gpu_ids(row) != list(p.gpus)
+        moved = row.host_id != placement[0].host_id or had != list(p.gpus)
         if moved:
             row.observed_state, row.measured_bytes, row.pid = "pending", None, None
             if row.host_id is not None:
-                log.info("move %s#%d from %s to %s: %s", dep.name, p.index, ",".join(_gpu_ids(row)),
-                         ",".join(p.gpus), p.reason)
+                log.info("move %s#%d from %s to %s: %s", dep.name, p.index, ",".join(had), ",".join(p.gpus), p.reason)
         if moved or p.action in ("place", "move", "wake") or not row.reservation:
             row.reserved_bytes = p.reserved_bytes
             row.reservation = {"device": device, "estimated_bytes": need.estimated_bytes,
                                "factor": need.correction.factor, "calibrated_from": need.correction.samples}
         row.host, row.desired_state = placement[0].host, "preloaded" if dep.standby else "ready"
-        row.save()
-        if moved or row.pk is None:
-            row.gpus.set(placement)
     elif p.state == "sleeping":
-        row.host = Host.objects.get(name=p.host) if p.host and (row.host is None or row.host.name != p.host) \
-            else row.host
+        if p.host and (row.host is None or row.host.name != p.host):
+            row.host = Host.objects.get(name=p.host)
         row.desired_state, row.reserved_bytes = "sleeping", 0
-        row.save()
-        row.gpus.clear()
     else:  # stopped but still wanted (preempted without room to sleep), or refused: waits unplaced
         row.host, row.desired_state, row.reserved_bytes, row.reservation = None, "ready", 0, {}
         row.observed_state, row.pid = "pending", None
+    changed = [f.removesuffix("_id") for f in _PLANNED + _OBSERVED if getattr(row, f) != before[f]]
+    created = row.pk is None
+    if created:
         row.save()
-        row.gpus.clear()
-    if p.action in ("place", "move", "wake", "preempt", "sleep", "stop", "refuse") and before != _row_key(row):
+    elif changed:
+        row.save(update_fields=changed)
+    regpu = sorted(gpu_id(g) for g in placement) != had
+    if regpu:
+        row.gpus.set(placement)
+    if (created or changed) and p.action != "keep":
         log.info("%s %s#%d: %s", p.action, dep.name, p.index, p.reason)
-    return before != _row_key(row)
+    return created or bool(changed) or regpu
 
 
 def _gpu_ids(row: Replica) -> list[str]:
     return sorted(gpu_id(g) for g in row.gpus.all()) if row.pk else []
-
-
-def _row_key(row: Replica) -> tuple:
-    return (row.pk, row.host_id, row.desired_state, row.reserved_bytes, row.reason, row.mps_percentage)
 
 
 def derive_state(replicas: list[Replica]) -> tuple[str, str]:
@@ -216,8 +222,7 @@ def reconcile_once() -> PassResult:
     with transaction.atomic():
         changed = _expire_silent_hosts(now)
         changed |= refresh_observations(now)
-        planned, result = _plan_and_apply(now)
-        changed |= planned
+        changed |= _plan_and_apply(now)
         changed |= _refresh_deployment_states()
         hosts = bump_generations()
-    return PassResult(changed_hosts=hosts, changed=changed or bool(hosts), plan=result)
+    return PassResult(changed_hosts=hosts, changed=changed or bool(hosts))

@@ -73,11 +73,6 @@ def update_deployment(name: str, changes: dict[str, Any]) -> Deployment:
     return deployment
 
 
-def scale_deployment(name: str, replicas: int) -> Deployment:
-    """Set a fixed replica count; the scheduler adds or removes (highest index first) replicas."""
-    return update_deployment(name, {"replicas": replicas})
-
-
 def _checked_policy(current: Deployment, changes: dict[str, Any]) -> dict[str, Any]:
     """The fields to store for `changes` on top of `current`, or Invalid naming the first bad one.
 

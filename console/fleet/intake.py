@@ -87,8 +87,7 @@ def apply_replica_status(host: Host, status: ReplicaStatus) -> None:
         log.debug("host %s reported unknown replica %s", host.name, status.replica_id)
         return
     if status.state == "ready" and status.measurement is not None:
-        replica = Replica.objects.select_related("deployment__model").get(pk=status.replica_id)
-        record_load(host.name, replica, status.measurement, status.pid)
+        record_load(host.name, status.replica_id, status.measurement, status.pid)
 
 
 def apply_ack(host: Host, ack: Ack) -> None:

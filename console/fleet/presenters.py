@@ -35,14 +35,13 @@ def fleet() -> list[dict]:
                  "desired_state": r.desired_state, "host_bytes": r.host_bytes}
                 for r in h.asleep
             ],
-            "gpus": [_gpu(g, h) for g in h.gpus.all()],
+            "gpus": [_gpu(g) for g in h.gpus.all()],
         }
         for h in hosts
     ]
 
 
-def _gpu(g, host: Host) -> dict:
-    g.host = host  # gpu_labels reads the host's labels; it is the row in hand
+def _gpu(g) -> dict:
     replicas = [
         {
             "deployment": r.deployment.name,

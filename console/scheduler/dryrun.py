@@ -21,6 +21,7 @@ from console.scheduler.types import (
     PlanInput,
     Replica,
     Settings,
+    host_of,
 )
 
 _MISSING = object()
@@ -72,7 +73,7 @@ def parse_input(doc: Any, strategy: str | None = None) -> PlanInput:
 def _gpu(item: Any, path: str) -> Gpu:
     _object(item, path)
     gpu_id = _get(item, "id", path, str)
-    host = _get(item, "host", path, str, gpu_id.rsplit("/", 1)[0])
+    host = _get(item, "host", path, str, host_of(gpu_id))
     return Gpu(id=gpu_id, host=host, total_bytes=_integer(item, "total_bytes", path, positive=True),
                used_bytes=_integer(item, "used_bytes", path, 0), labels=_labels(item, "labels", path))
 

@@ -83,7 +83,7 @@ class Repack:
                 self.load[b] += self.w[i]
         # Rounding may make a valid placement look full past capacity: such GPUs are left alone.
         self.open = [b for b in range(len(capacities)) if self.load[b] <= self.cap[b]]
-        open_set = set(self.open)
+        self.open_set = open_set = set(self.open)
         self.bins_of = [sorted(open_set if e is None else e & open_set) for e in eligible]
         self.hopeless = {i for i in range(len(sizes)) if not any(self.w[i] <= self.cap[b] for b in self.bins_of[i])}
         self.bound = self._count_bound()
@@ -95,7 +95,7 @@ class Repack:
 
     def _count_bound(self) -> int:
         """At most this many can be placed: the smallest candidates that fit in all open capacity together."""
-        open_set = set(self.open)
+        open_set = self.open_set
         fixed = sum(1 for b in self.assign if b is not None and b not in open_set)
         room = sum(self.cap[b] for b in self.open)
         n = fixed
@@ -159,7 +159,7 @@ class Repack:
         if best_score[0] >= self.bound:
             return best, 0, "all placed" if best_score[0] == n else "bound"
         if n <= GLOBAL_LIMIT[0] and len(self.open) <= GLOBAL_LIMIT[1]:
-            pool = [i for i, b in enumerate(self.assign) if b is None or b in set(self.open)]
+            pool = [i for i, b in enumerate(self.assign) if b is None or b in self.open_set]
             bins = sorted(self.open, key=lambda b: (-self.cap[b], b))
             for forced in (True, False):
                 result = self.fill(bins, pool, forced, shuffle=False)

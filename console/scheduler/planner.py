@@ -28,7 +28,7 @@ from console.scheduler.preemption import preempt_for, swap_for
 from console.scheduler.repair import one_move, repack_class
 from console.scheduler.scaling import decide
 from console.scheduler.strategies import make_placer
-from console.scheduler.types import STRATEGIES, Plan, PlanInput, SearchReport
+from console.scheduler.types import Plan, PlanInput, SearchReport, host_of
 from console.scheduler.units import EXTRA_CLASS, Unit, build_units
 
 SETTLE_ROUNDS = 20
@@ -63,8 +63,6 @@ class Run:
     """The mutable state of one planning pass."""
 
     def __init__(self, request: PlanInput, started: float) -> None:
-        if request.strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {request.strategy!r}; use one of {', '.join(STRATEGIES)}")
         self.request = request
         self.settings = request.settings
         self.deadline = started + request.settings.search_budget_s
@@ -123,7 +121,7 @@ class Run:
         ledger = self.ledger
         for gpu in u.origin:
             if gpu not in ledger.number:
-                host = gpu.rsplit("/", 1)[0]
+                host = host_of(gpu)
                 return f"host {host} is gone" if host not in ledger.host_gpus else f"GPU {gpu} is gone"
         numbers = [ledger.number[i] for i in u.origin]
         if len(numbers) != u.width:
@@ -244,6 +242,7 @@ class Run:
         self.failed.append(victim)
 
     def _unreserve(self, u: Unit) -> None:
+        """Take `u` off its GPUs; where it ends up is decided anew."""
         self.ledger.release(u)
         u.demand.ready -= 1
         u.state = "pending"

@@ -79,9 +79,7 @@ def repack_class(run: Run, units: list[Unit], failed: list[Unit]) -> list[Unit]:
     moved = [(u, b) for u, a, b in zip(items, assign, best, strict=True) if a != b]
     for u, _ in moved:
         if u.state == "ready":
-            ledger.release(u)
-            u.demand.ready -= 1
-            u.state = "pending"
+            run._unreserve(u)
     for u, b in moved:
         if b is not None:
             g = gpus[b]

@@ -11,19 +11,16 @@ gets None: it needs no MPS limit.
 from __future__ import annotations
 
 from console.scheduler.ledger import Ledger
-from console.scheduler.units import Unit
 
 TIER_MPS = {"critical": 100, "high": 70, "standard": 50, "batch": 25}
 LATENCY_BONUS = 30
 MIN_MPS = 10
 
 
-def mps_weight(unit: Unit) -> int:
+def mps_weight(tier: str, latency_critical: bool) -> int:
     """A replica's claim on a shared GPU's SMs."""
-    weight = TIER_MPS[unit.demand.tier]
-    weight = min(100, weight + LATENCY_BONUS) if unit.demand.lc else weight
-    unit.demand.mps_weight = weight
-    return weight
+    weight = TIER_MPS[tier]
+    return min(100, weight + LATENCY_BONUS) if latency_critical else weight
 
 
 def assign_mps(ledger: Ledger) -> None:
@@ -31,7 +28,7 @@ def assign_mps(ledger: Ledger) -> None:
     for g, holders in enumerate(ledger.holders):
         if len(holders) < 2:
             continue
-        weights = [u.demand.mps_weight or mps_weight(u) for u in holders]
+        weights = [u.demand.mps_weight for u in holders]
         total = sum(weights)
         texts: dict[tuple, tuple[int, str]] = {}  # (tier, latency-critical) -> (percentage, why), shared
         for unit, weight in zip(holders, weights, strict=True):

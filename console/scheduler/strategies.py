@@ -143,8 +143,11 @@ class LatencySensitive(Placer):
     note = "latency-sensitive"
 
     def allows(self, unit: Unit, g: int, leaving: Iterable[Unit] = ()) -> bool:
-        gone = set(map(id, leaving))
-        return all(compatible(unit, other) for other in self.ledger.holders[g] if id(other) not in gone)
+        holders = self.ledger.holders[g]
+        if leaving:
+            gone = set(map(id, leaving))
+            holders = [other for other in holders if id(other) not in gone]
+        return all(compatible(unit, other) for other in holders)
 
     def _key(self, g: int) -> tuple:
         return (1 if self.ledger.holders[g] else 0, self.ledger.free(g))

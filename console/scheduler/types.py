@@ -7,8 +7,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
 
-GiB = 1024**3
-
 TIERS = ("critical", "high", "standard", "batch")
 TIER_RANK = {tier: rank for rank, tier in enumerate(TIERS)}  # 0 is the most important
 STRATEGIES = ("fill-first", "balance", "memory-optimized", "latency-sensitive")
@@ -18,6 +16,11 @@ Tier = Literal["critical", "high", "standard", "batch"]
 Strategy = Literal["fill-first", "balance", "memory-optimized", "latency-sensitive"]
 State = Literal["ready", "sleeping", "stopped"]
 Action = Literal["keep", "place", "move", "wake", "preempt", "sleep", "stop", "refuse"]
+
+
+def host_of(gpu_id: str) -> str:
+    """The host part of a GPU id ("host-b/1" -> "host-b")."""
+    return gpu_id.rsplit("/", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -239,10 +242,3 @@ class Plan:
         gpus, reserved, buffer = self.gpu_state
         return tuple(GpuBalance(g.id, g.host, g.total_bytes, g.used_bytes, r, buffer,
                                 g.total_bytes - g.used_bytes - buffer - r) for g, r in zip(gpus, reserved, strict=True))
-
-    def replica(self, deployment: str, index: int) -> PlannedReplica | None:
-        """The decision for one replica, if the plan has one."""
-        for r in self.replicas:
-            if r.deployment == deployment and r.index == index:
-                return r
-        return None

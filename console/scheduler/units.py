@@ -13,7 +13,8 @@ from collections.abc import Iterable
 
 from console.scheduler.explain import slo_text
 from console.scheduler.ledger import selector_key
-from console.scheduler.types import TIER_RANK, Deployment, Replica, ScaleDecision
+from console.scheduler.sharing import mps_weight
+from console.scheduler.types import TIER_RANK, Deployment, Replica, ScaleDecision, host_of
 
 # How much one request per second of each tier weighs when replicas compete for room in time.
 TIER_WEIGHT = {"critical": 8.0, "high": 4.0, "standard": 2.0, "batch": 1.0}
@@ -43,7 +44,7 @@ class Demand:
         self.lc = dep.latency_critical
         self.profile = dep.profile
         self.sleep_bytes = dep.bytes if dep.sleep_bytes is None else dep.sleep_bytes
-        self.mps_weight = 0  # set by sharing.mps_percentages
+        self.mps_weight = mps_weight(self.tier, self.lc)  # its claim on a shared GPU's SMs
 
     @property
     def status(self) -> str:
@@ -99,7 +100,7 @@ class Unit:
     def home(self) -> str | None:
         """The host of an existing replica: where a sleeping one's weights are."""
         e = self.existing
-        return None if e is None else (e.host or _host_of(e.gpus))
+        return None if e is None else (e.host or (host_of(e.gpus[0]) if e.gpus else None))
 
     @property
     def width(self) -> int:
@@ -109,10 +110,6 @@ class Unit:
     def asleep(self) -> bool:
         """An existing replica whose weights are in host RAM now."""
         return self.existing is not None and self.existing.state == "sleeping"
-
-
-def _host_of(gpu_ids: tuple[str, ...]) -> str | None:
-    return gpu_ids[0].rsplit("/", 1)[0] if gpu_ids else None
 
 
 def _index(item: Replica | Unit) -> int:

@@ -231,5 +231,6 @@ def test_the_policy_view_takes_only_posts(user_client, fleet):
 def test_the_policy_form_stages_a_deployment_on_standby(user_client, fleet):
     dep = Deployment.objects.get(name="chat")
     r = user_client.post(f"/deployments/{dep.name}/policy/", policy_form(dep, standby="on"), HTTP_HX_REQUEST="true")
-    assert r.status_code == 200 and "standby" in r.content.decode()
+    html = r.content.decode()
+    assert r.status_code == 200 and 'name="standby" checked' in html and "standby no → yes" in html
     assert Deployment.objects.get(name="chat").standby is True

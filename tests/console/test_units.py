@@ -14,6 +14,9 @@ from console.fleet.templatetags.units import age, ago, duration, gib, ms, per_se
 ])
 def test_ago(seconds, text):
     assert ago(timezone.now() - timedelta(seconds=seconds)) == text
+
+
+def test_age_and_an_unknown_time():
     assert ago(None) == age(None) == "–"
     assert age(timezone.now() - timedelta(seconds=190)) == "3 min"
 

@@ -7,7 +7,7 @@ from console.catalog.models import Calibration, MemorySample
 from console.deployments.desired import desired_state
 from console.deployments.models import Deployment, Replica
 from console.deployments.reconcile import reconcile_once
-from console.deployments.services import create_deployment, scale_deployment
+from console.deployments.services import create_deployment, update_deployment
 from console.errors import Invalid
 from console.fleet.intake import apply_replica_status
 from console.fleet.models import Gpu, Host
@@ -64,7 +64,7 @@ def test_later_admissions_reserve_the_calibrated_estimate(host, model):
     first = Replica.objects.get()
     estimated = first.deployment.estimates["cpu"]["total_bytes"]
     apply_replica_status(host, ready(first, 2 * estimated))
-    scale_deployment("chat", 2)
+    update_deployment("chat", {"replicas": 2})
     reconcile_once()
     second = Replica.objects.get(index=1)
     assert second.reserved_bytes == 2 * estimated

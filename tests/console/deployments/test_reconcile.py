@@ -3,7 +3,7 @@ import pytest
 from console.deployments.desired import desired_state
 from console.deployments.models import Deployment, Replica
 from console.deployments.reconcile import reconcile_once
-from console.deployments.services import create_deployment, delete_deployment, scale_deployment
+from console.deployments.services import create_deployment, delete_deployment, update_deployment
 from console.fleet.models import Gpu, Host
 
 pytestmark = pytest.mark.django_db
@@ -73,7 +73,7 @@ def test_foreign_memory_on_a_gpu_is_not_placed_over(host, model):
 def test_scaling_down_removes_the_highest_replicas(host, model):
     create_deployment("chat", "tiny", replicas=3)
     reconcile_once()
-    scale_deployment("chat", 1)
+    update_deployment("chat", {"replicas": 1})
     reconcile_once()
     assert list(Replica.objects.values_list("index", flat=True)) == [0]
 
@@ -177,3 +177,17 @@ def test_a_standby_deployment_is_loaded_but_not_serving_until_switched_on(host, 
     reconcile_once()
     host.refresh_from_db()
     assert [r.state for r in desired_state(host).replicas] == ["ready"]  # the agent promotes it in place
+
+
+def test_a_pass_with_nothing_new_writes_no_replica_row(host, model):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    create_deployment("chat", "tiny", replicas=2)
+    reconcile_once()
+    reconcile_once()
+    with CaptureQueriesContext(connection) as queries:
+        assert not reconcile_once().changed
+    writes = [q["sql"] for q in queries if q["sql"].startswith(("UPDATE", "INSERT", "DELETE"))
+              and "deployments_replica" in q["sql"]]
+    assert writes == []

@@ -82,10 +82,11 @@ RUN = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChec
 def assert_within_capacity_and_gangs_on_one_host(request: PlanInput, result) -> None:
     reserved = {g.id: 0 for g in request.gpus}
     width = {d.name: d.gpus_per_replica for d in request.deployments}
+    host = {g.id: g.host for g in request.gpus}
     for r in result.replicas:
         if r.state == "ready":
             assert len(r.gpus) == width[r.deployment]
-            assert len({g.rsplit("/", 1)[0] for g in r.gpus}) == 1, r
+            assert len({host[g] for g in r.gpus}) == 1, r
             for g in r.gpus:
                 reserved[g] += r.reserved_bytes // len(r.gpus)
     for g in request.gpus:
@@ -114,6 +115,27 @@ def test_a_higher_tier_is_never_preempted_for_a_lower_one(request, data):
             assert tiers[by] <= tiers[r.deployment], (r.deployment, r.preempted_by)
             if r.action == "preempt":
                 assert tiers[by] < tiers[r.deployment] or "minimum" in r.reason, r.reason
+
+
+@RUN
+@given(st.integers(1, 6), st.lists(st.sampled_from(["high", "standard", "batch"]), min_size=1, max_size=4),
+       st.integers(1, 4), st.sampled_from(STRATEGIES))
+def test_a_full_fleet_makes_room_for_a_higher_tier_only_from_lower_ones(gpus, filler_tiers, parts, strategy):
+    # Every GPU is exactly filled by lower-tier replicas; a critical deployment then needs one GPU's worth
+    # of room: it must get it, by preemption, and only from strictly lower tiers.
+    fleet = tuple(Gpu(f"h{i}/0", f"h{i}", 80 * GiB) for i in range(gpus))
+    fillers = tuple(Deployment(f"f{i}", 80 * GiB // parts, replicas=gpus * parts // len(filler_tiers) + 1,
+                               min_replicas=0, priority=tier) for i, tier in enumerate(filler_tiers))
+    full = plan(PlanInput(fleet, fillers, strategy=strategy, settings=FAST))
+    request = replace(carry_over(PlanInput(fleet, fillers, strategy=strategy, settings=FAST), full),
+                      deployments=(*fillers, Deployment("vital", 80 * GiB // parts, priority="critical")))
+    result = plan(request)
+    tiers = {d.name: TIER_RANK[d.priority] for d in request.deployments}
+    assert [r.state for r in result.replicas if r.deployment == "vital"] == ["ready"]
+    victims = [r for r in result.replicas if r.preempted_by is not None]
+    if sum(r.state == "ready" for r in full.replicas) * (80 * GiB // parts) > (gpus - 1) * 80 * GiB:
+        assert victims  # no GPU had room left: vital's place came from preemption
+    assert all(tiers[r.deployment] > tiers["vital"] for r in victims)
 
 
 @RUN
