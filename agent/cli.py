@@ -188,17 +188,12 @@ def _at_least_one(text: str) -> int:
 
 
 def _size(text: str) -> int:
-    units = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-             "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-    number = text.strip().rstrip("BbIiKkMmGgTt")
-    unit = text.strip()[len(number):].lower()
+    from agent.gpus.simulated import parse_size
+
     try:
-        value = float(number) * units[unit]
-    except (ValueError, KeyError):
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 64GiB, 512MiB or a number of bytes")
-    return int(value)
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _count(text: str) -> int:

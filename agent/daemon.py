@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import aiohttp
 from prometheus_client import CollectorRegistry
@@ -69,16 +69,9 @@ class AgentConfig:
     cap_cpu_workers: bool = False  # hold CPU workers to their reservation (address-space cap)
 
     def replica_settings(self) -> ReplicaSettings:
-        return ReplicaSettings(
-            warm_workers=self.warm_workers,
-            restart_backoff_min=self.restart_backoff_min,
-            restart_backoff_max=self.restart_backoff_max,
-            sleep_budget=self.sleep_budget,
-            wake_timeout=self.wake_timeout,
-            heartbeat_interval=self.heartbeat_interval,
-            heartbeat_timeout=self.heartbeat_timeout,
-            cap_cpu_workers=self.cap_cpu_workers,
-        )
+        """The fields of this config that are the replicas' (same names, same meaning)."""
+        shared = [f.name for f in fields(ReplicaSettings) if hasattr(self, f.name)]
+        return ReplicaSettings(**{name: getattr(self, name) for name in shared})
 
 
 def websocket_url(console: str) -> str:

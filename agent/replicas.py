@@ -51,6 +51,11 @@ class ReplicaSettings:
     cap_cpu_workers: bool = False  # hold CPU workers to their reservation with an address-space cap
 
 
+def sleep_bytes(handle: WorkerHandle) -> int:
+    """Host memory a replica holds asleep, or would hold: its host copy, else its measured weights."""
+    return handle.host_bytes or (handle.measurement.weights_bytes if handle.measurement else 0)
+
+
 def default_sleep_budget() -> int:
     """Half of this host's RAM."""
     return psutil.virtual_memory().total // 2
@@ -130,22 +135,26 @@ class Replicas:
             self._spawn(self.sync_adapters(handle))
 
     async def sync_adapters(self, handle: WorkerHandle) -> None:
-        """Make the worker's adapter pool hold what the placement lists (the pool ignores adapters it already
-        has); its stats come back for the next report. Only while its model is on the device."""
+        """Make the worker's adapter pool hold what the placement lists; sent only when that changed since
+        the worker last took it (hints add to the pool's demand scores, so they must not repeat).
+        Only while its model is on the device."""
         placement = self._placements.get(handle.spec.replica_id)
         if placement is None or handle.state not in ON_DEVICE or handle.transition is not None:
             return
-        wanted = {a.name for a in placement.adapters}
         gpu_budget = placement.adapter_pool_bytes or DEFAULT_ADAPTER_POOL_BYTES
-        payload = {
+        config = {
             "gpu_budget": gpu_budget,
             "cpu_budget": placement.adapter_host_bytes or 4 * gpu_budget,
             "load": [a.model_dump() for a in placement.adapters],
-            "unload": sorted({a.name for a in handle.adapter_stats} - wanted),
             "hints": placement.adapter_hints,
         }
+        if config == handle.adapter_config:
+            return
+        wanted = {a.name for a in placement.adapters}
+        payload = config | {"unload": sorted({a.name for a in handle.adapter_stats} - wanted)}
         try:
             await handle.configure_adapters(payload)
+            handle.adapter_config = config
         except InferenceError as e:
             handle.adapter_error = f"adapters not applied: {e}"
         if handle.adapter_error:
@@ -158,15 +167,22 @@ class Replicas:
         return max(min(self.sleep_budget - asleep, psutil.virtual_memory().available), 0)
 
     def refresh_adapters(self) -> None:
-        """Re-sync every replica with adapters (idempotent), so their request counts and tiers stay current."""
+        """Ask each idle replica with adapters for its pool's figures (a read, nothing reloaded), so request
+        counts and tiers in the next report stay current."""
         for handle in self.supervisor.handles():
-            if handle.adapters and handle.state == "ready" and not handle.queued:
-                self._spawn(self.sync_adapters(handle))
+            if handle.adapter_config is not None and handle.state == "ready" and not handle.queued:
+                self._spawn(self._refresh_adapter_stats(handle))
+
+    async def _refresh_adapter_stats(self, handle: WorkerHandle) -> None:
+        try:
+            await handle.refresh_adapter_stats()
+        except InferenceError as e:
+            log.info("replica %d: no adapter figures this time: %s", handle.spec.replica_id, e)
 
     def _running(self, handle: WorkerHandle, generation: int) -> Running:
         rid = handle.spec.replica_id
         placement = self._placements.get(rid)
-        weights = handle.host_bytes or (handle.measurement.weights_bytes if handle.measurement else 0)
+        weights = sleep_bytes(handle)
         return Running(
             spec=handle.spec,
             state=handle.state,
@@ -216,7 +232,7 @@ class Replicas:
     async def _sleep(self, handle: WorkerHandle) -> None:
         """Put one replica to sleep within the host-RAM budget, evicting the least recently used."""
         rid = handle.spec.replica_id
-        weights = handle.measurement.weights_bytes if handle.measurement else 0
+        weights = sleep_bytes(handle)
         others = [Sleeper(h.spec.replica_id, h.host_bytes, h.last_used)
                   for h in self.supervisor.handles() if h.state == "sleeping" and h is not handle]
         dropped = fit([*others, Sleeper(rid, weights, handle.last_used)], self.sleep_budget)

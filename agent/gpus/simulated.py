@@ -11,7 +11,21 @@ from dataclasses import dataclass
 
 from agent.protocol import GpuInfo
 
-_UNITS = {"gib": 1 << 30, "mib": 1 << 20, "tib": 1 << 40, "gb": 10**9, "mb": 10**6, "tb": 10**12}
+_UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "64GiB", "512 MiB", "2GB" or a plain number of bytes; ValueError when it is none of those."""
+    number = text.strip().rstrip("BbIiKkMmGgTt ")
+    unit = text.strip()[len(number):].strip().lower() or "b"
+    try:
+        value = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise ValueError(f"{text!r} is not a size like 64GiB, 512MiB or a number of bytes") from None
+    if value < 0:
+        raise ValueError(f"{text!r} is not a size like 64GiB, 512MiB or a number of bytes")
+    return int(value)
 _GROUP = re.compile(r"^(?:(\d+)\s*[x×]\s*)?(\d+(?:\.\d+)?)\s*([a-z]+)$", re.IGNORECASE)
 _MAX_GPUS = 64
 

@@ -82,14 +82,9 @@ class Batcher:
         max_batch_size: int = 8,
         max_delay: float = 0.005,
         max_queue: int = 1024,
-        input_errors: tuple[type[BaseException], ...] = (InferenceInputError,),
     ) -> None:
         self.settings = BatchSettings(max_batch_size, max_delay, max_queue)  # validates
         self._run_batch = run_batch
-        self.max_batch_size = max_batch_size
-        self.max_delay = max_delay
-        self.max_queue = max_queue
-        self._input_errors = input_errors
         self._queue: deque[_Pending] = deque()
         self._queued_rows = 0
         self._running = 0
@@ -111,8 +106,8 @@ class Batcher:
         if self._closed:
             raise BatcherClosed("the replica is gone")
         rows, length = check_inputs(inputs)
-        if len(self._queue) >= self.max_queue:
-            raise QueueFull(f"the replica's queue is full ({self.max_queue} requests waiting); retry later")
+        if len(self._queue) >= self.settings.max_queue:
+            raise QueueFull(f"the replica's queue is full ({self.settings.max_queue} requests waiting); retry later")
         loop = asyncio.get_running_loop()
         pending = _Pending(inputs, adapter, rows, length, loop.create_future(), loop.time())
         self._queue.append(pending)
@@ -150,8 +145,8 @@ class Batcher:
             while not self._queue:
                 self._arrived.clear()
                 await self._arrived.wait()
-            deadline = self._queue[0].queued_at + self.max_delay
-            while self._queue and self._queued_rows < self.max_batch_size and loop.time() < deadline:
+            deadline = self._queue[0].queued_at + self.settings.max_delay
+            while self._queue and self._queued_rows < self.settings.max_batch_size and loop.time() < deadline:
                 self._arrived.clear()
                 try:
                     async with asyncio.timeout_at(deadline):
@@ -164,7 +159,7 @@ class Batcher:
     def _cut(self) -> list[_Pending]:
         batch = [self._queue.popleft()]
         rows = batch[0].rows
-        while self._queue and rows + self._queue[0].rows <= self.max_batch_size:
+        while self._queue and rows + self._queue[0].rows <= self.settings.max_batch_size:
             rows += self._queue[0].rows
             batch.append(self._queue.popleft())
         self._queued_rows -= rows
@@ -175,7 +170,7 @@ class Batcher:
         try:
             try:
                 await self._forward(batch)
-            except self._input_errors:
+            except InferenceInputError:
                 if len(batch) == 1:
                     raise
                 # One request's bad ids (say, outside the vocabulary) must not fail the others:

@@ -218,7 +218,7 @@ class Dispatcher:
         """One request through the picked replica's batcher."""
         replica = await self.pick(route)
         batcher = self._batchers.get(replica)
-        settings = getattr(replica, "batching", None) or self.batching  # per deployment when the console says
+        settings = self.settings_for(replica)
         if batcher is not None and batcher.settings != settings and not batcher.depth:
             # The deployment's batching changed; swapped only while idle, so no queued request is dropped.
             self._batchers.pop(replica).close()
@@ -226,6 +226,10 @@ class Dispatcher:
         if batcher is None:
             batcher = self._batchers[replica] = Batcher.from_settings(_forward(replica), settings)
         return await batcher.submit(inputs, route.adapter)
+
+    def settings_for(self, replica: Any) -> BatchSettings:
+        """A replica's batching: its deployment's when the console sent it, else the agent's default."""
+        return getattr(replica, "batching", None) or self.batching
 
     async def generate(self, route: Route, request: GenerationRequest) -> GenerationResult:
         """One prompt continued on the picked replica (generation is not batched)."""

@@ -92,7 +92,7 @@ async def embeddings(request: web.Request) -> web.Response:
         if not all(sequences):
             raise BadInput("an input must hold at least one token", param="input")
         _check_dimensions(route, body.get("dimensions"))
-        size = dispatcher.batching.max_batch_size
+        size = min(dispatcher.settings_for(h).max_batch_size for h in route.replicas)
         chunks = [sequences[start : start + size] for start in range(0, len(sequences), size)]
         results = await _all(dispatcher.infer(route, pad_rows(chunk)) for chunk in chunks)
         for result in results:

@@ -5,7 +5,7 @@
     with pool.serving(["support-bot", None, "legal"]):   # one adapter name, or None, per row
         logits = model(input_ids=ids).logits
 
-Rows may come in any order; a batch whose rows are grouped by adapter (`lora.grouped_order`) spares
+Rows may come in any order; a batch whose rows are grouped by adapter spares
 every layer a gather and a scatter.
 
 `AdapterTiers` decides what lives where; this class carries its moves out on tensors: reading from
@@ -68,12 +68,13 @@ class AdapterPool:
 
     def load(self, name: str, path: str | Path, *, pin: bool = False) -> dict[str, Any]:
         """Validate and read an adapter directory into the pool; returns its stats row."""
-        artifact = read_adapter_dir(path)
-        if name in self._artifacts and self._artifacts[name].path == artifact.path:
-            # The agent re-sends the full desired state: loading the same adapter again changes nothing.
+        known = self._artifacts.get(name)
+        if known is not None and known.path == Path(path).expanduser().resolve():
+            # Already held (the agent re-sends its whole list): nothing is read from disk again.
             if pin:
                 self.pin(name)
             return self.stats_of(name)
+        artifact = read_adapter_dir(path)
         if self.base is not None:
             check_adapter_matches(artifact, self.base, self.dtype_name)
         layout = plan_layout(artifact, self._layer_shapes)

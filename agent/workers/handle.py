@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from agent.protocol import AdapterStatus, Measurement, ReplicaStatus, SleepWake
+from agent.protocol.messages import ReplicaState
 from agent.workers.errors import ERROR_KINDS, InferenceError, InferenceTimeout, WorkerUnavailable
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Heartbeat
 from agent.workers.spares import Spare, spawn_worker
@@ -27,7 +28,7 @@ from agent.workers.spec import WorkerSpec
 
 log = logging.getLogger("agent.workers.supervisor")
 
-WorkerState = Literal["pending", "starting", "loading", "ready", "preloaded", "sleeping", "failed", "stopped"]
+WorkerState = ReplicaState  # a worker's states are the replica states the protocol reports
 StatusCallback = Callable[["WorkerHandle"], None]
 
 DEFAULT_STOP_TIMEOUT = 5.0
@@ -86,6 +87,7 @@ class WorkerHandle:
         self.adapters: set[str] = set()
         self.adapter_stats: list[AdapterStatus] = []
         self.adapter_error = ""
+        self.adapter_config: dict[str, Any] | None = None  # what its pool last took from the placement
         self.batching: Any = None  # this replica's dynamic-batching settings (agent.serving.batching)
 
     @property
@@ -162,8 +164,14 @@ class WorkerHandle:
         return await self.call("generate", request, timeout)
 
     async def configure_adapters(self, payload: dict[str, Any], timeout: float = DEFAULT_INFER_TIMEOUT) -> None:
-        """Load/unload adapters and pass demand hints (agent.workers.runtime.configure_adapters)."""
-        result = await self.call("adapters", payload, timeout, states=("ready", "preloaded"))
+        """Load/unload/pin adapters and pass demand hints (agent.workers.runtime.configure_adapters)."""
+        self._take_adapter_stats(await self.call("adapters", payload, timeout, states=("ready", "preloaded")))
+
+    async def refresh_adapter_stats(self, timeout: float = DEFAULT_INFER_TIMEOUT) -> None:
+        """Read the adapter pool's figures (requests, hits, tiers) without changing it."""
+        self._take_adapter_stats(await self.call("adapter_stats", None, timeout))
+
+    def _take_adapter_stats(self, result: dict[str, Any]) -> None:
         stats = result["stats"]
         self.adapter_stats = [
             AdapterStatus(name=a["name"], tier=a["tier"], pinned=a["pinned"], nbytes=a["nbytes"],
@@ -173,7 +181,8 @@ class WorkerHandle:
         totals = stats["totals"]
         self.info["adapters"] = {"hits": totals["hits"], "misses": totals["misses"],
                                  "evictions": totals["evictions"], "loaded": totals["adapters"]}
-        self.adapter_error = "; ".join(result["errors"])
+        if "errors" in result:
+            self.adapter_error = "; ".join(result["errors"])
 
     async def call(
         self,
@@ -206,7 +215,7 @@ class WorkerHandle:
                 raise WorkerUnavailable(f"cannot sleep: {self._unavailable_text()}")
             self.transition = "sleep"  # requests arriving from now on are refused, not queued behind it
             self._sleep_task = asyncio.ensure_future(self._sleep(timeout))
-            self._sleep_task.add_done_callback(self._sleep_done)
+            self._sleep_task.add_done_callback(self._transition_done)
         await asyncio.shield(self._sleep_task)
 
     async def _sleep(self, timeout: float) -> None:
@@ -218,8 +227,12 @@ class WorkerHandle:
         self.sleep_wake = _sleep_wake(result)
         self._set("sleeping")
 
-    def _sleep_done(self, task: asyncio.Task) -> None:
-        self._sleep_task = None
+    def _transition_done(self, task: asyncio.Task) -> None:
+        """A sleep or wake ended: the next caller starts a new one."""
+        if task is self._sleep_task:
+            self._sleep_task = None
+        if task is self._wake_task:
+            self._wake_task = None
         if not task.cancelled():
             task.exception()  # retrieved here so an unawaited failure is not logged as lost
 
@@ -233,7 +246,7 @@ class WorkerHandle:
             if self.state != "sleeping":
                 raise WorkerUnavailable(f"cannot wake: {self._unavailable_text()}")
             self._wake_task = asyncio.ensure_future(self._wake(then, timeout))
-            self._wake_task.add_done_callback(self._wake_done)
+            self._wake_task.add_done_callback(self._transition_done)
         await asyncio.shield(self._wake_task)
         if then == "ready":
             self.promote()  # another caller woke it into preloaded; this one needs it serving
@@ -263,11 +276,6 @@ class WorkerHandle:
         self.info["wake_seconds"] = self.sleep_wake.seconds  # for the agent's /metrics
         self.last_used = time.monotonic()
         self._set(then)
-
-    def _wake_done(self, task: asyncio.Task) -> None:
-        self._wake_task = None
-        if not task.cancelled():
-            task.exception()  # retrieved here so an unawaited failure is not logged as lost
 
     async def _submit(self, kind: str, payload: Any, states: tuple[str, ...]) -> asyncio.Future:
         # One command inside the worker at a time. Were a second one written while the worker is

@@ -22,7 +22,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_MAPPING
 
-from agent.artifacts import inspect_model_dir
+from agent.artifacts import ModelArtifact, inspect_model_dir
 from agent.artifacts.safetensors_header import read_safetensors_header
 
 ProgressCallback = Callable[[int, int], None]  # (loaded bytes, total bytes)
@@ -39,11 +39,6 @@ class LoadStats:
     @property
     def bandwidth(self) -> float:
         return self.bytes / self.seconds if self.seconds > 0 else 0.0
-
-
-def checkpoint_files(model_path: str | Path) -> tuple[Path, ...]:
-    """The safetensors files of a model directory (torch-free check, with a message that names the file)."""
-    return inspect_model_dir(model_path).files
 
 
 def checkpoint_size(files: tuple[Path, ...]) -> int:
@@ -126,10 +121,13 @@ def load_to_device(
     dtype: torch.dtype,
     device: torch.device,
     progress: ProgressCallback | None = None,
+    artifact: ModelArtifact | None = None,
 ) -> tuple[PreTrainedModel, LoadStats]:
-    """Read the checkpoint onto `device` as `dtype`, reporting bytes read; the model is in eval mode."""
-    files = checkpoint_files(model_path)
-    throttle = Throttle(checkpoint_size(files), progress or (lambda loaded, total: None))
+    """Read the checkpoint onto `device` as `dtype`, reporting bytes read; the model is in eval mode.
+    `artifact`: the directory as already read (its headers), so they are not read again."""
+    artifact = artifact or inspect_model_dir(model_path)
+    files = artifact.files
+    throttle = Throttle(artifact.weights_bytes, progress or (lambda loaded, total: None))
     config = AutoConfig.from_pretrained(model_path, local_files_only=True)
     start = time.perf_counter()
     # safetensors places each tensor on the device as it reads it (through a per-tensor staging buffer).

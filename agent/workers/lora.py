@@ -13,7 +13,7 @@ Method: segmented batched matmul over padded groups (Punica's SGMV idea, with to
 are grouped by adapter once per forward; each group is padded to the largest group's row count and
 each adapter's A and B to the largest rank in the batch, so every layer adds its delta with two bmm
 calls whatever the number of adapters: [groups, rows*tokens, in] @ [groups, in, r] @ [groups, r, out].
-When the rows arrive grouped (see `grouped_order`) the bmm reads the batch in place;
+When the rows arrive grouped by adapter the bmm reads the batch in place;
 otherwise the rows are gathered and the deltas added back with index_add_. The stacked A/B are kept
 per layer while the batch's set of adapters stays the same.
 
@@ -85,16 +85,6 @@ def plan_batch(row_slots: Sequence[int | None], device: torch.device) -> BatchPl
     tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
     keep = None if len(kept) == len(padded) else tensor(kept)
     return BatchPlan(len(row_slots), slots, per_group, tensor(padded), keep, tensor([padded[k] for k in kept]))
-
-
-def grouped_order(row_slots: Sequence[int | None]) -> list[int]:
-    """A row order that puts each adapter's rows next to each other (rows without one last).
-
-    A batcher that builds batches in this order spares every layer a gather and a scatter. Reordering an
-    assembled batch instead costs a gather of the inputs and of the output: for a causal LM's logits
-    that is about what it saves.
-    """
-    return sorted(range(len(row_slots)), key=lambda i: (row_slots[i] is None, row_slots[i] or 0))
 
 
 class AdapterSlots:

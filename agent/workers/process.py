@@ -52,14 +52,15 @@ def main(spec: WorkerSpec | None, conn: Connection) -> None:
     _log_as(str(spec.replica_id))
     limits.before_cuda(spec)  # nothing has touched CUDA yet, in a spare either
     try:
-        from agent.workers import loader, runtime
+        from agent.artifacts import inspect_model_dir
+        from agent.workers import runtime
 
-        total = loader.checkpoint_size(loader.checkpoint_files(spec.model_path))
+        artifact = inspect_model_dir(spec.model_path)  # every header, read once for the whole load
         if not channel.send(("loading", {"model_path": spec.model_path, "device": spec.device, "pid": os.getpid(),
-                                         "total_bytes": total})):
+                                         "total_bytes": artifact.weights_bytes})):
             return
         model = runtime.load(spec, progress=lambda done, of: channel.send(
-            ("progress", {"loaded_bytes": done, "total_bytes": of})))
+            ("progress", {"loaded_bytes": done, "total_bytes": of})), artifact=artifact)
         measurement = model.measure()
     except Exception as e:  # any failure to load is reported, never raised into the void
         oom = limits.is_out_of_memory(e)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel  # imported early on purpose: see LoadedModel
 
-from agent.artifacts import inspect_model_dir
+from agent.artifacts import ModelArtifact, inspect_model_dir
 from agent.workers import generation, limits, loader
 from agent.workers.adapter_pool import AdapterPool
 from agent.workers.generation_spec import GenerationRequest, GenerationResult, PromptError
@@ -24,6 +24,9 @@ from agent.workers.swap import WeightSwap
 log = logging.getLogger("agent.worker")
 
 Command = Callable[[Any], Any]
+
+
+_NO_POOL = {"adapters": [], "totals": {"hits": 0, "misses": 0, "evictions": 0, "adapters": 0}}
 
 
 class InputError(ValueError):
@@ -37,9 +40,11 @@ class LoadedModel:
     # would otherwise do, 2 s and more: a warm spare worker (agent.workers.spares) thus pays it early.
 
     def __init__(
-        self, spec: WorkerSpec, model: PreTrainedModel, device: torch.device, stats: loader.LoadStats | None = None
+        self, spec: WorkerSpec, model: PreTrainedModel, device: torch.device, stats: loader.LoadStats | None = None,
+        artifact: ModelArtifact | None = None,
     ) -> None:
         self.spec = spec
+        self.artifact = artifact  # the directory's headers, read once at load (the adapter pool checks shapes)
         self.model = model
         self.device = device
         self.load_stats = stats
@@ -52,6 +57,7 @@ class LoadedModel:
             "infer_mixed": lambda p: self.infer(p["inputs"], p["adapters"]),
             "generate": self.generate,
             "adapters": self.configure_adapters,
+            "adapter_stats": lambda _payload: {"stats": self.pool.stats() if self.pool else _NO_POOL},
             "sleep": self.sleep,
             "wake": self.wake,
         }
@@ -82,13 +88,15 @@ class LoadedModel:
         reported, the others still apply. Returns the pool's stats and the refusals."""
         if self.pool is None:
             self.pool = AdapterPool(self.model, gpu_budget=payload["gpu_budget"], cpu_budget=payload["cpu_budget"],
-                                    base=inspect_model_dir(self.spec.model_path))
+                                    base=self.artifact or inspect_model_dir(self.spec.model_path))
         errors = []
         for name in payload.get("unload", ()):
             self.pool.unload(name)
         for adapter in payload.get("load", ()):
             try:
                 self.pool.load(adapter["name"], adapter["path"], pin=adapter.get("pinned", False))
+                if not adapter.get("pinned", False):
+                    self.pool.unpin(adapter["name"])  # the console took its pin away
             except (ValueError, OSError) as e:  # ArtifactError and AdapterRefused are ValueErrors
                 errors.append(f"adapter {adapter['name']!r}: {e}")
         if payload.get("hints"):
@@ -198,15 +206,17 @@ def mean_pool_normalize(hidden: torch.Tensor, attention_mask: torch.Tensor) -> t
     return F.normalize((summed / counts).float(), p=2, dim=1)
 
 
-def load(spec: WorkerSpec, progress: loader.ProgressCallback | None = None) -> LoadedModel:
-    """Load the model directory from safetensors only, in eval mode on the spec's device, within its limits."""
+def load(spec: WorkerSpec, progress: loader.ProgressCallback | None = None,
+         artifact: ModelArtifact | None = None) -> LoadedModel:
+    """Load the model directory from safetensors only, in eval mode on the spec's device, within its limits.
+    `artifact`: the directory as the caller already read it (else it is read here)."""
     if spec.task not in SIGNATURES:
         raise ValueError(f"task {spec.task!r} is not servable (causal-lm or encoder)")
     if spec.dtype not in DTYPES:
         raise ValueError(f"dtype {spec.dtype!r} is not supported ({', '.join(DTYPES)})")
     # Checked first, torch-free, for a message that names the file; transformers would otherwise
     # take a missing directory for a Hub repository id.
-    artifact = inspect_model_dir(spec.model_path)
+    artifact = artifact or inspect_model_dir(spec.model_path)
     if artifact.task != spec.task:
         raise ValueError(f"{spec.model_path} is a {artifact.task} model ({artifact.architecture}), not {spec.task}")
     device = torch.device(spec.device)
@@ -217,8 +227,9 @@ def load(spec: WorkerSpec, progress: loader.ProgressCallback | None = None) -> L
     applied = limits.apply_memory_limits(spec, torch, device)
     if applied:
         log.info("limits: %s", applied)
-    model, stats = loader.load_to_device(spec.model_path, spec.task, getattr(torch, spec.dtype), device, progress)
-    return LoadedModel(spec, model, device, stats)
+    model, stats = loader.load_to_device(spec.model_path, spec.task, getattr(torch, spec.dtype), device, progress,
+                                         artifact)
+    return LoadedModel(spec, model, device, stats, artifact)
 
 
 def _int_matrix(name: str, value: Any) -> np.ndarray:
