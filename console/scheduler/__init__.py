@@ -7,6 +7,7 @@ from console.scheduler.planner import plan
 from console.scheduler.types import (
     STRATEGIES,
     TIERS,
+    DemandOutcome,
     Deployment,
     Gpu,
     GpuBalance,
@@ -26,6 +27,7 @@ __all__ = [
     "STRATEGIES",
     "TIERS",
     "Deployment",
+    "DemandOutcome",
     "Gpu",
     "GpuBalance",
     "Host",

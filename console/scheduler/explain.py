@@ -34,6 +34,23 @@ def seconds(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
+def short_seconds(s: float) -> str:
+    """A duration that may be short, to a tenth of a second below 10 s ("0.4 s", "4 s", "5 min")."""
+    if s < 10:
+        return f"{max(s, 0.0):.1f}".rstrip("0").rstrip(".") + " s"
+    return seconds(s)
+
+
+def waiting_requests(n: int) -> str:
+    """Requests queued at the gateway ("1 request waiting", "3 requests waiting")."""
+    return f"{n} request{'s' if n != 1 else ''} waiting"
+
+
+def for_waiting(n: int) -> str:
+    """What a replica is placed or woken for ("for 3 waiting requests")."""
+    return f"for {n} waiting request{'s' if n != 1 else ''}"
+
+
 def slo_text(slo_ms: float | None, observed_ms: float | None, violating: bool) -> str:
     """How a deployment stands against its SLO ("violating its 200 ms p95 SLO at 340 ms")."""
     if slo_ms is not None and observed_ms is not None:

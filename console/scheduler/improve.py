@@ -84,8 +84,19 @@ class Repack:
         # Rounding may make a valid placement look full past capacity: such GPUs are left alone.
         self.open = [b for b in range(len(capacities)) if self.load[b] <= self.cap[b]]
         self.open_set = open_set = set(self.open)
-        self.bins_of = [sorted(open_set if e is None else e & open_set) for e in eligible]
-        self.hopeless = {i for i in range(len(sizes)) if not any(self.w[i] <= self.cap[b] for b in self.bins_of[i])}
+        # Bins and the largest capacity per eligible set (replicas without a selector share None): an item that
+        # exceeds the largest capacity of its bins is hopeless.
+        shared: dict[int | None, tuple[list[int], int]] = {}
+        self.bins_of, tops = [], []
+        for e in eligible:
+            key = None if e is None else id(e)
+            found = shared.get(key)
+            if found is None:
+                bins = sorted(open_set if e is None else e & open_set)
+                found = shared[key] = (bins, max((self.cap[b] for b in bins), default=-1))
+            self.bins_of.append(found[0])
+            tops.append(found[1])
+        self.hopeless = {i for i in range(len(sizes)) if self.w[i] > tops[i]}
         self.bound = self._count_bound()
 
     def placed(self) -> tuple[int, int]:

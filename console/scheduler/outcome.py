@@ -6,6 +6,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from console.scheduler import explain
+from console.scheduler.demand import demand_outcomes
 from console.scheduler.gangs import gang_shortfall
 from console.scheduler.sharing import assign_mps
 from console.scheduler.types import Move, Plan, PlannedReplica, Unplaced
@@ -27,6 +28,7 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
     for u in sorted(losers, key=lambda u: (u.klass, -u.demand.value, u.demand.name, u.index)):
         fates[id(u)] = _fate(run, u)
     assign_mps(ledger)
+    outcomes = demand_outcomes(run, run.demanded) if run.demanded else {}
     refusals: dict[tuple, str] = {}
     replicas: list[PlannedReplica] = []
     moves: list[Move] = []
@@ -48,7 +50,13 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
         alike = (u.demand.name, u.share, u.phase)
         refusal = refusals.get(alike)
         if refusal is None:
-            refusal = refusals[alike] = _refusal(run, u)
+            if u.phase == "demand":
+                refusal = outcomes[u.demand.name].reason
+            elif u.phase == "idle":
+                refusal = f"{u.demand.idle}: scaled to zero"
+            else:
+                refusal = _refusal(run, u)
+            refusals[alike] = refusal
         planned = _not_ready(u, refusal, fates.get(id(u)))
         replicas.append(planned)
         unplaced.append(Unplaced(u.demand.name, u.index, planned.reason))
@@ -78,6 +86,7 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
         memory_utilization=round(used / total, 4) if total else 0.0,
         elapsed_ms=round(elapsed_ms, 3),
         search=run.search,
+        demands=tuple(outcomes.values()),
         gpu_state=(tuple(ledger.gpus), tuple(ledger.reserved), ledger.buffer),
     )
 
@@ -87,6 +96,8 @@ def _prefix(u: Unit) -> str:
         return f"added for the SLO ({u.demand.status}): "
     if u.klass == BATCH_CLASS:
         return "batch leftovers: "
+    if u.phase == "demand":
+        return f"{explain.waiting_requests(u.demand.waiting)}: "
     return ""
 
 
@@ -106,7 +117,11 @@ def _ready(run: Run, u: Unit, moves: list[Move]) -> PlannedReplica:
         action = "wake"
         host = ledger.host[gpus[0]]
         where = f"from {u.home} RAM" if host == u.home else f"on another host ({u.home} has no room): loads from disk"
+        if u.phase == "demand":
+            where += f" {explain.for_waiting(u.demand.waiting)}"
         reason = f"wakes {where}; {u.reason}"
+    elif u.phase == "demand":
+        action, reason = "place", f"placed {explain.for_waiting(u.demand.waiting)}: {u.reason}"
     else:
         action, reason = "place", _prefix(u) + u.reason
     if u.mps is not None:
@@ -143,8 +158,11 @@ def _not_ready(u: Unit, refusal: str, fate: tuple[str, str | None, str] | None) 
         by = u.evictor.label if u.evictor is not None else None
         return PlannedReplica(name, index, (), host, state, action, 0, None, reason, u.origin, by)
     if u.asleep:
+        more = "; a request wakes it" if u.phase == "idle" else ""
         return PlannedReplica(name, index, (), u.home, "sleeping", "keep", 0, None,
-                              f"stays asleep in {u.home} RAM: {refusal}")
+                              f"stays asleep in {u.home} RAM: {refusal}{more}")
+    if u.phase == "idle":
+        return PlannedReplica(name, index, (), None, "stopped", "refuse", 0, None, f"{refusal}; a request places it")
     reason = _prefix(u) + refusal
     if u.cause:
         reason += f" (it had a place in this pass: {u.cause})"

@@ -1,11 +1,14 @@
 """The planner: one pass from a PlanInput to a Plan.
 
 1. Scale decisions set each deployment's target count; units are built in priority classes (units.py).
-2. Existing ready replicas stay where they are if they still fit (stability); the rest are displaced.
+   The replicas of an idle deployment (scale to zero) are not placed: the ready ones leave their GPUs.
+2. Existing ready replicas stay where they are if they still fit (stability); the rest are displaced. A
+   deployment with requests waiting and none ready gets one replica in a demand class (demand.py).
 3. Class by class (min replicas critical..batch, SLO replicas, extras, batch leftovers): the strategy
    places each unit, largest first; memory-optimized then repacks the class to place more; what still
    fails is repaired by one move, by preempting lower tiers (min and SLO classes) or by a temporal
-   swap (extras).
+   swap (extras); a replica placed for requests waiting at the gateway (demand.py) by preempting lower
+   tiers or putting idle replicas of its tier to sleep.
 4. A final round repeats the repairs until nothing changes, so re-planning the result moves nothing.
 5. outcome.py turns the units into actions, states, MPS percentages and reasons.
 
@@ -21,6 +24,7 @@ from contextlib import contextmanager
 from time import perf_counter
 
 from console.scheduler import explain
+from console.scheduler.demand import demand_for, mark_demand
 from console.scheduler.index import IndexBook
 from console.scheduler.ledger import Ledger
 from console.scheduler.outcome import assemble
@@ -29,7 +33,7 @@ from console.scheduler.repair import one_move, repack_class
 from console.scheduler.scaling import decide
 from console.scheduler.strategies import make_placer
 from console.scheduler.types import Plan, PlanInput, SearchReport, host_of
-from console.scheduler.units import EXTRA_CLASS, Unit, build_units
+from console.scheduler.units import EXTRA_CLASS, IDLE_CLASS, Demand, Unit, build_units
 
 SETTLE_ROUNDS = 20
 
@@ -40,6 +44,7 @@ def plan(request: PlanInput) -> Plan:
     with _collector_paused():
         run = Run(request, started)
         run.keep_existing()
+        run.demanded = mark_demand(run)
         run.place_classes()
         run.settle()
         return assemble(run, elapsed_ms=1000 * (perf_counter() - started))
@@ -71,13 +76,16 @@ class Run:
         self.placer = make_placer(request.strategy, self.ledger, self.book)
         self.decisions = {d.name: decide(d, request.now, request.settings) for d in request.deployments}
         self.demands, self.wanted, self.retired, self.orphans = build_units(
-            request.deployments, self.decisions, request.replicas)
+            request.deployments, self.decisions, request.replicas, request.now)
         self.ram = {h.name: h.ram_free_bytes for h in request.hosts}
         limit = request.settings.max_moves
         self.moves_left = float("inf") if limit is None else limit
         self.failed: list[Unit] = []
         self.failed_at: dict[tuple, int] = {}  # alike replicas -> ledger release count at their last failure
         self.search: SearchReport | None = None
+        self.demanded: list[Demand] = []  # deployments with requests waiting (mark_demand)
+        self.demand_failed: dict[tuple, int] = {}  # demand shape -> ledger release count at its last failure
+        self.demand_victims: list[Unit] | None = None  # what demand may evict in this pass (demand.py)
 
     # --- stability --------------------------------------------------------------------------------
 
@@ -86,7 +94,7 @@ class Run:
         the most important ones stay and the rest are displaced."""
         ledger = self.ledger
         number, capacity, reserved = ledger.number, ledger.capacity, ledger.reserved
-        ready = [u for u in self.wanted if u.origin]
+        ready = [u for u in self.wanted if u.origin and u.klass != IDLE_CLASS]  # an idle one leaves its GPUs
         load: dict[str, int] = {}
         for u in ready:
             for gpu in u.origin:
@@ -154,7 +162,7 @@ class Run:
     def place_classes(self) -> None:
         by_class: dict[int, list[Unit]] = {}
         for u in self.wanted:
-            if u.state != "ready":
+            if u.state != "ready" and u.klass != IDLE_CLASS:
                 by_class.setdefault(u.klass, []).append(u)
         for klass in sorted(by_class):
             units = sorted(by_class[klass], key=self.order)
@@ -181,7 +189,8 @@ class Run:
         return False
 
     def repair(self, u: Unit) -> bool:
-        """Place `u` by a plain fit, one move, preemption (min and SLO classes) or a temporal swap (extras)."""
+        """Place `u` by a plain fit, one move, preemption (min and SLO classes), demand eviction (demand) or a
+        temporal swap (extras)."""
         # Placements only take room (and give lower-tier victims exactly the room they take), so what
         # failed cannot succeed until something is released: skip the attempt until then, for this replica
         # and for every other replica of its deployment in the same class (they are alike).
@@ -202,6 +211,8 @@ class Run:
             return False
         if u.phase in ("min", "slo"):
             return preempt_for(self, u)
+        if u.phase == "demand":
+            return demand_for(self, u)
         return swap_for(self, u)
 
     def settle(self) -> None:

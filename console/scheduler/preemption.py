@@ -7,7 +7,10 @@ cheapest set of victims makes room wins.
 
 Temporal swap (for extra replicas when demand exceeds capacity): an extra replica whose tier-weighted
 traffic per replica is at least twice another's, of the same or a lower tier, sends that one to sleep.
-The factor of two keeps two similar replicas from trading places on every pass.
+The factor of two keeps two similar replicas from trading places on every pass. A replica kept from before
+this pass that was placed or woken less than `Settings.min_residency_s` ago is not swapped out.
+
+Demand eviction (demand.py) uses the same search with its own victims, order and cost.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from console.scheduler.explain import preempted_by
-from console.scheduler.units import TIER_WEIGHT, Unit
+from console.scheduler.units import TIER_WEIGHT, Unit, within_residency
 
 if TYPE_CHECKING:
     from console.scheduler.planner import Run
 
 SWAP_FACTOR = 2.0
 Cost = tuple[int, float, float, int, int]
+Describe = Callable[[Unit], tuple[str, str]]  # victim -> (kind, cause)
+Found = tuple[Cost, tuple[int, ...], list[Unit]]  # cost, GPUs, victims
 
 
 def may_preempt(unit: Unit, victim: Unit) -> bool:
@@ -46,23 +51,38 @@ def swap_for(run: Run, unit: Unit) -> bool:
     if value <= 0:
         return False
 
+    now, residency = run.request.now, run.settings.min_residency_s
+
     def ok(v: Unit) -> bool:
         return (v.phase == "extra" and v.demand is not unit.demand and v.demand.rank >= unit.demand.rank
-                and v.demand.value * SWAP_FACTOR <= value)
+                and v.demand.value * SWAP_FACTOR <= value and within_residency(v, now, residency) is None)
 
     cause = (f"put to sleep for {unit.demand.name}#{unit.index} ({unit.demand.tier}, "
              f"{unit.demand.dep.traffic_rps:g} req/s): more tier-weighted traffic per replica")
     return _evict_for(run, unit, ok, "sleep", cause)
 
 
-def _victims_on(run: Run, unit: Unit, g: int, ok: Callable[[Unit], bool]) -> tuple[Cost, list[Unit]] | None:
+def victim_order(v: Unit) -> tuple:
+    """Preemption and swaps: above their minimum first, then the lowest tier, then the least traffic, then the
+    largest (fewer victims)."""
+    return (v.demand.ready <= v.demand.low, -v.demand.rank, v.demand.value, -v.share)
+
+
+def victims_cost(taken: list[Unit]) -> Cost:
+    """Preemption and swaps: replicas at their minimum, tier weight, traffic, count, bytes (lower is cheaper)."""
+    return (sum(1 for v in taken if v.demand.ready <= v.demand.low), sum(TIER_WEIGHT[v.demand.tier] for v in taken),
+            sum(v.demand.value for v in taken), len(taken), sum(v.share for v in taken))
+
+
+def victims_on(run: Run, unit: Unit, g: int, ok: Callable[[Unit], bool], order: Callable[[Unit], tuple],
+                cost: Callable[[list[Unit]], Cost]) -> tuple[Cost, list[Unit]] | None:
     """The cheapest victims on GPU g that make room for `unit`, with their cost; None if none do."""
     ledger = run.ledger
     pool = [v for v in ledger.holders[g] if ok(v)]
     if not pool:
         return None
-    # Above their minimum first, then the lowest tier, then the least traffic, then the largest (fewer victims).
-    pool.sort(key=lambda v: (v.demand.ready <= v.demand.low, -v.demand.rank, v.demand.value, -v.share))
+    if len(pool) > 1:
+        pool.sort(key=order)
     freed, taken = ledger.free(g), []
     for v in pool:
         if freed >= unit.share and run.placer.allows(unit, g, taken):
@@ -71,26 +91,35 @@ def _victims_on(run: Run, unit: Unit, g: int, ok: Callable[[Unit], bool]) -> tup
         freed += v.share
     if freed < unit.share or not taken or not run.placer.allows(unit, g, taken):
         return None
-    cost = (sum(1 for v in taken if v.demand.ready <= v.demand.low), sum(TIER_WEIGHT[v.demand.tier] for v in taken),
-            sum(v.demand.value for v in taken), len(taken), sum(v.share for v in taken))
-    return cost, taken
+    return cost(taken), taken
 
 
-def _evict_for(run: Run, unit: Unit, ok: Callable[[Unit], bool], kind: str, cause: str) -> bool:
+def _evict_for(run: Run, unit: Unit, ok: Callable[[Unit], bool], kind: str, cause: str, *,
+               order: Callable[[Unit], tuple] = victim_order, cost: Callable[[list[Unit]], Cost] = victims_cost,
+               describe: Describe | None = None, note: Callable[[list[Unit]], str] | None = None,
+               single: Callable[[], Found | None] | None = None) -> bool:
+    """Place `unit` where evicting the cheapest victims (`ok`, taken in `order`, compared by `cost`) makes room.
+
+    Each victim gets `kind` and `cause`, or what `describe(victim)` says; the placement's note is `note(victims)`.
+    `single` replaces the scan of every GPU for a one-GPU replica (it must find what the scan would).
+    """
     ledger = run.ledger
-    # Victims are never of a higher tier, so a GPU whose own tier and lower tiers hold too little is skipped
-    # without looking at its replicas.
-    rank, share = unit.demand.rank, unit.share
-    eligible = [g for g in ledger.eligible(unit.demand.key) if ledger.freeable(g, rank) >= share]
-    best: tuple[Cost, tuple[int, ...], list[Unit]] | None = None
-    if unit.width == 1:
-        for g in eligible:
-            if not ledger.holders[g]:
+    best: Found | None = None
+    if unit.width == 1 and single is not None:
+        best = single()
+    elif unit.width == 1:
+        # Victims are never of a higher tier, so a GPU whose own tier and lower tiers hold too little is skipped
+        # without looking at its replicas.
+        rank, share = unit.demand.rank, unit.share
+        for g in ledger.eligible(unit.demand.key):
+            if not ledger.holders[g] or ledger.freeable(g, rank) < share:
                 continue
-            found = _victims_on(run, unit, g, ok)
+            found = victims_on(run, unit, g, ok, order, cost)
             if found and (best is None or found[0] < best[0]):
                 best = (found[0], (g,), found[1])
     else:
+        rank, share = unit.demand.rank, unit.share
+        eligible = [g for g in ledger.eligible(unit.demand.key) if ledger.freeable(g, rank) >= share]
         allowed = set(eligible)
         hosts: dict[str, int] = {}
         for g in eligible:
@@ -106,23 +135,30 @@ def _evict_for(run: Run, unit: Unit, ok: Callable[[Unit], bool], kind: str, caus
                 if ledger.free(g) >= unit.share and run.placer.allows(unit, g):
                     options.append(((0, 0.0, 0.0, 0, 0), g, []))
                     continue
-                found = _victims_on(run, unit, g, ok)
+                found = victims_on(run, unit, g, ok, order, cost)
                 if found:
                     options.append((found[0], g, found[1]))
             if len(options) < unit.width:
                 continue
             options.sort(key=lambda o: (o[0], o[1]))
             chosen = options[: unit.width]
-            cost = tuple(sum(o[0][k] for o in chosen) for k in range(5))
-            if any(o[2] for o in chosen) and (best is None or cost < best[0]):
+            total = tuple(sum(o[0][k] for o in chosen) for k in range(5))
+            if any(o[2] for o in chosen) and (best is None or total < best[0]):
                 victims = list({id(v): v for o in chosen for v in o[2]}.values())
-                best = (cost, tuple(sorted(o[1] for o in chosen)), victims)  # type: ignore[assignment]
+                best = (total, tuple(sorted(o[1] for o in chosen)), victims)  # type: ignore[assignment]
     if best is None:
         return False
     _, gpus, victims = best
     for v in victims:
+        if describe is not None:
+            kind, cause = describe(v)
         run.evict(v, kind, cause, unit)
     names = ", ".join(v.label for v in victims)
-    run.place(unit, gpus, f"took the room of {names} (lower priority)" if kind == "preempt"
-              else f"temporal swap: {names} sleeps instead (less tier-weighted traffic)")
+    if note is not None:
+        words = note(victims)
+    elif kind == "preempt":
+        words = f"took the room of {names} (lower priority)"
+    else:
+        words = f"temporal swap: {names} sleeps instead (less tier-weighted traffic)"
+    run.place(unit, gpus, words)
     return True

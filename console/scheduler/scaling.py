@@ -1,6 +1,8 @@
 """Replica counts: up at once for an SLO violation, down one at a time after a quiet window, never within a cooldown.
 
-Batch deployments take leftovers: they ask for their maximum and get whatever room is left.
+Batch deployments take leftovers: they ask for their maximum and get whatever room is left. Requests waiting
+at the gateway (demand) ask for at least one replica; a deployment with min_replicas 0 that saw no request for
+its idle_timeout_s is idle: it keeps its replica count, but none of its replicas stays on a GPU (scale to zero).
 """
 
 from __future__ import annotations
@@ -18,7 +20,26 @@ def _fixed(n: int) -> str:
 
 
 def decide(dep: Deployment, now: float, settings: Settings) -> ScaleDecision:
-    """The replica count `dep` should have this pass, and why."""
+    """The replica count `dep` should have this pass, and why: at least one while requests wait for it."""
+    decision = _decide(dep, now, settings)
+    if dep.demand > 0 and decision.target == 0 and dep.high > 0:
+        waiting = "a request is waiting" if dep.demand == 1 else f"{dep.demand} requests are waiting"
+        change = "stays at 1 replica" if decision.current == 1 else f"{decision.current} -> 1 replica"
+        return ScaleDecision(dep.name, decision.current, 1, f"{waiting}: {change}")
+    return decision
+
+
+def idle_cause(dep: Deployment, now: float) -> str:
+    """Why `dep` is scaled to zero this pass ("idle for 312 s (idle_timeout_s 300)"), or "" when it is not idle."""
+    if dep.idle_timeout_s is None or dep.active_at is None or dep.demand > 0 or dep.low > 0:
+        return ""
+    idle = now - dep.active_at
+    if idle < dep.idle_timeout_s:
+        return ""
+    return f"idle for {idle:.0f} s (idle_timeout_s {dep.idle_timeout_s:g})"
+
+
+def _decide(dep: Deployment, now: float, settings: Settings) -> ScaleDecision:
     low, high = dep.low, dep.high
     current = min(max(dep.replicas, low), high)
     if low == high:

@@ -63,10 +63,15 @@ class Deployment:
     status_since: float | None = None  # when it entered its current SLO status (violating or not)
     last_scale_at: float | None = None  # when its replica count last changed
     sleep_bytes: int | None = None  # host RAM one sleeping replica needs; None: `bytes`
+    demand: int = 0  # requests waiting at the gateway for a ready replica of it (0: none)
+    idle_timeout_s: float | None = None  # with min_replicas 0: no request this long -> off its GPUs; None: never
+    active_at: float | None = None  # last request in flight or queued, else its creation; None: unknown (never idle)
 
     def __post_init__(self) -> None:
         if self.bytes < 0 or self.gpus_per_replica < 1 or self.replicas < 0:
             raise ValueError(f"deployment {self.name!r}: bytes, replicas and gpus_per_replica must be positive")
+        if self.demand < 0 or (self.idle_timeout_s is not None and self.idle_timeout_s < 0):
+            raise ValueError(f"deployment {self.name!r}: demand and idle_timeout_s must not be negative")
         if self.priority not in TIER_RANK:
             raise ValueError(f"deployment {self.name!r}: priority must be one of {', '.join(TIERS)}")
         if self.low > self.high:
@@ -102,6 +107,8 @@ class Replica:
     reserved_bytes: int = 0  # all its GPUs together
     state: Literal["ready", "sleeping"] = "ready"
     host: str | None = None  # where a sleeping replica's weights are; None: the host of its GPUs
+    last_request_at: float | None = None  # when it last had a request in flight; None: never
+    ready_since: float | None = None  # when it was last placed, woken or moved onto its GPUs; None: long ago
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,8 @@ class Settings:
     seed: int = 0  # the search's random choices, so a plan is reproducible
     max_moves: int | None = None  # moves of existing replicas allowed per plan (None: any that place more)
     preempt: bool = True  # whether higher tiers may take lower tiers' room
+    idle_grace_s: float = 2.0  # a replica with no request for this long is idle (demand may put it to sleep)
+    min_residency_s: float = 5.0  # placed or woken this recently: not taken off its GPUs for demand or a swap
 
 
 @dataclass(frozen=True)
@@ -222,6 +231,17 @@ class SearchReport:
 
 
 @dataclass(frozen=True)
+class DemandOutcome:
+    """What the plan does for a deployment with requests waiting at the gateway: served (a replica is ready),
+    waiting (room exists in principle; someone must go idle or finish its residency) or refused (never, as
+    things stand: the gateway answers 503 with `reason`)."""
+
+    deployment: str
+    status: Literal["served", "waiting", "refused"]
+    reason: str
+
+
+@dataclass(frozen=True)
 class Plan:
     """The outcome of one pass: every replica with its reason, the moves, the refusals, the scale decisions."""
 
@@ -234,6 +254,7 @@ class Plan:
     memory_utilization: float  # (foreign + reserved) / total over the GPUs in use
     elapsed_ms: float
     search: SearchReport | None = None
+    demands: tuple[DemandOutcome, ...] = ()  # one per deployment with demand > 0
     gpu_state: tuple = field(default=((), (), 0), repr=False, compare=False)  # (gpus, reserved, buffer)
 
     @cached_property

@@ -5,29 +5,33 @@ Classes, most important first (the control loop of the priority-scheduling seed)
   4-7  slo   replicas above the minimum of deployments violating their SLO, critical..batch
   8    extra other wanted replicas of non-batch tiers, by tier-weighted traffic
   9    extra batch replicas above their minimum: the leftovers
+Requests waiting at the gateway (demand.py) lift one replica above the minimum of a deployment with none ready
+into classes 4-7 (phase "demand"); the replicas of an idle deployment (scaled to zero) are in no class that is
+placed (phase "idle").
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from console.scheduler.explain import slo_text
+from console.scheduler.explain import slo_text, waiting_requests
 from console.scheduler.ledger import selector_key
+from console.scheduler.scaling import idle_cause
 from console.scheduler.sharing import mps_weight
 from console.scheduler.types import TIER_RANK, Deployment, Replica, ScaleDecision, host_of
 
 # How much one request per second of each tier weighs when replicas compete for room in time.
 TIER_WEIGHT = {"critical": 8.0, "high": 4.0, "standard": 2.0, "batch": 1.0}
-EXTRA_CLASS, BATCH_CLASS = 8, 9
+EXTRA_CLASS, BATCH_CLASS, IDLE_CLASS = 8, 9, 10
 
 
 class Demand:
     """One deployment as the planner sees it: resolved counts, per-GPU share, tier, value of a replica."""
 
     __slots__ = ("dep", "name", "tier", "rank", "width", "share", "low", "target", "violating", "key", "value",
-                 "ready", "lc", "profile", "sleep_bytes", "mps_weight")
+                 "ready", "lc", "profile", "sleep_bytes", "mps_weight", "waiting", "idle", "units")
 
-    def __init__(self, dep: Deployment, decision: ScaleDecision) -> None:
+    def __init__(self, dep: Deployment, decision: ScaleDecision, now: float | None = None) -> None:
         self.dep = dep
         self.name = dep.name
         self.tier = dep.priority
@@ -45,6 +49,10 @@ class Demand:
         self.profile = dep.profile
         self.sleep_bytes = dep.bytes if dep.sleep_bytes is None else dep.sleep_bytes
         self.mps_weight = mps_weight(self.tier, self.lc)  # its claim on a shared GPU's SMs
+        self.waiting = dep.demand  # requests queued at the gateway for it
+        # Why it is scaled to zero this pass ("" when it is not idle).
+        self.idle = "" if now is None or dep.idle_timeout_s is None else idle_cause(dep, now)
+        self.units: list[Unit] | None = None  # its wanted units, kept only while requests wait for it
 
     @property
     def status(self) -> str:
@@ -57,6 +65,8 @@ class Demand:
             return f"needs its minimum of {self.low} replica{'s' if self.low != 1 else ''}"
         if phase == "slo":
             return self.status
+        if phase == "demand":
+            return waiting_requests(self.waiting)
         return f"{self.dep.traffic_rps:g} req/s"
 
 
@@ -66,7 +76,7 @@ class Unit:
     Attributes that most units never change are class-level defaults: 10,000 units per plan stay cheap.
     """
 
-    phase = "min"  # "min" | "slo" | "extra"
+    phase = "min"  # "min" | "slo" | "extra" | "demand" | "idle"
     klass = 0
     gpus: tuple[int, ...] = ()  # ready placement, ledger numbers
     fixed = False  # still where it was before this pass
@@ -117,10 +127,14 @@ def _index(item: Replica | Unit) -> int:
 
 
 def build_units(
-    deployments: Iterable[Deployment], decisions: dict[str, ScaleDecision], replicas: Iterable[Replica]
+    deployments: Iterable[Deployment], decisions: dict[str, ScaleDecision], replicas: Iterable[Replica],
+    now: float | None = None,
 ) -> tuple[dict[str, Demand], list[Unit], list[Unit], list[Replica]]:
-    """(demands, wanted units by deployment and index, existing units to retire, orphaned replicas)."""
-    demands = {d.name: Demand(d, decisions[d.name]) for d in deployments}
+    """(demands, wanted units by deployment and index, existing units to retire, orphaned replicas).
+
+    `now` (the pass's time) decides which deployments are idle; None: none is.
+    """
+    demands = {d.name: Demand(d, decisions[d.name], now) for d in deployments}
     by_dep: dict[str, list[Replica]] = {}
     for r in replicas:
         rows = by_dep.get(r.deployment)
@@ -153,7 +167,18 @@ def build_units(
         elif len(ready) < len(existing):
             units.sort(key=_index)
         # The lowest indices are the minimum, so a replica keeps its class from one pass to the next.
+        if demand.waiting:
+            demand.units = units
         low, rank = demand.low, demand.rank
+        if demand.idle:  # scaled to zero: none of its replicas is placed; the ready ones leave their GPUs
+            cause = f"{demand.idle}: scaled to zero"
+            for unit in units:
+                unit.phase, unit.klass = "idle", IDLE_CLASS
+                if unit.origin:
+                    unit.cause, unit.cause_kind = cause, "idle"
+            wanted.extend(units)
+            retired.extend(Unit(demand, r.index, r) for r in existing[target:])
+            continue
         if demand.violating and demand.tier != "batch":
             rest_phase, rest_class = "slo", 4 + rank
         else:
@@ -167,3 +192,15 @@ def build_units(
         retired.extend(Unit(demand, r.index, r) for r in existing[target:])
     orphans = [r for rows in by_dep.values() for r in rows]
     return demands, wanted, retired, orphans
+
+
+def within_residency(unit: Unit, now: float, minimum: float) -> float | None:
+    """How long a replica kept where it was before this pass has been on its GPUs (its `ready_since`), when that
+    is less than `minimum`; None when it is past its residency or was placed in this pass."""
+    if not unit.fixed or unit.relocated:
+        return None
+    since = unit.existing.ready_since if unit.existing is not None else None
+    if since is None:
+        return None
+    age = now - since
+    return age if age < minimum else None

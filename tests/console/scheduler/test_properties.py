@@ -46,6 +46,9 @@ def deployments(draw):
             latency_critical=draw(st.booleans()),
             profile=draw(st.sampled_from([None, "compute", "memory", "io"])),
             traffic_rps=draw(st.sampled_from([0.0, 1.0, 50.0])),
+            demand=draw(st.sampled_from([0, 0, 0, 2])),  # requests waiting at the gateway
+            idle_timeout_s=draw(st.sampled_from([None, None, 60.0])),  # idle at now 0 when active_at is -100
+            active_at=draw(st.sampled_from([None, -100.0, 0.0])),
         ))
     return tuple(found)
 
@@ -58,22 +61,29 @@ def inputs(draw):
                      buffer_bytes=draw(st.integers(0, 2)) * HALF, settings=FAST)
 
 
-def carry_over(request: PlanInput, result) -> PlanInput:
-    """The next pass's input: the same request with the replicas as this plan left them."""
+def carry_over(request: PlanInput, result, planned_at: float | None = None) -> PlanInput:
+    """The next pass's input: the same request with the replicas as this plan left them. Replicas it placed, woke
+    or moved are ready since `planned_at` (the time of the pass that made `result`; default `request.now`), as
+    the console records them; kept ones since long ago."""
+    at = request.now if planned_at is None else planned_at
     current = tuple(
-        Replica(r.deployment, r.index, r.gpus, r.reserved_bytes, r.state, r.host)
+        Replica(r.deployment, r.index, r.gpus, r.reserved_bytes, r.state, r.host,
+                ready_since=None if r.action == "keep" else at)
         for r in result.replicas if r.state in ("ready", "sleeping"))
     return replace(request, replicas=current)
 
 
 def shaken(request: PlanInput, draw) -> PlanInput:
-    """The same fleet after traffic changed: some deployments now violate their SLO or want more replicas."""
+    """The same fleet 10 s later (past every residency) after traffic changed: some deployments now violate
+    their SLO or want more replicas, some have requests waiting."""
     changed = []
     for d in request.deployments:
         if draw(st.booleans()):
             d = replace(d, violating=True, max_replicas=d.high + 2)
+        if draw(st.booleans()):
+            d = replace(d, demand=2)
         changed.append(d)
-    return replace(request, deployments=tuple(changed))
+    return replace(request, deployments=tuple(changed), now=request.now + 10)
 
 
 RUN = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -100,14 +110,15 @@ def test_no_gpu_is_ever_over_capacity_minus_buffer_and_gangs_share_a_host(reques
     first = plan(request)
     assert_within_capacity_and_gangs_on_one_host(request, first)
     shaken_request = shaken(request, data.draw)
-    assert_within_capacity_and_gangs_on_one_host(shaken_request, plan(carry_over(shaken_request, first)))
+    assert_within_capacity_and_gangs_on_one_host(shaken_request,
+                                                 plan(carry_over(shaken_request, first, request.now)))
 
 
 @RUN
 @given(inputs(), st.data())
 def test_a_higher_tier_is_never_preempted_for_a_lower_one(request, data):
     first = plan(request)
-    second = plan(carry_over(shaken(request, data.draw), first))
+    second = plan(carry_over(shaken(request, data.draw), first, request.now))
     tiers = {d.name: TIER_RANK[d.priority] for d in request.deployments}
     for r in second.replicas:
         if r.preempted_by is not None:
@@ -154,7 +165,7 @@ def test_a_replan_of_an_unchanged_input_moves_nothing(request):
 @given(inputs(), st.data())
 def test_a_replan_after_preemptions_and_sleeps_moves_nothing(request, data):
     shaken_request = shaken(request, data.draw)
-    second = plan(carry_over(shaken_request, plan(request)))
+    second = plan(carry_over(shaken_request, plan(request), request.now))
     third = plan(carry_over(shaken_request, second))
     assert third.moves == ()
     before = {(r.deployment, r.index): r.gpus for r in second.replicas if r.state == "ready"}
