@@ -54,8 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="host memory for sleeping replicas' weights, like 64GiB or bytes; beyond it the least recently "
         "used are stopped (default: half of this host's RAM)",
     )
-    run.add_argument("--wake-timeout", default=30.0, type=_positive,
-                     help="seconds a request waits for a sleeping replica to wake before a 503 (default 30)")
     run.add_argument("--heartbeat-timeout", default=10.0, type=_positive,
                      help="seconds a loaded worker may miss heartbeats before it is killed and replaced (default 10)")
     run.add_argument("--mps", action="store_true",
@@ -139,7 +137,6 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         advertise=args.advertise,
         warm_workers=args.warm_workers,
         sleep_budget=args.sleep_budget,
-        wake_timeout=args.wake_timeout,
         heartbeat_timeout=args.heartbeat_timeout,
         mps=args.mps,
         cap_cpu_workers=args.cap_cpu_workers,

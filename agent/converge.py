@@ -31,7 +31,6 @@ class Running:
     target: str = "ready"  # where it is heading: ready, preloaded or sleeping
     weights_bytes: int = 0  # host bytes it holds asleep, or would hold (0: not known yet)
     last_used: float = 0.0
-    woken: bool = False  # a request woke it under the current generation: it stays ready until the next
 
 
 @dataclass(frozen=True)
@@ -124,8 +123,6 @@ def _converge_one(
         if current.target != target:
             return [Action("retarget", rid, target, f"replica {rid}: once loaded, {target}")]
         return []
-    if current.woken and current.state == "ready" and target != "ready":
-        return []  # a request woke it under this generation; the console decides again with the next one
     if target == "ready":
         if current.state == "preloaded":
             return [Action("promote", rid, "ready", f"replica {rid}: preloaded -> ready (no copy needed)")]

@@ -4,7 +4,9 @@ the desired state the console sends.
 Message flow on each connection: agent sends hello, then a report; then a report every
 `report_interval` seconds and a replica_status on every worker state change (and, throttled, on
 loading progress); the console sends desired_state (answered by an ack once applied) or error.
-The replicas themselves (converging, restarts, sleep budget, wakes) are agent.replicas.
+The replicas themselves (converging, restarts, sleep budget, wakes) are agent.replicas. Each desired
+state that is not stale also carries the gateway secret, the one bearer token the inference server accepts
+(agent.serving.auth); it is kept in memory only, across reconnects, and replaced by each newer one.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from agent.protocol import (
 from agent.replicas import Replicas, ReplicaSettings
 from agent.restarts import RestartBackoff
 from agent.serving import make_app, start_server
+from agent.serving.auth import GatewayAuth
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from agent.workers.supervisor import DEFAULT_WARM_SPARES, Supervisor, WorkerHandle
 
@@ -62,7 +65,6 @@ class AgentConfig:
     restart_backoff_max: float = 60.0
     warm_workers: int = DEFAULT_WARM_SPARES  # spawned workers kept with torch imported, for fast starts
     sleep_budget: int | None = None  # host bytes for sleeping replicas; None: half the host's RAM
-    wake_timeout: float = 30.0  # how long a request waits for a sleeping replica to wake (then 503)
     heartbeat_interval: float = HEARTBEAT_INTERVAL
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # a loaded worker silent this long is killed and replaced
     mps: bool = False  # start the CUDA MPS control daemon (real GPUs only)
@@ -94,6 +96,7 @@ class Agent:
         self.ws_url = websocket_url(config.console)
         self.replicas = Replicas(config.replica_settings(), backend, self._on_worker_change)
         self.endpoint = ""
+        self.gateway = GatewayAuth()  # the inference server's one accepted secret, from the desired states
         self.listening = asyncio.Event()
         self.applied_generation: int | None = None
         self._outbox: asyncio.Queue[str] | None = None
@@ -113,10 +116,6 @@ class Agent:
         """The replicas the inference server answers for."""
         return self.replicas.handles()
 
-    async def wake(self, deployment: str) -> WorkerHandle:
-        """For the inference server: a ready replica of `deployment`, woken if it sleeps (bounded wait)."""
-        return await self.replicas.wake_for_request(deployment)
-
     def request_stop(self) -> None:
         """Ask `run()` to stop the workers and return (safe from a signal handler on the loop)."""
         self._stop.set()
@@ -125,7 +124,7 @@ class Agent:
         """Serve inference and stay connected to the console until asked to stop."""
         await self._start_mps()
         try:
-            app = make_app(self, metrics=self.metrics)
+            app = make_app(self, metrics=self.metrics, auth=self.gateway)
             runner, port = await start_server(app, self.config.listen_host, self.config.listen_port)
         except BaseException:
             await self._stop_mps()
@@ -259,12 +258,14 @@ class Agent:
                 self._post(Ack(generation=message.generation))
 
     async def apply(self, desired: DesiredState) -> bool:
-        """Converge the workers to `desired`; False (and nothing done) when its generation is stale."""
+        """Take its gateway secret and converge the workers to `desired`; False (and nothing done, the secret
+        included) when its generation is stale."""
         if self.applied_generation is not None and desired.generation < self.applied_generation:
             log.info(
                 "ignoring stale desired state generation %d (applied %d)", desired.generation, self.applied_generation
             )
             return False
+        self.gateway.set(desired.gateway_secret)
         await self.replicas.apply(desired)
         self.applied_generation = desired.generation
         return True

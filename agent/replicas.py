@@ -1,8 +1,8 @@
 """The agent's replicas: converge workers to a desired state and keep them there (no torch).
 
 Applies a convergence plan (agent.converge) phase by phase, restarts crashed workers with backoff,
-keeps sleeping replicas inside the host-RAM budget (agent.sleep_budget), wakes a sleeping replica
-when a request needs it, and charges each GPU what its replicas measured.
+keeps sleeping replicas inside the host-RAM budget (agent.sleep_budget), and charges each GPU what its
+replicas measured. Replicas wake, load and sleep only as the desired state says: never for a request.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from agent.protocol import DesiredReplica, DesiredState, GpuInfo
 from agent.restarts import RestartBackoff
 from agent.serving.batching import BatchSettings
 from agent.sleep_budget import Sleeper, fit
-from agent.workers.errors import InferenceError, WakeFailed
+from agent.workers.errors import InferenceError
 from agent.workers.handle import DEFAULT_SWAP_TIMEOUT
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from agent.workers.spec import DTYPES, WorkerSpec
@@ -44,7 +44,6 @@ class ReplicaSettings:
     restart_backoff_min: float = 1.0  # a crashed worker is restarted after this, doubling per crash
     restart_backoff_max: float = 60.0
     sleep_budget: int | None = None  # host bytes for sleeping replicas; None: half the host's RAM
-    wake_timeout: float = 30.0  # how long a request waits for a sleeping replica to wake
     swap_timeout: float = DEFAULT_SWAP_TIMEOUT
     heartbeat_interval: float = HEARTBEAT_INTERVAL
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # a loaded worker silent this long is killed and replaced
@@ -80,7 +79,6 @@ class Replicas:
         self.generation = -1  # the desired-state generation applied last
         self._placements: dict[int, DesiredReplica] = {}
         self._generations: dict[int, int] = {}  # replica id -> generation its worker was started (or ended) under
-        self._woken: dict[int, int] = {}  # replica id -> generation under which a request woke it
         self._gpu_totals: dict[int, int] = {}
         self._restart_timers: dict[int, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -93,7 +91,7 @@ class Replicas:
 
     async def apply(self, desired: DesiredState) -> None:
         """Converge to `desired`: promotions, then what frees memory, then wakes and starts."""
-        running = {h.spec.replica_id: self._running(h, desired.generation) for h in self.supervisor.handles()}
+        running = {h.spec.replica_id: self._running(h) for h in self.supervisor.handles()}
         gpus = self.gpus()
         free = {g.index: max(g.total_bytes - g.used_bytes, 0) for g in gpus}
         plan = plan_convergence(desired, running, self.backend.device_kind, free, self.sleep_budget)
@@ -121,7 +119,6 @@ class Replicas:
             elif action.verb == "retarget" and handle is not None:
                 handle.after_load = "ready" if action.target == "ready" else "preloaded"
         self._generations = {k: v for k, v in self._generations.items() if self.supervisor.get(k)}
-        self._woken = {k: v for k, v in self._woken.items() if self.supervisor.get(k)}
 
     def _configure(self, handle: WorkerHandle) -> None:
         """What a replica's placement says beyond its worker: batching, and the adapters it serves."""
@@ -179,7 +176,7 @@ class Replicas:
         except InferenceError as e:
             log.info("replica %d: no adapter figures this time: %s", handle.spec.replica_id, e)
 
-    def _running(self, handle: WorkerHandle, generation: int) -> Running:
+    def _running(self, handle: WorkerHandle) -> Running:
         rid = handle.spec.replica_id
         placement = self._placements.get(rid)
         weights = sleep_bytes(handle)
@@ -190,7 +187,6 @@ class Replicas:
             target=placement.state if placement else "ready",
             weights_bytes=weights,
             last_used=handle.last_used,
-            woken=self._woken.get(rid) == generation,
         )
 
     def _handle(self, replica_id: int) -> WorkerHandle:
@@ -256,33 +252,6 @@ class Replicas:
         log.warning("replica %d: %s", replica_id, reason)
         await self.supervisor.evict(replica_id, reason)
         self._generations[replica_id] = self.generation  # left stopped until the console sends a new generation
-
-    async def wake_for_request(self, deployment: str) -> WorkerHandle:
-        """A ready replica of `deployment`, waking (or promoting) one if none is; WakeFailed says why not."""
-        handles = [h for h in self.supervisor.handles() if h.spec.deployment == deployment]
-        ready = [h for h in handles if h.state == "ready"]
-        if ready:
-            return min(ready, key=lambda h: h.queued)
-        # Preloaded first (already on the device), then the most recently used sleeper.
-        candidates = sorted((h for h in handles if h.state in ("preloaded", "sleeping")),
-                            key=lambda h: (h.state != "preloaded", -h.last_used))
-        if not candidates:
-            states = "; ".join(f"replica {h.spec.replica_id} is {h.state}" for h in handles) or "no replica here"
-            raise WakeFailed(f"model {deployment!r} has no replica that can be woken ({states})")
-        handle = candidates[0]
-        timeout = self.settings.wake_timeout
-        try:
-            async with asyncio.timeout(timeout):
-                await handle.wake("ready", self.settings.swap_timeout)
-        except TimeoutError:
-            raise WakeFailed(
-                f"model {deployment!r} is waking: replica {handle.spec.replica_id} was not ready within {timeout:g} s"
-            ) from None
-        except InferenceError as e:
-            raise WakeFailed(f"model {deployment!r} could not be woken: {e}") from e
-        self._woken[handle.spec.replica_id] = self.generation
-        log.info("replica %d: woken by a request for %r", handle.spec.replica_id, deployment)
-        return handle
 
     # --- watching -------------------------------------------------------------------------------
 
@@ -351,8 +320,26 @@ class Replicas:
                 index = placement.gpus[0] if placement and placement.gpus else 0
                 used[index] = used.get(index, 0) + handle.measured_bytes
         gpus = self.backend.collect(used)
+        own = self._own_bytes(used)
+        gpus = [g.model_copy(update={"own_bytes": min(own.get(g.index, 0), g.used_bytes)}) for g in gpus]
         self._gpu_totals = {g.index: g.total_bytes for g in gpus}
         return gpus
+
+    def _own_bytes(self, measured: dict[int, int]) -> dict[int, int]:
+        """Device memory this agent's workers hold per GPU, whatever their state (a draining or loading
+        worker is ours, never foreign): NVML's per-process reading where there is one, else what the
+        on-device workers measured (simulated GPUs charge exactly that)."""
+        own: dict[int, int] = {}
+        counted = False
+        for handle in self.supervisor.handles():
+            placement = self._placements.get(handle.spec.replica_id)
+            held = self.backend.process_memory(handle.pid) if handle.pid else None
+            if held is None or placement is None or not placement.gpus:
+                continue
+            counted = True
+            for index in placement.gpus:  # a gang's memory, split evenly over its GPUs
+                own[index] = own.get(index, 0) + held // len(placement.gpus)
+        return own if counted else dict(measured)
 
     async def stop_all(self) -> None:
         """Stop every worker and spare; nothing restarts afterwards."""

@@ -30,6 +30,9 @@ class GpuInfo(_Message):
     used_bytes: int = Field(ge=0)
     utilization: float | None = Field(default=None, ge=0, le=100)
     simulated: bool
+    # Of used_bytes, what this agent's own workers hold (loading, serving, draining or waking); the rest is
+    # foreign. None: not reported (an older agent), so the console falls back to its own accounting.
+    own_bytes: int | None = Field(default=None, ge=0)
 
 
 class Measurement(_Message):
@@ -150,6 +153,9 @@ class DesiredState(_Message):
     type: Literal["desired_state"] = "desired_state"
     generation: int = Field(ge=0)
     replicas: list[DesiredReplica]
+    # The per-host secret the console's gateway presents to the agent's inference server as a bearer token;
+    # rotated with the agent token. "" (an older console): the agent has none and serves no request.
+    gateway_secret: str = Field(default="", repr=False)
 
 
 class ErrorReply(_Message):

@@ -1,10 +1,12 @@
-"""The agent's HTTP inference server (Open Inference Protocol v2 REST)."""
+"""The agent's HTTP inference server (Open Inference Protocol v2 REST, OpenAI-style /v1, /metrics), open only to
+the console's gateway (agent.serving.auth)."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
 from agent.serving.app import make_app
+from agent.serving.auth import GatewayAuth
 
 
 async def start_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
@@ -16,4 +18,4 @@ async def start_server(app: web.Application, host: str, port: int) -> tuple[web.
     return runner, runner.addresses[0][1]
 
 
-__all__ = ["make_app", "start_server"]
+__all__ = ["GatewayAuth", "make_app", "start_server"]

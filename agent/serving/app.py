@@ -1,10 +1,12 @@
 """The agent's Open Inference Protocol (KServe v2 REST) server over its ready workers.
 
 Models are addressed by deployment name (or an adapter's name). Every error is `{"error": "..."}` with a
-status that says whose move it is: 400 the request, 404 the name, 429 a full queue, 503 the replica
-(loading, failed, or asleep and not woken in time), 507 the replica's memory (the request needs more than
-its share), 500/504 the worker. A request for a model whose replicas here all sleep wakes one and is
-answered once it is ready. The same app serves /v1 (agent.serving.openai) and /metrics.
+status that says whose move it is: 400 the request, 401 the caller (only the console's gateway, with this
+host's gateway secret, is served: agent.serving.auth), 404 the name, 429 a full queue, 503 the replica
+(starting, loading, preloaded, sleeping, stopped or failed: the reason says which), 507 the replica's
+memory (the request needs more than its share), 500/504 the worker. The agent never wakes or loads a
+replica for a request: only the console's desired state does. The same app serves /v1
+(agent.serving.openai) and /metrics.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 import agent
 from agent.metrics import CONTENT_TYPE, Metrics, replica_snapshot
+from agent.serving.auth import GatewayAuth, gateway_only
 from agent.serving.batching import BatchSettings
 from agent.serving.dispatch import (
     DISPATCHER,
@@ -30,7 +33,7 @@ from agent.serving.dispatch import (
     describe,
     not_ready_text,
 )
-from agent.serving.openai import add_openai_routes
+from agent.serving.openai import add_openai_routes, openai_error
 from agent.serving.tensors import encode_outputs, parse_infer_request
 from agent.workers.spec import SIGNATURES
 
@@ -39,18 +42,29 @@ MAX_BODY_BYTES = 64 * 1024 * 1024  # aiohttp's 1 MiB default is too small for a 
 
 SOURCE = web.AppKey("source", ReplicaSource)
 METRICS = web.AppKey("metrics", Metrics)
+GATEWAY = web.AppKey("gateway", GatewayAuth)
 
-__all__ = ["Replica", "ReplicaSource", "make_app"]
+__all__ = ["GatewayAuth", "Replica", "ReplicaSource", "make_app"]
 
 
 def make_app(
-    source: ReplicaSource, *, batching: BatchSettings | None = None, metrics: Metrics | None = None
+    source: ReplicaSource,
+    *,
+    batching: BatchSettings | None = None,
+    metrics: Metrics | None = None,
+    auth: GatewayAuth | None = None,
 ) -> web.Application:
     """The inference application over `source.handles()` (a Supervisor): v2, /v1 and /metrics.
 
+    Every route but GET /v2/health/live needs the secret held by `auth` (the Agent sets it from each
+    desired state); without one (the default: a GatewayAuth with no secret) they are all refused.
     `metrics` defaults to a private registry, so /metrics answers even when the daemon passes none.
     """
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors])
+    auth = auth if auth is not None else GatewayAuth()
+    app = web.Application(
+        client_max_size=MAX_BODY_BYTES, middlewares=[gateway_only(auth, _unauthorized), _json_errors]
+    )
+    app[GATEWAY] = auth
     app[SOURCE] = source
     app[METRICS] = metrics if metrics is not None else Metrics(CollectorRegistry())
     app[DISPATCHER] = Dispatcher(source, batching or BatchSettings(), app[METRICS])
@@ -69,6 +83,16 @@ def make_app(
 
 def error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
+
+
+def _unauthorized(request: web.Request, message: str, code: str) -> web.Response:
+    # The 401 in the shape of the route family asked: OpenAI's under /v1, {"error"} elsewhere.
+    if request.path == "/v1" or request.path.startswith("/v1/"):
+        response = openai_error(401, message, code)
+    else:
+        response = error(401, message)
+    response.headers["WWW-Authenticate"] = "Bearer"
+    return response
 
 
 async def live(request: web.Request) -> web.Response:
@@ -119,7 +143,7 @@ async def infer(request: web.Request) -> web.Response:
     dispatcher = request.app[DISPATCHER]
     route = dispatcher.route(request.match_info["name"])
     with dispatcher.observe(route) as seen:
-        dispatcher.check(route)  # neither ready nor wakeable: say so before reading the body
+        dispatcher.check(route)  # no replica ready: say so before reading the body
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -22,7 +22,6 @@ from agent.workers.errors import (
     InferenceInputError,
     InferenceOutOfMemory,
     InferenceTimeout,
-    WakeFailed,
     WorkerUnavailable,
 )
 from agent.workers.generation_spec import GenerationRequest, GenerationResult
@@ -55,13 +54,12 @@ class Replica(Protocol):
 
 
 class ReplicaSource(Protocol):
-    """Where the replicas come from (the Agent; a Supervisor or a fake in tests). The Agent also has
-    `async wake(deployment) -> Replica`: a ready replica, woken if need be, or WakeFailed saying why."""
+    """Where the replicas come from (the Agent; a Supervisor or a fake in tests). Serving only reads them:
+    it never wakes, loads or promotes one (the console's desired state alone decides that)."""
 
     def handles(self) -> list[Any]: ...
 
 
-WAKEABLE = ("sleeping", "preloaded")
 # States that are where the console wants them, not on their way to serving.
 RESTING = ("sleeping", "preloaded", "stopped")
 
@@ -117,8 +115,6 @@ def serving_error(error: BaseException, name: str) -> ServingError:
         return Busy(f"model {name!r}: {error}")
     if isinstance(error, InferenceOutOfMemory):
         return OutOfMemory(f"model {name!r} cannot take this request: {error}")
-    if isinstance(error, WakeFailed):
-        return NotReady(str(error))
     if isinstance(error, WorkerUnavailable | BatcherClosed):
         return NotReady(f"model {name!r} is not ready: {error}")
     if isinstance(error, InferenceTimeout):
@@ -197,22 +193,17 @@ class Dispatcher:
         return [(d, None) for d in deployments] + [(a, d) for a, d in adapters if a not in deployments]
 
     def check(self, route: Route) -> None:
-        """NotReady, saying why, when no replica of the route is ready or can be woken for it."""
-        if not any(h.state == "ready" for h in route.replicas) and not self._wakeable(route):
+        """NotReady, saying which replica is in which state and why, when no replica of the route is ready."""
+        if not any(h.state == "ready" for h in route.replicas):
             raise NotReady(not_ready_text(route.name, route.replicas))
 
     async def pick(self, route: Route) -> Any:
-        """The ready replica with the least work queued; when every one sleeps, one woken for this
-        request (bounded by the agent's wake timeout); NotReady saying why when neither can be."""
+        """The ready replica with the least work queued; NotReady at once, saying why, when none is (a
+        sleeping or preloaded replica is not woken or promoted for a request: the console decides that)."""
         ready = [h for h in route.replicas if h.state == "ready"]
         if ready:
             return min(ready, key=lambda h: h.queued + self._depth(h))
-        if self._wakeable(route):
-            return await self.source.wake(route.deployment)
         raise NotReady(not_ready_text(route.name, route.replicas))
-
-    def _wakeable(self, route: Route) -> bool:
-        return hasattr(self.source, "wake") and any(h.state in WAKEABLE for h in route.replicas)
 
     async def infer(self, route: Route, inputs: dict[str, np.ndarray]) -> Result:
         """One request through the picked replica's batcher."""

@@ -2,6 +2,7 @@
 
 A request names a deployment, or one of its adapters, as `model`. Errors take OpenAI's shape,
 `{"error": {"message", "type", "param", "code"}}`, with the status the official client expects.
+Chat completions are refused with a clear 400 until a chat template engine exists.
 """
 
 from __future__ import annotations
@@ -32,7 +33,15 @@ MAX_STOPS = 4
 MAX_TOKEN_ID = 2**31  # far past any vocabulary, and within int64 however the ids are stacked
 MAX_SEED = 2**63 - 1  # what torch.Generator.manual_seed takes
 TASK_NAMES = {"encoder": "an encoder", "causal-lm": "a causal language model"}
-ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    429: "rate_limit_error",
+}
+CHAT_UNSUPPORTED = (
+    "chat completions are not supported by this agent yet (no chat template engine); use /v1/completions"
+)
 
 # Options the API knows but this server does not implement: refused unless left at their default.
 UNSUPPORTED = {
@@ -56,6 +65,7 @@ def add_openai_routes(app: web.Application) -> None:
     v1.router.add_get("/models/{model}", get_model)
     v1.router.add_post("/embeddings", embeddings)
     v1.router.add_post("/completions", completions)
+    v1.router.add_post("/chat/completions", chat_completions)
     app.add_subapp("/v1", v1)
 
 
@@ -156,6 +166,11 @@ async def completions(request: web.Request) -> web.Response:
             },
         }
     )
+
+
+async def chat_completions(request: web.Request) -> web.Response:
+    """Refused, whatever the body: there is no chat template engine yet (the gateway forwards these)."""
+    raise BadInput(CHAT_UNSUPPORTED, code="unsupported")
 
 
 def _model_card(name: str, parent: str | None) -> dict[str, Any]:

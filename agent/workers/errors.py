@@ -23,10 +23,6 @@ class WorkerUnavailable(InferenceError):
     """The worker is not ready (starting, loading, asleep, failed, stopped, or it died during the request)."""
 
 
-class WakeFailed(WorkerUnavailable):
-    """A request needed a sleeping replica, and it could not be woken in time; the message says why."""
-
-
 ERROR_KINDS: dict[str, type[InferenceError]] = {
     "input": InferenceInputError,
     "oom": InferenceOutOfMemory,

@@ -13,7 +13,6 @@ from agent.workers.errors import (
     InferenceInputError,
     InferenceOutOfMemory,
     InferenceTimeout,
-    WakeFailed,
     WorkerUnavailable,
 )
 from agent.workers.handle import DEFAULT_STOP_TIMEOUT, StatusCallback, WorkerHandle, WorkerState
@@ -31,7 +30,6 @@ __all__ = [
     "InferenceTimeout",
     "Supervisor",
     "WorkerHandle",
-    "WakeFailed",
     "WorkerState",
     "WorkerUnavailable",
 ]

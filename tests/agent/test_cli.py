@@ -47,6 +47,9 @@ def test_it_refuses_a_bad_gpu_spec_and_a_bad_listen_address():
     assert code == 2 and "'-1' is not a whole number" in output
     code, output = finish(agent("run", "--console", "http://x", "--token", "t", "--sleep-budget", "lots"))
     assert code == 2 and "'lots' is not a size like 64GiB" in output
+    # Requests no longer wake replicas (only the console's desired state does): the flag is gone.
+    code, output = finish(agent("run", "--console", "http://x", "--token", "t", "--wake-timeout", "5"))
+    assert code == 2 and "unrecognized arguments: --wake-timeout" in output
 
 
 def test_sizes_take_binary_and_decimal_units():

@@ -90,10 +90,11 @@ def test_it_keeps_a_healthy_replica_running():
     assert plan([desired(1)], {1: running(1)}, generation=5).actions == ()
 
 
-def test_a_replica_woken_by_a_request_stays_ready_until_the_next_generation():
-    woken = {1: running(1, state="ready", woken=True)}
-    assert plan([desired(1, state="sleeping")], woken).actions == ()
-    assert verbs(plan([desired(1, state="sleeping")], {1: running(1, state="ready")})) == [("sleep", 1, "sleeping")]
+def test_a_ready_replica_asked_to_sleep_sleeps_under_any_generation():
+    # Requests never wake a replica, so nothing keeps one awake against the console's desired state.
+    for generation in (1, 2):
+        current = {1: running(1, state="ready", generation=1)}
+        assert verbs(plan([desired(1, state="sleeping")], current, generation=generation)) == [("sleep", 1, "sleeping")]
 
 
 def test_a_sleeping_replica_asked_to_preload_wakes_onto_its_gpu_only_if_there_is_room():

@@ -27,6 +27,8 @@ from agent.protocol import (
 from agent.workers.demo_models import build_tiny_llama
 
 TOKEN = "mg_agent_right"
+GATEWAY_SECRET = "mg_gateway_right"
+GATEWAY = {"Authorization": f"Bearer {GATEWAY_SECRET}"}
 GIB = 1 << 30
 
 
@@ -156,6 +158,11 @@ def replica(path, replica_id=7, deployment="chat", state="ready", **extra) -> De
     )
 
 
+def desired_state(generation, replicas, gateway_secret=GATEWAY_SECRET) -> DesiredState:
+    """A desired state as the console sends it, with this host's gateway secret."""
+    return DesiredState(generation=generation, replicas=replicas, gateway_secret=gateway_secret)
+
+
 def test_it_derives_the_websocket_url_from_the_console_url():
     assert websocket_url("http://127.0.0.1:8000/") == "ws://127.0.0.1:8000/ws/agent/"
     assert websocket_url("https://grid.example") == "wss://grid.example/ws/agent/"
@@ -176,7 +183,7 @@ async def test_it_converges_to_the_desired_state_reports_and_serves(console, run
     ]
     assert (await console.expect(HostReport)).replicas == []
 
-    await console.send(DesiredState(generation=3, replicas=[replica(llama)]))
+    await console.send(desired_state(generation=3, replicas=[replica(llama)]))
     starting = await console.expect(ReplicaStatus, replica_id=7)
     assert starting.state == "starting" and starting.pid
     await console.expect(Ack, generation=3)
@@ -189,10 +196,11 @@ async def test_it_converges_to_the_desired_state_reports_and_serves(console, run
     # The simulated GPU the replica was placed on is charged what the worker measured.
     report = await console.expect(HostReport)
     assert [g.used_bytes for g in report.gpus] == [0, ready.measured_bytes]
+    assert [g.own_bytes for g in report.gpus] == [0, ready.measured_bytes]  # all of it the agent's own
     assert [(r.replica_id, r.state) for r in report.replicas] == [(7, "ready")]
 
     body = {"inputs": [{"name": "input_ids", "shape": [1, 3], "datatype": "INT64", "data": [1, 2, 3]}]}
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=GATEWAY) as http:
         async with http.post(f"{agent.endpoint}/v2/models/chat/infer", json=body) as response:
             assert response.status == 200, await response.text()
             assert (await response.json())["outputs"][0]["shape"] == [1, 3, 1024]
@@ -202,16 +210,16 @@ async def test_it_converges_to_the_desired_state_reports_and_serves(console, run
     hello = await console.expect(Hello, timeout=10)
     report = await console.expect(HostReport)
     assert [(r.replica_id, r.state, r.pid) for r in report.replicas] == [(7, "ready", loading.pid)]
-    await console.send(DesiredState(generation=3, replicas=[replica(llama)]))  # the console resends
+    await console.send(desired_state(generation=3, replicas=[replica(llama)]))  # the console resends
     await console.expect(Ack, generation=3)
     assert agent.supervisor.get(7).pid == loading.pid
 
     # An empty desired state stops the worker; a stale one afterwards is ignored (no ack, nothing started).
-    await console.send(DesiredState(generation=4, replicas=[]))
+    await console.send(desired_state(generation=4, replicas=[]))
     await console.expect(ReplicaStatus, replica_id=7, state="stopped")
     await console.expect(Ack, generation=4)
     assert not psutil.pid_exists(loading.pid)
-    await console.send(DesiredState(generation=2, replicas=[replica(llama)]))
+    await console.send(desired_state(generation=2, replicas=[replica(llama)]))
     with pytest.raises(TimeoutError):
         await console.expect(Ack, timeout=0.6)
     assert agent.supervisor.handles() == [] and agent.applied_generation == 4
@@ -221,7 +229,7 @@ async def test_a_crashed_worker_is_reported_and_restarted(console, run_agent, tm
     llama = build_tiny_llama(tmp_path / "tiny-llama")
     agent = await run_agent()
     await console.expect(Hello)
-    await console.send(DesiredState(generation=1, replicas=[replica(llama)]))
+    await console.send(desired_state(generation=1, replicas=[replica(llama)]))
     first = await console.expect(ReplicaStatus, replica_id=7, state="ready", timeout=60)
 
     psutil.Process(first.pid).kill()
@@ -238,23 +246,23 @@ async def test_a_replica_that_cannot_load_is_reported_failed_and_retried_only_on
     agent = await run_agent()
     await console.expect(Hello)
     missing = replica(tmp_path / "nowhere", replica_id=9)
-    await console.send(DesiredState(generation=1, replicas=[missing]))
+    await console.send(desired_state(generation=1, replicas=[missing]))
     failed = await console.expect(ReplicaStatus, replica_id=9)
     assert failed.state == "failed" and failed.reason == f"{tmp_path / 'nowhere'}: no such directory"
     await console.expect(Ack, generation=1)
 
-    await console.send(DesiredState(generation=1, replicas=[missing]))  # the same generation again
+    await console.send(desired_state(generation=1, replicas=[missing]))  # the same generation again
     await console.expect(Ack, generation=1)
     report = await console.expect(HostReport)
     assert [(r.replica_id, r.state, r.reason) for r in report.replicas] == [(9, "failed", failed.reason)]
 
-    await console.send(DesiredState(generation=2, replicas=[missing]))  # a new generation: one retry
+    await console.send(desired_state(generation=2, replicas=[missing]))  # a new generation: one retry
     await console.expect(ReplicaStatus, replica_id=9, state="stopped")
     await console.expect(ReplicaStatus, replica_id=9, state="failed")
     await console.expect(Ack, generation=2)
 
     # `stopped` replicas do not run.
-    await console.send(DesiredState(generation=3, replicas=[replica(tmp_path, replica_id=9, state="stopped")]))
+    await console.send(desired_state(generation=3, replicas=[replica(tmp_path, replica_id=9, state="stopped")]))
     await console.expect(Ack, generation=3)
     assert agent.supervisor.handles() == []
 
@@ -264,7 +272,7 @@ async def test_it_logs_a_malformed_console_message_and_carries_on(console, run_a
     await console.expect(Hello)
     await console.sockets[-1].send_str('{"type": "desired_state", "generation": -1, "replicas": []}')
     await console.sockets[-1].send_str('{"type": "error", "reason": "hello from the wrong host"}')
-    await console.send(DesiredState(generation=1, replicas=[]))
+    await console.send(desired_state(generation=1, replicas=[]))
     await console.expect(Ack, generation=1)
     assert "ignoring a console message that does not validate: desired_state.generation" in caplog.text
     assert "the console reports an error: hello from the wrong host" in caplog.text
@@ -287,11 +295,52 @@ async def test_it_keeps_retrying_while_the_console_is_down(run_agent, caplog, co
     assert "cannot reach the console" in caplog.text and agent.endpoint
 
 
+async def get_status(agent, path, secret=None):
+    headers = {} if secret is None else {"Authorization": f"Bearer {secret}"}
+    async with aiohttp.ClientSession(headers=headers) as http:
+        async with http.get(f"{agent.endpoint}{path}") as response:
+            return response.status, await response.json(content_type=None) if path != "/metrics" else None
+
+
+async def test_the_inference_port_takes_the_gateway_secret_of_each_fresh_desired_state(console, run_agent):
+    agent = await run_agent()
+    await console.expect(Hello)
+    # No desired state yet: only liveness answers.
+    assert (await get_status(agent, "/v2/health/live"))[0] == 200
+    status, body = await get_status(agent, "/v2", secret="anything")
+    assert status == 401 and "has no gateway secret yet" in body["error"]
+
+    await console.send(desired_state(generation=5, replicas=[], gateway_secret="first"))
+    await console.expect(Ack, generation=5)
+    assert (await get_status(agent, "/v2", secret="first"))[0] == 200
+    assert (await get_status(agent, "/metrics", secret="first"))[0] == 200
+    assert (await get_status(agent, "/metrics"))[0] == 401
+    status, body = await get_status(agent, "/v1/models", secret="wrong")
+    assert status == 401 and body["error"]["code"] == "invalid_gateway_secret"
+
+    # A stale generation is ignored, its secret with the rest of it.
+    await console.send(desired_state(generation=4, replicas=[], gateway_secret="stale"))
+    await console.send(desired_state(generation=5, replicas=[], gateway_secret="first"))  # ordered after it
+    await console.expect(Ack, generation=5)
+    assert (await get_status(agent, "/v2", secret="stale"))[0] == 401
+    assert (await get_status(agent, "/v2", secret="first"))[0] == 200
+
+    # The secret survives a reconnect (in memory); a newer desired state's secret replaces it.
+    await console.sockets[-1].close()
+    await console.expect(Hello, timeout=10)
+    assert (await get_status(agent, "/v2", secret="first"))[0] == 200
+    await console.send(desired_state(generation=6, replicas=[], gateway_secret="second"))
+    await console.expect(Ack, generation=6)
+    assert (await get_status(agent, "/v2", secret="first"))[0] == 401
+    assert (await get_status(agent, "/v2", secret="second"))[0] == 200
+    assert (await get_status(agent, "/v2/health/live"))[0] == 200
+
+
 INFER_BODY = {"inputs": [{"name": "input_ids", "shape": [1, 3], "datatype": "INT64", "data": [1, 2, 3]}]}
 
 
 async def post_infer(agent, name):
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=GATEWAY) as http:
         async with http.post(f"{agent.endpoint}/v2/models/{name}/infer", json=INFER_BODY) as response:
             return response.status, await response.json()
 
@@ -302,7 +351,7 @@ async def test_it_sleeps_one_model_wakes_another_and_switches_to_a_preloaded_one
     await console.expect(Hello)
     a = replica(llama, replica_id=1, deployment="a", mps_percentage=30)
     b = replica(llama, replica_id=2, deployment="b", state="sleeping")
-    await console.send(DesiredState(generation=1, replicas=[a, b]))
+    await console.send(desired_state(generation=1, replicas=[a, b]))
     ready_a, asleep_b = await console.expect_each(
         (ReplicaStatus, {"replica_id": 1, "state": "ready"}),
         (ReplicaStatus, {"replica_id": 2, "state": "sleeping"}),  # loaded, then put to sleep
@@ -314,7 +363,7 @@ async def test_it_sleeps_one_model_wakes_another_and_switches_to_a_preloaded_one
     assert report.gpus[1].used_bytes == ready_a.measured_bytes  # a sleeping replica holds no device memory
 
     # Generation 2 sleeps `a` and wakes `b`: the same workers, moved in place.
-    await console.send(DesiredState(generation=2, replicas=[a.model_copy(update={"state": "sleeping"}),
+    await console.send(desired_state(generation=2, replicas=[a.model_copy(update={"state": "sleeping"}),
                                                             b.model_copy(update={"state": "ready"})]))
     _, woke_b, _ = await console.expect_each(
         (ReplicaStatus, {"replica_id": 1, "state": "sleeping"}),
@@ -325,25 +374,26 @@ async def test_it_sleeps_one_model_wakes_another_and_switches_to_a_preloaded_one
     assert (await post_infer(agent, "b"))[0] == 200
 
     # A stale generation is ignored: nothing moves and nothing is acknowledged.
-    await console.send(DesiredState(generation=1, replicas=[a, b]))
+    await console.send(desired_state(generation=1, replicas=[a, b]))
     with pytest.raises(TimeoutError):
         await console.expect(Ack, timeout=0.6)
     assert [(h.spec.replica_id, h.state) for h in agent.supervisor.handles()] == [(1, "sleeping"), (2, "ready")]
 
-    # A request for the sleeping `a` wakes it and is answered; it stays awake under this generation.
-    status, body = await post_infer(agent, "a")
-    assert status == 200 and body["outputs"][0]["shape"] == [1, 3, 1024]
-    assert agent.supervisor.get(1).state == "ready" and agent.supervisor.get(1).pid == ready_a.pid
-    await console.send(DesiredState(generation=2, replicas=[a.model_copy(update={"state": "sleeping"}),
+    # A request for the sleeping `a` is a 503 at once, saying why; it stays asleep (only the console wakes it).
+    async with asyncio.timeout(5):
+        status, body = await post_infer(agent, "a")
+    assert status == 503 and body == {"error": "model 'a' is not ready: replica 1 of 'a' is sleeping"}
+    assert agent.supervisor.get(1).state == "sleeping" and agent.supervisor.get(1).pid == ready_a.pid
+    await console.send(desired_state(generation=2, replicas=[a.model_copy(update={"state": "sleeping"}),
                                                             b.model_copy(update={"state": "ready"})]))
     await console.expect(Ack, generation=2)
-    assert agent.supervisor.get(1).state == "ready"
+    assert agent.supervisor.get(1).state == "sleeping"
 
     # Generation 3 stages `a` (already on its device) while `b` serves; generation 4 switches to it.
-    await console.send(DesiredState(generation=3, replicas=[a.model_copy(update={"state": "preloaded"}),
+    await console.send(desired_state(generation=3, replicas=[a.model_copy(update={"state": "preloaded"}),
                                                             b.model_copy(update={"state": "ready"})]))
     await console.expect_each((ReplicaStatus, {"replica_id": 1, "state": "preloaded"}), (Ack, {"generation": 3}))
-    await console.send(DesiredState(generation=4, replicas=[a, b.model_copy(update={"state": "stopped"})]))
+    await console.send(desired_state(generation=4, replicas=[a, b.model_copy(update={"state": "stopped"})]))
     promoted, _, _ = await console.expect_each(
         (ReplicaStatus, {"replica_id": 1, "state": "ready"}),
         (ReplicaStatus, {"replica_id": 2, "state": "stopped"}),
@@ -360,12 +410,12 @@ async def test_sleepers_beyond_the_host_budget_are_evicted_least_recently_used_f
     await console.expect(Hello)
     first = replica(llama, replica_id=1, deployment="first")
     second = replica(llama, replica_id=2, deployment="second")
-    await console.send(DesiredState(generation=1, replicas=[first, second]))
+    await console.send(desired_state(generation=1, replicas=[first, second]))
     await console.expect_each((ReplicaStatus, {"replica_id": 1, "state": "ready"}),
                               (ReplicaStatus, {"replica_id": 2, "state": "ready"}), timeout=90)
     assert (await post_infer(agent, "second"))[0] == 200  # `second` is now the more recently used
 
-    await console.send(DesiredState(generation=2, replicas=[first.model_copy(update={"state": "sleeping"}),
+    await console.send(desired_state(generation=2, replicas=[first.model_copy(update={"state": "sleeping"}),
                                                             second.model_copy(update={"state": "sleeping"})]))
     evicted, _, _ = await console.expect_each(
         (ReplicaStatus, {"replica_id": 1, "state": "stopped"}),
@@ -376,7 +426,7 @@ async def test_sleepers_beyond_the_host_budget_are_evicted_least_recently_used_f
     assert "least recently used" in evicted.reason and "--sleep-budget" in evicted.reason
 
     # The same generation again leaves the evicted replica stopped (no load-evict loop).
-    await console.send(DesiredState(generation=2, replicas=[first.model_copy(update={"state": "sleeping"}),
+    await console.send(desired_state(generation=2, replicas=[first.model_copy(update={"state": "sleeping"}),
                                                             second.model_copy(update={"state": "sleeping"})]))
     await console.expect(Ack, generation=2)
     report = await console.expect(HostReport)
@@ -387,7 +437,7 @@ async def test_a_hung_worker_is_reported_and_replaced(console, run_agent, tmp_pa
     llama = build_tiny_llama(tmp_path / "tiny-llama")
     await run_agent(heartbeat_interval=0.2, heartbeat_timeout=1.0)
     await console.expect(Hello)
-    await console.send(DesiredState(generation=1, replicas=[replica(llama)]))
+    await console.send(desired_state(generation=1, replicas=[replica(llama)]))
     first = await console.expect(ReplicaStatus, replica_id=7, state="ready", timeout=60)
 
     os.kill(first.pid, signal.SIGSTOP)
@@ -403,11 +453,11 @@ async def test_a_request_out_of_memory_is_a_507_and_harms_no_other_replica(conso
     await console.expect(Hello)
     # Each CPU worker is held to its reservation (1 MiB here) plus room for threads and the mapped file.
     small = [replica(llama, replica_id=i, deployment=name, reserved_bytes=1 << 20) for i, name in ((1, "a"), (2, "b"))]
-    await console.send(DesiredState(generation=1, replicas=small))
+    await console.send(desired_state(generation=1, replicas=small))
     await console.expect_each((ReplicaStatus, {"replica_id": 1, "state": "ready"}),
                               (ReplicaStatus, {"replica_id": 2, "state": "ready"}), timeout=60)
     huge = {"inputs": [{"name": "input_ids", "shape": [256, 1024], "datatype": "INT64", "data": [1] * (256 * 1024)}]}
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=GATEWAY) as http:
         async with http.post(f"{agent.endpoint}/v2/models/a/infer", json=huge) as response:
             assert response.status == 507
             assert (await response.json())["error"].startswith("model 'a' cannot take this request: out of memory")

@@ -24,6 +24,13 @@ def test_it_round_trips_a_desired_state():
     assert parse_console_message(dump(state)) == state
 
 
+def test_a_desired_state_carries_the_gateway_secret_and_an_older_console_may_leave_it_out():
+    state = parse_console_message('{"type": "desired_state", "generation": 1, "replicas": [], "gateway_secret": "s3"}')
+    assert state.gateway_secret == "s3" and parse_console_message(dump(state)) == state
+    assert "s3" not in repr(state)  # not in logs by way of a repr
+    assert parse_console_message('{"type": "desired_state", "generation": 1, "replicas": []}').gateway_secret == ""
+
+
 def test_it_dispatches_agent_messages_on_their_type():
     msg = parse_agent_message('{"type": "replica_status", "replica_id": 4, "state": "ready", "measured_bytes": 7}')
     assert isinstance(msg, ReplicaStatus) and msg.measured_bytes == 7

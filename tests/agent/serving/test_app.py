@@ -7,17 +7,19 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from agent.serving import make_app
+from agent.serving.auth import GatewayAuth
 from agent.serving.batching import BatchSettings
 from agent.workers.spec import WorkerSpec
 from agent.workers.supervisor import (
     InferenceInputError,
     InferenceOutOfMemory,
     InferenceTimeout,
-    WakeFailed,
     WorkerUnavailable,
 )
 
 VOCAB = 8
+SECRET = "gw-secret-for-tests"
+AUTH = {"Authorization": f"Bearer {SECRET}"}
 
 
 class FakeReplica:
@@ -50,28 +52,31 @@ class FakeSource:
 
 
 class WakingSource(FakeSource):
-    """Wakes a sleeping replica the way the agent does, or fails with `fail`."""
+    """A source that could wake a replica (as the agent once did for requests): serving must never ask it to."""
 
-    def __init__(self, *replicas, fail=None):
+    def __init__(self, *replicas):
         super().__init__(*replicas)
-        self.fail = fail
         self.woken = []
 
     async def wake(self, name):
         self.woken.append(name)
-        if self.fail:
-            raise self.fail
-        replica = next(r for r in self.replicas if r.spec.deployment == name and r.state in ("sleeping", "preloaded"))
-        replica.state = "ready"
-        return replica
+        for replica in self.replicas:
+            if replica.spec.deployment == name and replica.state in ("sleeping", "preloaded"):
+                replica.state = "ready"
+                return replica
+        raise AssertionError("no replica to wake")
 
 
 @pytest.fixture
 async def serve():
+    """A client of the app over fake replicas that sends the gateway secret (`secret=None`: the app holds
+    none; `headers`: what the client sends instead)."""
     clients = []
 
-    async def start(*replicas, batching=None, source=None):
-        client = TestClient(TestServer(make_app(source or FakeSource(*replicas), batching=batching)))
+    async def start(*replicas, batching=None, source=None, secret=SECRET, headers=AUTH):
+        auth = GatewayAuth(secret) if secret is not None else None
+        app = make_app(source or FakeSource(*replicas), batching=batching, auth=auth)
+        client = TestClient(TestServer(app), headers=headers)
         await client.start_server()
         clients.append(client)
         return client
@@ -330,25 +335,20 @@ async def test_metrics_are_scraped_in_the_text_format_after_requests(serve):
         assert line in text
 
 
-async def test_a_request_for_a_sleeping_model_wakes_it_and_is_answered(serve):
-    sleeper = FakeReplica(1, "chat", state="sleeping")
-    source = WakingSource(sleeper, FakeReplica(2, "other"))
+@pytest.mark.parametrize("state", ["sleeping", "preloaded"])
+async def test_a_request_for_a_sleeping_or_preloaded_model_is_a_503_at_once_and_wakes_nothing(serve, state):
+    # Only the console's desired state wakes or promotes a replica: a request never takes GPU memory.
+    resting = FakeReplica(1, "chat", state=state)
+    source = WakingSource(resting, FakeReplica(2, "other"))
     client = await serve(source=source)
-    response = await client.post("/v2/models/chat/infer", json=ids_body([1, 2], [1, 2]))
-    assert response.status == 200, await response.text()
-    assert source.woken == ["chat"] and sleeper.state == "ready" and len(sleeper.seen) == 1
-    await client.post("/v2/models/chat/infer", json=ids_body([1, 2], [1, 2]))
-    assert source.woken == ["chat"]  # awake now: no second wake
+    async with asyncio.timeout(5):
+        response = await client.post("/v2/models/chat/infer", json=ids_body([1, 2], [1, 2]))
+    assert response.status == 503
+    assert await response.json() == {"error": f"model 'chat' is not ready: replica 1 of 'chat' is {state}"}
+    assert source.woken == [] and resting.state == state and resting.seen == []
 
 
-async def test_a_model_that_cannot_be_woken_in_time_is_a_503_with_the_reason(serve):
-    reason = "model 'chat' is waking: replica 1 was not ready within 30 s"
-    client = await serve(source=WakingSource(FakeReplica(1, "chat", state="sleeping"), fail=WakeFailed(reason)))
-    response = await client.post("/v2/models/chat/infer", json=ids_body([1], [1, 1]))
-    assert response.status == 503 and await response.json() == {"error": reason}
-
-
-async def test_a_model_only_loading_or_failed_is_not_woken(serve):
+async def test_a_model_only_loading_or_failed_is_a_503_with_its_state(serve):
     source = WakingSource(FakeReplica(1, "chat", state="loading"))
     response = await (await serve(source=source)).post("/v2/models/chat/infer", json=ids_body([1], [1, 1]))
     assert response.status == 503 and source.woken == []
@@ -359,4 +359,90 @@ async def test_sleeping_and_preloaded_replicas_do_not_make_the_host_unready(serv
     client = await serve(FakeReplica(1, "chat"), FakeReplica(2, "a", state="sleeping"),
                          FakeReplica(3, "b", state="preloaded"), FakeReplica(4, "c", state="stopped"))
     assert (await client.get("/v2/health/ready")).status == 200
-    assert (await client.get("/v2/models/a/ready")).status == 503  # not serving until woken
+    assert (await client.get("/v2/models/a/ready")).status == 503  # not serving until the console wakes it
+
+
+# --- only the console's gateway ---------------------------------------------------------------------
+
+WRONG_SECRET = (
+    "this agent serves only the ModelGrid console's gateway: send the gateway's secret as a bearer token "
+    "(Authorization: Bearer <secret>)"
+)
+GUARDED = [
+    ("GET", "/v2"),
+    ("GET", "/v2/health/ready"),
+    ("GET", "/v2/models/chat"),
+    ("GET", "/v2/models/chat/ready"),
+    ("POST", "/v2/models/chat/infer"),
+    ("GET", "/metrics"),
+    ("GET", "/v2/no/such/route"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/chat"),
+    ("POST", "/v1/embeddings"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/chat/completions"),
+    ("GET", "/v1/no/such/route"),
+]
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": SECRET},
+                                     {"Authorization": f"Basic {SECRET}"}, {"Authorization": f"Bearer {SECRET}x"},
+                                     {"Authorization": "Bearer é"}])
+async def test_without_the_gateway_secret_every_route_but_live_is_a_401(serve, headers):
+    chat = FakeReplica(1, "chat")
+    client = await serve(chat, headers=headers)
+    for method, path in GUARDED:
+        response = await client.request(method, path, json=ids_body([1], [1, 1]))
+        assert response.status == 401, (method, path)
+        assert response.headers["WWW-Authenticate"] == "Bearer"
+        body = await response.json()
+        if path.startswith("/v1/"):
+            assert body == {"error": {"message": WRONG_SECRET, "type": "invalid_request_error", "param": None,
+                                      "code": "invalid_gateway_secret"}}
+        else:
+            assert body == {"error": WRONG_SECRET}
+    assert chat.seen == []
+    live = await client.get("/v2/health/live")
+    assert live.status == 200 and await live.json() == {"live": True}
+
+
+async def test_with_the_gateway_secret_every_route_answers(serve):
+    client = await serve(FakeReplica(1, "chat"))
+    for method, path in (("GET", "/v2"), ("GET", "/v2/health/ready"), ("GET", "/v2/models/chat/ready"),
+                         ("GET", "/metrics"), ("GET", "/v1/models"), ("GET", "/v2/health/live")):
+        assert (await client.request(method, path)).status == 200, path
+    assert (await client.post("/v2/models/chat/infer", json=ids_body([1], [1, 1]))).status == 200
+    lowercase = await client.get("/v2", headers={"Authorization": f"bearer {SECRET}"})  # the scheme is any case
+    assert lowercase.status == 200
+
+
+async def test_metrics_need_the_gateway_secret(serve):
+    client = await serve(FakeReplica(1, "chat"), headers={})
+    assert (await client.get("/metrics")).status == 401
+    response = await client.get("/metrics", headers=AUTH)
+    assert response.status == 200 and "modelgrid_replica_state" in await response.text()
+
+
+async def test_before_any_secret_arrives_everything_but_live_is_refused(serve):
+    for secret in (None, ""):  # the app's default holder, and an empty secret from a console
+        client = await serve(FakeReplica(1, "chat"), secret=secret, headers={"Authorization": "Bearer "})
+        assert (await client.get("/v2/health/live")).status == 200
+        response = await client.get("/v2/models/chat/ready")
+        assert response.status == 401 and response.headers["WWW-Authenticate"] == "Bearer"
+        message = (await response.json())["error"]
+        assert "has no gateway secret yet" in message and "desired state from the console" in message
+        response = await client.get("/v1/models")
+        assert response.status == 401 and (await response.json())["error"]["code"] == "no_gateway_secret"
+
+
+async def test_a_new_secret_replaces_the_old_one():
+    auth = GatewayAuth("first")
+    client = TestClient(TestServer(make_app(FakeSource(FakeReplica(1, "chat")), auth=auth)))
+    await client.start_server()
+    try:
+        assert (await client.get("/v2", headers={"Authorization": "Bearer first"})).status == 200
+        auth.set("second")
+        assert (await client.get("/v2", headers={"Authorization": "Bearer first"})).status == 401
+        assert (await client.get("/v2", headers={"Authorization": "Bearer second"})).status == 200
+    finally:
+        await client.close()

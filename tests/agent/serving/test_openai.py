@@ -11,12 +11,14 @@ from aiohttp.test_utils import TestServer
 
 from agent.serving import make_app
 from agent.serving.app import METRICS
+from agent.serving.auth import GatewayAuth
 from agent.serving.batching import BatchSettings
 from agent.workers.demo_tokenizer import train_bpe, train_wordpiece
 from agent.workers.generation_spec import GenerationResult
 from agent.workers.spec import WorkerSpec
 
 CONTINUATION = " and the quick brown fox jumps over the lazy dog again"
+SECRET = "gw-secret-for-openai-tests"  # the official client sends its api_key as the bearer token
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +80,10 @@ async def client(replicas):
         def handles(self):
             return list(replicas.values())
 
-    server = TestServer(make_app(Source(), batching=BatchSettings(max_batch_size=8, max_delay=0.01)), host="127.0.0.1")
+    app = make_app(Source(), batching=BatchSettings(max_batch_size=8, max_delay=0.01), auth=GatewayAuth(SECRET))
+    server = TestServer(app, host="127.0.0.1")
     await server.start_server()
-    async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused", max_retries=0) as c:
+    async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key=SECRET, max_retries=0) as c:
         c.server = server
         yield c
     await server.close()
@@ -216,11 +219,12 @@ async def test_a_full_queue_is_a_429(model_dirs):
         def handles(self):
             return [replica]
 
-    app = make_app(Source(), batching=BatchSettings(max_batch_size=1, max_delay=0, max_queue=1))
+    app = make_app(Source(), batching=BatchSettings(max_batch_size=1, max_delay=0, max_queue=1),
+                   auth=GatewayAuth(SECRET))
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:
-        async with openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="-", max_retries=0) as client:
+        async with openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key=SECRET, max_retries=0) as client:
             async with asyncio.timeout(10):
                 running = asyncio.ensure_future(client.embeddings.create(model="embed", input=[[1]]))
                 await started.wait()
@@ -239,9 +243,51 @@ async def test_a_full_queue_is_a_429(model_dirs):
 
 async def test_unknown_routes_and_bad_bodies_under_v1_keep_the_openai_shape(client):
     base = f"http://127.0.0.1:{client.server.port}/v1"
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {SECRET}"}) as http:
         async with http.get(f"{base}/nothing") as response:
             body = await response.json()
             assert response.status == 404 and set(body["error"]) == {"message", "type", "param", "code"}
         async with http.post(f"{base}/completions", data=b"{not json") as response:
             assert response.status == 400 and "not valid JSON" in (await response.json())["error"]["message"]
+
+
+
+async def test_a_sleeping_model_is_a_503_at_once_and_stays_asleep(client, replicas):
+    replicas["chat"].state = "sleeping"  # the agent does not wake it for a request: the console decides
+    with pytest.raises(openai.InternalServerError) as raised:
+        await client.completions.create(model="chat", prompt="Hello", max_tokens=2)
+    assert raised.value.status_code == 503 and raised.value.code == "model_not_ready"
+    assert raised.value.body["message"] == "model 'chat' is not ready: replica 1 of 'chat' is sleeping"
+    assert replicas["chat"].state == "sleeping" and replicas["chat"].generations == []
+
+
+async def test_chat_completions_are_a_clear_400_until_a_chat_engine_exists(client, replicas):
+    with pytest.raises(openai.BadRequestError) as raised:
+        await client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}])
+    assert raised.value.code == "unsupported" and raised.value.type == "invalid_request_error"
+    assert raised.value.body["message"] == (
+        "chat completions are not supported by this agent yet (no chat template engine); use /v1/completions"
+    )
+    assert replicas["chat"].generations == []
+
+
+async def test_streaming_completions_are_a_clear_400(client):
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {SECRET}"}) as http:
+        url = f"http://127.0.0.1:{client.server.port}/v1/completions"
+        async with http.post(url, json={"model": "chat", "prompt": "hi", "stream": True}) as response:
+            body = await response.json()
+    assert response.status == 400 and body["error"]["param"] == "stream"
+    assert body["error"]["message"] == "stream=true is not supported by this server"
+
+
+async def test_the_official_client_without_the_gateway_secret_gets_a_401(client, replicas):
+    base_url = f"http://127.0.0.1:{client.server.port}/v1"
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="not-the-secret", max_retries=0) as stranger:
+        with pytest.raises(openai.AuthenticationError) as raised:
+            await stranger.completions.create(model="chat", prompt="Hello", max_tokens=2)
+        with pytest.raises(openai.AuthenticationError):
+            await stranger.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}])
+    assert raised.value.status_code == 401 and raised.value.code == "invalid_gateway_secret"
+    assert raised.value.body["message"].startswith("this agent serves only the ModelGrid console's gateway")
+    assert raised.value.response.headers["WWW-Authenticate"] == "Bearer"
+    assert replicas["chat"].generations == []
