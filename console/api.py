@@ -18,7 +18,8 @@ api = NinjaAPI(
     docs_url="/docs",
     auth=[BearerToken(), django_auth],
     description="Register models, deploy them onto the GPU fleet, and watch placement. "
-    "Authenticate with `Authorization: Bearer <token>` (`python manage.py createapitoken USER`).",
+    "Authenticate with `Authorization: Bearer <token>` (`python manage.py createapitoken USER`); a token made "
+    "with `--scope inference` may only call the inference gateway, and is refused here with 403.",
 )
 api.add_router("/hosts", fleet_router, tags=["fleet"])
 api.add_router("/models", catalog_router, tags=["models"])

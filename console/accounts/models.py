@@ -35,20 +35,26 @@ class HashedToken(models.Model):
         return None
 
 
+class Scope(models.TextChoices):
+    ALL = "all", "REST API and inference"
+    INFERENCE = "inference", "inference only"
+
+
 class ApiToken(HashedToken):
-    """A REST API token for automation."""
+    """A token for automation: the REST API and the inference gateway, or (scope `inference`) the gateway only."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     name = models.CharField(max_length=100, default="cli")
+    scope = models.CharField(max_length=10, choices=Scope.choices, default=Scope.ALL)
 
     def __str__(self) -> str:
         return f"{self.user} / {self.name} ({self.prefix}…)"
 
     @classmethod
-    def issue(cls, user, name: str = "cli") -> tuple[ApiToken, str]:
+    def issue(cls, user, name: str = "cli", scope: str = Scope.ALL) -> tuple[ApiToken, str]:
         """Create a token for `user`; returns the row and the plaintext, which is never stored."""
         token, fields = cls.new_secret("api")
-        return cls.objects.create(user=user, name=name, **fields), token
+        return cls.objects.create(user=user, name=name, scope=scope, **fields), token
 
     @classmethod
     def authenticate(cls, token: str) -> ApiToken | None:

@@ -67,6 +67,17 @@ class Deployment(models.Model):
     state = models.CharField(max_length=20, choices=DeploymentState.choices, default=DeploymentState.PENDING)
     reason = models.TextField(blank=True)
     created = models.DateTimeField(default=timezone.now)
+    # Scale to zero: with min_replicas 0, after this long without a request its replicas leave their GPUs.
+    idle_timeout_s = models.PositiveIntegerField(default=300)
+    # What the gateway saw: the last request, requests waiting for a ready replica (and when it last said
+    # so: a count not renewed within a few seconds is stale), and its own per-process traffic figures.
+    last_request_at = models.DateTimeField(null=True, blank=True)
+    demand = models.PositiveIntegerField(default=0)
+    demand_at = models.DateTimeField(null=True, blank=True)
+    gateway_stats = models.JSONField(default=dict, blank=True)
+    # The scheduler's answer to that demand: served | waiting | refused, and why.
+    demand_status = models.CharField(max_length=10, blank=True)
+    demand_reason = models.TextField(blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -112,6 +123,10 @@ class Replica(models.Model):
     mps_percentage = models.PositiveIntegerField(null=True, blank=True)
     pid = models.PositiveIntegerField(null=True, blank=True)
     created = models.DateTimeField(default=timezone.now)
+    # Temporal sharing: when the gateway last had a request in flight on it, and when the scheduler last
+    # placed or woke it (its minimum residency counts from then).
+    last_request_at = models.DateTimeField(null=True, blank=True)
+    ready_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["deployment__name", "index"]

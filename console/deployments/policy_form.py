@@ -13,8 +13,8 @@ from console.forms import checked, whole_number
 
 # The form's fields, in the order of the form (all of services.POLICY_FIELDS but `replicas`, which is
 # the scheduler's to move within [min, max]).
-FIELDS = ("priority", "min_replicas", "max_replicas", "gpus_per_replica", "slo_latency_ms", "latency_critical",
-          "profile", "selector", "max_batch_size", "max_batch_delay_ms", "standby")
+FIELDS = ("priority", "min_replicas", "max_replicas", "idle_timeout_s", "gpus_per_replica", "slo_latency_ms",
+          "latency_critical", "profile", "selector", "max_batch_size", "max_batch_delay_ms", "standby")
 
 
 def format_selector(selector: Mapping[str, str] | None) -> str:
@@ -46,7 +46,7 @@ def parse_policy_form(form: Mapping[str, str]) -> dict[str, Any]:
     """The changes a submitted form asks for. An empty p95 target removes the SLO; an unchecked
     latency_critical box is False; other empty numbers are left out (unchanged)."""
     changes: dict[str, Any] = {}
-    for field in ("min_replicas", "max_replicas", "gpus_per_replica", "max_batch_size"):
+    for field in ("min_replicas", "max_replicas", "idle_timeout_s", "gpus_per_replica", "max_batch_size"):
         value = _whole(form, field)
         if value is not None:
             changes[field] = value
@@ -85,7 +85,7 @@ def field_named(message: str) -> str | None:
 
 
 _LABELS = {"priority": "priority", "min_replicas": "min replicas", "max_replicas": "max replicas",
-           "gpus_per_replica": "GPUs per replica", "slo_latency_ms": "p95 target",
+           "idle_timeout_s": "idle timeout", "gpus_per_replica": "GPUs per replica", "slo_latency_ms": "p95 target",
            "latency_critical": "latency-critical", "profile": "profile", "selector": "selector",
            "max_batch_size": "max batch size", "max_batch_delay_ms": "max batch delay", "standby": "standby"}
 
@@ -99,6 +99,8 @@ def _shown(field: str, value: Any) -> str:
         return f"{value} ms"
     if field == "max_batch_delay_ms":
         return f"{value:g} ms"
+    if field == "idle_timeout_s":
+        return f"{value} s"
     if isinstance(value, bool):
         return "yes" if value else "no"
     return str(value)

@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
 
 from console.catalog.memory import memory_summary
 from console.deployments.models import Deployment, Replica
+from console.deployments.serving import ASLEEP, COLD, READY, STANDBY, WAKING, serving_state
+from console.deployments.snapshot import live_demand
 
 # Observed states on the way to `ready`: while a replica is in one of them and meant to be ready, its
 # target goes without saying.
 _ON_THE_WAY = ("pending", "starting", "loading")
 # A scale-up creates the new rows in the pass that sets last_scale_at, so they are this close behind it.
 _SAME_PASS = timedelta(seconds=10)
+# What the next request meets, for the word's tooltip and the deployment page.
+SERVING_HINTS = {
+    READY: "answers at once",
+    WAKING: "a replica is on its way to a GPU; requests wait for it",
+    ASLEEP: "in host RAM; the next request wakes it",
+    COLD: "on disk; the next request loads it",
+    STANDBY: "loaded, but takes no requests until standby is turned off",
+}
+# The scheduler's answer to waiting requests, as the page words it.
+DEMAND_LABELS = {"served": "a replica is on its way", "waiting": "queued", "refused": "cannot be served now"}
 
 
 def replica_memory(r: Replica) -> dict:
@@ -45,6 +60,7 @@ def replica_data(r: Replica) -> dict:
         "sleep_wake": r.sleep_wake or None,
         "adapter_stats": r.adapter_stats or [],
         "adapter_error": r.adapter_error,
+        "last_request_at": r.last_request_at,
     }
 
 
@@ -94,6 +110,12 @@ def deployment_data(dep: Deployment, replicas: list[Replica] | None = None) -> d
         "max_batch_size": dep.max_batch_size,
         "max_batch_delay_ms": dep.max_batch_delay_ms,
         "standby": dep.standby,
+        "idle_timeout_s": dep.idle_timeout_s,
+        "serving": serving_state(replicas, dep.standby),
+        "last_request_at": dep.last_request_at,
+        "demand": waiting_requests(dep),
+        "demand_status": dep.demand_status,
+        "demand_reason": dep.demand_reason,
         "dtype": dep.serving_dtype,
         "batch": dep.batch,
         "seq": dep.seq,
@@ -106,7 +128,47 @@ def deployment_data(dep: Deployment, replicas: list[Replica] | None = None) -> d
     }
 
 
+def waiting_requests(dep: Deployment, now: datetime | None = None) -> int:
+    """Requests waiting at the gateway for a ready replica: the count it last wrote, 0 once stale (the
+    scheduler's own rule, so the page never shows demand the scheduler ignores)."""
+    return live_demand(dep, (now or timezone.now()).timestamp(), settings.MODELGRID_DEMAND_STALE_SECONDS)
+
+
 # Pages: what the figures mean, for the deployment page and the dashboard's table.
+
+def for_people(seconds: int) -> str:
+    """A whole number of seconds in the largest unit that divides it: "45 s", "5 min", "2 h", "7 days"."""
+    for unit, size in (("day", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            n = seconds // size
+            return f"{n} {unit}{'s' if unit == 'day' and n != 1 else ''}"
+    return f"{seconds} s"
+
+
+def idle_after(dep: Deployment) -> str | None:
+    """How long without requests before it scales to zero ("5 min"); None for one that never does."""
+    if dep.min_replicas or not dep.max_replicas:
+        return None
+    return for_people(dep.idle_timeout_s)
+
+
+def demand_view(dep: Deployment, now: datetime | None = None) -> dict | None:
+    """Requests waiting for a replica and the scheduler's answer ("2 requests waiting: waiting for std#0 to
+    go idle"), or None when nothing waits."""
+    count = waiting_requests(dep, now)
+    if not count:
+        return None
+    status = dep.demand_status or "waiting"
+    text = f"{count} request{'s' if count != 1 else ''} waiting"
+    return {"count": count, "status": status, "label": DEMAND_LABELS.get(status, status),
+            "reason": dep.demand_reason, "text": f"{text}: {dep.demand_reason}" if dep.demand_reason else text}
+
+
+def serving_view(dep: Deployment, replicas: list[Replica]) -> dict:
+    """The serving word and what it means for the next request."""
+    word = serving_state(replicas, dep.standby)
+    return {"word": word, "hint": SERVING_HINTS[word]}
+
 
 def slo_status(dep: Deployment) -> dict:
     """Where the deployment stands against its p95 target: none, waiting (no traffic measured), ok or
@@ -163,6 +225,9 @@ def deployment_row(dep: Deployment) -> dict:
         "slo": slo_status(dep),
         "scale": scale_status(dep, replicas),
         "counts": state_counts(replicas),
+        "serving": serving_view(dep, replicas),
+        "demand": demand_view(dep),
+        "idle_after": idle_after(dep),
     }
 
 
@@ -199,6 +264,9 @@ def deployment_page_data(dep: Deployment) -> dict:
         "slo": slo_status(dep),
         "scale": scale_status(dep, replicas),
         "counts": state_counts(replicas),
+        "serving": serving_view(dep, replicas),
+        "demand": demand_view(dep),
+        "idle_after": idle_after(dep),
         "endpoints": sorted({r["endpoint"] for r in data["replicas"] if r["endpoint"]}),
         "adapter_errors": [(r["index"], r["adapter_error"]) for r in data["replicas"] if r["adapter_error"]],
     }

@@ -26,6 +26,9 @@ class DeploymentIn(Schema):
     max_batch_delay_ms: float = Field(5.0, description="dynamic batching: how long a request waits for others")
     standby: bool = Field(False, description="load its replicas but take no requests; turning it off serves "
                           "without a load gap")
+    idle_timeout_s: int = Field(300, description="scale to zero: with min_replicas 0, its replicas leave their "
+                                "GPUs after this many seconds without requests (1 to 604800); the next request "
+                                "brings one back")
 
 
 class DeploymentPatch(Schema):
@@ -43,6 +46,7 @@ class DeploymentPatch(Schema):
     max_batch_size: int | None = None
     max_batch_delay_ms: float | None = None
     standby: bool | None = None
+    idle_timeout_s: int | None = None
 
 
 class MemoryOut(Schema):
@@ -92,6 +96,7 @@ class ReplicaOut(Schema):
     sleep_wake: SleepWakeOut | None = Field(description="the last sleep or wake")
     adapter_stats: list[AdapterStatOut]
     adapter_error: str = Field(description="why its worker refused an adapter, if it did")
+    last_request_at: datetime | None = Field(description="when the gateway last had a request in flight on it")
 
 
 class AdapterTierOut(Schema):
@@ -131,6 +136,17 @@ class DeploymentOut(Schema):
     max_batch_size: int
     max_batch_delay_ms: float
     standby: bool
+    idle_timeout_s: int = Field(description="with min_replicas 0: seconds without requests before its replicas "
+                                "leave their GPUs")
+    serving: str = Field(description="what the next request meets: ready (answers at once), waking (a replica is on "
+                         "its way to a GPU), asleep (wakes from host RAM on demand), cold (loads from disk on "
+                         "demand) or standby (loaded, takes no requests)")
+    last_request_at: datetime | None = Field(description="when the gateway last served or queued a request for it")
+    demand: int = Field(description="requests waiting at the gateway for a ready replica (0 when the gateway has "
+                        "not renewed the count for a few seconds)")
+    demand_status: str = Field(description="the scheduler's answer to waiting requests: served, waiting, refused, "
+                               "or empty when there were none")
+    demand_reason: str = Field(description="why: what it woke or loaded, what it waits for, or why it cannot")
     dtype: str
     batch: int
     seq: int | None

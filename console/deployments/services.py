@@ -16,9 +16,11 @@ from console.realtime.notify import wake_scheduler
 
 MAX_REPLICAS = 64
 MAX_GANG = 16
+MAX_IDLE_TIMEOUT_S = 7 * 24 * 3600
 # What an operator may change on a deployment (PATCH, the SLO form); the serving shape is fixed at creation.
 POLICY_FIELDS = ("replicas", "min_replicas", "max_replicas", "gpus_per_replica", "priority", "selector",
-                 "slo_latency_ms", "latency_critical", "profile", "max_batch_size", "max_batch_delay_ms", "standby")
+                 "slo_latency_ms", "latency_critical", "profile", "max_batch_size", "max_batch_delay_ms", "standby",
+                 "idle_timeout_s")
 
 
 def create_deployment(
@@ -115,6 +117,12 @@ def _checked_policy(current: Deployment, changes: dict[str, Any]) -> dict[str, A
         if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay <= 10_000:
             raise Invalid(f"max_batch_delay_ms must be a number of milliseconds between 0 and 10000, got {delay!r}")
         out["max_batch_delay_ms"] = float(delay)
+    if "idle_timeout_s" in changes:
+        idle = changes["idle_timeout_s"]
+        if isinstance(idle, bool) or not isinstance(idle, int) or not 1 <= idle <= MAX_IDLE_TIMEOUT_S:
+            raise Invalid(f"idle_timeout_s must be a whole number of seconds between 1 and {MAX_IDLE_TIMEOUT_S} "
+                          f"(7 days), got {idle!r}")
+        out["idle_timeout_s"] = idle
     for flag in ("latency_critical", "standby"):
         if flag in changes:
             if not isinstance(changes[flag], bool):

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import hashlib
+import hmac
+
+from django.conf import settings
 from django.db import models
 
 from console.accounts.models import HashedToken
@@ -36,6 +40,9 @@ class Gpu(models.Model):
     name = models.CharField(max_length=200)
     total_bytes = models.PositiveBigIntegerField(default=0)
     used_bytes = models.PositiveBigIntegerField(default=0)
+    # Of used_bytes, what ModelGrid's own workers on this host hold (loading, serving, draining, waking);
+    # null when the agent does not say. The rest is foreign.
+    own_bytes = models.PositiveBigIntegerField(null=True, blank=True)
     utilization = models.FloatField(null=True, blank=True)
     simulated = models.BooleanField(default=False)
 
@@ -69,3 +76,10 @@ class AgentCredential(HashedToken):
     @classmethod
     def authenticate(cls, token: str) -> AgentCredential | None:
         return cls.find(token)
+
+    @property
+    def gateway_secret(self) -> str:
+        """What the console's gateway presents to this host's agent. Derived from SECRET_KEY and the agent
+        token's hash: nothing more is stored, every console process knows it, and it rotates with the token."""
+        message = f"gateway:{self.host_name}:{self.token_hash}".encode()
+        return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()

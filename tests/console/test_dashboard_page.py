@@ -2,9 +2,12 @@
 the note on what decides placement."""
 
 import re
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
+from console.deployments.models import Deployment
 from console.fleet.views import grid_context
 from tests.console.fleet_scene import scene
 
@@ -84,3 +87,25 @@ def test_the_websocket_render_has_the_same_grid(model_dir):
     scene(str(model_dir))
     live = render_to_string("fleet/_live.html", grid_context())
     assert 'id="fleet-grid"' in live and 'id="deployment-table"' in live and "nightly-batch#0 8.00 GiB" in live
+
+
+def test_each_deployment_row_says_what_its_next_request_meets(html):
+    words = {"chat": "ready", "embed": "ready", "summarize": "waking", "nightly-batch": "asleep", "big": "cold"}
+    for name, word in words.items():
+        row = element(html, f'<tr data-deployment="{name}">', "</tr>")
+        assert f'<span class="serving serving-{word}" data-serving="{word}"' in row, name
+    nightly = element(html, '<tr data-deployment="nightly-batch">', "</tr>")
+    assert "to zero after 5 min idle" in nightly  # min replicas 0
+    assert "to zero after" not in element(html, '<tr data-deployment="chat">', "</tr>")
+
+
+def test_a_row_counts_the_requests_waiting_for_a_replica(user_client, model_dir):
+    scene(str(model_dir))
+    Deployment.objects.filter(name="nightly-batch").update(
+        demand=3, demand_at=timezone.now(), demand_status="served", demand_reason="woke nightly-batch#0 on gpu-a/1")
+    page = user_client.get("/").content.decode()
+    nightly = element(page, '<tr data-deployment="nightly-batch">', "</tr>")
+    assert 'data-demand="served" title="woke nightly-batch#0 on gpu-a/1">3 waiting</div>' in nightly
+    Deployment.objects.filter(name="nightly-batch").update(demand_at=timezone.now() - timedelta(minutes=1))
+    page = user_client.get("/").content.decode()
+    assert "3 waiting" not in element(page, '<tr data-deployment="nightly-batch">', "</tr>")

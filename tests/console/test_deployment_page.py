@@ -2,9 +2,11 @@
 (htmx and without JavaScript)."""
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from console.deployments.models import Deployment
 from tests.console.fleet_scene import scene
@@ -23,7 +25,8 @@ def policy_form(dep: Deployment, **changes) -> dict:
     form = {"priority": dep.priority, "min_replicas": dep.min_replicas, "max_replicas": dep.max_replicas,
             "gpus_per_replica": dep.gpus_per_replica, "slo_latency_ms": dep.slo_latency_ms or "",
             "profile": dep.profile, "selector": ", ".join(f"{k}={v}" for k, v in dep.selector.items()),
-            "max_batch_size": dep.max_batch_size, "max_batch_delay_ms": dep.max_batch_delay_ms}
+            "max_batch_size": dep.max_batch_size, "max_batch_delay_ms": dep.max_batch_delay_ms,
+            "idle_timeout_s": dep.idle_timeout_s}
     if dep.latency_critical:
         form["latency_critical"] = "on"
     if dep.standby:
@@ -187,6 +190,8 @@ def test_unchecking_latency_critical_and_emptying_the_target_removes_them(user_c
     ({"slo_latency_ms": "fast"}, "slo_latency_ms", "slo_latency_ms must be a whole number"),
     ({"max_batch_delay_ms": "20000"}, "max_batch_delay_ms", "max_batch_delay_ms must be a number of milliseconds"),
     ({"gpus_per_replica": "0"}, "gpus_per_replica", "gpus_per_replica must be a whole number between 1 and 16"),
+    ({"idle_timeout_s": "0"}, "idle_timeout_s", "idle_timeout_s must be a whole number of seconds between 1 and"),
+    ({"idle_timeout_s": "soon"}, "idle_timeout_s", "idle_timeout_s must be a whole number, got &#x27;soon&#x27;"),
 ])
 def test_a_refused_policy_change_names_the_field_and_stores_nothing(user_client, fleet, changes, field, message):
     before = Deployment.objects.values().get(name="chat")
@@ -234,3 +239,67 @@ def test_the_policy_form_stages_a_deployment_on_standby(user_client, fleet):
     html = r.content.decode()
     assert r.status_code == 200 and 'name="standby" checked' in html and "standby no → yes" in html
     assert Deployment.objects.get(name="chat").standby is True
+
+
+def test_each_deployment_says_what_its_next_request_meets(user_client, fleet):
+    expected = {"chat": "ready answers at once",
+                "summarize": "waking a replica is on its way to a GPU; requests wait for it",
+                "nightly-batch": "asleep in host RAM; the next request wakes it",
+                "big": "cold on disk; the next request loads it"}
+    for name, words in expected.items():
+        html = user_client.get(f"/deployments/{name}/status/", **HTMX).content.decode()
+        assert stat(html, "serving") == f"Serving {words}", name
+        word = words.split()[0]
+        assert f'class="serving serving-{word}" data-serving="{word}"' in html
+    Deployment.objects.filter(name="chat").update(standby=True)
+    html = user_client.get("/deployments/chat/status/", **HTMX).content.decode()
+    assert stat(html, "serving").startswith("Serving standby loaded, but takes no requests")
+
+
+def test_the_serving_tile_says_when_the_last_request_came(user_client, fleet):
+    Deployment.objects.filter(name="chat").update(last_request_at=timezone.now() - timedelta(minutes=2))
+    html = user_client.get("/deployments/chat/status/", **HTMX).content.decode()
+    assert stat(html, "serving") == "Serving ready answers at once · last request 2 min ago"
+
+
+def test_a_deployment_that_may_scale_to_zero_shows_its_idle_timeout(user_client, fleet):
+    html = user_client.get("/deployments/nightly-batch/status/", **HTMX).content.decode()
+    assert stat(html, "replicas") == "Replicas 1 of 0–2 not scaled yet · scales to zero after 5 min idle"
+    Deployment.objects.filter(name="nightly-batch").update(idle_timeout_s=5400)
+    html = user_client.get("/deployments/nightly-batch/status/", **HTMX).content.decode()
+    assert stat(html, "replicas").endswith("scales to zero after 90 min idle")
+    html = user_client.get("/deployments/chat/status/", **HTMX).content.decode()
+    assert "scales to zero" not in html  # its minimum is 1: it never does
+
+
+def test_waiting_requests_show_with_the_schedulers_answer_while_the_gateway_renews_them(user_client, fleet):
+    Deployment.objects.filter(name="nightly-batch").update(
+        demand=2, demand_at=timezone.now(), demand_status="waiting",
+        demand_reason="waiting for std#0 to go idle (minimum residency: 30 s on its GPU)")
+    html = user_client.get("/deployments/nightly-batch/status/", **HTMX).content.decode()
+    box = re.sub(r"\s+", " ", re.search(r'<p class="demand-box.*?</p>', html, re.S).group(0))
+    assert 'data-demand="waiting"' in box and ">queued</span>" in box
+    assert "2 requests waiting: waiting for std#0 to go idle (minimum residency: 30 s on its GPU)" in box
+
+    Deployment.objects.filter(name="nightly-batch").update(
+        demand=1, demand_status="refused", demand_reason="needs 92.00 GiB; the largest free space is 63.00 GiB")
+    html = user_client.get("/deployments/nightly-batch/status/", **HTMX).content.decode()
+    assert 'data-demand="refused"' in html and "cannot be served now" in html
+    assert "1 request waiting: needs 92.00 GiB" in html
+
+    Deployment.objects.filter(name="nightly-batch").update(demand_at=timezone.now() - timedelta(seconds=30))
+    html = user_client.get("/deployments/nightly-batch/status/", **HTMX).content.decode()
+    assert "data-demand" not in html and "waiting:" not in html
+
+
+def test_the_policy_form_shows_the_idle_timeout_and_takes_a_scale_to_zero_change(user_client, fleet):
+    html = user_client.get("/deployments/embed/").content.decode()
+    assert re.search(r'name="idle_timeout_s" type="number" min="1" max="604800" required class="num" value="300"', html)
+    assert "with min replicas 0, the replicas leave their GPUs after this long without requests" in html
+    r = user_client.post("/deployments/embed/policy/", policy_form(
+        fleet["embed"], min_replicas="0", max_replicas="1", idle_timeout_s="600"), **HTMX)
+    html = r.content.decode()
+    dep = Deployment.objects.get(name="embed")
+    assert (dep.min_replicas, dep.max_replicas, dep.idle_timeout_s) == (0, 1, 600)
+    assert "min replicas 2 → 0" in html and "idle timeout 300 s → 600 s" in html
+    assert "scales to zero after 10 min idle" in html  # the status, refreshed out of band

@@ -3,7 +3,7 @@
 import pytest
 
 from console.deployments.models import Deployment
-from console.deployments.presenters import heading_for, load_progress, scale_status
+from console.deployments.presenters import for_people, heading_for, load_progress, scale_status
 from tests.console.fleet_scene import scene
 
 pytestmark = pytest.mark.django_db
@@ -45,3 +45,9 @@ def test_the_scale_direction_comes_from_the_rows_the_last_change_made(model_dir)
     assert scale_status(chat, [r for r in rows if r.index < 2])["direction"] == "down"
     chat.last_scale_at = None
     assert scale_status(chat, rows)["direction"] is None
+
+
+@pytest.mark.parametrize("seconds, text", [(45, "45 s"), (60, "1 min"), (300, "5 min"), (90, "90 s"),
+                                           (5400, "90 min"), (7200, "2 h"), (86400, "1 day"), (604800, "7 days")])
+def test_an_idle_timeout_reads_in_the_largest_unit_that_divides_it(seconds, text):
+    assert for_people(seconds) == text

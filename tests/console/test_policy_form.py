@@ -2,11 +2,14 @@
 
 import pytest
 
+from console.deployments.models import Deployment
 from console.deployments.policy_form import (
+    describe_changes,
     field_named,
     format_selector,
     parse_policy_form,
     parse_selector,
+    stored_policy,
 )
 from console.errors import Invalid
 
@@ -63,6 +66,7 @@ def test_empty_fields_clear_the_slo_and_the_flags_and_leave_counts_alone():
     ({"min_replicas": "two"}, "min_replicas must be a whole number, got 'two'"),
     ({"max_batch_size": "1.5"}, "max_batch_size must be a whole number, got '1.5'"),
     ({"max_batch_delay_ms": "soon"}, "max_batch_delay_ms must be a number of milliseconds, got 'soon'"),
+    ({"idle_timeout_s": "5 min"}, "idle_timeout_s must be a whole number, got '5 min'"),
 ])
 def test_it_refuses_numbers_it_cannot_read_naming_the_field(form, message):
     with pytest.raises(Invalid) as e:
@@ -74,7 +78,19 @@ def test_it_refuses_numbers_it_cannot_read_naming_the_field(form, message):
     ("min_replicas 5 is above max_replicas 2", "min_replicas"),
     ("selector label 'x': names and values are 1-63 characters", "selector"),
     ("latency_critical must be true or false, got 'x'", "latency_critical"),
+    ("idle_timeout_s must be a whole number of seconds between 1 and 604800 (7 days), got 0", "idle_timeout_s"),
     ("something else went wrong", None),
 ])
 def test_it_finds_the_field_a_refusal_is_about(message, field):
     assert field_named(message) == field
+
+
+def test_it_reads_the_idle_timeout_and_leaves_it_alone_when_empty():
+    assert parse_policy_form({"min_replicas": "0", "idle_timeout_s": " 600 "})["idle_timeout_s"] == 600
+    assert "idle_timeout_s" not in parse_policy_form({"idle_timeout_s": ""})
+
+
+def test_a_changed_idle_timeout_is_described_in_seconds():
+    before = stored_policy(Deployment(min_replicas=1, idle_timeout_s=300))
+    after = Deployment(min_replicas=0, idle_timeout_s=600)
+    assert describe_changes(before, after) == ["min replicas 1 → 0", "idle timeout 300 s → 600 s"]

@@ -1,0 +1,26 @@
+"""How a deployment stands for a client right now, in one word: ready, waking, asleep or cold."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+READY, WAKING, ASLEEP, COLD, STANDBY = "ready", "waking", "asleep", "cold", "standby"
+
+# What a client should expect of its next request: ready answers at once; waking is on its way to a GPU
+# (placed, loading or waking); asleep wakes from host RAM on demand; cold loads from disk on demand;
+# standby is loaded but takes no requests until the operator turns standby off.
+SERVING_STATES = (READY, WAKING, ASLEEP, COLD, STANDBY)
+
+
+def serving_state(replicas: Iterable, standby: bool = False) -> str:
+    """The word for replica rows (anything with desired_state, observed_state and host_id)."""
+    if standby:
+        return STANDBY
+    rows = list(replicas)
+    if any(r.desired_state == "ready" and r.observed_state == "ready" for r in rows):
+        return READY
+    if any(r.desired_state == "ready" and r.host_id is not None for r in rows):
+        return WAKING
+    if any(r.desired_state == "sleeping" or r.observed_state == "sleeping" for r in rows):
+        return ASLEEP
+    return COLD
