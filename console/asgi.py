@@ -9,6 +9,10 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs the app registry)
 
+from console.gateway.app import make_app  # noqa: E402
+from console.gateway.mount import GatewayPaths  # noqa: E402
 from console.realtime.routing import websocket_urlpatterns  # noqa: E402
 
-application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": URLRouter(websocket_urlpatterns)})
+# Inference (/v1, /v2) and /metrics go to the gateway; everything else is Django.
+http = GatewayPaths(gateway=make_app(), django=django_asgi_app)
+application = ProtocolTypeRouter({"http": http, "websocket": URLRouter(websocket_urlpatterns)})

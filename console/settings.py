@@ -156,3 +156,16 @@ MODELGRID_SCALE_COOLDOWN_SECONDS = envfloat("MODELGRID_SCALE_COOLDOWN_SECONDS", 
 MODELGRID_SEARCH_BUDGET_SECONDS = envfloat("MODELGRID_SEARCH_BUDGET_SECONDS", 0.2)
 # A host whose agent has not reported for this long is shown offline and gets no new replicas.
 MODELGRID_HOST_STALE_SECONDS = envint("MODELGRID_HOST_STALE_SECONDS", 30)
+
+# The inference gateway (console/gateway, docs/inference.md).
+MODELGRID_GATEWAY_QUEUE_WAIT_SECONDS = envfloat("MODELGRID_GATEWAY_QUEUE_WAIT_SECONDS", 60.0)
+MODELGRID_GATEWAY_QUEUE_MAX = envint("MODELGRID_GATEWAY_QUEUE_MAX", 256)
+MODELGRID_GATEWAY_TOKEN_CONCURRENCY = envint("MODELGRID_GATEWAY_TOKEN_CONCURRENCY", 64)
+MODELGRID_GATEWAY_DEPLOYMENT_CONCURRENCY = envint("MODELGRID_GATEWAY_DEPLOYMENT_CONCURRENCY", 256)
+MODELGRID_GATEWAY_MAX_BODY_BYTES = envint("MODELGRID_GATEWAY_MAX_BODY_BYTES", 16 * 1024 * 1024)
+# Temporal sharing by demand: a replica without requests this long is idle (it may sleep for an equal or
+# higher tier's waiting requests); a replica just placed or woken keeps its GPU at least this long.
+MODELGRID_IDLE_GRACE_SECONDS = envfloat("MODELGRID_IDLE_GRACE_SECONDS", 2.0)
+MODELGRID_MIN_RESIDENCY_SECONDS = envfloat("MODELGRID_MIN_RESIDENCY_SECONDS", 5.0)
+# Waiting requests renew their demand every second; a count older than this is stale (its console is gone).
+MODELGRID_DEMAND_STALE_SECONDS = envfloat("MODELGRID_DEMAND_STALE_SECONDS", 5.0)

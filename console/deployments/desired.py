@@ -8,7 +8,7 @@ from django.db.models import Prefetch
 
 from agent.protocol import DesiredAdapter, DesiredReplica, DesiredState
 from console.deployments.models import Replica
-from console.fleet.models import Host
+from console.fleet.models import AgentCredential, Host
 
 
 def desired_replicas(host: Host) -> list[DesiredReplica]:
@@ -76,8 +76,11 @@ def popular_adapters(dep, pool_bytes: int) -> dict[str, float]:
 
 
 def desired_state(host: Host) -> DesiredState:
-    """The full desired state of a host at its current generation."""
-    return DesiredState(generation=host.generation, replicas=desired_replicas(host))
+    """The full desired state of a host at its current generation, with the secret its agent's inference
+    port accepts (only the console's gateway knows it)."""
+    credential = AgentCredential.objects.filter(host_name=host.name).first()
+    secret = credential.gateway_secret if credential is not None else ""
+    return DesiredState(generation=host.generation, replicas=desired_replicas(host), gateway_secret=secret)
 
 
 def bump_generations() -> tuple[int, ...]:

@@ -4,22 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
 from console.deployments.reconcile import reconcile_once
-from console.realtime.notify import SCHEDULER_GROUP, push_desired, refresh_dashboards
+from console.gateway.metrics import METRICS
+from console.realtime.notify import SCHEDULER_GROUP, push_desired, refresh_dashboards, refresh_gateways
 
 log = logging.getLogger("modelgrid.scheduler")
 
 
 async def run_pass() -> bool:
     """One unit of work; returns whether anything changed."""
+    began = time.perf_counter()
     result = await database_sync_to_async(reconcile_once)()
+    METRICS.pass_seconds.observe(time.perf_counter() - began)
+    for action in result.actions:
+        METRICS.actions.labels(action).inc()
     if result.changed_hosts:
         await push_desired(result.changed_hosts)
     if result.changed:
+        await refresh_gateways()  # demand answers and placements: waiting requests learn of them now
         await refresh_dashboards()
     return result.changed
 

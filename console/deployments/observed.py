@@ -1,5 +1,8 @@
-"""What the agents observed of each deployment (host reports), folded into the fields the scheduler reads:
-request rate, recent p95 latency, whether it violates its SLO and since when."""
+"""What was observed of each deployment, folded into the fields the scheduler reads: request rate, recent
+p95 latency, whether it violates its SLO and since when.
+
+The gateway's figures come first: they are what clients saw, queueing included. Agents' self-reports
+(each only for the replicas on its own host) stand in when no gateway has reported lately."""
 
 from __future__ import annotations
 
@@ -7,6 +10,18 @@ from datetime import datetime
 
 from console.deployments.models import Deployment
 from console.fleet.models import Host
+
+GATEWAY_FRESH_S = 10.0  # a console process's figures older than this are from a process that is gone
+
+
+def gateway_figures(stats: dict, now: float) -> tuple[float, float | None] | None:
+    """(request rate, p95 ms) over the console processes that reported lately; None when none did."""
+    fresh = [s for s in (stats or {}).values() if now - float(s.get("at", 0)) <= GATEWAY_FRESH_S]
+    if not fresh:
+        return None
+    rate = sum(float(s.get("request_rate") or 0.0) for s in fresh)
+    p95s = [float(s["p95_ms"]) for s in fresh if s.get("p95_ms") is not None]
+    return rate, max(p95s) if p95s else None
 
 
 def refresh_observations(now: datetime) -> bool:
@@ -24,7 +39,11 @@ def refresh_observations(now: datetime) -> bool:
                 p95[name] = max(p95.get(name, 0.0), float(figures["p95_ms"]))
     changed = False
     for dep in Deployment.objects.all():
-        observed = p95.get(dep.name)
+        seen = gateway_figures(dep.gateway_stats, now.timestamp())
+        if seen is not None:
+            rate[dep.name], observed = seen
+        else:
+            observed = p95.get(dep.name)
         violating = bool(dep.slo_latency_ms and observed is not None and observed > dep.slo_latency_ms)
         update = {"traffic_rps": round(rate.get(dep.name, 0.0), 3), "observed_p95_ms": observed}
         if violating != dep.violating or dep.status_since is None:

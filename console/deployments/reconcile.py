@@ -18,7 +18,7 @@ from console.catalog.models import DeviceKind
 from console.deployments.desired import bump_generations
 from console.deployments.models import Deployment, DeploymentState, Replica
 from console.deployments.observed import refresh_observations
-from console.deployments.snapshot import deployment_spec, gpu_id, gpu_specs, host_specs, replica_specs
+from console.deployments.snapshot import deployment_spec, gpu_id, gpu_specs, host_specs, live_demand, replica_specs
 from console.errors import Invalid
 from console.fleet.models import Gpu, Host
 from console.scheduler import PlanInput, PlannedReplica, Settings, plan
@@ -30,6 +30,7 @@ log = logging.getLogger("modelgrid.scheduler")
 class PassResult:
     changed_hosts: tuple[int, ...]  # host ids whose desired state got a new generation
     changed: bool  # anything at all changed (replicas created, placed, states)
+    actions: tuple[str, ...] = ()  # the scheduler's actions that changed a replica (place, wake, ...)
 
 
 def fleet_device_kind(gpus: dict[str, Gpu]) -> str:
@@ -54,7 +55,7 @@ def _reservations(deployments: list[Deployment], device: str) -> tuple[dict[int,
     return needs, problems
 
 
-def _plan_and_apply(now: datetime) -> bool:
+def _plan_and_apply(now: datetime, actions: list[str]) -> bool:
     """Plan every deployment on the connected GPUs and write the outcome onto the replica rows."""
     deployments = list(Deployment.objects.select_related("model").prefetch_related(
         "adapters", Prefetch("replica_set", queryset=Replica.objects.select_related("host").prefetch_related(
@@ -69,7 +70,8 @@ def _plan_and_apply(now: datetime) -> bool:
     planned = [d for d in deployments if d.pk in needs]
     request = PlanInput(
         gpus=tuple(specs),
-        deployments=tuple(deployment_spec(d, needs[d.pk].bytes) for d in planned),
+        deployments=tuple(deployment_spec(d, needs[d.pk].bytes, now.timestamp(),
+                                          settings.MODELGRID_DEMAND_STALE_SECONDS) for d in planned),
         replicas=replica_specs(planned),
         hosts=host_specs(),
         strategy=settings.MODELGRID_STRATEGY,
@@ -77,7 +79,9 @@ def _plan_and_apply(now: datetime) -> bool:
         now=now.timestamp(),
         settings=Settings(quiet_window_s=settings.MODELGRID_QUIET_WINDOW_SECONDS,
                           cooldown_s=settings.MODELGRID_SCALE_COOLDOWN_SECONDS,
-                          search_budget_s=settings.MODELGRID_SEARCH_BUDGET_SECONDS),
+                          search_budget_s=settings.MODELGRID_SEARCH_BUDGET_SECONDS,
+                          idle_grace_s=settings.MODELGRID_IDLE_GRACE_SECONDS,
+                          min_residency_s=settings.MODELGRID_MIN_RESIDENCY_SECONDS),
     )
     result = plan(request)
     by_name = {d.name: d for d in planned}
@@ -93,11 +97,32 @@ def _plan_and_apply(now: datetime) -> bool:
     for p in result.replicas:
         dep = by_name[p.deployment]
         planned_rows.setdefault(p.deployment, set()).add(p.index)
-        changed |= _apply(dep, rows[dep.pk], p, gpus, needs[dep.pk], device)
+        if _apply(dep, rows[dep.pk], p, gpus, needs[dep.pk], device, now):
+            changed = True
+            if p.action != "keep":
+                actions.append(p.action)
     for dep in planned:  # rows the plan no longer mentions: scaled away
         gone = [r.pk for r in dep.replica_set.all() if r.index not in planned_rows.get(dep.name, set())]
         if gone:
             Replica.objects.filter(pk__in=gone).delete()
+            changed = True
+    changed |= _answer_demand(deployments, {d.deployment: d for d in result.demands}, now)
+    return changed
+
+
+def _answer_demand(deployments: list[Deployment], outcomes: dict, now: datetime) -> bool:
+    """Write the scheduler's answer to each deployment's waiting requests where the gateway reads it; a
+    deployment without demand has no answer (so an old refusal never meets new requests)."""
+    changed = False
+    stale_s = settings.MODELGRID_DEMAND_STALE_SECONDS
+    for dep in deployments:
+        outcome = outcomes.get(dep.name)
+        status, reason = (outcome.status, outcome.reason) if outcome else ("", "")
+        if outcome is None and live_demand(dep, now.timestamp(), stale_s):
+            continue  # demand the planner did not see (the deployment could not be estimated): leave it
+        if (dep.demand_status, dep.demand_reason) != (status, reason):
+            dep.demand_status, dep.demand_reason = status, reason
+            dep.save(update_fields=["demand_status", "demand_reason"])
             changed = True
     return changed
 
@@ -116,12 +141,13 @@ def _ensure_rows(dep: Deployment, reason: str) -> bool:
 
 
 # The fields a pass owns on a replica row (intake owns the observed ones, which a move resets).
-_PLANNED = ("host_id", "desired_state", "reserved_bytes", "reservation", "reason", "action", "mps_percentage")
+_PLANNED = ("host_id", "desired_state", "reserved_bytes", "reservation", "reason", "action", "mps_percentage",
+            "ready_since")
 _OBSERVED = ("observed_state", "measured_bytes", "pid")
 
 
 def _apply(dep: Deployment, rows: dict[int, Replica], p: PlannedReplica, gpus: dict[str, Gpu],
-           need: Reservation, device: str) -> bool:
+           need: Reservation, device: str, now: datetime) -> bool:
     """Write one planned replica onto its row (created if new); True if anything changed. Only the fields
     that changed are written, so a steady pass writes nothing and never overwrites what intake just stored."""
     row = rows.get(p.index)
@@ -142,6 +168,8 @@ def _apply(dep: Deployment, rows: dict[int, Replica], p: PlannedReplica, gpus: d
             row.observed_state, row.measured_bytes, row.pid = "pending", None, None
             if row.host_id is not None:
                 log.info("move %s#%d from %s to %s: %s", dep.name, p.index, ",".join(had), ",".join(p.gpus), p.reason)
+        if p.action in ("place", "move", "wake"):
+            row.ready_since = now  # its minimum residency on these GPUs counts from here
         if moved or p.action in ("place", "move", "wake") or not row.reservation:
             row.reserved_bytes = p.reserved_bytes
             row.reservation = {"device": device, "estimated_bytes": need.estimated_bytes,
@@ -178,6 +206,10 @@ def derive_state(replicas: list[Replica]) -> tuple[str, str]:
         return DeploymentState.PENDING, "waiting for the scheduler"
     serving = [r for r in replicas if r.desired_state in ("ready", "preloaded")]
     unplaced = [r for r in serving if r.host_id is None]
+    if unplaced and all("scaled to zero" in r.reason for r in unplaced) and len(unplaced) == len(serving):
+        asleep = len(replicas) - len(serving)
+        where = f"{asleep} asleep in host memory, " if asleep else ""
+        return DeploymentState.READY, f"scaled to zero ({where}{len(unplaced)} stopped); a request brings one back"
     if unplaced and unplaced[0].reason:
         if len(unplaced) == len(replicas):
             return DeploymentState.UNSCHEDULABLE, unplaced[0].reason
@@ -219,10 +251,11 @@ def _expire_silent_hosts(now: datetime) -> bool:
 def reconcile_once() -> PassResult:
     """One pass, committed in one transaction."""
     now = timezone.now()
+    actions: list[str] = []
     with transaction.atomic():
         changed = _expire_silent_hosts(now)
         changed |= refresh_observations(now)
-        changed |= _plan_and_apply(now)
+        changed |= _plan_and_apply(now, actions)
         changed |= _refresh_deployment_states()
         hosts = bump_generations()
-    return PassResult(changed_hosts=hosts, changed=changed or bool(hosts))
+    return PassResult(changed_hosts=hosts, changed=changed or bool(hosts), actions=tuple(actions))

@@ -26,9 +26,14 @@ def gpu_specs() -> tuple[list[GpuSpec], dict[str, Gpu]]:
     )
     specs, by_id = [], {}
     for gpu in gpus:
-        # What our own ready workers measured is ours; the rest of the reading is foreign. A reading never
+        # What our own workers hold is ours, the rest of the reading is foreign. The agent says what its
+        # workers hold, draining and loading ones included (their rows may already point elsewhere); an
+        # agent that does not say is credited with what its ready replicas here measured. A reading never
         # replaces a reservation: reservations come from the replica rows alone.
-        ours = sum(r.measured_bytes or 0 for r in gpu.replicas.all() if r.observed_state == "ready")
+        if gpu.own_bytes is not None:
+            ours = gpu.own_bytes
+        else:
+            ours = sum(r.measured_bytes or 0 for r in gpu.replicas.all() if r.observed_state == "ready")
         specs.append(GpuSpec(id=gpu_id(gpu), host=gpu.host.name, total_bytes=gpu.total_bytes,
                              used_bytes=max(gpu.used_bytes - ours, 0), labels=gpu_labels(gpu)))
         by_id[gpu_id(gpu)] = gpu
@@ -40,8 +45,22 @@ def host_specs() -> tuple[HostSpec, ...]:
     return tuple(HostSpec(h.name, h.ram_free_bytes) for h in Host.objects.filter(connected=True))
 
 
-def deployment_spec(dep: Deployment, replica_bytes: int) -> DeploymentSpec:
-    """A deployment with its calibrated bytes per replica and what the agents observed of it."""
+def _unix(when) -> float | None:
+    return None if when is None else when.timestamp()
+
+
+def live_demand(dep: Deployment, now: float, stale_s: float) -> int:
+    """Requests waiting at a gateway for a ready replica; a count its gateway stopped renewing is stale."""
+    if not dep.demand or dep.demand_at is None or now - dep.demand_at.timestamp() > stale_s:
+        return 0
+    return dep.demand
+
+
+def deployment_spec(dep: Deployment, replica_bytes: int, now: float = 0.0, demand_stale_s: float = 5.0
+                    ) -> DeploymentSpec:
+    """A deployment with its calibrated bytes per replica, what was observed of it, and its demand."""
+    last = _unix(dep.last_request_at)
+    created = _unix(dep.created)
     return DeploymentSpec(
         name=dep.name,
         bytes=replica_bytes,
@@ -59,6 +78,9 @@ def deployment_spec(dep: Deployment, replica_bytes: int) -> DeploymentSpec:
         violating=dep.violating if dep.slo_latency_ms else None,
         status_since=dep.status_since.timestamp() if dep.status_since else None,
         last_scale_at=dep.last_scale_at.timestamp() if dep.last_scale_at else None,
+        demand=live_demand(dep, now, demand_stale_s),
+        idle_timeout_s=float(dep.idle_timeout_s) if dep.idle_timeout_s else None,
+        active_at=max(t for t in (last, created) if t is not None) if (last or created) else None,
     )
 
 
@@ -68,9 +90,12 @@ def replica_specs(deployments: list[Deployment]) -> tuple[ReplicaSpec, ...]:
     specs = []
     for dep in deployments:
         for r in dep.replica_set.all():
+            used, since = _unix(r.last_request_at), _unix(r.ready_since)
             if r.desired_state == "sleeping" and r.host is not None:
-                specs.append(ReplicaSpec(dep.name, r.index, (), 0, "sleeping", r.host.name))
+                specs.append(ReplicaSpec(dep.name, r.index, (), 0, "sleeping", r.host.name,
+                                         last_request_at=used, ready_since=since))
             elif r.host_id is not None:  # ready or preloaded (standby): either holds its GPUs
                 ids = tuple(sorted(gpu_id(g) for g in r.gpus.all()))
-                specs.append(ReplicaSpec(dep.name, r.index, ids, r.reserved_bytes, "ready"))
+                specs.append(ReplicaSpec(dep.name, r.index, ids, r.reserved_bytes, "ready",
+                                         last_request_at=used, ready_since=since))
     return tuple(specs)

@@ -49,6 +49,7 @@ def _sync_gpus(host: Host, gpus: list[GpuInfo], prune: bool = False) -> None:
                 "name": info.name,
                 "total_bytes": info.total_bytes,
                 "used_bytes": info.used_bytes,
+                "own_bytes": info.own_bytes,
                 "utilization": info.utilization,
                 "simulated": info.simulated,
             },
@@ -58,7 +59,10 @@ def _sync_gpus(host: Host, gpus: list[GpuInfo], prune: bool = False) -> None:
 
 
 def apply_report(host: Host, report: HostReport) -> None:
-    serving = {s.deployment: s.model_dump(exclude={"deployment"}) for s in report.serving}
+    # An agent speaks only for the deployments it runs: figures for one with no replica on this host are
+    # dropped, so no agent token can steer another host's scaling.
+    here = set(Replica.objects.filter(host=host).values_list("deployment__name", flat=True).distinct())
+    serving = {s.deployment: s.model_dump(exclude={"deployment"}) for s in report.serving if s.deployment in here}
     with transaction.atomic():
         Host.objects.filter(pk=host.pk).update(last_seen=timezone.now(), connected=True, serving=serving,
                                                ram_free_bytes=report.ram_free_bytes)

@@ -24,7 +24,7 @@ from console.deployments.desired import desired_state
 from console.fleet import intake
 from console.fleet.models import AgentCredential, Host
 from console.fleet.views import grid_context
-from console.realtime.notify import DASHBOARD_GROUP, host_group, refresh_dashboards
+from console.realtime.notify import DASHBOARD_GROUP, host_group, refresh_dashboards, refresh_gateways
 
 log = logging.getLogger("modelgrid.realtime")
 MAX_MESSAGE_BYTES = 1 << 20
@@ -71,6 +71,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_discard(host_group(self.host.pk), self.channel_name)
             await database_sync_to_async(intake.mark_disconnected)(self.host)
             log.info("agent %s disconnected (code %s)", self.host.name, code)
+            await refresh_gateways()
             await refresh_dashboards()
 
     async def receive(self, text_data=None, bytes_data=None):
@@ -92,6 +93,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await refresh_dashboards()
         elif isinstance(message, ReplicaStatus):
             await database_sync_to_async(intake.apply_replica_status)(self.host, message)
+            if not message.loaded_bytes or message.state != "loading":  # not every progress tick
+                await refresh_gateways()  # a replica that became ready takes the requests waiting for it
             await refresh_dashboards()
         elif isinstance(message, Ack):
             await database_sync_to_async(intake.apply_ack)(self.host, message)

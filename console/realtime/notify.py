@@ -7,6 +7,7 @@ from channels.layers import get_channel_layer
 
 DASHBOARD_GROUP = "dashboard"
 SCHEDULER_GROUP = "scheduler"
+GATEWAY_GROUP = "gateway"  # every console process's gateway: refresh the fleet snapshot now
 
 
 def host_group(host_id: int) -> str:
@@ -17,6 +18,10 @@ async def push_desired(host_ids) -> None:
     layer = get_channel_layer()
     for host_id in host_ids:
         await layer.group_send(host_group(host_id), {"type": "desired.push"})
+
+
+async def refresh_gateways() -> None:
+    await get_channel_layer().group_send(GATEWAY_GROUP, {"type": "gateway.refresh"})
 
 
 async def refresh_dashboards() -> None:

@@ -40,6 +40,11 @@ class Stack:
         return httpx.Client(base_url=self.url + "api/v1", headers={"Authorization": f"Bearer {self.token}"},
                             timeout=30)
 
+    def gateway(self, token: str | None = None) -> httpx.Client:
+        """A client of the console's inference gateway (/v1, /v2) with a bearer token."""
+        return httpx.Client(base_url=self.url.rstrip("/"), timeout=120,
+                            headers={"Authorization": f"Bearer {token or self.token}"})
+
     def manage(self, *args: str) -> str:
         run = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True,
                              text=True, timeout=60, check=True)
@@ -101,7 +106,7 @@ def _database_env() -> tuple[dict, callable]:
 
 
 def start(
-    data_dir: Path, gpus: str = "sim:2x24GiB", timeout: float = 120, **env_overrides: str
+    data_dir: Path, gpus: str = "sim:2x24GiB", timeout: float = 120, args: tuple[str, ...] = (), **env_overrides: str
 ) -> tuple[Stack, callable]:
     db_env, drop_db = _database_env()
     env = os.environ | db_env | {
@@ -113,7 +118,7 @@ def start(
     } | env_overrides
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "manage.py", "up", "--host", "127.0.0.1", "--port", str(port), "--gpus", gpus],
+        [sys.executable, "manage.py", "up", "--host", "127.0.0.1", "--port", str(port), "--gpus", gpus, *args],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     stack = Stack(proc=proc, url="", env=env, data_dir=data_dir)

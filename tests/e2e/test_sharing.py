@@ -1,7 +1,7 @@
 """Temporal and adapter sharing under the console's desired state, against a real `manage.py up`:
 a critical deployment preempts a batch one, which sleeps in host memory and wakes in place when the
-room comes back; an adapter registered through the API is served by the agent's OpenAI-style and v2
-endpoints, chosen by name."""
+room comes back; an adapter registered through the API is served through the console's gateway (OpenAI-style
+and v2), chosen by name."""
 
 import numpy as np
 
@@ -60,14 +60,11 @@ def test_an_adapter_registered_through_the_api_is_served_by_name(stack, tiny_lla
     path = write_adapter(tmp_path / "pirate", modules, target_modules=["q_proj", "up_proj"])
     r = api.post("/adapters", json={"name": "pirate", "deployment": "base", "path": str(path)})
     assert r.status_code == 201, r.text
-    endpoint = wait_for(lambda: replica(api, "base").get("endpoint"), timeout=120, what="a replica endpoint")
     wait_for(in_state(api, "base", "ready"), timeout=120, what="base to be ready")
 
-    import httpx
-
-    with httpx.Client(base_url=endpoint, timeout=60) as agent:
+    with stack.gateway() as agent:  # through the console's front door, like any client
         wait_for(lambda: "pirate" in {m["id"] for m in agent.get("/v1/models").json()["data"]}, timeout=60,
-                 what="the agent to load the adapter")
+                 what="the gateway to list the adapter")
         base = agent.post("/v2/models/base/infer", json=ids_body([1, 5, 9]))
         tuned = agent.post("/v2/models/base/infer", json=ids_body([1, 5, 9], adapter="pirate"))
         by_name = agent.post("/v2/models/pirate/infer", json=ids_body([1, 5, 9]))

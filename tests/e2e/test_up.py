@@ -66,12 +66,15 @@ def test_register_deploy_infer_delete_and_stop(tiny_llama, tmp_path):
         assert gpu["simulated"]
         assert gpu["used_bytes"] == sum(r["measured_bytes"] for r in gpu["replicas"])
 
-        # Real inference: the agent's logits equal, bit for bit, what the model computes here.
+        # Real inference through the console's gateway: the logits equal, bit for bit, what the model
+        # computes here. The agent's own port takes only the gateway.
         input_ids = [[1, 5, 42, 7, 300, 2], [3, 3, 9, 100, 8, 1]]
         body = {"inputs": [{"name": "input_ids", "shape": [2, 6], "datatype": "INT64",
                             "data": [t for row in input_ids for t in row]}]}
-        r = httpx.post(f"{replica['endpoint']}/v2/models/chat/infer", json=body, timeout=60)
+        assert httpx.post(f"{replica['endpoint']}/v2/models/chat/infer", json=body, timeout=60).status_code == 401
+        r = stack.gateway().post("/v2/models/chat/infer", json=body)
         assert r.status_code == 200, r.text
+        assert r.headers["x-modelgrid-replica"] == "chat#0"
         out = next(o for o in r.json()["outputs"] if o["name"] == "logits")
         assert out["datatype"] == "FP32"
         logits = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
@@ -100,7 +103,7 @@ def test_register_deploy_infer_delete_and_stop(tiny_llama, tmp_path):
                              for r in g["replicas"]), timeout=15, what="chat to leave the GPU bar")
         gpus = api.get("/hosts").json()[0]["gpus"]
         assert sum(g["used_bytes"] for g in gpus) == sum(r["measured_bytes"] for g in gpus for r in g["replicas"])
-        r = httpx.get(f"{replica['endpoint']}/v2/models/chat/ready", timeout=10)
+        r = stack.gateway().get("/v2/models/chat/ready")
         assert r.status_code == 404
 
         # Ctrl-C stops the console, the agent, the remaining worker and the agent's warm spare(s).

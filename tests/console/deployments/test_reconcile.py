@@ -70,6 +70,15 @@ def test_foreign_memory_on_a_gpu_is_not_placed_over(host, model):
     assert [g.index for g in Replica.objects.get().gpus.all()] == [0]
 
 
+def test_memory_the_agent_says_its_own_workers_hold_is_never_foreign(host, model):
+    # GPU 1 is all but full with a worker that is draining (its row no longer points at the GPU): the agent
+    # says the bytes are its own, so the GPU is free for placement once the drain ends, not foreign forever.
+    Gpu.objects.filter(host=host, index=1).update(used_bytes=8 * GiB - 10, own_bytes=8 * GiB - 10)
+    create_deployment("chat", "tiny")
+    reconcile_once()
+    assert [g.index for g in Replica.objects.get().gpus.all()] == [1]
+
+
 def test_scaling_down_removes_the_highest_replicas(host, model):
     create_deployment("chat", "tiny", replicas=3)
     reconcile_once()

@@ -48,7 +48,11 @@ async def test_a_hello_registers_the_host_and_gets_the_full_desired_state(token)
     assert connected
     await comm.send_to(text_data=json.dumps(hello()))
     reply = json.loads(await comm.receive_from(timeout=5))
-    assert reply == {"type": "desired_state", "generation": 0, "replicas": []}
+    credential = await database_sync_to_async(AgentCredential.objects.get)(host_name="h1")
+    # With the secret its inference port will accept from the console's gateway (and no one else).
+    assert reply == {"type": "desired_state", "generation": 0, "replicas": [],
+                     "gateway_secret": credential.gateway_secret}
+    assert len(credential.gateway_secret) == 64
     host = await database_sync_to_async(Host.objects.get)(name="h1")
     assert host.connected and host.endpoint == "http://127.0.0.1:9999"
     assert await database_sync_to_async(Gpu.objects.filter(host=host, simulated=True).count)() == 1

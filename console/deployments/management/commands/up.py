@@ -53,6 +53,8 @@ class Command(BaseCommand):
         parser.add_argument("--data-dir", help="SQLite database and model store (default ./var or MODELGRID_DATA_DIR)")
         parser.add_argument("--no-agent", action="store_true", help="do not start a local agent")
         parser.add_argument("--agent-name", default="local", help="host name of the local agent")
+        parser.add_argument("--sleep-budget", help="host memory the local agent keeps sleeping replicas in, "
+                            "e.g. 8GiB (default: half the host's RAM; 0: idle replicas stop instead)")
 
     def handle(self, **opts):
         try:
@@ -104,6 +106,8 @@ class Command(BaseCommand):
         env = os.environ | {"MODELGRID_AGENT_TOKEN": token}
         cmd = [sys.executable, "-m", "agent", "run", "--console", url.rstrip("/"), "--name", opts["agent_name"],
                "--gpus", opts["gpus"], "--listen", f"{opts['host']}:0"]
+        if opts.get("sleep_budget"):
+            cmd += ["--sleep-budget", opts["sleep_budget"]]
         while not stop.is_set():
             proc = await asyncio.create_subprocess_exec(*cmd, env=env)
             waiter = asyncio.create_task(proc.wait())

@@ -1,0 +1,124 @@
+"""The front door: OpenAI-compatible /v1 and Open Inference Protocol /v2 for every deployment in the fleet,
+plus the console's /metrics. Served by the console's own ASGI process (console/asgi.py routes these
+paths here).
+
+Listing models, readiness and health are answered here from the gateway's snapshot of the fleet; inference
+and model metadata go to a replica (proxy.py). Every answer from a replica names it (`x-modelgrid-replica`)
+and the time spent waiting for one (`x-modelgrid-queue-ms`).
+"""
+
+from __future__ import annotations
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from console import __version__
+from console.gateway.auth import Caller, bearer
+from console.gateway.core import Gateway, Refused
+from console.gateway.errors import NO_TOKEN, OPENAI, V2, Family
+from console.gateway.fleet import DeploymentView
+from console.gateway.metrics import CONTENT_TYPE
+from console.gateway.proxy import proxy, resolve
+
+
+def make_app(gateway: Gateway | None = None) -> Starlette:
+    """The gateway's ASGI app over `gateway` (one per process; tests pass their own)."""
+    gw = gateway or Gateway()
+    app = Starlette(routes=[
+        Route("/v1/models", _wrap(gw, OPENAI, _list_models), methods=["GET"]),
+        Route("/v1/models/{name:path}", _wrap(gw, OPENAI, _get_model), methods=["GET"]),
+        Route("/v1/completions", _proxied(gw, OPENAI), methods=["POST"]),
+        Route("/v1/chat/completions", _proxied(gw, OPENAI), methods=["POST"]),
+        Route("/v1/embeddings", _proxied(gw, OPENAI), methods=["POST"]),
+        Route("/v2/health/live", _live, methods=["GET"]),
+        Route("/v2/health/ready", _ready(gw), methods=["GET"]),
+        Route("/v2", _wrap(gw, V2, _server_metadata), methods=["GET"]),
+        Route("/v2/models/{name}", _proxied(gw, V2), methods=["GET"]),
+        Route("/v2/models/{name}/ready", _wrap(gw, V2, _model_ready), methods=["GET"]),
+        Route("/v2/models/{name}/infer", _proxied(gw, V2), methods=["POST"]),
+        Route("/metrics", _wrap(gw, V2, _metrics), methods=["GET"]),
+    ])
+    app.state.gateway = gw
+    return app
+
+
+# --- requests answered by the gateway itself -------------------------------------------------------------
+
+def _proxied(gw: Gateway, family: Family):
+    async def endpoint(request: Request) -> Response:
+        return await proxy(gw, request, family)
+
+    return endpoint
+
+
+def _wrap(gw: Gateway, family: Family, handler):
+    async def endpoint(request: Request) -> Response:
+        await gw.ensure_started()
+        if await _caller(gw, request) is None:
+            return family.error(401, NO_TOKEN, "invalid_api_key")
+        try:
+            return await handler(gw, request)
+        except Refused as e:
+            return family.error(e.status, str(e), e.code, e.retry_after)
+
+    return endpoint
+
+
+async def _caller(gw: Gateway, request: Request) -> Caller | None:
+    return await gw.authenticate(bearer(request.headers.get("authorization")))
+
+
+def _card(dep: DeploymentView, name: str | None = None) -> dict:
+    card = {"id": name or dep.name, "object": "model", "created": dep.created, "owned_by": "modelgrid",
+            "state": dep.serving, "tier": dep.tier, "task": dep.task}
+    if name is not None and name != dep.name:
+        card["parent"] = dep.name
+    return card
+
+
+async def _list_models(gw: Gateway, request: Request) -> Response:
+    fleet = gw.fleet
+    data = [_card(d) for d in fleet.deployments.values()]
+    data += [_card(fleet.deployments[d], a) for a, d in sorted(fleet.adapters.items()) if d in fleet.deployments]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def _get_model(gw: Gateway, request: Request) -> Response:
+    dep, adapter = resolve(gw.fleet, request.path_params["name"])
+    return JSONResponse(_card(dep, adapter))
+
+
+async def _server_metadata(gw: Gateway, request: Request) -> Response:
+    return JSONResponse({"name": "modelgrid", "version": __version__, "extensions": []})
+
+
+async def _model_ready(gw: Gateway, request: Request) -> Response:
+    dep, _ = resolve(gw.fleet, request.path_params["name"])
+    if dep.ready:
+        return JSONResponse({"name": request.path_params["name"], "ready": True})
+    words = {"asleep": "asleep in host memory; a request wakes it", "cold": "not loaded; a request loads it",
+             "waking": "on its way to a GPU", "standby": "standing by"}
+    raise Refused(503, f"model {dep.name!r} is {words.get(dep.serving, dep.serving)}", code="model_not_ready")
+
+
+async def _metrics(gw: Gateway, request: Request) -> Response:
+    return Response(gw.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+async def _live(request: Request) -> Response:
+    return JSONResponse({"live": True})
+
+
+def _ready(gw: Gateway):
+    async def ready(request: Request) -> Response:
+        try:
+            await gw.ensure_started()
+        except Exception as e:  # the database is unreachable: this console cannot route
+            return V2.error(503, f"not ready: cannot read the fleet ({type(e).__name__})")
+        return JSONResponse({"ready": True})
+
+    return ready
+
+

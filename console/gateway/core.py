@@ -1,0 +1,354 @@
+"""The gateway's per-process state: the fleet snapshot, requests in flight, concurrency limits, the demand
+queues of deployments without a ready replica, and the bookkeeping the scheduler reads (demand, when each
+replica was last used, what clients saw).
+
+Everything on the request path is memory; the database is read by one refresher and written by one
+flusher, both background tasks of this object, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.db import connection
+
+from console.gateway import bookkeeping
+from console.gateway.auth import Caller, TokenCache, lookup
+from console.gateway.fleet import DeploymentView, FleetView, ReplicaView, load_fleet
+from console.gateway.metrics import METRICS, ConsoleMetrics
+from console.gateway.routing import affinity_choice, least_outstanding
+from console.gateway.upstream import Upstream
+from console.realtime.notify import GATEWAY_GROUP, SCHEDULER_GROUP
+
+log = logging.getLogger("modelgrid.gateway")
+
+IDLE_REFRESH_S = 1.0  # the snapshot's age at most when nothing is waiting (events refresh it sooner)
+WAITING_REFRESH_S = 0.05  # while requests wait for a replica: how soon a ready one is seen without an event
+FLUSH_S = 0.5  # bookkeeping written this often
+DEMAND_RENEW_S = 1.0  # waiting requests renew their demand this often (a count not renewed goes stale)
+SUSPECT_S = 10.0  # a replica that refused a connection is avoided this long unless it reports anew
+
+
+def _db(fn):
+    # On PostgreSQL, gateway reads and writes use their own threads and connections, so they never queue
+    # behind a scheduler pass on Channels' single sync thread. SQLite takes one writer at a time anyway
+    # (and an in-memory test database refuses concurrent connections), so there they share that thread.
+    return database_sync_to_async(fn, thread_sensitive=connection.vendor == "sqlite")
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    queue_wait_s: float = 60.0
+    queue_max: int = 256
+    token_concurrency: int = 64
+    deployment_concurrency: int = 256
+    max_body_bytes: int = 16 * 1024 * 1024
+
+    @classmethod
+    def from_django(cls) -> GatewaySettings:
+        from django.conf import settings
+
+        return cls(queue_wait_s=settings.MODELGRID_GATEWAY_QUEUE_WAIT_SECONDS,
+                   queue_max=settings.MODELGRID_GATEWAY_QUEUE_MAX,
+                   token_concurrency=settings.MODELGRID_GATEWAY_TOKEN_CONCURRENCY,
+                   deployment_concurrency=settings.MODELGRID_GATEWAY_DEPLOYMENT_CONCURRENCY,
+                   max_body_bytes=settings.MODELGRID_GATEWAY_MAX_BODY_BYTES)
+
+
+class Refused(Exception):
+    """A request the gateway will not send on: an HTTP status, a reason, and a Retry-After when it helps."""
+
+    def __init__(self, status: int, message: str, retry_after: float | None = None, code: str = "") -> None:
+        super().__init__(message)
+        self.status, self.retry_after, self.code = status, retry_after, code
+
+
+@dataclass(order=True)
+class _Waiter:
+    rank: int  # higher tiers first, then arrival order
+    seq: int
+    future: asyncio.Future = field(compare=False)
+    since: float = field(compare=False, default=0.0)
+
+
+class Gateway:
+    """One console process's gateway."""
+
+    def __init__(self, settings: GatewaySettings | None = None, metrics: ConsoleMetrics = METRICS) -> None:
+        self.settings = settings or GatewaySettings.from_django()
+        self.metrics = metrics
+        self.fleet = FleetView()
+        self.tokens = TokenCache(_db(lookup))
+        self.outstanding: dict[int, int] = {}  # replica id -> requests in flight through this process
+        self.per_token: dict[str, int] = {}
+        self.per_deployment: dict[str, int] = {}
+        self.suspects: dict[int, float] = {}  # replica id -> when a connection to it failed
+        self.waiters: dict[str, list[_Waiter]] = {}
+        self.book = bookkeeping.Book(f"{socket.gethostname()}:{os.getpid()}")
+        self.upstream = Upstream()
+        self._seq = itertools.count()
+        self._turn = itertools.count()
+        self._poke = asyncio.Event()
+        self._demand_written: dict[str, float] = {}  # deployment -> monotonic time its demand reached the DB
+        self._tasks: list[asyncio.Task] = []
+        self._background: set[asyncio.Task] = set()  # fire-and-forget writes, held so they are not collected
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._starting: asyncio.Future | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+
+    async def ensure_started(self) -> None:
+        """Load the fleet and start the background tasks on first use (in the serving loop)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop and self._starting is not None:
+            await asyncio.shield(self._starting)
+            return
+        self._loop, self._starting = loop, loop.create_future()
+        self._poke = asyncio.Event()
+        try:
+            await self.refresh()
+            self._tasks = [loop.create_task(self._refresher()), loop.create_task(self._flusher()),
+                           loop.create_task(self._listen())]
+            self._starting.set_result(None)
+        except BaseException as e:
+            self._starting.set_exception(e)
+            self._loop = None
+            raise
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks, self._loop, self._starting = [], None, None
+        with contextlib.suppress(Exception):
+            await self.flush()
+        await self.upstream.close()
+
+    def poke(self) -> None:
+        """Refresh the snapshot now (something changed in the fleet)."""
+        self._poke.set()
+
+    async def refresh(self) -> None:
+        began = time.monotonic()
+        self.fleet = await _db(load_fleet)()
+        ready = {r.id for d in self.fleet.deployments.values() for r in d.ready}
+        # A suspect that the fleet no longer lists as ready will be routable once it reports ready again.
+        for rid in [r for r, t in self.suspects.items() if r not in ready or began - t > SUSPECT_S]:
+            del self.suspects[rid]
+        self._release(began)
+
+    async def _refresher(self) -> None:
+        while True:
+            interval = WAITING_REFRESH_S if self.waiters else IDLE_REFRESH_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), interval)
+            self._poke.clear()
+            try:
+                await self.refresh()
+            except Exception:  # the database may be briefly unavailable; the snapshot stays as it was
+                log.exception("gateway: cannot refresh the fleet")
+                await asyncio.sleep(IDLE_REFRESH_S)
+
+    async def _listen(self) -> None:
+        """Refresh on the channel layer's fleet events (scheduler passes, replica state changes)."""
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        inbox = await layer.new_channel("gateway.")
+        await layer.group_add(GATEWAY_GROUP, inbox)
+        try:
+            while True:
+                await layer.receive(inbox)
+                self._poke.set()
+        finally:
+            with contextlib.suppress(Exception):
+                await layer.group_discard(GATEWAY_GROUP, inbox)
+
+    async def _flusher(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("gateway: cannot write its bookkeeping")
+
+    async def flush(self) -> None:
+        demand = {name: len(ws) for name, ws in self.waiters.items()}
+        busy = {rid for rid, n in self.outstanding.items() if n}
+        batch = self.book.drain(demand, busy, time.time())
+        await _db(bookkeeping.write)(batch)
+
+    # --- admission ----------------------------------------------------------------------------------
+
+    async def authenticate(self, token: str | None) -> Caller | None:
+        return None if not token else await self.tokens.caller(token)
+
+    @contextlib.contextmanager
+    def admitted(self, caller: Caller, dep: DeploymentView) -> Iterator[None]:
+        """Count a request against its token's and its deployment's concurrency, or 429 saying which is full."""
+        s = self.settings
+        if self.per_token.get(caller.token_key, 0) >= s.token_concurrency:
+            raise Refused(429, f"this token already has {s.token_concurrency} requests in flight (the limit); "
+                          "retry when one finishes", retry_after=1, code="rate_limited")
+        if self.per_deployment.get(dep.name, 0) >= s.deployment_concurrency:
+            raise Refused(429, f"model {dep.name!r} already has {s.deployment_concurrency} requests in flight "
+                          "(the limit)", retry_after=1, code="rate_limited")
+        self.per_token[caller.token_key] = self.per_token.get(caller.token_key, 0) + 1
+        self.per_deployment[dep.name] = self.per_deployment.get(dep.name, 0) + 1
+        try:
+            yield
+        finally:
+            self.per_token[caller.token_key] -= 1
+            self.per_deployment[dep.name] -= 1
+
+    # --- waiting for a ready replica ---------------------------------------------------------------
+
+    async def ready_view(self, name: str) -> tuple[DeploymentView, float]:
+        """The deployment with at least one usable ready replica, and how long this request waited for one
+        (seconds). Waits in the deployment's queue while the scheduler wakes or places a replica."""
+        dep = self.fleet.deployments.get(name)
+        if dep is not None and self._usable(dep):
+            return dep, 0.0
+        if dep is not None and dep.serving == "standby":
+            raise Refused(503, f"model {name!r} is standing by (loaded, taking no requests); turn standby off "
+                          "to serve it", code="model_not_ready")
+        queue = self.waiters.setdefault(name, [])
+        if len(queue) >= self.settings.queue_max:
+            raise Refused(429, f"model {name!r} already has {len(queue)} requests waiting for a replica "
+                          "(the queue's limit)", retry_after=1, code="queue_full")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        waiter = _Waiter(dep.rank if dep else 99, next(self._seq), loop.create_future(), time.monotonic())
+        heapq.heappush(queue, waiter)
+        if len(queue) == 1:
+            self._spawn(self._announce_demand(name))
+        self._poke.set()
+        outcome = "served"
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.future), self.settings.queue_wait_s)
+            return waiter.future.result(), loop.time() - began
+        except TimeoutError:
+            outcome = "timeout"
+            dep = self.fleet.deployments.get(name)
+            why = f": {dep.demand_reason}" if dep and dep.demand_reason else ""
+            raise Refused(503, f"no replica of model {name!r} became ready within {self.settings.queue_wait_s:g} s"
+                          f"{why}", retry_after=5, code="model_not_ready") from None
+        except Refused:
+            outcome = "refused"
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            self._forget(name, waiter)
+            self.metrics.demand_waits.labels(name, outcome).observe(loop.time() - began)
+
+    def _usable(self, dep: DeploymentView) -> bool:
+        return any(r.id not in self.suspects for r in dep.ready)
+
+    def _forget(self, name: str, waiter: _Waiter) -> None:
+        queue = self.waiters.get(name)
+        if queue is None:
+            return
+        if waiter in queue:
+            queue.remove(waiter)
+            heapq.heapify(queue)
+        if not queue:
+            del self.waiters[name]
+            self._spawn(self._withdraw_demand(name))
+
+    def _spawn(self, work) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _announce_demand(self, name: str) -> None:
+        try:
+            await _db(bookkeeping.announce_demand)(name, len(self.waiters.get(name, ())) or 1)
+            self._demand_written[name] = time.monotonic()
+            layer = get_channel_layer()
+            if layer is not None:
+                await layer.group_send(SCHEDULER_GROUP, {"type": "scheduler.wake"})
+        except Exception:
+            log.exception("gateway: cannot announce demand for %s", name)
+
+    async def _withdraw_demand(self, name: str) -> None:
+        if name in self.waiters:
+            return  # new requests came while this was scheduled
+        self._demand_written.pop(name, None)
+        with contextlib.suppress(Exception):
+            await _db(bookkeeping.withdraw_demand)(name)
+
+    def _release(self, loaded_at: float) -> None:
+        """Hand waiting requests a deployment that became ready (higher tiers, then arrival order), or the
+        scheduler's refusal when it says the demand cannot be served."""
+        for name in list(self.waiters):
+            queue = self.waiters[name]
+            dep = self.fleet.deployments.get(name)
+            if dep is None:
+                self._fail_all(queue, Refused(404, f"model {name!r} was deleted while the request waited",
+                                              code="model_not_found"))
+                continue
+            if self._usable(dep):
+                for waiter in sorted(queue):
+                    if not waiter.future.done():
+                        waiter.future.set_result(dep)
+                continue
+            written = self._demand_written.get(name)
+            # A refusal counts only if the scheduler made it after this demand reached the database.
+            if dep.demand_status == "refused" and written is not None and loaded_at > written:
+                self._fail_all(queue, Refused(503, f"model {name!r} cannot be served now: {dep.demand_reason}",
+                                              retry_after=30, code="unschedulable"))
+
+    @staticmethod
+    def _fail_all(queue: list[_Waiter], error: Refused) -> None:
+        for waiter in queue:
+            if not waiter.future.done():
+                waiter.future.set_exception(error)
+
+    # --- routing ------------------------------------------------------------------------------------
+
+    def pick(self, dep: DeploymentView, adapter: str | None, avoid: set[int] = frozenset()) -> ReplicaView | None:
+        """Least outstanding requests; for an adapter, consistent hashing with bounded loads."""
+        usable = [r for r in dep.ready if r.id not in self.suspects and r.id not in avoid]
+        if not usable:
+            return None
+        by_id = {r.id: r for r in usable}
+        ids = list(by_id)
+        if adapter is not None:
+            return by_id[affinity_choice(adapter, ids, self.outstanding)]
+        return by_id[least_outstanding(ids, self.outstanding, next(self._turn))]
+
+    @contextlib.contextmanager
+    def in_flight(self, dep: DeploymentView, replica: ReplicaView) -> Iterator[None]:
+        self.outstanding[replica.id] = self.outstanding.get(replica.id, 0) + 1
+        try:
+            yield
+        finally:
+            self.outstanding[replica.id] -= 1
+            if not self.outstanding[replica.id]:
+                del self.outstanding[replica.id]
+            self.book.used(dep.name, replica.id, time.time())
+
+    def suspect(self, replica: ReplicaView) -> None:
+        """A connection to `replica` failed: avoid it until it reports anew (or SUSPECT_S passes)."""
+        self.suspects[replica.id] = time.monotonic()
+        self._poke.set()
+
+    def record(self, deployment: str, adapter: str | None, status: int, seconds: float, queue_s: float) -> None:
+        labels = (deployment, adapter or "")
+        self.metrics.requests.labels(*labels, str(status)).inc()
+        self.metrics.latency.labels(*labels).observe(seconds)
+        self.metrics.queue.labels(*labels).observe(queue_s)
+        self.book.observe(deployment, seconds, status, time.time())

@@ -1,0 +1,220 @@
+"""Sending a request on to a replica: the body (size-limited), the model it names, concurrency limits, a
+ready replica (waiting in the deployment's queue while the scheduler wakes or places one), the agent with
+its host's secret, and the answer (streamed through when the agent streams). A connection that fails before
+the first byte is retried once on another replica; a client that goes away cancels the upstream request."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+
+from console.gateway.auth import bearer
+from console.gateway.core import Gateway, Refused
+from console.gateway.errors import NO_TOKEN, Family
+from console.gateway.fleet import DeploymentView, FleetView
+from console.gateway.upstream import PASSED_HEADERS, Unreachable, Upstream
+
+CLIENT_CLOSED = 499
+PARSE_INLINE_BYTES = 256 * 1024  # bodies above this are parsed in a worker thread, off the event loop
+
+
+def resolve(fleet: FleetView, name: str) -> tuple[DeploymentView, str | None]:
+    """A model name as the client wrote it, or a 404 that says how to find the right one."""
+    found = fleet.resolve(name)
+    if found is None:
+        raise Refused(404, f"model {name!r} does not exist; GET /v1/models lists the models you can use",
+                      code="model_not_found")
+    return found
+
+
+async def proxy(gw: Gateway, request: Request, family: Family) -> Response:
+    """Answer one data-plane request through a replica."""
+    arrived = time.monotonic()
+    await gw.ensure_started()
+    caller = await gw.authenticate(bearer(request.headers.get("authorization")))
+    if caller is None:
+        return family.error(401, NO_TOKEN, "invalid_api_key")
+    deployment, adapter, status, queue_s = "", None, 500, 0.0
+    try:
+        body = await _read_body(request, gw.settings.max_body_bytes)
+        name, adapter = await _model_name(request, body, family)
+        dep, adapter = _target(gw, name, adapter)
+        deployment = dep.name
+        with gw.admitted(caller, dep):
+            dep, queue_s = await gw.ready_view(dep.name)
+            response = await _send(gw, gw.upstream, request, body, dep, adapter, queue_s, arrived)
+        status = response.status_code
+        return response
+    except Refused as e:
+        status = e.status
+        return family.error(e.status, str(e), e.code, e.retry_after)
+    except ClientDisconnect:
+        status = CLIENT_CLOSED
+        return Response(status_code=CLIENT_CLOSED)
+    except asyncio.CancelledError:
+        status = CLIENT_CLOSED
+        raise
+    finally:
+        if deployment and status != 0:
+            gw.record(deployment, adapter, status, time.monotonic() - arrived, queue_s)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise Refused(413, f"the request body is {int(declared)} bytes; this gateway takes at most {limit} "
+                      "(MODELGRID_GATEWAY_MAX_BODY_BYTES)", code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise Refused(413, f"the request body is over {limit} bytes, the most this gateway takes "
+                          "(MODELGRID_GATEWAY_MAX_BODY_BYTES)", code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _model_name(request: Request, body: bytes, family: Family) -> tuple[str, str | None]:
+    """The model the request names, and (v2) the adapter its parameters name."""
+    if not family.openai:
+        name = request.path_params["name"]
+        if b'"adapter"' not in body:  # most v2 requests: no need to parse a large tensor body
+            return name, None
+        parsed = await _parse(body)
+        params = parsed.get("parameters") if isinstance(parsed, dict) else None
+        adapter = params.get("adapter") if isinstance(params, dict) else None
+        if adapter is not None and not isinstance(adapter, str):
+            raise Refused(400, "parameters.adapter must be an adapter's name (a string)", code="invalid_request")
+        return name, adapter
+    parsed = await _parse(body)
+    model = parsed.get("model") if isinstance(parsed, dict) else None
+    if not isinstance(model, str) or not model:
+        raise Refused(400, "the request body must be a JSON object with 'model' naming a model "
+                      "(GET /v1/models lists them)", code="invalid_request")
+    return model, None
+
+
+async def _parse(body: bytes):
+    try:
+        if len(body) > PARSE_INLINE_BYTES:
+            return await asyncio.to_thread(json.loads, body)
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise Refused(400, f"the request body is not valid JSON ({e})", code="invalid_request") from None
+
+
+def _target(gw: Gateway, name: str, adapter: str | None) -> tuple[DeploymentView, str | None]:
+    dep, named_adapter = resolve(gw.fleet, name)
+    if named_adapter is not None:
+        if adapter not in (None, named_adapter):
+            raise Refused(400, f"model {name!r} is an adapter; it cannot take adapter {adapter!r} too",
+                          code="invalid_request")
+        return dep, named_adapter
+    if adapter is not None and adapter not in dep.adapters:
+        have = ", ".join(dep.adapters) or "none"
+        raise Refused(404, f"model {name!r} has no adapter {adapter!r} (it has: {have})", code="adapter_not_found")
+    return dep, adapter
+
+
+async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, dep: DeploymentView,
+                adapter: str | None, queue_s: float, arrived: float) -> Response:
+    """Send to a replica; a connection that fails before any byte comes back is retried once elsewhere."""
+    path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    tried: set[int] = set()
+    for attempt in range(2):
+        replica = gw.pick(dep, adapter, tried)
+        if replica is None:
+            if attempt == 0:  # every ready replica is suspect: wait for the fleet to say more
+                dep, more = await gw.ready_view(dep.name)
+                queue_s += more
+                replica = gw.pick(dep, adapter, tried)
+            if replica is None:
+                raise Refused(503, f"no ready replica of model {dep.name!r} could be reached", retry_after=2,
+                              code="model_not_ready")
+        tried.add(replica.id)
+        headers = {"x-modelgrid-replica": replica.label, "x-modelgrid-queue-ms": f"{1000 * queue_s:.1f}"}
+        with gw.in_flight(dep, replica):
+            try:
+                upstream_response, content = await _until_disconnect(
+                    request, _exchange(upstream, replica, request, path, body))
+            except Unreachable:
+                gw.suspect(replica)
+                continue
+            if content is None:
+                return _stream(gw, dep, adapter, upstream_response, headers, arrived, replica)
+        for name in PASSED_HEADERS:
+            if name in upstream_response.headers:
+                headers[name] = upstream_response.headers[name]
+        return Response(content, status_code=upstream_response.status, headers=headers)
+    raise Refused(502, f"model {dep.name!r}: its replicas could not be reached ({', '.join(map(str, tried))})",
+                  retry_after=2, code="upstream_unreachable")
+
+
+async def _exchange(upstream: Upstream, replica, request: Request, path: str,
+                    body: bytes) -> tuple[aiohttp.ClientResponse, bytes | None]:
+    """The agent's response with its whole body, or (a stream) with the body still to read (None)."""
+    response = await upstream.send(replica, request.method, path, body, request.headers.get("content-type"))
+    if response.content_type == "text/event-stream":
+        return response, None
+    try:
+        return response, await response.read()
+    finally:
+        response.release()
+
+
+async def _until_disconnect(request: Request, work):
+    """Await `work`, cancelling it when the client goes away (the agent then sees its connection close)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise ClientDisconnect()
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_response: aiohttp.ClientResponse,
+            headers: dict, arrived: float, replica) -> StreamingResponse:
+    """Server-sent events passed through as the agent produces them, never buffered whole."""
+    gw.outstanding[replica.id] = gw.outstanding.get(replica.id, 0) + 1  # the stream stays in flight
+
+    async def events() -> AsyncIterator[bytes]:
+        first = None
+        count = 0
+        try:
+            async for chunk in upstream_response.content.iter_any():
+                if first is None:
+                    first = time.monotonic()
+                    gw.metrics.ttft.labels(dep.name, adapter or "").observe(first - arrived)
+                count += chunk.count(b"data:")
+                yield chunk
+        finally:
+            upstream_response.release()
+            gw.outstanding[replica.id] -= 1
+            if first is not None and count > 1:
+                elapsed = time.monotonic() - first
+                if elapsed > 0:
+                    gw.metrics.tokens_per_second.labels(dep.name, adapter or "").observe((count - 1) / elapsed)
+
+    return StreamingResponse(events(), status_code=upstream_response.status, headers=headers,
+                             media_type="text/event-stream")

@@ -1,0 +1,67 @@
+"""Choosing a replica for one request: least outstanding requests, or, for an adapter, consistent hashing
+with bounded loads (Mirrokni, Thorup and Zadimoghaddam), so one adapter's requests go to few replicas (its
+weights stay resident there) while a hot adapter spills over to the next replicas on the ring.
+
+Pure: replicas are plain ids, outstanding counts are passed in, nothing here reads a clock or does I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+
+LOAD_FACTOR = 1.25  # no replica above 1.25x the mean load (the bound the issue and the paper use)
+POINTS_PER_REPLICA = 64  # virtual nodes: enough for an even ring over a handful of replicas
+
+
+def _hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+@lru_cache(maxsize=1024)
+def _ring(replicas: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The hash ring of a replica set: sorted point positions and the replica at each (cached per set)."""
+    points = sorted((_hash(f"{r}:{i}"), r) for r in replicas for i in range(POINTS_PER_REPLICA))
+    return tuple(p for p, _ in points), tuple(r for _, r in points)
+
+
+def least_outstanding(replicas: Sequence[int], outstanding: Mapping[int, int], turn: int = 0) -> int:
+    """The replica with the fewest requests in flight; ties rotate with `turn`, so idle replicas share work."""
+    n = len(replicas)
+    best, best_load = replicas[turn % n], None
+    for k in range(n):
+        r = replicas[(turn + k) % n]
+        load = outstanding.get(r, 0)
+        if best_load is None or load < best_load:
+            best, best_load = r, load
+    return best
+
+
+def bounded_load_bound(total_outstanding: int, n: int, factor: float = LOAD_FACTOR) -> int:
+    """The most requests one of `n` replicas may hold once this request is added."""
+    return max(1, math.ceil(factor * (total_outstanding + 1) / n))
+
+
+def affinity_choice(key: str, replicas: Sequence[int], outstanding: Mapping[int, int],
+                    factor: float = LOAD_FACTOR) -> int:
+    """The first replica clockwise from `key` on the ring whose load stays within the bound."""
+    ids = tuple(sorted(replicas))
+    if len(ids) == 1:
+        return ids[0]
+    positions, owners = _ring(ids)
+    bound = bounded_load_bound(sum(outstanding.get(r, 0) for r in ids), len(ids), factor)
+    start = bisect.bisect(positions, _hash(key)) % len(positions)
+    seen: set[int] = set()
+    for k in range(len(positions)):
+        r = owners[(start + k) % len(positions)]
+        if r in seen:
+            continue
+        if outstanding.get(r, 0) + 1 <= bound:
+            return r
+        seen.add(r)
+        if len(seen) == len(ids):
+            break
+    return least_outstanding(ids, outstanding)  # unreachable with factor >= 1; kept as a safe answer

@@ -1,0 +1,52 @@
+"""Talking to agents: one pooled keep-alive HTTP client per console process, the host's gateway secret on
+every request, and the line between "never reached the replica" (safe to retry elsewhere) and everything
+after the first byte (never retried: the replica may have acted on it)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from console.gateway.fleet import ReplicaView
+
+CONNECT_TIMEOUT_S = 5.0
+PASSED_HEADERS = ("content-type", "retry-after")
+
+
+class Unreachable(Exception):
+    """The replica's agent could not be reached before it sent anything back."""
+
+
+class Upstream:
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            # No total timeout: a long generation is the replica's business, and the client's disconnect
+            # cancels it. Connecting is bounded so a dead host is found out quickly and retried elsewhere.
+            timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S)
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+            self._session = aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False)
+            self._loop = loop
+        return self._session
+
+    async def send(self, replica: ReplicaView, method: str, path: str, body: bytes,
+                   content_type: str | None) -> aiohttp.ClientResponse:
+        """The agent's response, headers read and body not yet; Unreachable if nothing came back."""
+        headers = {"Authorization": f"Bearer {replica.secret}"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        try:
+            return await self.session().request(method, replica.endpoint + path, data=body or None,
+                                                headers=headers)
+        except (TimeoutError, aiohttp.ClientConnectionError) as e:
+            raise Unreachable(f"{replica.label} at {replica.endpoint}: {e or type(e).__name__}") from e
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -1,0 +1,108 @@
+"""Demand from the gateway through the control loop: the database fields the gateway writes become the
+scheduler's input, and its answer (served, waiting, refused) lands where the gateway reads it."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from console.deployments.models import Deployment, Replica
+from console.deployments.reconcile import reconcile_once
+from tests.console.deployments.test_reconcile import sized
+
+pytestmark = pytest.mark.django_db
+GiB = 1024**3
+
+
+def waiting(name: str, n: int = 1, ago: float = 0.0) -> None:
+    """What a gateway writes while `n` requests wait for a replica of `name`."""
+    Deployment.objects.filter(name=name).update(demand=n, demand_at=timezone.now() - timedelta(seconds=ago))
+
+
+def settled(rows_ago: float = 60.0) -> None:
+    """Every replica placed and used long ago: past its residency and idle."""
+    long_ago = timezone.now() - timedelta(seconds=rows_ago)
+    Replica.objects.update(ready_since=long_ago, last_request_at=long_ago, observed_state="ready")
+
+
+def test_demand_for_a_model_that_lost_its_gpu_puts_an_idle_equal_tier_one_to_sleep(host, model):
+    host.ram_free_bytes = 64 * GiB
+    host.save()
+    for name in ("left", "right"):
+        sized(name, 20, min_replicas=0, max_replicas=1)
+    reconcile_once()
+    placed = {r.deployment.name for r in Replica.objects.filter(host__isnull=False)}
+    assert len(placed) == 1  # one 24 GiB GPU holds one of them
+    (holder,), other = placed, ({"left", "right"} - placed).pop()
+    settled()
+    waiting(other, 3)
+    reconcile_once()
+    now_ready = Replica.objects.get(deployment__name=other)
+    victim = Replica.objects.get(deployment__name=holder)
+    assert now_ready.host == host and now_ready.desired_state == "ready"
+    assert now_ready.ready_since is not None and timezone.now() - now_ready.ready_since < timedelta(seconds=30)
+    assert victim.desired_state == "sleeping" and f"{other}#0" in victim.reason
+    dep = Deployment.objects.get(name=other)
+    assert dep.demand_status == "served"
+
+
+def test_a_busy_occupant_makes_the_demand_wait_and_nothing_moves(host, model):
+    host.ram_free_bytes = 64 * GiB
+    host.save()
+    for name in ("left", "right"):
+        sized(name, 20, min_replicas=0, max_replicas=1)
+    reconcile_once()
+    holder = Replica.objects.get(host__isnull=False)
+    other = "right" if holder.deployment.name == "left" else "left"
+    settled()
+    Replica.objects.filter(pk=holder.pk).update(last_request_at=timezone.now())  # serving right now
+    waiting(other)
+    reconcile_once()
+    holder.refresh_from_db()
+    assert holder.desired_state == "ready" and holder.host == host
+    dep = Deployment.objects.get(name=other)
+    assert dep.demand_status == "waiting" and holder.deployment.name in dep.demand_reason
+
+
+def test_demand_that_can_never_be_served_is_refused_with_the_reason(host, model):
+    sized("huge", 100, min_replicas=0, max_replicas=1)
+    waiting("huge")
+    reconcile_once()
+    dep = Deployment.objects.get(name="huge")
+    assert dep.demand_status == "refused" and "100.00 GiB" in dep.demand_reason
+
+
+def test_demand_its_gateway_stopped_renewing_is_ignored(host, model):
+    sized("huge", 100, min_replicas=0, max_replicas=1)
+    waiting("huge", ago=60)  # that console process is gone
+    reconcile_once()
+    assert Deployment.objects.get(name="huge").demand_status == ""
+
+
+def test_an_answer_is_cleared_once_nothing_waits(host, model):
+    sized("huge", 100, min_replicas=0, max_replicas=1)
+    waiting("huge")
+    reconcile_once()
+    Deployment.objects.filter(name="huge").update(demand=0)
+    reconcile_once()
+    dep = Deployment.objects.get(name="huge")
+    assert (dep.demand_status, dep.demand_reason) == ("", "")
+
+
+def test_an_idle_scale_to_zero_deployment_leaves_its_gpu_and_says_so(host, model):
+    sized("rare", 5, min_replicas=0, max_replicas=1, idle_timeout_s=30)
+    reconcile_once()
+    assert Replica.objects.get().host == host
+    settled()
+    Deployment.objects.update(created=timezone.now() - timedelta(minutes=5),
+                              last_request_at=timezone.now() - timedelta(minutes=2))
+    reconcile_once()
+    replica = Replica.objects.get()
+    assert replica.host is None  # the host reports no RAM for sleeping replicas: stopped
+    assert "scaled to zero" in replica.reason and "idle_timeout_s 30" in replica.reason
+    dep = Deployment.objects.get()
+    assert dep.state == "ready" and "scaled to zero" in dep.reason
+    waiting("rare")  # the next request brings it back
+    reconcile_once()
+    replica.refresh_from_db()
+    assert replica.host == host and replica.desired_state == "ready"
