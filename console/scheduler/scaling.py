@@ -65,6 +65,11 @@ def _decide(dep: Deployment, now: float, settings: Settings) -> ScaleDecision:
         return ScaleDecision(dep.name, current, target, f"{status}: {current} -> {target} replicas (max {high})")
     if current <= low:
         return ScaleDecision(dep.name, current, current, f"{status}; at its minimum of {low}")
+    if current == 1 and low == 0:
+        # The last replica of a scale-to-zero deployment is not taken away by the SLO loop: the idle timeout
+        # moves it off its GPU but keeps it (asleep, a fast wake), where removing it would cost a cold load.
+        return ScaleDecision(dep.name, current, current, f"{status}; its last replica leaves its GPU only when "
+                             "idle (idle_timeout_s)")
     quiet_for = None if dep.status_since is None else now - dep.status_since
     if quiet_for is None or quiet_for < settings.quiet_window_s:
         so_far = "for an unknown time" if quiet_for is None else f"for {seconds(quiet_for)}"

@@ -301,3 +301,11 @@ def test_replanning_a_waiting_demand_with_the_same_inputs_changes_nothing():
     first = run(ONE, deployments, replicas)
     second = run(ONE, deployments, [replace(r, last_request_at=NOW - 0.4) for r in next_pass(first)])
     assert second.replicas == first.replicas and second.demands == first.demands
+
+
+def test_the_slo_loop_never_takes_the_last_replica_of_a_scale_to_zero_deployment():
+    quiet = Deployment("rare", GiB, replicas=1, min_replicas=0, max_replicas=3, status_since=0.0)
+    decision = decide(quiet, now=10_000.0, settings=Settings())
+    assert decision.target == 1 and "idle_timeout_s" in decision.reason
+    busier = Deployment("rare", GiB, replicas=2, min_replicas=0, max_replicas=3, status_since=0.0)
+    assert decide(busier, now=10_000.0, settings=Settings()).target == 1  # extras still go after the quiet window
