@@ -119,6 +119,9 @@ def serve(model: Any, channel: WorkerChannel, input_error: type[Exception]) -> N
             reply = _run(model, kind, request_id, command, payload, input_error)
         if not channel.send(reply):
             return
+        after_reply = getattr(model, "after_reply", None)
+        if after_reply is not None:
+            after_reply(kind)
 
 
 def _run(model: Any, kind: str, request_id: int, command: Any, payload: Any, input_error: type[Exception]) -> tuple:

@@ -19,3 +19,16 @@ def test_a_busy_port_is_one_clear_error(tmp_path):
     assert run.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_the_console_socket_is_tcp_so_small_answers_are_not_held_back_by_nagle():
+    import socket
+
+    from console.deployments.management.commands.up import _listen
+
+    sock = _listen("127.0.0.1", 0)
+    try:
+        # asyncio sets TCP_NODELAY on accepted connections only for a socket created as IPPROTO_TCP.
+        assert sock.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()

@@ -31,7 +31,9 @@ class _Server(uvicorn.Server):
 def _listen(host: str, port: int) -> socket.socket:
     """Bind the console's socket ourselves, so a busy port is one clear error, not a traceback."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio turns Nagle off only for sockets it knows are TCP, and with Nagle on
+    # every small response waits ~40 ms for the client's delayed ACK between its headers and body.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host.strip("[]"), port))
