@@ -112,7 +112,10 @@ class Gateway:
         """Load the fleet and start the background tasks on first use (in the serving loop)."""
         loop = asyncio.get_running_loop()
         if self._loop is loop and self._starting is not None:
-            await asyncio.shield(self._starting)
+            if not self._starting.done():  # another request is loading the fleet: wait for it
+                await asyncio.shield(self._starting)
+            elif self._starting.exception() is not None:
+                raise self._starting.exception()
             return
         self._loop, self._starting = loop, loop.create_future()
         self._poke = asyncio.Event()

@@ -6,7 +6,6 @@ the first byte is retried once on another replica; a client that goes away cance
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -126,7 +125,8 @@ def _target(gw: Gateway, name: str, adapter: str | None) -> tuple[DeploymentView
 async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, dep: DeploymentView,
                 adapter: str | None, queue_s: float, arrived: float) -> Response:
     """Send to a replica; a connection that fails before any byte comes back is retried once elsewhere."""
-    path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    query = request.scope.get("query_string", b"")
+    path = request.scope["path"] + (f"?{query.decode('latin-1')}" if query else "")
     tried: set[int] = set()
     for attempt in range(2):
         replica = gw.pick(dep, adapter, tried)
@@ -170,27 +170,28 @@ async def _exchange(upstream: Upstream, replica, request: Request, path: str,
 
 
 async def _until_disconnect(request: Request, work):
-    """Await `work`, cancelling it when the client goes away (the agent then sees its connection close)."""
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_disconnected(request))
+    """Await `work` in this task, cancelled when the client goes away (the agent then sees its connection
+    close). One watcher task per request; the work itself runs inline, which keeps the hot path cheap."""
+    current = asyncio.current_task()
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        current.cancel()
+
+    watcher = asyncio.get_running_loop().create_task(watch())
     try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
     except asyncio.CancelledError:
-        task.cancel()
+        if gone and current.cancelling() <= 1:
+            current.uncancel()
+            raise ClientDisconnect() from None
         raise
     finally:
-        watch.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        raise ClientDisconnect()
-    return task.result()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+        watcher.cancel()
 
 
 def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_response: aiohttp.ClientResponse,

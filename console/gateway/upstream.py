@@ -30,7 +30,9 @@ class Upstream:
             # cancels it. Connecting is bounded so a dead host is found out quickly and retried elsewhere.
             timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S)
             connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
-            self._session = aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False)
+            # No cookies between the gateway and agents: a dummy jar skips that work on every request.
+            self._session = aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False,
+                                                  cookie_jar=aiohttp.DummyCookieJar())
             self._loop = loop
         return self._session
 

@@ -28,6 +28,15 @@ class _Server(uvicorn.Server):
         yield
 
 
+def _loop_factory():
+    """uvloop where it is installed (a faster event loop for the gateway and the agent link), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def _listen(host: str, port: int) -> socket.socket:
     """Bind the console's socket ourselves, so a busy port is one clear error, not a traceback."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -71,7 +80,8 @@ class Command(BaseCommand):
         settings.MODEL_STORE.mkdir(parents=True, exist_ok=True)
         token = None if opts["no_agent"] else AgentCredential.issue(opts["agent_name"])[1]
         connections.close_all()  # from here on the DB is used from the async loop's worker thread
-        asyncio.run(self._serve(opts, sock, token))
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(self._serve(opts, sock, token))
 
     async def _serve(self, opts, sock: socket.socket, agent_token: str | None) -> None:
         from console.asgi import application
