@@ -136,12 +136,15 @@ class LoadedModel:
         return transfer.as_dict() | {"host_bytes": self.swap.host_bytes}
 
     def after_reply(self, kind: str) -> None:
-        """Work that need not hold up the agent's answer. After a sleep: a full garbage collection for
-        anything a reference cycle still held of the old weights (the swap has already dropped every
-        reference the model holds and emptied the CUDA cache). It takes ~200 ms with torch and
-        transformers loaded, which a replica waiting to wake into this GPU would otherwise wait for."""
-        if kind == "sleep":
+        """Work that need not hold up the agent's answer. After a sleep on CUDA: a full garbage collection
+        for anything a reference cycle still held of the old weights, then the freed blocks back to the
+        driver (the swap already dropped every reference the model holds). It takes ~200 ms with torch and
+        transformers loaded, which a replica waiting to wake into this GPU would otherwise wait for. On the
+        CPU nothing is handed back to a device, so the collection would only take a core from the replica
+        that just woke."""
+        if kind == "sleep" and self.device.type == "cuda":
             gc.collect()
+            torch.cuda.empty_cache()
 
     def wake(self, _payload: Any = None) -> dict[str, Any]:
         """Copy the weights back onto the device; serves again, bit for bit as before."""
