@@ -74,6 +74,7 @@ class Deployment(models.Model):
     last_request_at = models.DateTimeField(null=True, blank=True)
     demand = models.PositiveIntegerField(default=0)
     demand_at = models.DateTimeField(null=True, blank=True)
+    demand_since = models.DateTimeField(null=True, blank=True, help_text="when its requests started waiting")
     gateway_stats = models.JSONField(default=dict, blank=True)
     # The scheduler's answer to that demand: served | waiting | refused, and why.
     demand_status = models.CharField(max_length=10, blank=True)

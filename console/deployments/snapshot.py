@@ -79,6 +79,7 @@ def deployment_spec(dep: Deployment, replica_bytes: int, now: float = 0.0, deman
         status_since=dep.status_since.timestamp() if dep.status_since else None,
         last_scale_at=dep.last_scale_at.timestamp() if dep.last_scale_at else None,
         demand=live_demand(dep, now, demand_stale_s),
+        demand_since=_unix(dep.demand_since),
         idle_timeout_s=float(dep.idle_timeout_s) if dep.idle_timeout_s else None,
         active_at=max(t for t in (last, created) if t is not None) if (last or created) else None,
     )

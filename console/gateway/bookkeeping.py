@@ -114,7 +114,8 @@ def write(batch: Batch) -> None:
 
 def announce_demand(name: str, waiting: int) -> None:
     """Requests wait for `name`: the scheduler's next pass owes it an answer (an old one no longer counts)."""
-    Deployment.objects.filter(name=name).update(demand=waiting, demand_at=timezone.now(), demand_status="",
+    now = timezone.now()
+    Deployment.objects.filter(name=name).update(demand=waiting, demand_at=now, demand_since=now, demand_status="",
                                                 demand_reason="")
 
 

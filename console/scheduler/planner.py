@@ -35,6 +35,8 @@ from console.scheduler.strategies import make_placer
 from console.scheduler.types import Plan, PlanInput, SearchReport, host_of
 from console.scheduler.units import EXTRA_CLASS, IDLE_CLASS, Demand, Unit, build_units
 
+DEMAND_CLASSES = 4  # classes 4-7: SLO additions and waiting requests, critical..batch
+
 SETTLE_ROUNDS = 20
 
 
@@ -156,7 +158,14 @@ class Run:
         if u.klass >= EXTRA_CLASS:
             return (-u.demand.value,) + size
         if self.placer.name == "latency-sensitive":
-            return (not u.demand.lc,) + size
+            size = (not u.demand.lc,) + size
+        if u.klass >= DEMAND_CLASSES:
+            # Waiting requests before SLO additions of the same tier, the longest-waiting demand first: by
+            # name, one deployment would win every contested GPU and another's requests would starve.
+            if u.phase == "demand":
+                since = u.demand.dep.demand_since
+                return (0, float("inf") if since is None else since) + size
+            return (1, 0.0) + size
         return size
 
     def place_classes(self) -> None:
@@ -171,6 +180,8 @@ class Run:
                 members = [u for u in self.wanted if u.klass == klass]
                 failed = repack_class(self, members, failed)
             self.failed.extend(failed)
+            if any(u.phase == "demand" for u in failed):  # the repack may have reordered them
+                failed = sorted(failed, key=self.order)
             for u in failed:
                 if u.state != "ready":
                     self.repair(u)

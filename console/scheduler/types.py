@@ -65,6 +65,7 @@ class Deployment:
     sleep_bytes: int | None = None  # host RAM one sleeping replica needs; None: `bytes`
     demand: int = 0  # requests waiting at the gateway for a ready replica of it (0: none)
     idle_timeout_s: float | None = None  # with min_replicas 0: no request this long -> off its GPUs; None: never
+    demand_since: float | None = None  # when its requests started waiting (the longest-waiting demand goes first)
     active_at: float | None = None  # last request in flight or queued, else its creation; None: unknown (never idle)
 
     def __post_init__(self) -> None:

@@ -106,3 +106,19 @@ def test_an_idle_scale_to_zero_deployment_leaves_its_gpu_and_says_so(host, model
     reconcile_once()
     replica.refresh_from_db()
     assert replica.host == host and replica.desired_state == "ready"
+
+
+def test_the_longest_waiting_demand_gets_the_gpu_first(host, model):
+    host.ram_free_bytes = 64 * GiB
+    host.save()
+    for name in ("alpha", "holder", "zeta"):
+        sized(name, 20, min_replicas=0, max_replicas=1)
+    reconcile_once()
+    assert Replica.objects.get(host__isnull=False).deployment.name == "alpha"  # the GPU holds one of them
+    settled()
+    now = timezone.now()
+    Deployment.objects.filter(name="zeta").update(demand=1, demand_at=now, demand_since=now - timedelta(seconds=20))
+    Deployment.objects.filter(name="holder").update(demand=1, demand_at=now, demand_since=now - timedelta(seconds=2))
+    reconcile_once()
+    assert Deployment.objects.get(name="zeta").demand_status == "served"  # not "holder", first by name
+    assert Deployment.objects.get(name="holder").demand_status == "waiting"

@@ -15,9 +15,10 @@ def web(**changes) -> Deployment:
     return replace(Deployment("web", 20 * GiB, replicas=0, min_replicas=0, max_replicas=1, demand=3), **changes)
 
 
-def above_min(name: str, size: int = 20 * GiB, priority: str = "standard", **changes) -> Deployment:
+def above_min(name: str, size: int = 20 * GiB, priority: str = "standard", replicas: int = 1,
+              **changes) -> Deployment:
     """One replica that is above its minimum (min_replicas 0)."""
-    return Deployment(name, size, replicas=1, min_replicas=0, max_replicas=1, priority=priority, **changes)
+    return Deployment(name, size, replicas=replicas, min_replicas=0, max_replicas=1, priority=priority, **changes)
 
 
 def run(gpus, deployments, replicas=(), ram=None, now=NOW, **settings):
@@ -309,3 +310,14 @@ def test_the_slo_loop_never_takes_the_last_replica_of_a_scale_to_zero_deployment
     assert decision.target == 1 and "idle_timeout_s" in decision.reason
     busier = Deployment("rare", GiB, replicas=2, min_replicas=0, max_replicas=3, status_since=0.0)
     assert decide(busier, now=10_000.0, settings=Settings()).target == 1  # extras still go after the quiet window
+
+
+def test_when_two_deployments_wait_for_one_gpu_the_longest_waiting_goes_first():
+    holder = [Replica("holder", 0, ("a/0",), 40 * GiB, last_request_at=NOW - 100)]
+    for early, late in (("zeta", "alpha"), ("alpha", "zeta")):  # not by name: by how long they waited
+        waiting = [above_min(early, 40 * GiB, replicas=0, demand=1, demand_since=NOW - 30),
+                   above_min(late, 40 * GiB, replicas=0, demand=1, demand_since=NOW - 2)]
+        deployments = sorted([above_min("holder", 40 * GiB), *waiting], key=lambda d: d.name)  # as the console
+        result = run(ONE, deployments, holder, ram=64 * GiB)
+        assert outcome(result, early).status == "served", result.demands
+        assert outcome(result, late).status != "served"
