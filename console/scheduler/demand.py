@@ -33,11 +33,21 @@ def mark_demand(run: Run) -> list[Demand]:
     the deployments with requests waiting."""
     demanded = [d for d in run.demands.values() if d.units is not None]
     for d in demanded:
-        above = d.units[d.low:]  # type: ignore[index]
-        if d.ready == 0 and above:  # the lowest index, a sleeping replica (it wakes in place) first
-            unit = next((u for u in above if u.asleep), above[0])
-            unit.phase, unit.klass = "demand", 4 + d.rank
+        lift(d)
     return demanded
+
+
+def lift(d: Demand) -> None:
+    """With requests waiting and no replica ready, lift one replica above the minimum into phase "demand": the
+    lowest index, a sleeping one (it wakes in place) first. Also called when a pass evicts a deployment's last
+    ready replica: the next pass would lift one, so this pass plans it as demand too (re-planning moves nothing)."""
+    units = d.units
+    if units is None or d.ready or any(u.phase == "demand" for u in units):
+        return
+    above = units[d.low:]
+    if above:
+        unit = next((u for u in above if u.asleep), above[0])
+        unit.phase, unit.klass = "demand", 4 + d.rank
 
 
 def _last_used(v: Unit) -> float:

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from time import perf_counter
 
 from console.scheduler import explain
-from console.scheduler.demand import demand_for, mark_demand
+from console.scheduler.demand import demand_for, lift, mark_demand
 from console.scheduler.index import IndexBook
 from console.scheduler.ledger import Ledger
 from console.scheduler.outcome import assemble
@@ -220,10 +220,17 @@ class Run:
             return True
         if not self.settings.preempt:
             return False
-        if u.phase in ("min", "slo"):
-            return preempt_for(self, u)
-        if u.phase == "demand":
-            return demand_for(self, u)
+        phase = u.phase
+        if phase == "demand":
+            if demand_for(self, u):
+                return True
+            # Once its deployment has a replica ready, the next pass plans it in its own phase (an SLO or extra
+            # replica) with that phase's repairs: it gets them here too, or re-planning this result would move.
+            if not u.demand.ready:
+                return False
+            phase = u.demand.rest_phase
+        if phase in ("min", "slo"):
+            return preempt_for(self, u, phase)
         return swap_for(self, u)
 
     def settle(self) -> None:
@@ -262,6 +269,8 @@ class Run:
         self._unreserve(victim)
         victim.cause, victim.cause_kind, victim.evictor = cause, kind, by
         self.failed.append(victim)
+        if victim.demand.units is not None and not victim.demand.ready:  # requests wait and none is ready now
+            lift(victim.demand)
 
     def _unreserve(self, u: Unit) -> None:
         """Take `u` off its GPUs; where it ends up is decided anew."""

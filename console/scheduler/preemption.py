@@ -31,16 +31,22 @@ Found = tuple[Cost, tuple[int, ...], list[Unit]]  # cost, GPUs, victims
 
 
 def may_preempt(unit: Unit, victim: Unit) -> bool:
-    """Whether `unit` outranks `victim` enough to take its room."""
+    """Whether `unit` outranks `victim` enough to take its room.
+
+    A replica lifted for waiting requests (phase "demand") counts as what it is in the next pass, once it is
+    ready: an extra (or SLO) replica of its deployment. Were it spared here, the next pass would preempt it.
+    """
     if victim.demand.rank > unit.demand.rank:
         return True
-    return (unit.phase == "min" and victim.demand.rank == unit.demand.rank and victim.phase == "extra"
+    phase = victim.demand.rest_phase if victim.phase == "demand" else victim.phase
+    return (unit.phase == "min" and victim.demand.rank == unit.demand.rank and phase == "extra"
             and victim.demand is not unit.demand)
 
 
-def preempt_for(run: Run, unit: Unit) -> bool:
-    """Place `unit` by preempting lower-priority replicas; False when no set of them makes room."""
-    why = unit.demand.why(unit.phase)
+def preempt_for(run: Run, unit: Unit, phase: str | None = None) -> bool:
+    """Place `unit` by preempting lower-priority replicas; False when no set of them makes room. `phase`: the
+    phase it is preempting as (default its own)."""
+    why = unit.demand.why(unit.phase if phase is None else phase)
     cause = preempted_by(unit.demand.name, unit.index, unit.demand.tier, why)
     return _evict_for(run, unit, lambda v: may_preempt(unit, v), "preempt", cause)
 
@@ -54,7 +60,10 @@ def swap_for(run: Run, unit: Unit) -> bool:
     now, residency = run.request.now, run.settings.min_residency_s
 
     def ok(v: Unit) -> bool:
+        # Never a replica of a deployment with requests waiting: those requests are what it is there for
+        # (and in the pass that lifted it for them it was no extra, so swapping it now would flap).
         return (v.phase == "extra" and v.demand is not unit.demand and v.demand.rank >= unit.demand.rank
+                and v.demand.dep.demand == 0
                 and v.demand.value * SWAP_FACTOR <= value and within_residency(v, now, residency) is None)
 
     cause = (f"put to sleep for {unit.demand.name}#{unit.index} ({unit.demand.tier}, "

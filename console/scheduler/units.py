@@ -59,6 +59,12 @@ class Demand:
         """How it stands against its SLO, in words."""
         return slo_text(self.dep.slo_latency_ms, self.dep.observed_latency_ms, self.violating)
 
+    @property
+    def rest_phase(self) -> str:
+        """The phase of its replicas above the minimum: "slo" while a non-batch tier violates its SLO, else
+        "extra". A replica lifted into phase "demand" has this phase again in the next pass, once one is ready."""
+        return "slo" if self.violating and self.tier != "batch" else "extra"
+
     def why(self, phase: str) -> str:
         """Why a replica of this deployment in `phase` outranks lower tiers (for preemption reasons)."""
         if phase == "min":
@@ -179,10 +185,11 @@ def build_units(
             wanted.extend(units)
             retired.extend(Unit(demand, r.index, r) for r in existing[target:])
             continue
-        if demand.violating and demand.tier != "batch":
-            rest_phase, rest_class = "slo", 4 + rank
+        rest_phase = demand.rest_phase
+        if rest_phase == "slo":
+            rest_class = 4 + rank
         else:
-            rest_phase, rest_class = "extra", BATCH_CLASS if demand.tier == "batch" else EXTRA_CLASS
+            rest_class = BATCH_CLASS if demand.tier == "batch" else EXTRA_CLASS
         for position, unit in enumerate(units):
             if position < low:
                 unit.klass = rank  # phase "min" is the class default

@@ -321,3 +321,11 @@ def test_when_two_deployments_wait_for_one_gpu_the_longest_waiting_goes_first():
         result = run(ONE, deployments, holder, ram=64 * GiB)
         assert outcome(result, early).status == "served", result.demands
         assert outcome(result, late).status != "served"
+
+
+def test_a_replica_whose_requests_are_waiting_is_never_swapped_out_for_traffic_elsewhere():
+    busy = above_min("busy", 40 * GiB, demand=2)  # requests waiting for it: what it is on the GPU for
+    hot = above_min("hot", 40 * GiB, traffic_rps=100.0)
+    replicas = [Replica("busy", 0, ("a/0",), 40 * GiB), Replica("hot", 0, (), 0, "sleeping", "a")]
+    out = by_key(run(ONE, [busy, hot], replicas, ram=64 * GiB))
+    assert out[("busy", 0)].action == "keep" and out[("hot", 0)].state == "sleeping"
