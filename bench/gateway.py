@@ -26,10 +26,8 @@ import os
 import random
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,7 +39,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import aiohttp  # noqa: E402
 import httpx  # noqa: E402
 
-from tests.e2e.stack import ADMIN_PASSWORD, ROOT, Stack, _database_env, free_port  # noqa: E402
+from tests.e2e.stack import Stack, start  # noqa: E402
 
 START_TIMEOUT_S = 180.0
 READY_TIMEOUT_S = 180.0
@@ -115,40 +113,14 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, inter
 
 @contextlib.contextmanager
 def running_stack(data_dir: Path, gpus: str, args: tuple[str, ...] = (), **env: str) -> Iterator[Stack]:
-    """`manage.py up` on a free loopback port with its own data dir and an API token; stopped on the way
-    out, whatever happened (tests/e2e/stack.py's start, with an early exit noticed and no leak on error)."""
-    db_env, drop_db = _database_env()
-    full_env = os.environ | db_env | {
-        "MODELGRID_DATA_DIR": str(data_dir),
-        "MODELGRID_ADMIN_PASSWORD": ADMIN_PASSWORD,
-        "PYTHONUNBUFFERED": "1",
-        "HF_HUB_OFFLINE": "1",
-    } | env
-    cmd = [sys.executable, "manage.py", "up", "--host", "127.0.0.1", "--port", str(free_port()), "--gpus", gpus,
-           *args]
-    say(f"starting: {' '.join(cmd[1:])}")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    stack = Stack(proc=proc, url="", env=full_env, data_dir=data_dir)
-    ready = threading.Event()
-
-    def pump() -> None:  # keep reading so the child never blocks on a full pipe
-        for line in proc.stdout:
-            stack.lines.append(line)
-            if line.startswith("ModelGrid console: "):
-                stack.url = line.split(": ", 1)[1].strip()
-                ready.set()
-        ready.set()  # the process ended
-
-    threading.Thread(target=pump, daemon=True).start()
+    """tests/e2e/stack.py's `manage.py up` (free loopback port, own data dir, an API token) at the default
+    scheduler interval; stopped on the way out, whatever happened."""
+    began = time.monotonic()
+    say(f"starting: manage.py up --gpus {gpus} {' '.join(args)}")
+    stack, drop_db = start(data_dir, gpus, timeout=START_TIMEOUT_S, args=args,
+                           **({"MODELGRID_SCHEDULER_INTERVAL": "0.5"} | env))
+    say(f"up at {stack.url} in {time.monotonic() - began:.1f} s")
     try:
-        began = time.monotonic()
-        if not ready.wait(START_TIMEOUT_S) or not stack.url:
-            why = (f"exited with code {proc.returncode} before it was ready" if proc.poll() is not None
-                   else f"did not start within {START_TIMEOUT_S:.0f} s")
-            raise RuntimeError(f"manage.py up {why}; its last output:\n" + "".join(stack.lines[-40:]))
-        stack.token = stack.manage("createapitoken", "bench")
-        say(f"up at {stack.url} in {time.monotonic() - began:.1f} s")
         yield stack
     finally:
         code = stack.stop()

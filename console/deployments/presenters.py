@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from console.catalog.memory import memory_summary
 from console.deployments.models import Deployment, Replica
-from console.deployments.serving import ASLEEP, COLD, READY, STANDBY, WAKING, serving_state
+from console.deployments.serving import SERVING_HINTS, serving_state
 from console.deployments.snapshot import live_demand
 
 # Observed states on the way to `ready`: while a replica is in one of them and meant to be ready, its
@@ -18,13 +18,6 @@ _ON_THE_WAY = ("pending", "starting", "loading")
 # A scale-up creates the new rows in the pass that sets last_scale_at, so they are this close behind it.
 _SAME_PASS = timedelta(seconds=10)
 # What the next request meets, for the word's tooltip and the deployment page.
-SERVING_HINTS = {
-    READY: "answers at once",
-    WAKING: "a replica is on its way to a GPU; requests wait for it",
-    ASLEEP: "in host RAM; the next request wakes it",
-    COLD: "on disk; the next request loads it",
-    STANDBY: "loaded, but takes no requests until standby is turned off",
-}
 # The scheduler's answer to waiting requests, as the page words it.
 DEMAND_LABELS = {"served": "a replica is on its way", "waiting": "queued", "refused": "cannot be served now"}
 

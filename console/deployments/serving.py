@@ -10,6 +10,14 @@ READY, WAKING, ASLEEP, COLD, STANDBY = "ready", "waking", "asleep", "cold", "sta
 # (placed, loading or waking); asleep wakes from host RAM on demand; cold loads from disk on demand;
 # standby is loaded but takes no requests until the operator turns standby off.
 SERVING_STATES = (READY, WAKING, ASLEEP, COLD, STANDBY)
+# The same in words, for the pages and for the gateway's "not ready" answers.
+SERVING_HINTS = {
+    READY: "answers at once",
+    WAKING: "a replica is on its way to a GPU; requests wait for it",
+    ASLEEP: "in host RAM; the next request wakes it",
+    COLD: "on disk; the next request loads it",
+    STANDBY: "loaded, but takes no requests until standby is turned off",
+}
 
 
 def serving_state(replicas: Iterable, standby: bool = False) -> str:

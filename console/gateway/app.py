@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from console import __version__
+from console.deployments.serving import SERVING_HINTS
 from console.gateway.auth import Caller, bearer
 from console.gateway.core import Gateway, Refused
 from console.gateway.errors import NO_TOKEN, OPENAI, V2, Family
@@ -98,9 +99,7 @@ async def _model_ready(gw: Gateway, request: Request) -> Response:
     dep, _ = resolve(gw.fleet, request.path_params["name"])
     if dep.ready:
         return JSONResponse({"name": request.path_params["name"], "ready": True})
-    words = {"asleep": "asleep in host memory; a request wakes it", "cold": "not loaded; a request loads it",
-             "waking": "on its way to a GPU", "standby": "standing by"}
-    raise Refused(503, f"model {dep.name!r} is {words.get(dep.serving, dep.serving)}", code="model_not_ready")
+    raise Refused(503, f"model {dep.name!r} is {dep.serving}: {SERVING_HINTS[dep.serving]}", code="model_not_ready")
 
 
 async def _metrics(gw: Gateway, request: Request) -> Response:

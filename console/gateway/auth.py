@@ -9,7 +9,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from console.accounts.models import ApiToken
+from console.accounts.auth import token_scope
+from console.accounts.tokens import hash_token
 
 CACHE_SECONDS = 10.0
 MAX_ENTRIES = 10_000  # bounded: unknown tokens are cached too, so a flood of bad ones cannot grow it forever
@@ -24,10 +25,11 @@ class Caller:
 
 def lookup(token: str) -> Caller | None:
     """The caller a token belongs to (sync, DB)."""
-    row = ApiToken.authenticate(token)
-    if row is None:
+    found = token_scope(token)
+    if found is None:
         return None
-    return Caller(row.token_hash[:16], row.user.get_username(), row.scope)
+    user, scope = found
+    return Caller(hash_token(token)[:16], user.get_username(), scope)
 
 
 def bearer(header: str | None) -> str | None:

@@ -19,7 +19,7 @@ from console.deployments.models import Deployment, Replica
 
 WINDOW_S = 60.0  # traffic figures cover the last minute, like the agents' own
 STATS_EVERY_S = 2.0
-DEMAND_RENEW_S = 1.0
+DEMAND_RENEW_S = 1.0  # waiting requests renew their demand this often (a count not renewed goes stale)
 
 
 def _when(unix: float) -> datetime:
@@ -47,7 +47,7 @@ class Book:
         self._demand_renewed: dict[str, float] = {}
         self._stats_at = 0.0
 
-    def used(self, deployment: str, replica_id: int, now: float) -> None:
+    def used(self, deployment: str, replica_id: int) -> None:
         self._replicas.add(replica_id)
         self._deployments.add(deployment)
 

@@ -36,7 +36,6 @@ log = logging.getLogger("modelgrid.gateway")
 IDLE_REFRESH_S = 1.0  # the snapshot's age at most when nothing is waiting (events refresh it sooner)
 WAITING_REFRESH_S = 0.05  # while requests wait for a replica: how soon a ready one is seen without an event
 FLUSH_S = 0.5  # bookkeeping written this often
-DEMAND_RENEW_S = 1.0  # waiting requests renew their demand this often (a count not renewed goes stale)
 SUSPECT_S = 10.0  # a replica that refused a connection is avoided this long unless it reports anew
 
 
@@ -342,7 +341,7 @@ class Gateway:
             self.outstanding[replica.id] -= 1
             if not self.outstanding[replica.id]:
                 del self.outstanding[replica.id]
-            self.book.used(dep.name, replica.id, time.time())
+            self.book.used(dep.name, replica.id)
 
     def suspect(self, replica: ReplicaView) -> None:
         """A connection to `replica` failed: avoid it until it reports anew (or SUSPECT_S passes)."""

@@ -130,12 +130,15 @@ def start(
             if line.startswith("ModelGrid console: "):
                 stack.url = line.split(": ", 1)[1].strip()
                 ready.set()
+        ready.set()  # the process ended: no need to wait out the timeout
 
     threading.Thread(target=pump, daemon=True).start()
-    if not ready.wait(timeout):
+    if not ready.wait(timeout) or not stack.url:
+        why = (f"exited with code {proc.poll()} before it was ready" if proc.poll() is not None
+               else f"did not start within {timeout:.0f} s")
         proc.kill()
         drop_db()
-        raise RuntimeError("manage.py up did not start:\n" + "".join(stack.lines[-40:]))
+        raise RuntimeError(f"manage.py up {why}:\n" + "".join(stack.lines[-40:]))
     stack.token = stack.manage("createapitoken", "e2e")
     return stack, drop_db
 

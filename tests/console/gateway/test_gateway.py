@@ -275,9 +275,13 @@ async def test_models_lists_deployments_and_adapters_with_their_state(fleet):
     gateway = _gateway()
     async with _client(gateway, token) as client:
         r = await client.get("/v1/models")
+        ready = await client.get("/v2/models/chat/ready")
+        asleep = await client.get("/v2/models/cold-one/ready")
     await gateway.close()
     states = {m["id"]: m["state"] for m in r.json()["data"]}
     assert states == {"chat": "ready", "cold-one": "asleep"}
+    assert ready.status_code == 200 and ready.json()["ready"] is True
+    assert asleep.status_code == 503 and "the next request wakes it" in asleep.json()["error"]
 
 
 async def test_a_request_waits_for_a_replica_and_flows_when_it_becomes_ready(fleet):
