@@ -41,6 +41,10 @@ class TextCodec:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    def token_text(self, token_id: int) -> str:
+        """One token as text on its own (for log probabilities), special tokens included."""
+        return self._tokenizer.decode([token_id], skip_special_tokens=False)
+
 
 class Tokenizers:
     """Each model directory's codec, loaded once (per truncation setting)."""

@@ -9,9 +9,10 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from agent.workers.demo_tokenizer import write_bert_tokenizer, write_llama_tokenizer
+from agent.workers.demo_tokenizer import has_current_chat_template, write_bert_tokenizer, write_llama_tokenizer
 
 # What is copied from the all-MiniLM-L6-v2 package: config, weights, tokenizer; never pickles.
 _MINILM_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
@@ -78,15 +79,35 @@ DEMO_MODELS: dict[str, Callable[[Path], Path]] = {
 }
 
 
+# Tokenizer files that changed since older versions wrote a demo model: checked on a model already present,
+# and rewritten in place (weights kept) when out of date, so a newcomer's earlier download keeps working.
+@dataclass(frozen=True)
+class _TokenizerUpgrade:
+    is_current: Callable[[Path], bool]
+    write: Callable[[Path], Path]
+    what: str
+
+
+_TOKENIZER_UPGRADES = {
+    "tiny-llama": _TokenizerUpgrade(has_current_chat_template, write_llama_tokenizer, "chat template added"),
+}
+
+
 def write_demo_models(root: str | Path, log: Callable[[str], None] = print) -> list[Path]:
-    """Write every demo model under `root` that is not there yet; returns the directories."""
+    """Write every demo model under `root` that is not there yet, and bring the tokenizer files of those already
+    there up to date; returns the directories."""
     root = Path(root).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     written = []
     for name, build in DEMO_MODELS.items():
         target = root / name
         if all((target / n).exists() for n in ("config.json", "tokenizer.json")) and any(target.glob("*.safetensors")):
-            log(f"{target}: already present, skipped")
+            upgrade = _TOKENIZER_UPGRADES.get(name)
+            if upgrade and not upgrade.is_current(target):
+                _refresh_tokenizer(root, target, upgrade.write)
+                log(f"{target}: already present, tokenizer files refreshed ({upgrade.what})")
+            else:
+                log(f"{target}: already present, skipped")
         else:
             # Built beside the target and renamed into place, so an interrupted run never leaves a
             # half-written model that a later run would take as present.
@@ -99,3 +120,13 @@ def write_demo_models(root: str | Path, log: Callable[[str], None] = print) -> l
             log(f"{target}: written ({size / 1e6:.1f} MB)")
         written.append(target)
     return written
+
+
+def _refresh_tokenizer(root: Path, target: Path, write: Callable[[Path], Path]) -> None:
+    """Rewrite `target`'s tokenizer files, tokenizer_config.json last: the upgrade checks read it, so an interrupted
+    refresh is done again by the next run."""
+    with tempfile.TemporaryDirectory(dir=root, prefix=f".{target.name}-tokenizer-") as tmp:
+        written = write(Path(tmp))
+        names = sorted((f.name for f in written.iterdir() if f.is_file()), key=lambda n: n == "tokenizer_config.json")
+        for name in names:
+            os.replace(written / name, target / name)

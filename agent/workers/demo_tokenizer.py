@@ -2,11 +2,13 @@
 
 tiny-llama gets a byte-level BPE (`<unk>` 0, `<s>` 1, `</s>` 2, as LlamaConfig's defaults expect);
 tiny-bert a lower-cased WordPiece (`[PAD]` 0, `[UNK]` 1, `[CLS]` 2, `[SEP]` 3, `[MASK]` 4).
-Both are saved as tokenizer.json plus tokenizer_config.json, which transformers' AutoTokenizer loads.
+Both are saved as tokenizer.json plus tokenizer_config.json, which transformers' AutoTokenizer loads;
+tiny-llama's tokenizer_config.json also holds a Zephyr-style chat template, so /v1/chat/completions works on it.
 """
 
 from __future__ import annotations
 
+import json
 import string
 from pathlib import Path
 
@@ -14,6 +16,16 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 VOCAB_SIZE = 1024  # the tiny demo models' vocab_size
 MAX_LENGTH = 256  # their max_position_embeddings
+
+# Zephyr's layout with Llama's real special tokens: `<s>` once, then `<|role|>`, a newline, the text and `</s>` per
+# message, and an open `<|assistant|>` turn; the model's eos_token_id (2, `</s>`) ends its answer.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
 
 # Plain English about what the demo serves, repeated in training so frequent words become single tokens.
 CORPUS = """\
@@ -74,9 +86,15 @@ def train_wordpiece() -> Tokenizer:
 
 
 def write_llama_tokenizer(directory: str | Path) -> Path:
-    """Save the BPE tokenizer beside a tiny Llama."""
+    """Save the BPE tokenizer, with its chat template, beside a tiny Llama."""
     return _save(
-        train_bpe(), directory, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<unk>"
+        train_bpe(),
+        directory,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<unk>",
+        chat_template=CHAT_TEMPLATE,
     )
 
 
@@ -93,14 +111,24 @@ def write_bert_tokenizer(directory: str | Path) -> Path:
     )
 
 
+def has_current_chat_template(directory: str | Path) -> bool:
+    """Whether the tiny-llama tokenizer in `directory` carries this version's chat template (older runs wrote none)."""
+    try:
+        config = json.loads((Path(directory) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("chat_template") == CHAT_TEMPLATE
+
+
 def _save(tokenizer: Tokenizer, directory: str | Path, **special: str) -> Path:
-    # transformers writes tokenizer_config.json (special tokens, max length) in the form AutoTokenizer reads.
+    # transformers writes tokenizer_config.json (special tokens, max length) in the form AutoTokenizer reads;
+    # save_jinja_files=False keeps the chat template in it rather than in a chat_template.jinja beside it.
     from transformers import PreTrainedTokenizerFast
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=MAX_LENGTH, **special)
-    fast.save_pretrained(str(directory))
+    fast.save_pretrained(str(directory), save_jinja_files=False)
     return directory
 
 
