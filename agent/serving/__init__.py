@@ -11,7 +11,8 @@ from agent.serving.auth import GatewayAuth
 
 async def start_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Serve `app` on host:port (port 0 picks a free one); returns the runner and the real port."""
-    runner = web.AppRunner(app, access_log=None)
+    # handler_cancellation: a client that goes away cancels its handler, and so its generation in the worker.
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

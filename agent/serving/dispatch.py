@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,7 +24,7 @@ from agent.workers.errors import (
     InferenceTimeout,
     WorkerUnavailable,
 )
-from agent.workers.generation_spec import GenerationRequest, GenerationResult
+from agent.workers.generation_spec import GenerationRequest, Token
 from agent.workers.spec import WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,9 @@ class Replica(Protocol):
         """One forward over a batch; `adapters` names each row's adapter (None: the base model)."""
         ...
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Continue one prompt (causal LMs), running agent.workers.generation.generate in the worker."""
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Token]:
+        """Start one sequence in the worker's continuous batcher (causal LMs): its tokens as they come, then
+        `.result` (a GenerationResult); `.close()` cancels it."""
         ...
 
 
@@ -222,10 +223,11 @@ class Dispatcher:
         """A replica's batching: its deployment's when the console sent it, else the agent's default."""
         return getattr(replica, "batching", None) or self.batching
 
-    async def generate(self, route: Route, request: GenerationRequest) -> GenerationResult:
-        """One prompt continued on the picked replica (generation is not batched)."""
+    async def generate(self, route: Route, request: GenerationRequest) -> AsyncIterator[Token]:
+        """One sequence started in the picked replica's continuous batcher; iterate it for its tokens
+        (agent.workers.handle.GenerationStream), close it to cancel."""
         replica = await self.pick(route)
-        return await replica.generate(request)
+        return replica.generate(request)
 
     @contextmanager
     def observe(self, route: Route) -> Iterator[Observation]:
@@ -237,7 +239,7 @@ class Dispatcher:
             self.metrics.request_started(route.deployment)
         try:
             yield seen
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ConnectionResetError):  # the client went away (mid-stream: a failed write)
             seen.status = CLIENT_CLOSED
             raise
         except Exception as e:

@@ -1,8 +1,10 @@
-"""OpenAI-style endpoints under /v1: models, embeddings (encoders) and completions (causal LMs).
+"""OpenAI-style endpoints under /v1: models, embeddings (encoders), completions and chat completions (causal
+LMs), streamed as server-sent events when asked.
 
 A request names a deployment, or one of its adapters, as `model`. Errors take OpenAI's shape,
-`{"error": {"message", "type", "param", "code"}}`, with the status the official client expects.
-Chat completions are refused with a clear 400 until a chat template engine exists.
+`{"error": {"message", "type", "param", "code"}}`, with the status the official client expects. Chat
+renders the model's own chat template (agent.serving.chat). A generation ends at its deadline: the body's
+`timeout` or the `X-ModelGrid-Timeout` header, in seconds, else the agent's default.
 """
 
 from __future__ import annotations
@@ -14,15 +16,18 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 from aiohttp import web
 
 from agent.serving.batching import pad_rows
+from agent.serving.chat import ChatError, ChatTemplates
 from agent.serving.dispatch import DISPATCHER, BadInput, Dispatcher, Route, ServingError
+from agent.serving.generate import Choice, Delta, LogprobEntry, run_all, stream_sse, usage_of
 from agent.serving.tokenization import NoTokenizer, TextCodec, Tokenizers
-from agent.workers.generation_spec import GenerationRequest
+from agent.workers.generation_spec import MAX_TOP_LOGPROBS, GenerationRequest
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,21 +44,22 @@ ERROR_TYPES = {
     404: "invalid_request_error",
     429: "rate_limit_error",
 }
-CHAT_UNSUPPORTED = (
-    "chat completions are not supported by this agent yet (no chat template engine); use /v1/completions"
-)
+MAX_CHOICES = 16  # n per request
+DEFAULT_GENERATION_TIMEOUT = 300.0  # seconds a generation may run unless the request says otherwise
+MAX_GENERATION_TIMEOUT = 3600.0
+TIMEOUT_HEADER = "X-ModelGrid-Timeout"
+GENERATION_TIMEOUT = web.AppKey("generation_timeout", float)
+CHAT_TEMPLATES = web.AppKey("chat_templates", ChatTemplates)
 
 # Options the API knows but this server does not implement: refused unless left at their default.
 UNSUPPORTED = {
-    "stream": (False,),
     "echo": (False,),
-    "n": (1,),
-    "best_of": (1,),
-    "logprobs": (),
     "suffix": ("",),
     "presence_penalty": (0,),
     "frequency_penalty": (0,),
     "logit_bias": ({},),
+    "tools": ([],),
+    "response_format": ({"type": "text"},),
 }
 
 
@@ -61,6 +67,7 @@ def add_openai_routes(app: web.Application) -> None:
     """Mount /v1 on `app`, which must hold a Dispatcher under DISPATCHER."""
     v1 = web.Application(middlewares=[_openai_errors])
     v1[TOKENIZERS] = Tokenizers()
+    v1[CHAT_TEMPLATES] = ChatTemplates()
     v1.router.add_get("/models", list_models)
     v1.router.add_get("/models/{model}", get_model)
     v1.router.add_post("/embeddings", embeddings)
@@ -117,60 +124,171 @@ async def embeddings(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": data, "model": route.name, "usage": usage})
 
 
-async def completions(request: web.Request) -> web.Response:
+async def completions(request: web.Request) -> web.StreamResponse:
     dispatcher = request.config_dict[DISPATCHER]
     body = await _body(request)
     route = _route(dispatcher, body, "causal-lm", "/v1/completions needs a causal language model")
     with dispatcher.observe(route):
         _refuse_unsupported(body)
-        max_tokens = _integer(body, "max_tokens", 16, minimum=1)
-        temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-        top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-        if top_p == 0:
-            raise BadInput("'top_p' must be above 0", param="top_p")
-        seed = _integer(body, "seed", None, minimum=0, maximum=MAX_SEED)
-        stops = _stops(body.get("stop"))
         codec = _codec(request, route, truncate=False)
         prompts = _prompts(body.get("prompt"), codec)
-        _check_vocabulary(route, prompts)
-        limit = codec.max_positions
-        for prompt in prompts:
-            if limit and len(prompt) + max_tokens > limit:
-                raise BadInput(
-                    f"model {route.name!r} takes at most {limit} tokens; this request asks for "
-                    f"{len(prompt) + max_tokens} ({len(prompt)} in the prompt, {max_tokens} for the completion)",
-                    param="max_tokens",
-                )
-        stop_ids = tuple(tuple(ids) for ids in (codec.encode_plain(s) for s in stops) if ids)
-        requests = [
-            GenerationRequest(tuple(p), max_tokens, temperature, top_p, seed, stop_ids, route.adapter) for p in prompts
-        ]
-        results = await _all(dispatcher.generate(route, r) for r in requests)
+        logprobs = _integer(body, "logprobs", None, minimum=0, maximum=MAX_TOP_LOGPROBS)
+        params = _params(request, body, route, codec, prompts, logprobs, default_max_tokens=16)
+        created, ident = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
+
+        def chunk(delta: Delta) -> dict[str, Any]:
+            choice = {"text": delta.text, "index": delta.index, "logprobs": _completion_logprobs(delta.logprobs)
+                      if logprobs is not None else None, "finish_reason": delta.finish_reason}
+            return {"id": ident, "object": "text_completion", "created": created, "model": route.name,
+                    "choices": [choice]}
+
+        if params.stream:
+            return await stream_sse(request, dispatcher, route, params.choices, codec, params.stops, chunk,
+                                    params.usage_chunk(ident, "text_completion", created, route.name))
+        done = await run_all(dispatcher, route, params.choices, codec, params.stops)
+    choices = [{"text": c.text, "index": c.index, "finish_reason": c.finish_reason,
+                "logprobs": _completion_logprobs(c.logprobs) if logprobs is not None else None} for c in done]
+    return web.json_response({"id": ident, "object": "text_completion", "created": created, "model": route.name,
+                              "choices": choices, "usage": usage_of(done)})
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """The model's chat template turns `messages` into its prompt; the answer is the assistant's message."""
+    dispatcher = request.config_dict[DISPATCHER]
+    body = await _body(request)
+    route = _route(dispatcher, body, "causal-lm", "/v1/chat/completions needs a causal language model")
+    with dispatcher.observe(route):
+        _refuse_unsupported(body)
+        codec = _codec(request, route, truncate=False)
+        try:
+            text = request.config_dict[CHAT_TEMPLATES].render(route.replicas[0].spec.model_path, body.get("messages"))
+        except ChatError as e:
+            raise BadInput(f"model {route.name!r}: {e}", param=e.param) from None
+        prompt = codec.encode_plain(text)  # the template wrote the special tokens itself
+        if not prompt:
+            raise BadInput("the chat template rendered an empty prompt", param="messages")
+        wants = body.get("logprobs")
+        if wants not in (None, True, False):
+            raise BadInput(f"'logprobs' must be true or false, got {json.dumps(wants)}", param="logprobs")
+        top = _integer(body, "top_logprobs", None, minimum=0, maximum=MAX_TOP_LOGPROBS)
+        if top is not None and not wants:
+            raise BadInput("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        logprobs = (top or 0) if wants else None
+        params = _params(request, body, route, codec, [prompt], logprobs, default_max_tokens=None,
+                         max_name="max_completion_tokens" if "max_completion_tokens" in body else "max_tokens")
+        created, ident = int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
+
+        def envelope(choice: dict[str, Any]) -> dict[str, Any]:
+            return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": route.name,
+                    "choices": [choice]}
+
+        def first(index: int) -> dict[str, Any]:
+            return envelope({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None})
+
+        def chunk(delta: Delta) -> dict[str, Any]:
+            content = {"content": delta.text} if delta.text or delta.finish_reason is None else {}
+            return envelope({"index": delta.index, "delta": content, "finish_reason": delta.finish_reason,
+                             "logprobs": _chat_logprobs(delta.logprobs) if logprobs is not None else None})
+
+        if params.stream:
+            return await stream_sse(request, dispatcher, route, params.choices, codec, params.stops, chunk,
+                                    params.usage_chunk(ident, "chat.completion.chunk", created, route.name), first)
+        done = await run_all(dispatcher, route, params.choices, codec, params.stops)
+    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason,
+                "logprobs": _chat_logprobs(c.logprobs) if logprobs is not None else None} for c in done]
+    return web.json_response({"id": ident, "object": "chat.completion", "created": created, "model": route.name,
+                              "choices": choices, "usage": usage_of(done)})
+
+
+@dataclass
+class _Params:
+    """What a generation request asks for, checked: one Choice per prompt and n, stops, streaming."""
+
+    choices: list[Choice]
+    stops: list[str]
+    stream: bool
+    include_usage: bool
+
+    def usage_chunk(self, ident: str, kind: str, created: int, model: str) -> dict[str, Any] | None:
+        if not self.include_usage:
+            return None
+        return {"id": ident, "object": kind, "created": created, "model": model, "choices": []}
+
+
+def _params(request: web.Request, body: dict[str, Any], route: Route, codec: TextCodec, prompts: list[list[int]],
+            logprobs: int | None, default_max_tokens: int | None, max_name: str = "max_tokens") -> _Params:
+    _check_vocabulary(route, prompts)
+    limit = codec.max_positions
+    longest = max(len(p) for p in prompts)
+    if default_max_tokens is None:  # chat: as long as the model's positions allow
+        default_max_tokens = max(1, limit - longest) if limit else 256
+    max_tokens = _integer(body, max_name, default_max_tokens, minimum=1)
+    if limit and longest + max_tokens > limit:
+        raise BadInput(
+            f"model {route.name!r} takes at most {limit} tokens; this request asks for "
+            f"{longest + max_tokens} ({longest} in the prompt, {max_tokens} for the completion)",
+            param=max_name,
+        )
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0:
+        raise BadInput("'top_p' must be above 0", param="top_p")
+    top_k = _integer(body, "top_k", 0, minimum=-1)
+    seed = _integer(body, "seed", None, minimum=0, maximum=MAX_SEED)
+    n = _integer(body, "n", 1, minimum=1, maximum=MAX_CHOICES)
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != n:
+        raise BadInput(f"best_of={json.dumps(best_of)} is not supported by this server (only best_of = n)",
+                       param="best_of")
+    stream = body.get("stream", False)
+    if stream not in (True, False, None):
+        raise BadInput(f"'stream' must be true or false, got {json.dumps(stream)}", param="stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or options.get("include_usage") not in (None, True, False):
+        raise BadInput("'stream_options' must be an object like {\"include_usage\": true}", param="stream_options")
+    stops = _stops(body.get("stop"))
+    deadline = time.monotonic() + _timeout(request, body)
     choices = []
-    for index, result in enumerate(results):
-        text, finish = _cut_at_stop(codec.decode(result.token_ids), stops, result.finish_reason)
-        choices.append({"text": text, "index": index, "logprobs": None, "finish_reason": finish})
-    prompt_tokens = sum(len(p) for p in prompts)
-    completion_tokens = sum(len(r.token_ids) for r in results)
-    return web.json_response(
-        {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": route.name,
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
-        }
-    )
+    for prompt in prompts:
+        for copy in range(n):
+            # n > 1 with a seed: each copy its own seed, so the choices differ yet repeat as a whole.
+            request_seed = None if seed is None else (seed + copy) % (MAX_SEED + 1)
+            generation = GenerationRequest(tuple(prompt), max_tokens, temperature, top_p, max(top_k, 0),
+                                           request_seed, adapter=route.adapter, logprobs=logprobs, deadline=deadline)
+            choices.append(Choice(len(choices), generation))
+    return _Params(choices, stops, bool(stream), bool(stream and options.get("include_usage")))
 
 
-async def chat_completions(request: web.Request) -> web.Response:
-    """Refused, whatever the body: there is no chat template engine yet (the gateway forwards these)."""
-    raise BadInput(CHAT_UNSUPPORTED, code="unsupported")
+def _timeout(request: web.Request, body: dict[str, Any]) -> float:
+    raw = body.get("timeout", request.headers.get(TIMEOUT_HEADER))
+    if raw is None:
+        return request.config_dict.get(GENERATION_TIMEOUT, DEFAULT_GENERATION_TIMEOUT)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = -1.0
+    if isinstance(raw, bool) or not 0 < value <= MAX_GENERATION_TIMEOUT:
+        raise BadInput(f"'timeout' (or the {TIMEOUT_HEADER} header) must be a number of seconds above 0 and at "
+                       f"most {MAX_GENERATION_TIMEOUT:g}, got {json.dumps(raw)}", param="timeout")
+    return value
+
+
+def _completion_logprobs(entries: list[LogprobEntry]) -> dict[str, Any]:
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [dict(e.top) for e in entries],
+        "text_offset": [],
+    }
+
+
+def _chat_logprobs(entries: list[LogprobEntry]) -> dict[str, Any]:
+    def one(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    return {"content": [one(e.token, e.logprob) | {"top_logprobs": [one(t, lp) for t, lp in e.top]}
+                        for e in entries]}
 
 
 def _model_card(name: str, parent: str | None) -> dict[str, Any]:
@@ -248,13 +366,6 @@ def _stops(raw: Any) -> list[str]:
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
         raise BadInput(f"'stop' must be a non-empty string or a list of at most {MAX_STOPS} of them", param="stop")
     return stops
-
-
-def _cut_at_stop(text: str, stops: list[str], finish: str) -> tuple[str, str]:
-    # The worker stops on the stop strings' token ids; text can still hold a stop string that
-    # tokenised differently in context, so the text is cut here too, as OpenAI does.
-    found = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return (text[: min(found)], "stop") if found else (text, finish)
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:

@@ -28,6 +28,15 @@ class WorkerChannel:
         """Block until the next command from the agent; None when the pipe closed."""
         return self._inbox.get()
 
+    def take(self, wait: bool) -> list[tuple | None]:
+        """Every message waiting now (None marks the pipe closed); with `wait`, block until there is one."""
+        messages = [self._inbox.get()] if wait else []
+        while True:
+            try:
+                messages.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return messages
+
     def send(self, message: tuple) -> bool:
         """Send one message; False when the agent is gone."""
         with self._send_lock:  # the reader thread sends pongs while the main thread sends results

@@ -26,5 +26,7 @@ class WorkerUnavailable(InferenceError):
 ERROR_KINDS: dict[str, type[InferenceError]] = {
     "input": InferenceInputError,
     "oom": InferenceOutOfMemory,
+    "timeout": InferenceTimeout,
+    "unavailable": WorkerUnavailable,
     "error": InferenceError,
 }

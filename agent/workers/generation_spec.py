@@ -1,4 +1,5 @@
-"""What a text-generation request asks of a causal-LM replica, and what it answers (torch-free, picklable)."""
+"""What a text-generation request asks of a causal-LM replica, and what the worker streams back (torch-free,
+picklable: these cross the pipe between the agent and its worker)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 FinishReason = Literal["stop", "length"]
+MAX_TOP_LOGPROBS = 5  # alternatives per token, as OpenAI allows for completions
 
 
 class PromptError(ValueError):
@@ -14,15 +16,18 @@ class PromptError(ValueError):
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One prompt to continue; the daemon sends it, the worker runs agent.workers.generation.generate."""
+    """One sequence to continue; the worker's continuous batcher (agent.workers.continuous) runs it."""
 
     input_ids: tuple[int, ...]
     max_new_tokens: int = 16
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k cut
     seed: int | None = None
-    stop_sequences: tuple[tuple[int, ...], ...] = ()  # token id sequences that end the generation
+    stop_token_ids: tuple[int, ...] = ()  # ids that end the sequence (left out), besides the model's eos
     adapter: str | None = None  # the LoRA adapter to run with; None for the base model
+    logprobs: int | None = None  # None: no log probabilities; k: the chosen token's and the top k alternatives'
+    deadline: float | None = None  # time.monotonic() (one clock for every process of the host) to give up at
 
     def __post_init__(self) -> None:
         if not self.input_ids:
@@ -33,13 +38,42 @@ class GenerationRequest:
             raise ValueError("temperature must be 0 (greedy) or more")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
-        if any(not sequence for sequence in self.stop_sequences):
-            raise ValueError("a stop sequence needs at least one token")
+        if self.top_k < 0:
+            raise ValueError("top_k must be 0 (off) or more")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}")
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The chosen token's log probability and the most likely alternatives at that step, (id, logprob)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token of one sequence, as the worker streams it."""
+
+    request_id: int
+    token_id: int
+    logprob: TokenLogprob | None = None
 
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """The new tokens (the stop sequence or end-of-sequence token left out) and why generation ended."""
+    """How a sequence ended: the tokens it produced (the end-of-sequence or stop token left out) and why."""
 
     token_ids: tuple[int, ...]
     finish_reason: FinishReason
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """The batcher's state after a step, for metrics: sequences decoding, sequences waiting, KV cache bytes."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_bytes: int = 0

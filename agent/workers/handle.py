@@ -1,7 +1,9 @@
 """One worker process as the daemon sees it: state, commands, heartbeat, exit (no torch, no threads).
 
-The worker is watched through two file descriptors registered with the event loop: its pipe
-(messages) and its process sentinel (exit). Heartbeats are a timer on the same loop.
+The worker's pipe is read by a thread of its own, which hands each message to the event loop: a large
+result (a 64 MB logits tensor) is unpickled there, not on the loop that answers health checks and the
+console. The process sentinel (exit) is watched by the loop; heartbeats are a timer on it. Several
+commands may be in flight at once: the worker interleaves them with its generation steps.
 
 States: pending -> starting (process up, importing) -> loading (reading weights, with progress) ->
 ready | preloaded (on the device, not serving) <-> sleeping (weights in host memory) -> stopped,
@@ -14,7 +16,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import queue
 import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -22,6 +26,7 @@ from typing import Any, Literal
 from agent.protocol import AdapterStatus, Measurement, ReplicaStatus, SleepWake
 from agent.protocol.messages import ReplicaState
 from agent.workers.errors import ERROR_KINDS, InferenceError, InferenceTimeout, WorkerUnavailable
+from agent.workers.generation_spec import EngineStats, GenerationRequest, GenerationResult, Token
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Heartbeat
 from agent.workers.spares import Spare, spawn_worker
 from agent.workers.spec import WorkerSpec
@@ -33,6 +38,7 @@ StatusCallback = Callable[["WorkerHandle"], None]
 
 DEFAULT_STOP_TIMEOUT = 5.0
 DEFAULT_INFER_TIMEOUT = 120.0
+DEADLINE_GRACE = 2.0  # seconds past a generation's deadline before the agent stops waiting for the worker's word
 DEFAULT_SWAP_TIMEOUT = 600.0  # a sleep or wake copies every weight; big models on slow buses take a while
 # A loaded worker answers pings from its pipe thread; while it starts or loads it may hold the GIL in
 # long C calls (imports, reads), so only these states are watched.
@@ -59,7 +65,8 @@ class WorkerHandle:
         self.info: dict[str, Any] = {}  # what the worker said about its model when ready
         self.pid: int | None = None
         self.exitcode: int | None = None
-        self.queued = 0  # commands waiting or running, for least-busy routing
+        self.queued = 0  # commands and generations waiting or running, for least-busy routing
+        self.engine_stats = EngineStats()  # the worker's batcher after its last step
         self.loaded_bytes: int | None = None
         self.total_bytes: int | None = None
         self.host_bytes = 0  # host memory holding its weights while asleep
@@ -75,9 +82,10 @@ class WorkerHandle:
         self._conn: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: dict[int, asyncio.Future] = {}
+        self._streams: dict[int, GenerationStream] = {}
         self._ids = itertools.count(1)
-        self._idle = asyncio.Event()
-        self._send_lock = asyncio.Lock()
+        self._inbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        self._reader: threading.Thread | None = None
         self._exited = asyncio.Event()
         self._stopping = False
         self._wake_task: asyncio.Task | None = None
@@ -110,7 +118,9 @@ class WorkerHandle:
             self._process, parent_conn = spawn_worker(self.spec, f"modelgrid-replica-{self.spec.replica_id}")
         self._conn = parent_conn
         self.pid = self._process.pid
-        self._loop.add_reader(parent_conn.fileno(), self._on_readable)
+        self._reader = threading.Thread(target=self._read, args=(parent_conn, self._loop), daemon=True,
+                                        name=f"modelgrid-replica-{self.spec.replica_id}-pipe")
+        self._reader.start()
         self._loop.add_reader(self._process.sentinel, self._on_exit)
         log.info(
             "replica %d: %s worker pid %d for %s on %s",
@@ -125,7 +135,6 @@ class WorkerHandle:
     def fail_without_start(self, reason: str) -> None:
         """Record a replica that cannot even be started (its model directory is unusable)."""
         self._exited.set()
-        self._idle.set()  # a request that slips in finds the state and fails at once
         self._set("failed", reason)
 
     def status(self) -> ReplicaStatus:
@@ -158,10 +167,21 @@ class WorkerHandle:
             return await self.call("infer", inputs, timeout)
         return await self.call("infer_mixed", {"inputs": inputs, "adapters": adapters}, timeout)
 
-    async def generate(self, request: Any, timeout: float = DEFAULT_INFER_TIMEOUT) -> Any:
-        """Continue one prompt in the worker (agent.workers.generation); a GenerationResult."""
+    def generate(self, request: GenerationRequest) -> GenerationStream:
+        """Start one sequence in the worker's continuous batcher; its tokens stream as they are made.
+        WorkerUnavailable at once when the replica is not ready. Close the stream to cancel it."""
         self.last_used = time.monotonic()
-        return await self.call("generate", request, timeout)
+        self._check_serving(("ready",), None)
+        request_id = next(self._ids)
+        stream = self._streams[request_id] = GenerationStream(self, request_id, request.deadline)
+        self.queued += 1
+        self._send(("generate", request_id, request), request_id)
+        return stream
+
+    def _cancel(self, request_id: int) -> None:
+        if self._streams.pop(request_id, None) is not None:
+            self.queued -= 1
+            self._send(("cancel", request_id, None), None)
 
     async def configure_adapters(self, payload: dict[str, Any], timeout: float = DEFAULT_INFER_TIMEOUT) -> None:
         """Load/unload/pin adapters and pass demand hints (agent.workers.runtime.configure_adapters)."""
@@ -278,25 +298,25 @@ class WorkerHandle:
         self._set(then)
 
     async def _submit(self, kind: str, payload: Any, states: tuple[str, ...]) -> asyncio.Future:
-        # One command inside the worker at a time. Were a second one written while the worker is
-        # busy, a large request could fill the pipe while the worker blocks writing a large result
-        # that we are not reading yet: a deadlock. Waiting for its answer first rules that out.
-        async with self._send_lock:
-            await self._idle.wait()
-            own_transition = {"sleep": "sleep", "wake": "wake"}.get(kind)
-            if self.state not in states or (self.transition is not None and self.transition != own_transition):
-                raise WorkerUnavailable(self._unavailable_text())
-            request_id = next(self._ids)
-            future = self._loop.create_future()
-            self._pending[request_id] = future
-            self._idle.clear()
-            try:
-                self._conn.send((kind, request_id, payload))
-            except (BrokenPipeError, OSError) as e:
-                self._pending.pop(request_id, None)
-                self._idle.set()
-                raise WorkerUnavailable(f"replica {self.spec.replica_id}: worker pipe closed ({e})") from e
-            return future
+        own_transition = {"sleep": "sleep", "wake": "wake"}.get(kind)
+        self._check_serving(states, own_transition)
+        request_id = next(self._ids)
+        future = self._pending[request_id] = self._loop.create_future()
+        self._send((kind, request_id, payload), request_id)
+        return future
+
+    def _check_serving(self, states: tuple[str, ...], own_transition: str | None) -> None:
+        if self.state not in states or (self.transition is not None and self.transition != own_transition):
+            raise WorkerUnavailable(self._unavailable_text())
+
+    def _send(self, message: tuple, request_id: int | None) -> None:
+        try:
+            self._conn.send(message)
+        except (BrokenPipeError, OSError, AttributeError) as e:  # AttributeError: the pipe is already closed
+            self._pending.pop(request_id, None)
+            if self._streams.pop(request_id, None) is not None:
+                self.queued -= 1
+            raise WorkerUnavailable(f"replica {self.spec.replica_id}: worker pipe closed ({e})") from e
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -325,14 +345,29 @@ class WorkerHandle:
         self._close()
         self._set("stopped", reason)
 
-    def _on_readable(self) -> None:
-        try:
-            while self._conn is not None and self._conn.poll():
-                self._handle(self._conn.recv())
-        except (EOFError, OSError):
-            # The worker closed its end; the exit watcher reports why.
-            if self._conn is not None and self._loop is not None:
-                self._loop.remove_reader(self._conn.fileno())
+    def _read(self, conn: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """The pipe's reader thread: each message to the loop, then None once the worker's end closed."""
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                message = None
+            self._inbox.put(message)
+            try:
+                loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                return
+            if message is None:
+                return
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if message is not None:
+                self._handle(message)
 
     def _handle(self, message: tuple) -> None:
         kind = message[0]
@@ -353,14 +388,22 @@ class WorkerHandle:
             self.info["load_seconds"] = self.measurement.load_seconds  # for the agent's /metrics
             self.loaded_bytes = self.total_bytes
             self.last_used = time.monotonic()
-            self._idle.set()
             self._heartbeat.start()
             self._set(self.after_load)
         elif kind == "failed":
             self._set("failed", message[1]["reason"])
+        elif kind == "tokens":
+            for token in message[1]:
+                stream = self._streams.get(token.request_id)
+                if stream is not None:
+                    stream.put(token)
+            self.engine_stats = message[2]
+        elif kind in ("result", "error") and message[1] in self._streams:
+            self.queued -= 1
+            stream = self._streams.pop(message[1])
+            stream.put(message[2] if kind == "result" else ERROR_KINDS.get(message[3], InferenceError)(message[2]))
         elif kind in ("result", "error"):
             future = self._pending.pop(message[1], None)
-            self._idle.set()
             if future is None or future.done():
                 return
             if kind == "result":
@@ -386,7 +429,9 @@ class WorkerHandle:
     def _on_exit(self) -> None:
         if self._exited.is_set():
             return
-        self._on_readable()  # a "failed" message may still sit in the pipe: read it before judging the exit
+        if self._reader is not None:
+            self._reader.join(1.0)  # the pipe reads EOF once the process is gone
+        self._drain()  # a "failed" message may still sit in the pipe: read it before judging the exit
         self._heartbeat.stop()
         self._loop.remove_reader(self._process.sentinel)
         self._process.join(1.0)  # the sentinel fires as the process exits; reaping it is immediate
@@ -397,7 +442,11 @@ class WorkerHandle:
             if not future.done():
                 future.set_exception(gone)
         self._pending.clear()
-        self._idle.set()  # wake queued callers; they find the state is no longer ready
+        for stream in self._streams.values():
+            stream.put(gone)
+        self.queued -= len(self._streams)
+        self._streams.clear()
+        self.engine_stats = EngineStats()
         if self._stopping:
             return
         if self.state == "failed":
@@ -411,8 +460,8 @@ class WorkerHandle:
 
     def _close(self) -> None:
         if self._conn is not None:
-            with contextlib.suppress(ValueError, OSError):
-                self._loop.remove_reader(self._conn.fileno())
+            if self._reader is not None:
+                self._reader.join(1.0)  # closing the pipe under a reading thread is not safe
             self._conn.close()
             self._conn = None
         if self._process is not None and self._exited.is_set():
@@ -455,3 +504,46 @@ def _exit_text(exitcode: int | None) -> str:
         except ValueError:
             return f"was killed by signal {-exitcode}"
     return f"exited with code {exitcode}"
+
+
+class GenerationStream:
+    """One generation's tokens as the worker makes them; `result` once it ended. Iterate it to the end, or
+    `close()` it to cancel the sequence in the worker (at its next step)."""
+
+    def __init__(self, handle: WorkerHandle, request_id: int, deadline: float | None) -> None:
+        self._handle, self._id, self._deadline = handle, request_id, deadline
+        self._items: asyncio.Queue[Any] = asyncio.Queue()
+        self.result: GenerationResult | None = None
+        self.replica_id = handle.spec.replica_id
+
+    def put(self, item: Any) -> None:
+        self._items.put_nowait(item)
+
+    def __aiter__(self) -> GenerationStream:
+        return self
+
+    async def __anext__(self) -> Token:
+        if self.result is not None:
+            raise StopAsyncIteration
+        try:
+            # The worker ends a sequence at its deadline; this backstop covers a worker that stopped stepping.
+            left = None if self._deadline is None else self._deadline - time.monotonic() + DEADLINE_GRACE
+            async with asyncio.timeout(left):
+                item = await self._items.get()
+        except TimeoutError:
+            self.close()
+            raise InferenceTimeout(f"replica {self.replica_id} did not finish the generation by its deadline") from None
+        if isinstance(item, Token):
+            return item
+        if isinstance(item, BaseException):
+            self.result = GenerationResult((), "stop")  # ended: nothing more to cancel
+            raise item
+        self.result = item
+        raise StopAsyncIteration
+
+    def close(self) -> None:
+        """Cancel the sequence unless it already ended (idempotent)."""
+        if self.result is None:
+            self.result = GenerationResult((), "stop")
+            with contextlib.suppress(InferenceError):
+                self._handle._cancel(self._id)

@@ -6,10 +6,14 @@ environment below is set, inside `main`, so the daemon can import this module wi
 Worker -> agent: ("loading", {"pid", "total_bytes"}), ("progress", {"loaded_bytes", "total_bytes"}),
 ("ready", {"measured_bytes", "measurement", ...describe()}), ("failed", {"reason", "oom"}),
 ("pong", n), ("result", request_id, value), ("error", request_id, text, kind) with kind one of
-"input" (the caller's fault), "oom" (out of memory; the worker carries on) or "error".
-Agent -> worker: ("load", spec) (to a warm spare only), ("ping", n), ("stop",), and commands
-(kind, request_id, payload) for kind in LoadedModel.commands: "infer" (payload: numpy inputs),
-"sleep", "wake". Pings are answered by the pipe's reader thread (agent.workers.channel).
+"input" (the caller's fault), "oom" (out of memory; the worker carries on), "timeout" (a generation's
+deadline passed), "unavailable" (the replica went to sleep under it) or "error"; and after every
+generation step ("tokens", [Token, ...], EngineStats), a generation's tokens ending in its "result" or
+"error".
+Agent -> worker: ("load", spec) (to a warm spare only), ("ping", n), ("stop",), ("generate", request_id,
+GenerationRequest), ("cancel", request_id, None), and commands (kind, request_id, payload) for kind in
+LoadedModel.commands: "infer" (payload: numpy inputs), "sleep", "wake", ... Several may be in flight.
+Pings are answered by the pipe's reader thread (agent.workers.channel).
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ import logging
 import os
 import signal
 import sys
+from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
 from agent.workers import limits
 from agent.workers.channel import WorkerChannel
+from agent.workers.generation_spec import PromptError
 from agent.workers.spec import WorkerSpec
 
 _REASON_LIMIT = 1000
@@ -103,25 +109,73 @@ def _log_as(name: str) -> None:
 
 
 def serve(model: Any, channel: WorkerChannel, input_error: type[Exception]) -> None:
-    """Answer commands one at a time until the agent says stop or goes away."""
+    """Answer the agent until it says stop or goes away.
+
+    Generations run in the model's continuous batcher, one step per turn of this loop; every other command
+    (a forward batch, sleep, wake, adapters) runs between two steps, one per turn, so a v2 or embedding
+    request waits at most one decoding step, and a decoding stream at most one command.
+    """
+    commands: deque[tuple] = deque()
+    batcher = getattr(model, "batcher", None)
     while True:
-        message = channel.recv()
-        if message is None or message[0] == "stop":
-            return  # the agent is gone, or asked: so is this worker
-        if len(message) != 3:
-            log.warning("ignoring malformed message %r", message[0])
-            continue
-        kind, request_id, payload = message
-        command = model.commands.get(kind)
-        if command is None:
-            reply: tuple = ("error", request_id, f"this worker has no command {kind!r}", "error")
-        else:
-            reply = _run(model, kind, request_id, command, payload, input_error)
-        if not channel.send(reply):
+        generating = batcher is not None and batcher.busy
+        for message in channel.take(wait=not commands and not generating):
+            if message is None or message[0] == "stop":
+                return  # the agent is gone, or asked: so is this worker
+            if len(message) != 3:
+                log.warning("ignoring malformed message %r", message[0])
+            elif message[0] == "generate":
+                _submit(model, batcher, channel, message[1], message[2], input_error)
+            elif message[0] == "cancel":
+                if batcher is not None:
+                    batcher.cancel(message[1])
+            else:
+                commands.append(message)
+        if commands:
+            kind, request_id, payload = commands.popleft()
+            if kind == "sleep" and batcher is not None and batcher.busy:
+                failed = batcher.abort(f"replica {getattr(model.spec, 'replica_id', '?')} went to sleep", "unavailable")
+                if not all(channel.send(("error", f.request_id, f.text, f.kind)) for f in failed):
+                    return
+            command = model.commands.get(kind)
+            if command is None:
+                reply: tuple = ("error", request_id, f"this worker has no command {kind!r}", "error")
+            else:
+                reply = _run(model, kind, request_id, command, payload, input_error)
+            if not channel.send(reply):
+                return
+            after_reply = getattr(model, "after_reply", None)
+            if after_reply is not None:
+                after_reply(kind)
+        if batcher is not None and batcher.busy and not _step(model, batcher, channel):
             return
-        after_reply = getattr(model, "after_reply", None)
-        if after_reply is not None:
-            after_reply(kind)
+
+
+def _submit(model: Any, batcher: Any, channel: WorkerChannel, request_id: int, request: Any,
+            input_error: type[Exception]) -> None:
+    if batcher is None:
+        channel.send(("error", request_id, "this model is an encoder: it embeds, it does not generate", "input"))
+    elif getattr(model, "asleep", False):
+        channel.send(("error", request_id, "the model is asleep: wake it before inference", "unavailable"))
+    else:
+        try:
+            batcher.submit(request_id, request)
+        except (PromptError, input_error) as e:
+            channel.send(("error", request_id, str(e), "input"))
+
+
+def _step(model: Any, batcher: Any, channel: WorkerChannel) -> bool:
+    """One batcher step, its tokens streamed in one message; False when the agent is gone."""
+    out = batcher.step()
+    sent = channel.send(("tokens", out.tokens, batcher.stats()))
+    for request_id, result in out.finished:
+        sent = sent and channel.send(("result", request_id, result))
+    for failure in out.failed:
+        sent = sent and channel.send(("error", failure.request_id, failure.text, failure.kind))
+    if any(f.kind == "oom" for f in out.failed):
+        log.warning("out of memory while generating: %s", out.failed[0].text)
+        model.recover_from_oom()
+    return sent
 
 
 def _run(model: Any, kind: str, request_id: int, command: Any, payload: Any, input_error: type[Exception]) -> tuple:

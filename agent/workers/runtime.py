@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel  # imported early on purpose: see LoadedModel
 
 from agent.artifacts import ModelArtifact, inspect_model_dir
-from agent.workers import generation, limits, loader
+from agent.workers import limits, loader
 from agent.workers.adapter_pool import AdapterPool
-from agent.workers.generation_spec import GenerationRequest, GenerationResult, PromptError
+from agent.workers.continuous import ContinuousBatcher
 from agent.workers.measure import measure_replica, warmup_inputs, warmup_shape
 from agent.workers.spec import DTYPES, SIGNATURES, WorkerSpec
 from agent.workers.swap import WeightSwap
@@ -50,12 +50,12 @@ class LoadedModel:
         self.load_stats = stats
         self.swap = WeightSwap(model, device)
         self.pool: AdapterPool | None = None  # made on the first adapter, so a plain model is untouched
+        self._batcher: ContinuousBatcher | None = None
         # What the agent may ask of this worker by name: (command, request id, payload).
         # A new worker command is one more entry here (and a WorkerHandle.call on the agent side).
         self.commands: dict[str, Command] = {
             "infer": self.infer,
             "infer_mixed": lambda p: self.infer(p["inputs"], p["adapters"]),
-            "generate": self.generate,
             "adapters": self.configure_adapters,
             "adapter_stats": lambda _payload: {"stats": self.pool.stats() if self.pool else _NO_POOL},
             "sleep": self.sleep,
@@ -65,8 +65,11 @@ class LoadedModel:
         config = model.config
         self.vocab_size = int(config.vocab_size)
         self.type_vocab_size = int(getattr(config, "type_vocab_size", 0) or 0)
-        # Encoders have learned absolute positions: a longer sequence would index past the table.
-        self.max_positions = int(getattr(config, "max_position_embeddings", 0) or 0) if spec.task == "encoder" else 0
+        # Every architecture's sequence is bounded: learned position tables (encoders, GPT-2) would be indexed
+        # past their end, and a decoder's memory grows with the length (a [1, 10000000] request took 16 GB).
+        from agent.workers.measure import max_positions  # RoBERTa's position offset counted, as for warm-up
+
+        self.max_positions = max_positions(config, spec.task)
         self.output_dim = self.vocab_size if spec.task == "causal-lm" else int(config.hidden_size)
 
     def describe(self) -> dict[str, int]:
@@ -104,17 +107,19 @@ class LoadedModel:
             self.pool.prefetch()
         return {"stats": self.pool.stats(), "errors": errors}
 
-    def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Continue one prompt (causal LMs), with its adapter when it names one."""
+    @property
+    def asleep(self) -> bool:
+        return self.swap.asleep
+
+    @property
+    def batcher(self) -> ContinuousBatcher | None:
+        """The replica's generation engine (causal LMs; None for encoders), made on first use."""
         if self.spec.task != "causal-lm":
-            raise InputError(f"{self.spec.deployment or 'this model'} is an encoder: it embeds, it does not generate")
-        if self.swap.asleep:
-            raise RuntimeError("the model is asleep: wake it before inference")
-        try:
-            with torch.inference_mode(), self._adapters([request.adapter]):
-                return generation.generate(self.model, request)
-        except PromptError as e:
-            raise InputError(str(e)) from None
+            return None
+        if self._batcher is None:
+            positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+            self._batcher = ContinuousBatcher(self.model, self._adapters, max_positions=positions)
+        return self._batcher
 
     def _adapters(self, names: list[str | None]):
         """Rows' adapters for the forwards inside the block (a no-op without adapters)."""
@@ -188,11 +193,12 @@ class LoadedModel:
         if "input_ids" not in inputs:
             raise InputError("missing input 'input_ids'")
         ids = _int_matrix("input_ids", inputs["input_ids"])
-        _check_range("input_ids", ids, self.vocab_size)
         if self.max_positions and ids.shape[1] > self.max_positions:
             raise InputError(
-                f"input 'input_ids' has {ids.shape[1]} tokens; this model takes at most {self.max_positions}"
+                f"input 'input_ids' has {ids.shape[1]} tokens per row; this model takes at most {self.max_positions} "
+                "(its max_position_embeddings)"
             )
+        _check_range("input_ids", ids, self.vocab_size)
         tensors = {"input_ids": ids}
         for name in ("attention_mask", "token_type_ids"):
             if name in inputs:
@@ -203,6 +209,8 @@ class LoadedModel:
                     )
         if "token_type_ids" in tensors:
             _check_range("token_type_ids", tensors["token_type_ids"], self.type_vocab_size)
+        if "attention_mask" in tensors:  # any other value would weight or mask tokens in ways no client means
+            _check_range("attention_mask", tensors["attention_mask"], 2, "0 (padding) or 1 (a token)")
         if self.spec.task == "encoder" and "attention_mask" not in tensors:
             tensors["attention_mask"] = np.ones_like(ids)
         return {name: torch.from_numpy(value).to(self.device) for name, value in tensors.items()}
@@ -251,10 +259,12 @@ def _int_matrix(name: str, value: Any) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.int64)
 
 
-def _check_range(name: str, array: np.ndarray, limit: int) -> None:
+def _check_range(name: str, array: np.ndarray, limit: int, allowed: str = "") -> None:
     # An id past the embedding table is an IndexError on the CPU but a device-side assert that
     # poisons the whole CUDA context on a GPU, so it is refused before the forward pass.
     low, high = int(array.min()), int(array.max())
     if low < 0 or high >= limit:
         bad = low if low < 0 else high
+        if allowed:
+            raise InputError(f"input {name!r} holds {bad}; its values must be {allowed}")
         raise InputError(f"input {name!r} holds {bad}, outside this model's range [0, {limit})")

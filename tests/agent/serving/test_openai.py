@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import shutil
 
 import aiohttp
 import numpy as np
@@ -14,11 +15,16 @@ from agent.serving.app import METRICS
 from agent.serving.auth import GatewayAuth
 from agent.serving.batching import BatchSettings
 from agent.workers.demo_tokenizer import train_bpe, train_wordpiece
-from agent.workers.generation_spec import GenerationResult
+from agent.workers.generation_spec import GenerationResult, Token
 from agent.workers.spec import WorkerSpec
 
 CONTINUATION = " and the quick brown fox jumps over the lazy dog again"
-SECRET = "gw-secret-for-openai-tests"  # the official client sends its api_key as the bearer token
+SECRET = "gw-secret-for-openai-tests"
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}[SYS]{{ m.content }}[/SYS]"
+    "{% elif m.role == 'user' %}[USER]{{ m.content }}[/USER]{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}[ASSISTANT]{% endif %}"
+)  # the official client sends its api_key as the bearer token
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +42,8 @@ def model_dirs(tmp_path_factory):
         tokenizer.save(str(root / name / "tokenizer.json"))
         config = {"model_type": model_type, "max_position_embeddings": positions}
         (root / name / "config.json").write_text(json.dumps(config))
+    shutil.copytree(root / "chat", root / "plain")  # the same model without a chat template
+    (root / "chat" / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "chat_template": TEMPLATE}))
     return root
 
 
@@ -48,6 +56,8 @@ class FakeReplica:
         self.info = info or {"output_dim": 3}
         self.queued = 0
         self.forwards, self.generations = [], []
+        self.cancelled = 0
+        self.token_seconds = 0
 
     async def infer(self, inputs, adapters=None):
         self.forwards.append((inputs, adapters))
@@ -55,12 +65,38 @@ class FakeReplica:
         flags = [0.0 if a is None else 1.0 for a in adapters or [None] * len(ids)]
         return {"embeddings": np.stack([(ids * mask).sum(1), mask.sum(1), flags], axis=1).astype(np.float32)}
 
-    async def generate(self, request):
+    def generate(self, request):
         self.generations.append(request)
         ids = train_bpe().encode(CONTINUATION, add_special_tokens=False).ids
         if request.max_new_tokens < len(ids):
-            return GenerationResult(tuple(ids[: request.max_new_tokens]), "length")
-        return GenerationResult(tuple(ids), "stop")
+            return FakeStream(ids[: request.max_new_tokens], "length", self)
+        return FakeStream(ids, "stop", self)
+
+
+class FakeStream:
+    """The worker's stream of one sequence: its tokens, then how it ended; records a cancel."""
+
+    def __init__(self, ids, finish, replica):
+        self.ids, self.finish, self.replica = list(ids), finish, replica
+        self.result = None
+        replica.queued += 1
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        await asyncio.sleep(self.replica.token_seconds)
+        if self.ids:
+            return Token(1, self.ids.pop(0))
+        self.result = GenerationResult((), self.finish)
+        self.replica.queued -= 1
+        raise StopAsyncIteration
+
+    def close(self):
+        if self.result is None:
+            self.result = GenerationResult((), "stop")
+            self.replica.queued -= 1
+            self.replica.cancelled += 1
 
 
 @pytest.fixture
@@ -71,6 +107,7 @@ def replicas(model_dirs):
         ),
         "embed": FakeReplica(2, "embed", model_dirs / "embed", "encoder", adapters={"legal"}),
         "slow": FakeReplica(3, "slow", model_dirs / "embed", "encoder", state="loading"),
+        "plain": FakeReplica(4, "plain", model_dirs / "plain", "causal-lm", info={"vocab_size": 1024}),
     }
 
 
@@ -91,7 +128,7 @@ async def client(replicas):
 
 async def test_it_lists_deployments_and_adapters_as_models(client):
     models = {m.id: m for m in (await client.models.list()).data}
-    assert sorted(models) == ["chat", "chat-fr", "embed", "legal", "slow"]
+    assert sorted(models) == ["chat", "chat-fr", "embed", "legal", "plain", "slow"]
     assert models["chat-fr"].model_extra["parent"] == "chat" and models["chat"].owned_by == "modelgrid"
     assert (await client.models.retrieve("legal")).id == "legal"
 
@@ -145,8 +182,8 @@ async def test_completions_stop_at_a_stop_string_and_take_several_prompts(client
     assert [c.finish_reason for c in response.choices] == ["stop", "stop"]
     first, second = replicas["chat"].generations
     assert second.input_ids == (1, 42, 7) and first.top_p == 0.5
-    assert first.stop_sequences == tuple(tuple(train_bpe().encode(s, add_special_tokens=False).ids)
-                                         for s in (" fox", "zebra"))
+    # The worker is told to drop each sequence as soon as its text reaches the stop string.
+    assert replicas["chat"].cancelled == 2 and replicas["chat"].queued == 0
 
 
 async def test_an_adapter_is_chosen_by_using_its_name_as_the_model(client, replicas):
@@ -162,7 +199,7 @@ async def test_an_unknown_model_is_a_404_model_not_found(client):
         await client.embeddings.create(model="nope", input="hi")
     assert raised.value.code == "model_not_found" and raised.value.type == "invalid_request_error"
     assert raised.value.body["message"] == (
-        "model 'nope' is not served by this agent (it serves: chat, chat-fr, embed, legal, slow)"
+        "model 'nope' is not served by this agent (it serves: chat, chat-fr, embed, legal, plain, slow)"
     )
 
 
@@ -170,7 +207,9 @@ async def test_an_unknown_model_is_a_404_model_not_found(client):
     ("call", "param", "message"),
     [
         (dict(model="embed", prompt="hi"), "model", "model 'embed' is an encoder: /v1/completions needs"),
-        (dict(model="chat", prompt="hi", n=2), "n", "n=2 is not supported"),
+        (dict(model="chat", prompt="hi", n=17), "n", "'n' must be an integer >= 1 and <= 16"),
+        (dict(model="chat", prompt="hi", logprobs=6), "logprobs", "'logprobs' must be an integer >= 0 and <= 5"),
+        (dict(model="chat", prompt="hi", extra_body={"timeout": 0}), "timeout", "must be a number of seconds"),
         (dict(model="chat", prompt="hi", stream=False, echo=True), "echo", "echo=true is not supported"),
         (dict(model="chat", prompt="hi", temperature=3), "temperature", "'temperature' must be a number from 0 to 2"),
         (dict(model="chat", prompt="hi", max_tokens=0), "max_tokens", "'max_tokens' must be an integer >= 1"),
@@ -261,23 +300,58 @@ async def test_a_sleeping_model_is_a_503_at_once_and_stays_asleep(client, replic
     assert replicas["chat"].state == "sleeping" and replicas["chat"].generations == []
 
 
-async def test_chat_completions_are_a_clear_400_until_a_chat_engine_exists(client, replicas):
+async def test_chat_renders_the_models_template_and_answers_as_the_assistant(client, replicas):
+    response = await client.chat.completions.create(
+        model="chat", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+        max_tokens=4, temperature=0)
+    [request] = replicas["chat"].generations
+    rendered = "<s>[SYS]Be brief.[/SYS][USER]hi[/USER][ASSISTANT]"
+    assert request.input_ids == tuple(train_bpe().encode(rendered, add_special_tokens=False).ids)
+    [choice] = response.choices
+    assert choice.message.role == "assistant" and choice.message.content == " and the quick brown"
+    assert response.object == "chat.completion" and choice.finish_reason == "length"
+    assert response.usage.completion_tokens == 4
+
+
+async def test_a_model_without_a_chat_template_is_a_400_that_says_so(client, replicas):
     with pytest.raises(openai.BadRequestError) as raised:
-        await client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}])
-    assert raised.value.code == "unsupported" and raised.value.type == "invalid_request_error"
-    assert raised.value.body["message"] == (
-        "chat completions are not supported by this agent yet (no chat template engine); use /v1/completions"
-    )
-    assert replicas["chat"].generations == []
+        await client.chat.completions.create(model="plain", messages=[{"role": "user", "content": "hi"}])
+    assert raised.value.param == "model" and "has no chat template" in raised.value.message
+    with pytest.raises(openai.BadRequestError) as raised:
+        await client.chat.completions.create(model="chat", messages=[{"role": "wizard", "content": "hi"}])
+    assert raised.value.param == "messages" and "messages[0].role" in raised.value.message
+    assert replicas["plain"].generations == replicas["chat"].generations == []
 
 
-async def test_streaming_completions_are_a_clear_400(client):
+async def test_streamed_completions_and_chat_add_up_to_the_plain_answer(client):
+    plain = await client.completions.create(model="chat", prompt="Hello", max_tokens=8, stop=" fox")
+    chunks = [c async for c in await client.completions.create(
+        model="chat", prompt="Hello", max_tokens=8, stop=" fox", stream=True, stream_options={"include_usage": True})]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == plain.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    messages = [{"role": "user", "content": "hi"}]
+    whole = await client.chat.completions.create(model="chat", messages=messages, max_tokens=6, n=2)
+    parts = [c async for c in await client.chat.completions.create(model="chat", messages=messages, max_tokens=6,
+                                                                    n=2, stream=True)]
+    for index in (0, 1):
+        mine = [c.choices[0] for c in parts if c.choices[0].index == index]
+        assert mine[0].delta.role == "assistant"
+        assert "".join(c.delta.content or "" for c in mine) == whole.choices[index].message.content
+        assert mine[-1].finish_reason == "length"
+
+
+async def test_a_stream_whose_client_goes_away_cancels_its_sequence(client, replicas):
+    replicas["chat"].token_seconds = 0.02  # 30 tokens take 0.6 s: the client is gone long before the end
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {SECRET}"}) as http:
         url = f"http://127.0.0.1:{client.server.port}/v1/completions"
-        async with http.post(url, json={"model": "chat", "prompt": "hi", "stream": True}) as response:
-            body = await response.json()
-    assert response.status == 400 and body["error"]["param"] == "stream"
-    assert body["error"]["message"] == "stream=true is not supported by this server"
+        async with http.post(url, json={"model": "chat", "prompt": "hi", "stream": True, "max_tokens": 30}) as r:
+            await r.content.readline()  # the first event, then hang up
+    for _ in range(100):
+        if replicas["chat"].cancelled:
+            break
+        await asyncio.sleep(0.01)
+    assert replicas["chat"].cancelled == 1 and replicas["chat"].queued == 0
 
 
 async def test_the_official_client_without_the_gateway_secret_gets_a_401(client, replicas):

@@ -1,32 +1,113 @@
-"""The worker's command loop: one command at a time, the reply sent before any tidying up."""
+"""The worker's loop (torch-free, with a fake model and batcher): commands interleave with generation steps,
+the reply is sent before any tidying up, and a sleep ends the generations under it."""
 
+from agent.workers.continuous import Failure, StepOutput
+from agent.workers.generation_spec import EngineStats, GenerationRequest, GenerationResult, Token
 from agent.workers.process import serve
 
 
 class Channel:
-    def __init__(self, messages):
-        self.inbox, self.events = list(messages), []
+    """Hands the loop one scripted batch of messages per turn, then closes."""
 
-    def recv(self):
-        return self.inbox.pop(0) if self.inbox else None
+    def __init__(self, turns):
+        self.turns, self.events = list(turns), []
+
+    def take(self, wait):
+        return self.turns.pop(0) if self.turns else [None]
 
     def send(self, message):
-        self.events.append(("sent", message[0], message[1]))
+        self.events.append(("sent", *message[:2]) if message[0] != "tokens" else ("tokens", len(message[1])))
         return True
+
+
+class Batcher:
+    """Each sequence makes `length` tokens, one per step."""
+
+    def __init__(self, events, length=2):
+        self.events, self.length, self.running = events, length, {}
+
+    @property
+    def busy(self):
+        return bool(self.running)
+
+    def submit(self, request_id, request):
+        self.running[request_id] = 0
+
+    def cancel(self, request_id):
+        self.running.pop(request_id, None)
+
+    def abort(self, text, kind):
+        failed = [Failure(rid, text, kind) for rid in self.running]
+        self.running.clear()
+        return failed
+
+    def stats(self):
+        return EngineStats(running=len(self.running))
+
+    def step(self):
+        self.events.append(("step",))
+        out = StepOutput()
+        for rid in list(self.running):
+            self.running[rid] += 1
+            out.tokens.append(Token(rid, 5))
+            if self.running[rid] == self.length:
+                out.finished.append((rid, GenerationResult((5,) * self.length, "length")))
+                del self.running[rid]
+        return out
 
 
 class Model:
     device = "cpu"
+    asleep = False
 
-    def __init__(self, events):
-        self.events = events
+    def __init__(self, events, batcher=None):
+        self.events, self.batcher = events, batcher
         self.commands = {"sleep": lambda payload: {"bytes": 1}, "infer": lambda payload: {"ok": True}}
+        self.spec = type("Spec", (), {"replica_id": 3})
 
     def after_reply(self, kind):
         self.events.append(("after", kind))
 
 
+REQUEST = GenerationRequest((1, 2), 2)
+
+
 def test_the_agent_hears_a_sleep_finished_before_the_worker_tidies_up():
-    channel = Channel([("sleep", 1, None), ("infer", 2, {}), ("stop",)])
+    channel = Channel([[("sleep", 1, None), ("infer", 2, {})], [], [("stop",)]])
     serve(Model(channel.events), channel, ValueError)
     assert channel.events == [("sent", "result", 1), ("after", "sleep"), ("sent", "result", 2), ("after", "infer")]
+
+
+def test_a_forward_request_runs_between_two_generation_steps():
+    channel = Channel([[("generate", 1, REQUEST)], [("infer", 2, {})], [], [("stop",)]])
+    model = Model(channel.events)
+    model.batcher = Batcher(channel.events, length=3)
+    serve(model, channel, ValueError)
+    assert channel.events[:5] == [("step",), ("tokens", 1), ("sent", "result", 2), ("after", "infer"), ("step",)]
+
+
+def test_a_sleep_ends_the_running_generations_as_unavailable_first():
+    channel = Channel([[("generate", 1, REQUEST)], [("sleep", 2, None)], [("stop",)]])
+    model = Model(channel.events)
+    model.batcher = Batcher(channel.events, length=10)
+    serve(model, channel, ValueError)
+    assert channel.events[2:4] == [("sent", "error", 1), ("sent", "result", 2)]
+
+
+def test_a_cancelled_generation_makes_no_more_tokens():
+    channel = Channel([[("generate", 1, REQUEST), ("generate", 2, REQUEST)], [("cancel", 1, None)], [("stop",)]])
+    model = Model(channel.events)
+    model.batcher = Batcher(channel.events, length=5)
+    serve(model, channel, ValueError)
+    assert channel.events[:4] == [("step",), ("tokens", 2), ("step",), ("tokens", 1)]
+
+
+def test_an_encoder_refuses_to_generate_and_a_sleeping_model_says_so():
+    channel = Channel([[("generate", 1, REQUEST)], [("stop",)]])
+    serve(Model(channel.events), channel, ValueError)
+    assert channel.events == [("sent", "error", 1)]
+    channel = Channel([[("generate", 1, REQUEST)], [("stop",)]])
+    model = Model(channel.events, Batcher(channel.events))
+    model.asleep = True
+    serve(model, channel, ValueError)
+    assert channel.events == [("sent", "error", 1)]

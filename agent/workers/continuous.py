@@ -1,0 +1,361 @@
+"""Continuous (iteration-level) batching for causal LMs (worker side: imports torch).
+
+Sequences join the running batch between decoding steps and leave as they finish. Each `step()` first
+prefills waiting prompts within a token budget (short prompts together, a long one in chunks over several
+steps, so running streams never stall behind it), then runs one decoding forward for every running
+sequence. Running sequences share one KV cache (transformers' DynamicCache), left-padded to the longest:
+a newcomer joins by padding whichever side is shorter, a finished sequence leaves by row selection, and
+columns no row attends any more are trimmed. Position ids count each row's real tokens, so padding never
+shifts a sequence. Every sequence samples with its own settings and random stream, and names its own
+LoRA adapter (the mixed-adapter forward).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import DynamicLayer
+
+from agent.workers import limits
+from agent.workers.generation_spec import (
+    EngineStats,
+    GenerationRequest,
+    GenerationResult,
+    PromptError,
+    Token,
+    TokenLogprob,
+)
+from agent.workers.sampling import choose, model_eos_ids, new_generator
+
+log = logging.getLogger("agent.worker")
+
+DEFAULT_TOKEN_BUDGET = 512  # prompt tokens prefilled per step: bounds how long one step holds running streams
+DEFAULT_MAX_RUNNING = 64  # sequences decoding at once; more wait their turn
+
+Adapters = Callable[[list[str | None]], AbstractContextManager]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A sequence that ended in an error: the worker reports it as ("error", id, text, kind)."""
+
+    request_id: int
+    text: str
+    kind: str  # "input", "oom", "timeout", "unavailable" or "error" (agent.workers.errors.ERROR_KINDS)
+
+
+@dataclass
+class StepOutput:
+    """What one step produced: tokens to stream, sequences finished, sequences failed."""
+
+    tokens: list[Token] = field(default_factory=list)
+    finished: list[tuple[int, GenerationResult]] = field(default_factory=list)
+    failed: list[Failure] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Sequence:
+    request_id: int
+    request: GenerationRequest
+    generator: torch.Generator | None
+    prefilled: int = 0  # prompt tokens in the cache so far
+    cache: object | None = None  # its own cache while a long prompt is prefilled in chunks
+    last: int = 0  # the token to feed next
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.request.input_ids)
+
+
+class _Batch:
+    """Sequences decoding together: one cache, and an attention mask with a 0 for every left-pad column."""
+
+    def __init__(self, sequences: list[_Sequence], cache: object, mask: torch.Tensor) -> None:
+        self.sequences, self.cache, self.mask = sequences, cache, mask
+
+    @property
+    def mergeable(self) -> bool:
+        # Plain full-attention layers only: sliding-window or linear-attention caches keep their own shape.
+        return all(type(layer) is DynamicLayer for layer in self.cache.layers)
+
+    def merge(self, other: _Batch) -> None:
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            mine.keys = torch.cat([_pad_kv(mine.keys, width), _pad_kv(theirs.keys, width)])
+            mine.values = torch.cat([_pad_kv(mine.values, width), _pad_kv(theirs.values, width)])
+        self.mask = torch.cat([_pad_mask(self.mask, width), _pad_mask(other.mask, width)])
+        self.sequences += other.sequences
+
+    def keep(self, rows: list[int]) -> None:
+        index = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
+        mask = self.mask[index]
+        used = torch.nonzero(mask.any(dim=0))
+        start = int(used[0]) if len(used) else 0  # the left-pad columns no remaining row needs
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[index, :, start:]
+            layer.values = layer.values[index, :, start:]
+        self.mask = mask[:, start:]
+        self.sequences = [self.sequences[i] for i in rows]
+
+    def kv_bytes(self) -> int:
+        return _cache_bytes(self.cache)
+
+
+class ContinuousBatcher:
+    """Runs every generation of one replica; `submit` and `cancel` between `step` calls."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        adapters: Adapters,
+        *,
+        max_positions: int = 0,
+        token_budget: int = DEFAULT_TOKEN_BUDGET,
+        max_running: int = DEFAULT_MAX_RUNNING,
+        eos_ids: set[int] | None = None,
+    ) -> None:
+        self.model = model
+        self.adapters = adapters
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(getattr(model.config, "vocab_size", 0) or 0)
+        self.max_positions = max_positions
+        self.token_budget = token_budget
+        self.max_running = max_running
+        self.eos = model_eos_ids(model) if eos_ids is None else set(eos_ids)
+        self._waiting: deque[_Sequence] = deque()
+        self._batches: list[_Batch] = []
+        # Only the last position's logits are needed: a long prompt's full [length, vocab] would be large.
+        takes_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._last_only = {"logits_to_keep": 1} if takes_keep else {}
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._waiting or self._batches)
+
+    def submit(self, request_id: int, request: GenerationRequest) -> None:
+        """Queue one sequence; PromptError (the client's) when the model cannot take it."""
+        ids = request.input_ids
+        if self.vocab_size and not all(0 <= i < self.vocab_size for i in ids):
+            # An id past the embedding table is a device-side assert on a GPU that poisons the CUDA context.
+            bad = next(i for i in ids if not 0 <= i < self.vocab_size)
+            raise PromptError(f"the prompt holds token id {bad}, outside this model's range [0, {self.vocab_size})")
+        if self.max_positions and len(ids) >= self.max_positions:
+            raise PromptError(
+                f"the prompt has {len(ids)} tokens; this model takes at most {self.max_positions} positions, "
+                "prompt and completion together"
+            )
+        self.adapters([request.adapter])  # refuses an adapter this replica has not loaded (nothing entered yet)
+        self._waiting.append(_Sequence(request_id, request, new_generator(request, self.device)))
+
+    def cancel(self, request_id: int) -> bool:
+        """Drop a sequence wherever it is (the client went away); False when it is not here."""
+        for sequence in self._waiting:
+            if sequence.request_id == request_id:
+                self._waiting.remove(sequence)
+                return True
+        for batch in self._batches:
+            rows = [i for i, s in enumerate(batch.sequences) if s.request_id != request_id]
+            if len(rows) != len(batch.sequences):
+                self._keep(batch, rows)
+                return True
+        return False
+
+    def abort(self, text: str, kind: str) -> list[Failure]:
+        """End every sequence with the same error (the replica is going to sleep or stopping)."""
+        failed = [Failure(s.request_id, text, kind) for s in self._all()]
+        self._waiting.clear()
+        self._batches.clear()
+        return failed
+
+    def stats(self) -> EngineStats:
+        running = sum(len(b.sequences) for b in self._batches)
+        kv = sum(b.kv_bytes() for b in self._batches) + sum(_cache_bytes(s.cache) for s in self._waiting if s.cache)
+        return EngineStats(running=running, waiting=len(self._waiting), kv_cache_bytes=kv)
+
+    @torch.inference_mode()
+    def step(self) -> StepOutput:
+        """Prefill within the token budget, then one decoding step for every running sequence."""
+        out = StepOutput()
+        self._expire(out)
+        self._prefill(out)
+        for batch in list(self._batches):
+            self._decode(batch, out)
+        return out
+
+    # --- prefill --------------------------------------------------------------------------------
+
+    def _prefill(self, out: StepOutput) -> None:
+        budget = self.token_budget
+        running = sum(len(b.sequences) for b in self._batches)
+        while self._waiting and budget > 0 and running < self.max_running:
+            head = self._waiting[0]
+            remaining = head.prompt_length - head.prefilled
+            if head.prefilled or remaining > budget:
+                # A long prompt: one chunk now, the rest in later steps, between decoding steps.
+                budget -= self._prefill_chunk(head, min(remaining, budget), out)
+                if head.prefilled < head.prompt_length:
+                    return
+                running += 1
+                continue
+            group = [self._waiting.popleft()]
+            width = remaining
+            while self._waiting and running + len(group) < self.max_running:
+                nxt = self._waiting[0]
+                length = nxt.prompt_length
+                if nxt.prefilled or max(width, length) * (len(group) + 1) > budget:
+                    break
+                group.append(self._waiting.popleft())
+                width = max(width, length)
+            budget -= width * len(group)
+            running += len(group)
+            self._prefill_group(group, out)
+
+    def _prefill_group(self, group: list[_Sequence], out: StepOutput) -> None:
+        """Whole short prompts in one left-padded forward."""
+        width = max(s.prompt_length for s in group)
+        ids = torch.zeros((len(group), width), dtype=torch.long)
+        mask = torch.zeros((len(group), width), dtype=torch.long)
+        for row, sequence in enumerate(group):
+            ids[row, width - sequence.prompt_length :] = torch.tensor(sequence.request.input_ids)
+            mask[row, width - sequence.prompt_length :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits, cache = self._forward(group, out, ids, mask, positions, None)
+        if logits is not None:
+            for sequence in group:
+                sequence.prefilled = sequence.prompt_length
+            self._started(_Batch(group, cache, mask), logits, out)
+
+    def _prefill_chunk(self, sequence: _Sequence, count: int, out: StepOutput) -> int:
+        start = sequence.prefilled
+        ids = torch.tensor([sequence.request.input_ids[start : start + count]], dtype=torch.long, device=self.device)
+        mask = torch.ones((1, start + count), dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + count, device=self.device).unsqueeze(0)
+        logits, cache = self._forward([sequence], out, ids, mask, positions, sequence.cache)
+        if logits is None:
+            self._waiting.popleft()
+            return count
+        sequence.cache, sequence.prefilled = cache, start + count
+        if sequence.prefilled == sequence.prompt_length:
+            self._waiting.popleft()
+            sequence.cache = None
+            self._started(_Batch([sequence], cache, mask), logits, out)
+        return count
+
+    def _started(self, batch: _Batch, logits: torch.Tensor, out: StepOutput) -> None:
+        """A prefilled batch: its first tokens, then it joins the running batch."""
+        self._batches.append(batch)
+        self._advance(batch, logits, out)
+        if batch.sequences and len(self._batches) > 1 and batch.mergeable and self._batches[0].mergeable:
+            self._batches.remove(batch)
+            self._batches[0].merge(batch)
+
+    # --- decode ---------------------------------------------------------------------------------
+
+    def _decode(self, batch: _Batch, out: StepOutput) -> None:
+        ids = torch.tensor([[s.last] for s in batch.sequences], dtype=torch.long, device=self.device)
+        positions = batch.mask.sum(dim=-1, keepdim=True)  # each row's real tokens so far
+        mask = F.pad(batch.mask, (0, 1), value=1)
+        logits, _cache = self._forward(batch.sequences, out, ids, mask, positions, batch.cache, batch)
+        if logits is not None:
+            batch.mask = mask
+            self._advance(batch, logits, out)
+
+    def _advance(self, batch: _Batch, logits: torch.Tensor, out: StepOutput) -> None:
+        """Each row's next token: streamed, or the end of its sequence."""
+        sequences = batch.sequences
+        tokens, logprobs = choose(logits, [s.request for s in sequences], [s.generator for s in sequences])
+        keep = []
+        for row, (sequence, token, logprob) in enumerate(zip(sequences, tokens, logprobs, strict=True)):
+            request = sequence.request
+            if token in self.eos or token in request.stop_token_ids:
+                out.finished.append((sequence.request_id, self._result(sequence, "stop")))
+                continue
+            sequence.tokens.append(token)
+            if logprob is not None:
+                sequence.logprobs.append(logprob)
+            sequence.last = token
+            out.tokens.append(Token(sequence.request_id, token, logprob))
+            length = sequence.prompt_length + len(sequence.tokens)
+            if len(sequence.tokens) >= request.max_new_tokens or (self.max_positions and length >= self.max_positions):
+                out.finished.append((sequence.request_id, self._result(sequence, "length")))
+                continue
+            keep.append(row)
+        if len(keep) != len(sequences):
+            self._keep(batch, keep)
+
+    def _forward(self, sequences, out, ids, mask, positions, cache, batch: _Batch | None = None):
+        """One forward with the rows' adapters; (last logits, cache), or (None, None) after failing the rows."""
+        try:
+            with self.adapters([s.request.adapter for s in sequences]):
+                result = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                    past_key_values=cache, use_cache=True, **self._last_only)
+            return result.logits[:, -1], result.past_key_values
+        except Exception as e:  # noqa: BLE001 (each kind is reported to its sequences below)
+            kind, text = _failure(e)
+            out.failed.extend(Failure(s.request_id, text, kind) for s in sequences)
+            if batch is not None:
+                self._batches.remove(batch)
+            return None, None
+
+    def _keep(self, batch: _Batch, rows: list[int]) -> None:
+        if rows:
+            batch.keep(rows)
+        else:
+            self._batches.remove(batch)
+
+    def _expire(self, out: StepOutput) -> None:
+        now = time.monotonic()
+        for sequence in list(self._all()):
+            deadline = sequence.request.deadline
+            if deadline is not None and now >= deadline:
+                self.cancel(sequence.request_id)
+                text = f"the request's deadline passed after {len(sequence.tokens)} generated tokens"
+                out.failed.append(Failure(sequence.request_id, text, "timeout"))
+
+    def _all(self) -> Iterator[_Sequence]:
+        yield from self._waiting
+        for batch in self._batches:
+            yield from batch.sequences
+
+    @staticmethod
+    def _result(sequence: _Sequence, finish: str) -> GenerationResult:
+        logprobs = tuple(sequence.logprobs) if sequence.request.logprobs is not None else None
+        return GenerationResult(tuple(sequence.tokens), finish, logprobs)
+
+
+def _failure(error: Exception) -> tuple[str, str]:
+    from agent.workers.process import describe_error  # the worker's one way of wording an error
+
+    if isinstance(error, ValueError) and type(error).__name__ == "InputError":
+        return "input", str(error)
+    if limits.is_out_of_memory(error):
+        return "oom", f"out of memory while generating: {describe_error(error)}"
+    log.exception("generation failed")
+    return "error", describe_error(error)
+
+
+def _pad_kv(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    return F.pad(tensor, (0, 0, width - tensor.shape[-2], 0)) if tensor.shape[-2] < width else tensor
+
+
+def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    return F.pad(mask, (width - mask.shape[-1], 0)) if mask.shape[-1] < width else mask
+
+
+def _cache_bytes(cache: object) -> int:
+    return sum(
+        layer.keys.nbytes + layer.values.nbytes
+        for layer in getattr(cache, "layers", ())
+        if getattr(layer, "keys", None) is not None and getattr(layer, "values", None) is not None
+    )
