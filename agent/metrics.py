@@ -23,6 +23,8 @@ WINDOW_SECONDS = 60.0
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 QUEUE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+CANCEL_REASONS = ("client", "timeout")  # the client went away; the request's deadline passed
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,9 @@ class ReplicaSnapshot:
     load_seconds: float | None = None  # its last load from disk
     wake_seconds: float | None = None  # its last wake from host memory
     adapters: AdapterStats | None = None
+    running_sequences: int = 0  # generations decoding in its continuous batcher
+    waiting_sequences: int = 0  # generations waiting for their prefill
+    kv_cache_bytes: int = 0  # what their KV caches hold
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ def replica_snapshot(handle: ObservedReplica) -> ReplicaSnapshot:
     """A handle's figures; load and wake times and adapter counts come from what its worker reported."""
     info = handle.info
     adapters = info.get("adapters")
+    engine = getattr(handle, "engine_stats", None)  # agent.workers.generation_spec.EngineStats
     return ReplicaSnapshot(
         deployment=handle.spec.deployment,
         replica_id=handle.spec.replica_id,
@@ -87,6 +93,9 @@ def replica_snapshot(handle: ObservedReplica) -> ReplicaSnapshot:
         load_seconds=_number(info.get("load_seconds")),
         wake_seconds=_number(info.get("wake_seconds")),
         adapters=_adapter_stats(adapters),
+        running_sequences=getattr(engine, "running", 0),
+        waiting_sequences=getattr(engine, "waiting", 0),
+        kv_cache_bytes=getattr(engine, "kv_cache_bytes", 0),
     )
 
 
@@ -129,6 +138,30 @@ class Metrics:
             buckets=BATCH_BUCKETS,
             registry=registry,
         )
+        self._first_token = Histogram(
+            "modelgrid_time_to_first_token_seconds",
+            "Time from a generation's start to its first token.",
+            ["deployment"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._inter_token = Histogram(
+            "modelgrid_inter_token_seconds",
+            "Time between two tokens of one generation.",
+            ["deployment"],
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self._tokens = Counter(
+            "modelgrid_generated_tokens", "Tokens generated (their rate is tokens/s).", ["deployment"],
+            registry=registry,
+        )
+        self._cancelled = Counter(
+            "modelgrid_generations_cancelled",
+            "Generations ended early: the client went away (client) or the deadline passed (timeout).",
+            ["deployment", "reason"],
+            registry=registry,
+        )
         self._recent: dict[str, deque[tuple[float, float, int]]] = {}  # deployment -> (finished at, seconds, status)
         self._in_flight: dict[str, int] = {}
         self._replicas: tuple[ReplicaSnapshot, ...] = ()
@@ -163,6 +196,15 @@ class Metrics:
         recent = self._recent.setdefault(deployment, deque())
         recent.append((now, seconds, status))
         self._prune(recent, now)
+
+    def token(self, deployment: str, seconds: float, first: bool) -> None:
+        """One generated token, `seconds` after the generation started (first) or after its previous token."""
+        (self._first_token if first else self._inter_token).labels(deployment).observe(seconds)
+        self._tokens.labels(deployment).inc()
+
+    def cancelled(self, deployment: str, reason: str) -> None:
+        """A generation ended early, for one of CANCEL_REASONS."""
+        self._cancelled.labels(deployment, reason).inc()
 
     def set_gpus(self, gpus: Iterable[GpuInfo]) -> None:
         """Replace the GPU readings (the daemon hands in each reading it reports)."""
@@ -211,8 +253,9 @@ class Metrics:
         depth = GaugeMetricFamily(
             "modelgrid_queue_depth", "Requests waiting or running, by deployment.", labels=["deployment"]
         )
-        for deployment, count in sorted(self._in_flight.items()):
-            depth.add_metric([deployment], count)
+        # Every deployment with a replica here has a series, 0 when idle, so a dashboard can tell idle from absent.
+        for deployment in sorted(set(self._in_flight) | {r.deployment for r in self._replicas}):
+            depth.add_metric([deployment], self._in_flight.get(deployment, 0))
         yield depth
 
 
@@ -250,6 +293,9 @@ def _replica_families(replicas: tuple[ReplicaSnapshot, ...]) -> Iterator[Metric]
     misses = CounterMetricFamily("modelgrid_adapter_misses", "Requests that loaded their adapter.", labels=labels)
     evictions = CounterMetricFamily("modelgrid_adapter_evictions", "Adapters dropped from the GPU.", labels=labels)
     loaded = GaugeMetricFamily("modelgrid_adapters_loaded", "Adapters on the GPU now.", labels=labels)
+    running = GaugeMetricFamily("modelgrid_running_sequences", "Generations decoding now.", labels=labels)
+    waiting = GaugeMetricFamily("modelgrid_waiting_sequences", "Generations waiting for their prefill.", labels=labels)
+    kv = GaugeMetricFamily("modelgrid_kv_cache_bytes", "Bytes held by running generations' KV caches.", labels=labels)
     for replica in replicas:
         values = [replica.deployment, str(replica.replica_id)]
         known = REPLICA_STATES if replica.state in REPLICA_STATES else (*REPLICA_STATES, replica.state)
@@ -264,7 +310,10 @@ def _replica_families(replicas: tuple[ReplicaSnapshot, ...]) -> Iterator[Metric]
             misses.add_metric(values, replica.adapters.misses)
             evictions.add_metric(values, replica.adapters.evictions)
             loaded.add_metric(values, replica.adapters.loaded)
-    yield from (state, load, wake, hits, misses, evictions, loaded)
+        running.add_metric(values, replica.running_sequences)
+        waiting.add_metric(values, replica.waiting_sequences)
+        kv.add_metric(values, replica.kv_cache_bytes)
+    yield from (state, load, wake, hits, misses, evictions, loaded, running, waiting, kv)
 
 
 def _is_error(status: int) -> bool:

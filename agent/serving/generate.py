@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from aiohttp import web
 from agent.serving.detokenize import TextStream
 from agent.serving.dispatch import Dispatcher, Route, serving_error
 from agent.serving.tokenization import TextCodec
+from agent.workers.errors import InferenceTimeout
 from agent.workers.generation_spec import GenerationRequest, TokenLogprob
 
 
@@ -63,8 +65,13 @@ async def run_choice(dispatcher: Dispatcher, route: Route, choice: Choice, codec
     stream = await dispatcher.generate(route, choice.request)
     text = TextStream(codec, stops)
     pending: list[LogprobEntry] = []
+    metrics, last = dispatcher.metrics, time.monotonic()
     try:
         async for token in stream:
+            if metrics is not None:
+                now = time.monotonic()
+                metrics.token(route.deployment, now - last, first=not choice.completion_tokens)
+                last = now
             choice.completion_tokens += 1
             piece = text.push(token.token_id)
             if token.logprob is not None:
@@ -78,6 +85,10 @@ async def run_choice(dispatcher: Dispatcher, route: Route, choice: Choice, codec
                 break
         rest = text.finish()
         choice.finish_reason = "stop" if text.stopped else stream.result.finish_reason
+    except (asyncio.CancelledError, ConnectionResetError, InferenceTimeout) as e:
+        if metrics is not None:
+            metrics.cancelled(route.deployment, "timeout" if isinstance(e, InferenceTimeout) else "client")
+        raise
     finally:
         stream.close()  # ended early (stop string, error, client gone): the worker drops the sequence
     choice.text = text.text

@@ -127,8 +127,8 @@ def serve(model: Any, channel: WorkerChannel, input_error: type[Exception]) -> N
             elif message[0] == "generate":
                 _submit(model, batcher, channel, message[1], message[2], input_error)
             elif message[0] == "cancel":
-                if batcher is not None:
-                    batcher.cancel(message[1])
+                if batcher is not None and batcher.cancel(message[1]) and not batcher.busy:
+                    channel.send(("tokens", [], batcher.stats()))  # no step follows to say the batch emptied
             else:
                 commands.append(message)
         if commands:

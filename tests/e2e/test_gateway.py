@@ -1,6 +1,7 @@
 """The console as the fleet's one front door, against a real `manage.py up`: the official `openai` and
 `tritonclient.http` clients through the console URL only; tokens and scopes; the agent's port closed to
-everyone but the gateway; models switched in on demand on a GPU too small for two; scale to zero."""
+everyone but the gateway; streamed chat and completions; models switched in on demand on a GPU too small for
+two; scale to zero."""
 
 from __future__ import annotations
 
@@ -51,11 +52,17 @@ def test_the_official_clients_work_against_the_console_url(stack, tiny_llama, mi
     assert done.usage.completion_tokens >= 1 and done.choices[0].text is not None
     vectors = client.embeddings.create(model="gw-embed", input=["a cat sat", "a dog ran"])
     assert len(vectors.data) == 2 and len(vectors.data[0].embedding) == 384
-    # Streaming and chat need the generation engine in the agent: refused with its clear error, not buffered.
-    with pytest.raises(openai.BadRequestError, match="stream"):
-        client.completions.create(model="gw-chat", prompt="hi", max_tokens=2, stream=True)
-    with pytest.raises(openai.BadRequestError, match="chat"):
-        client.chat.completions.create(model="gw-chat", messages=[{"role": "user", "content": "hi"}])
+    # Streams through the gateway, chunk by chunk, equal to the plain greedy answers.
+    greedy = dict(max_tokens=12, temperature=0)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="gw-chat", prompt="the cat", stream=True, **greedy))
+    assert streamed == client.completions.create(model="gw-chat", prompt="the cat", **greedy).choices[0].text
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    chat = client.chat.completions.create(model="gw-chat", messages=messages, **greedy)
+    chunks = list(client.chat.completions.create(model="gw-chat", messages=messages, stream=True,
+                                                 stream_options={"include_usage": True}, **greedy))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == chat.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
 
     # Triton's client: the URL takes no scheme; the token goes in a header.
     url = stack.url.removeprefix("http://").rstrip("/")

@@ -18,8 +18,15 @@ def reference_logits(path, input_ids):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        return model(torch.tensor(input_ids)).logits.numpy()
+    # The agent gives each CPU worker one thread on this 2-core machine (its share with two simulated GPUs);
+    # the reference sums in the same order only with the same count.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            return model(torch.tensor(input_ids)).logits.numpy()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def huge_model(path, gib: int):

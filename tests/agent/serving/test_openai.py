@@ -3,6 +3,7 @@
 import asyncio
 import json
 import shutil
+import time
 
 import aiohttp
 import numpy as np
@@ -15,6 +16,7 @@ from agent.serving.app import METRICS
 from agent.serving.auth import GatewayAuth
 from agent.serving.batching import BatchSettings
 from agent.workers.demo_tokenizer import train_bpe, train_wordpiece
+from agent.workers.errors import InferenceTimeout
 from agent.workers.generation_spec import GenerationResult, Token
 from agent.workers.spec import WorkerSpec
 
@@ -58,6 +60,7 @@ class FakeReplica:
         self.forwards, self.generations = [], []
         self.cancelled = 0
         self.token_seconds = 0
+        self.fail_with = None
 
     async def infer(self, inputs, adapters=None):
         self.forwards.append((inputs, adapters))
@@ -86,6 +89,9 @@ class FakeStream:
 
     async def __anext__(self):
         await asyncio.sleep(self.replica.token_seconds)
+        if self.replica.fail_with is not None:
+            self.result = GenerationResult((), "stop")
+            raise self.replica.fail_with
         if self.ids:
             return Token(1, self.ids.pop(0))
         self.result = GenerationResult((), self.finish)
@@ -352,6 +358,24 @@ async def test_a_stream_whose_client_goes_away_cancels_its_sequence(client, repl
             break
         await asyncio.sleep(0.01)
     assert replicas["chat"].cancelled == 1 and replicas["chat"].queued == 0
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {SECRET}"}) as http:
+        async with http.get(f"http://127.0.0.1:{client.server.port}/metrics") as response:
+            scrape = await response.text()
+    assert 'modelgrid_generations_cancelled_total{deployment="chat",reason="client"} 1.0' in scrape
+    assert 'modelgrid_time_to_first_token_seconds_count{deployment="chat"} 1.0' in scrape
+    assert 'modelgrid_queue_depth{deployment="chat"} 0.0' in scrape  # idle, yet present
+
+
+async def test_a_generation_past_its_deadline_is_a_504_counted_as_a_timeout(client, replicas):
+    replicas["chat"].fail_with = InferenceTimeout("the request's deadline passed after 0 generated tokens")
+    with pytest.raises(openai.APIStatusError) as raised:
+        await client.completions.create(model="chat", prompt="hi", max_tokens=4, extra_headers={
+            "X-ModelGrid-Timeout": "0.5"})
+    assert raised.value.status_code == 504 and "deadline passed" in raised.value.message
+    [request] = replicas["chat"].generations
+    assert 0.3 < request.deadline - time.monotonic() < 0.5
+    scrape = client.server.app[METRICS].render().decode()
+    assert 'modelgrid_generations_cancelled_total{deployment="chat",reason="timeout"} 1.0' in scrape
 
 
 async def test_the_official_client_without_the_gateway_secret_gets_a_401(client, replicas):

@@ -179,3 +179,33 @@ def test_the_kv_cache_is_counted_while_sequences_run_and_freed_after(model):
     while engine.busy:
         engine.step()
     assert engine.stats().kv_cache_bytes == 0
+
+
+def test_sequences_with_different_adapters_share_a_batch_and_each_gets_its_solo_tokens(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from agent.artifacts import read_model_dir
+    from agent.workers.adapter_pool import AdapterPool
+    from agent.workers.continuous import ContinuousBatcher
+    from agent.workers.demo_models import build_tiny_llama
+    from tests.adapter_files import write_adapter
+
+    base = build_tiny_llama(tmp_path / "base")
+    layers = {f"model.layers.{i}.self_attn.{p}_proj": (8, 64, 64) for i in (0, 1) for p in ("q", "o")}
+    # A large alpha, so each adapter really changes what the model says.
+    paths = {name: write_adapter(tmp_path / name, layers, r=8, lora_alpha=512, seed=seed)
+             for seed, name in enumerate(("x", "y"))}
+    model = AutoModelForCausalLM.from_pretrained(base).eval()
+    pool = AdapterPool(model, gpu_budget=1 << 20, cpu_budget=1 << 20, base=read_model_dir(base))
+    for name, path in paths.items():
+        pool.load(name, path)
+
+    def engine():
+        return ContinuousBatcher(model, pool.serving, max_positions=256, eos_ids=())
+
+    names = ["x", None, "y", "x"]
+    requests = [GenerationRequest(p, 10, temperature=0, adapter=a) for p, a in zip(PROMPTS, names, strict=True)]
+    together = run(engine(), requests, join_after={3: 2})[1]
+    alone = [run(engine(), [r])[1][0] for r in requests]
+    assert [together[i].token_ids for i in range(4)] == [a.token_ids for a in alone]
+    assert alone[0].token_ids != run(engine(), [GenerationRequest(PROMPTS[0], 10, temperature=0)])[1][0].token_ids

@@ -1,0 +1,113 @@
+"""Generation through the agent's HTTP server over a real worker (the demo tiny-llama), driven by the official
+openai client: streams equal the plain answers, a client that leaves frees its slot at once, and a v2 forward
+is not held behind a long generation."""
+
+import asyncio
+import time
+
+import aiohttp
+import numpy as np
+import openai
+import pytest
+import pytest_asyncio
+
+from agent.serving import make_app, start_server
+from agent.serving.auth import GatewayAuth
+from agent.workers.demo_models import build_tiny_llama
+from agent.workers.spec import WorkerSpec
+from agent.workers.supervisor import Supervisor
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+SECRET = "gw-secret-for-real-generation-tests"
+PROMPTS = ["Once upon a time", "The capital of France", "def fibonacci(n):", "In the beginning"]
+
+
+async def until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def agent(tmp_path_factory):
+    llama = build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
+    supervisor = Supervisor()
+    handle = supervisor.start(WorkerSpec(1, str(llama), "causal-lm", deployment="chat"))
+    runner = None
+    try:
+        await until(lambda: handle.state in ("ready", "failed"), 120, "the worker to load")
+        assert handle.state == "ready", handle.reason
+        runner, port = await start_server(make_app(supervisor, auth=GatewayAuth(SECRET)), "127.0.0.1", 0)
+        async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=SECRET, max_retries=0) as c:
+            c.port, c.handle = port, handle
+            yield c
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await supervisor.stop_all()
+
+
+async def streamed_completion(client, prompt, **kwargs):
+    stream = await client.completions.create(model="chat", prompt=prompt, stream=True, **kwargs)
+    return "".join([chunk.choices[0].text async for chunk in stream])
+
+
+async def streamed_chat(client, content, **kwargs):
+    stream = await client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": content}], stream=True, **kwargs)
+    return "".join([chunk.choices[0].delta.content or "" async for chunk in stream])
+
+
+async def test_streamed_completions_and_chats_equal_the_plain_greedy_answers_under_concurrency(agent):
+    greedy = dict(max_tokens=24, temperature=0)
+    plain = await asyncio.gather(*(agent.completions.create(model="chat", prompt=p, **greedy) for p in PROMPTS))
+    chats = await asyncio.gather(*(agent.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": p}], **greedy) for p in PROMPTS))
+    # All at once: streams and plain requests share the running batch.
+    streamed = await asyncio.gather(*(streamed_completion(agent, p, **greedy) for p in PROMPTS),
+                                    *(streamed_chat(agent, p, **greedy) for p in PROMPTS),
+                                    *(agent.completions.create(model="chat", prompt=p, **greedy) for p in PROMPTS))
+    texts = [c.choices[0].text for c in plain]
+    assert streamed[:4] == texts
+    assert streamed[4:8] == [c.choices[0].message.content for c in chats]
+    assert [c.choices[0].text for c in streamed[8:]] == texts
+    assert all(c.usage.completion_tokens == 24 for c in plain)
+    assert len(set(texts)) == len(texts) and all(texts)
+
+
+async def test_seeded_sampling_streams_the_same_text_as_it_answers(agent):
+    sampled = dict(max_tokens=16, temperature=0.8, top_p=0.9, seed=11)
+    plain = await agent.completions.create(model="chat", prompt=PROMPTS[0], **sampled)
+    assert await streamed_completion(agent, PROMPTS[0], **sampled) == plain.choices[0].text
+
+
+async def test_a_stream_whose_client_leaves_frees_its_slot_and_the_next_request_is_prompt(agent):
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {SECRET}"}) as http:
+        body = {"model": "chat", "prompt": PROMPTS[0], "max_tokens": 230, "stream": True}
+        async with http.post(f"http://127.0.0.1:{agent.port}/v1/completions", json=body) as response:
+            assert (await response.content.readline()).startswith(b"data: ")
+    # The sequence leaves the batch at the worker's next step, long before its 230 tokens.
+    await until(lambda: agent.handle.queued == 0 and agent.handle.engine_stats.running == 0, 1.0,
+                "the cancelled sequence to leave the batch")
+    started = time.monotonic()
+    short = await agent.completions.create(model="chat", prompt=PROMPTS[1], max_tokens=2)
+    assert short.choices[0].finish_reason == "length"
+    assert time.monotonic() - started < 1.0
+
+
+async def test_a_v2_forward_is_answered_while_a_long_generation_runs(agent):
+    long = asyncio.ensure_future(agent.completions.create(model="chat", prompt=PROMPTS[2], max_tokens=230,
+                                                          temperature=0))
+    await until(lambda: agent.handle.engine_stats.running == 1, 5.0, "the generation to start")
+    tensor = {"name": "input_ids", "shape": [2, 8], "datatype": "INT64", "data": list(range(1, 17))}
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {SECRET}"}) as http:
+        async with http.post(f"http://127.0.0.1:{agent.port}/v2/models/chat/infer", json={"inputs": [tensor]}) as r:
+            answer = await r.json()
+    assert r.status == 200 and answer["outputs"][0]["shape"] == [2, 8, 1024]
+    assert not long.done()  # answered between two decoding steps, not after the generation
+    assert (await long).usage.completion_tokens == 230
+    logits = np.asarray(answer["outputs"][0]["data"], dtype=np.float32)
+    assert np.isfinite(logits).all()
