@@ -59,8 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mps", action="store_true",
                      help="start the CUDA MPS control daemon (nvidia-cuda-mps-control) and stop it on exit, so "
                      "replicas sharing a GPU run at once with their mps_percentage of its SMs")
-    run.add_argument("--cap-cpu-workers", action="store_true",
-                     help="hold CPU workers to their reservation with an address-space cap (simulated GPUs)")
+    run.add_argument("--cap-cpu-workers", action=argparse.BooleanOptionalAction, default=True,
+                     help="hold each CPU worker (simulated GPUs) to its reservation with an address-space cap, so a "
+                     "request too big for its replica fails alone with 507 instead of exhausting the host "
+                     "(default on; --no-cap-cpu-workers turns it off)")
+    run.add_argument("--cpu-threads", default=None, type=_at_least_one, metavar="N",
+                     help="torch threads per CPU worker (simulated GPUs) (default: this host's cores divided among "
+                     "its simulated GPUs, or among its replicas when there are more, at least 1)")
 
     demo = commands.add_parser("demo-models", help="write the demo model directories (tiny-llama, tiny-bert, minilm)")
     demo.add_argument("directory")
@@ -140,6 +145,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         heartbeat_timeout=args.heartbeat_timeout,
         mps=args.mps,
         cap_cpu_workers=args.cap_cpu_workers,
+        cpu_threads=args.cpu_threads,
     )
     return asyncio.run(_serve(Agent(config, backend)))
 

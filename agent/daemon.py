@@ -68,7 +68,8 @@ class AgentConfig:
     heartbeat_interval: float = HEARTBEAT_INTERVAL
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # a loaded worker silent this long is killed and replaced
     mps: bool = False  # start the CUDA MPS control daemon (real GPUs only)
-    cap_cpu_workers: bool = False  # hold CPU workers to their reservation (address-space cap)
+    cap_cpu_workers: bool = True  # hold CPU workers to their reservation (address-space cap)
+    cpu_threads: int | None = None  # torch threads per CPU worker; None: the host's cores shared among them
 
     def replica_settings(self) -> ReplicaSettings:
         """The fields of this config that are the replicas' (same names, same meaning)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,9 +33,14 @@ log = logging.getLogger("agent.daemon")
 
 Notify = Callable[[WorkerHandle, bool], None]  # (handle, progress only)
 ON_DEVICE = ("ready", "preloaded")
-# Address space a capped CPU worker may use beyond its reservation: thread stacks and malloc arenas
-# reserve address space without using memory, and the checkpoint is mapped while it is read.
+# Address space a capped CPU worker may use beyond its reservation and its checkpoint (mapped while it is
+# read; a sleeping CPU replica's host copy takes as much again while its weights are released): the second
+# malloc arena (64 MiB; limits.CAPPED_ARENAS), transformers' loading threads (up to 4 stacks of 8 MiB),
+# modules imported during the load, and the allocator's fragmentation.
 CPU_CAP_SLACK = 256 * 1024 * 1024
+# ... and per torch thread, for the buffers kernels take per thread (the threads' stacks are in the worker's
+# baseline: agent.workers.limits starts the thread pool before it caps the address space).
+CPU_CAP_PER_THREAD = 16 * 1024 * 1024
 DEFAULT_ADAPTER_POOL_BYTES = 256 * 1024 * 1024  # device tier when the console names no budget
 
 
@@ -47,7 +53,29 @@ class ReplicaSettings:
     swap_timeout: float = DEFAULT_SWAP_TIMEOUT
     heartbeat_interval: float = HEARTBEAT_INTERVAL
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # a loaded worker silent this long is killed and replaced
-    cap_cpu_workers: bool = False  # hold CPU workers to their reservation with an address-space cap
+    cap_cpu_workers: bool = True  # hold CPU workers to their reservation with an address-space cap
+    cpu_threads: int | None = None  # torch threads per CPU worker; None: the host's cores shared (cpu_thread_share)
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def cpu_thread_share(cores: int, gpus: int, replicas: int) -> int:
+    """Torch threads for one CPU worker: the host's cores divided among the simulated GPUs, or among the
+    replicas when more replicas than GPUs are placed here, so that the workers together do not
+    oversubscribe the cores (several busy workers each with a thread per core spend their time in OpenMP
+    barriers); at least 1."""
+    return max(1, cores // max(1, gpus, replicas))
+
+
+def cpu_memory_limit(reserved_bytes: int, file_bytes: int, threads: int) -> int:
+    """Address space a CPU worker may use beyond its baseline: its reservation, its checkpoint, and headroom."""
+    return reserved_bytes + file_bytes + CPU_CAP_SLACK + max(1, threads) * CPU_CAP_PER_THREAD
 
 
 def sleep_bytes(handle: WorkerHandle) -> int:
@@ -210,9 +238,11 @@ class Replicas:
 
     def _spec(self, replica: DesiredReplica, task: str, device: str, file_bytes: int = 0) -> WorkerSpec:
         gpu = replica.gpus[0] if replica.gpus else 0
-        limit = None
-        if self.settings.cap_cpu_workers and device == "cpu" and replica.reserved_bytes:
-            limit = replica.reserved_bytes + file_bytes + CPU_CAP_SLACK
+        limit = threads = None
+        if device == "cpu":
+            threads = self.cpu_threads()
+            if self.settings.cap_cpu_workers and replica.reserved_bytes:
+                limit = cpu_memory_limit(replica.reserved_bytes, file_bytes, threads)
         return WorkerSpec(
             replica.id, replica.model_path, task, device, replica.dtype, replica.deployment,
             batch=replica.batch,
@@ -221,7 +251,16 @@ class Replicas:
             gpu_total_bytes=self._gpu_totals.get(gpu, 0),
             mps_percentage=replica.mps_percentage,
             memory_limit_bytes=limit,
+            threads=threads,
         )
+
+    def cpu_threads(self) -> int:
+        """Torch threads for a CPU worker started now: the configured count, else this host's share. CUDA
+        workers keep torch's default: their CPU side only feeds the GPU."""
+        if self.settings.cpu_threads:
+            return self.settings.cpu_threads
+        placed = sum(1 for r in self._placements.values() if r.state != "stopped")
+        return cpu_thread_share(host_cores(), len(self.backend.collect({})), placed)
 
     # --- sleep, wake, evict ---------------------------------------------------------------------
 

@@ -142,13 +142,27 @@ def serve(model: Any, channel: WorkerChannel, input_error: type[Exception]) -> N
                 reply: tuple = ("error", request_id, f"this worker has no command {kind!r}", "error")
             else:
                 reply = _run(model, kind, request_id, command, payload, input_error)
-            if not channel.send(reply):
+            if not _reply(model, channel, kind, reply):
                 return
             after_reply = getattr(model, "after_reply", None)
             if after_reply is not None:
                 after_reply(kind)
         if batcher is not None and batcher.busy and not _step(model, batcher, channel):
             return
+
+
+def _reply(model: Any, channel: WorkerChannel, kind: str, reply: tuple) -> bool:
+    """Send a reply; one too big to pickle within the worker's memory cap becomes an "oom" error (nothing of
+    it reached the pipe: pickling comes first), and the worker serves on. False when the agent is gone."""
+    request_id = reply[1]
+    try:
+        return channel.send(reply)
+    except MemoryError as e:
+        text = f"out of memory while sending the {kind} answer on {model.device}: {describe_error(e)}"
+    del reply  # the answer itself, freed before recovering
+    log.warning("%s", text)
+    model.recover_from_oom()
+    return channel.send(("error", request_id, text, "oom"))
 
 
 def _submit(model: Any, batcher: Any, channel: WorkerChannel, request_id: int, request: Any,

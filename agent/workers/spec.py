@@ -27,6 +27,7 @@ class WorkerSpec:
     gpu_total_bytes: int = 0  # the GPU's memory, to turn the reservation into a CUDA memory fraction
     mps_percentage: int | None = None  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, set before CUDA initialises
     memory_limit_bytes: int | None = None  # CPU workers: address space allowed beyond the worker's baseline
+    threads: int | None = None  # CPU workers: torch intra-op threads (its share of the host's cores); None: torch's
 
 
 @dataclass(frozen=True)

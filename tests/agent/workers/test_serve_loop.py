@@ -111,3 +111,29 @@ def test_an_encoder_refuses_to_generate_and_a_sleeping_model_says_so():
     model.asleep = True
     serve(model, channel, ValueError)
     assert channel.events == [("sent", "error", 1)]
+
+
+class TooBig:
+    def __reduce__(self):
+        raise MemoryError("cannot pickle 96 MiB under the cap")
+
+
+class PicklingChannel(Channel):
+    """Pickles what it sends, as the real pipe does before writing a byte."""
+
+    def send(self, message):
+        import pickle
+
+        pickle.dumps(message)
+        return super().send(message)
+
+
+def test_an_answer_too_big_to_send_under_the_cap_is_an_oom_error_and_the_worker_serves_on():
+    channel = PicklingChannel([[("infer", 1, {})], [("infer", 2, {})], [], [("stop",)]])
+    model = Model(channel.events)
+    answers = iter([{"logits": TooBig()}, {"ok": True}])
+    model.commands["infer"] = lambda payload: next(answers)
+    model.recover_from_oom = lambda: channel.events.append(("recovered",))
+    serve(model, channel, ValueError)
+    assert channel.events == [("recovered",), ("sent", "error", 1), ("after", "infer"),
+                              ("sent", "result", 2), ("after", "infer")]
