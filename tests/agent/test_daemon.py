@@ -25,6 +25,7 @@ from agent.protocol import (
     parse_agent_message,
 )
 from agent.workers.demo_models import build_tiny_llama
+from tests.agent.test_cpu_workers import build_wide_vocab_llama
 
 TOKEN = "mg_agent_right"
 GATEWAY_SECRET = "mg_gateway_right"
@@ -448,15 +449,15 @@ async def test_a_hung_worker_is_reported_and_replaced(console, run_agent, tmp_pa
 
 
 async def test_a_request_out_of_memory_is_a_507_and_harms_no_other_replica(console, run_agent, tmp_path):
-    llama = build_tiny_llama(tmp_path / "tiny-llama")
-    agent = await run_agent(cap_cpu_workers=True)
+    llama = build_wide_vocab_llama(tmp_path / "wide-vocab-llama")  # [64, 256] tokens: 1 GiB of logits
+    agent = await run_agent(cap_cpu_workers=True, cpu_threads=1)
     await console.expect(Hello)
     # Each CPU worker is held to its reservation (1 MiB here) plus room for threads and the mapped file.
     small = [replica(llama, replica_id=i, deployment=name, reserved_bytes=1 << 20) for i, name in ((1, "a"), (2, "b"))]
     await console.send(desired_state(generation=1, replicas=small))
     await console.expect_each((ReplicaStatus, {"replica_id": 1, "state": "ready"}),
                               (ReplicaStatus, {"replica_id": 2, "state": "ready"}), timeout=60)
-    huge = {"inputs": [{"name": "input_ids", "shape": [256, 1024], "datatype": "INT64", "data": [1] * (256 * 1024)}]}
+    huge = {"inputs": [{"name": "input_ids", "shape": [64, 256], "datatype": "INT64", "data": [1] * (64 * 256)}]}
     async with aiohttp.ClientSession(headers=GATEWAY) as http:
         async with http.post(f"{agent.endpoint}/v2/models/a/infer", json=huge) as response:
             assert response.status == 507

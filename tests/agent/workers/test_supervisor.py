@@ -94,8 +94,8 @@ async def workers(paths):
         WorkerSpec(6, str(paths["llama"]), "causal-lm", deployment="sleeper", batch=2, seq=1000),
         # Held to 40 MiB of address space above its baseline: the 70 MB model cannot fit.
         WorkerSpec(7, str(paths["wide"]), "causal-lm", deployment="too-big", memory_limit_bytes=40 * MIB),
-        # Room for the tiny model, not for a request whose logits alone take a gigabyte.
-        WorkerSpec(8, str(paths["llama"]), "causal-lm", deployment="capped", memory_limit_bytes=300 * MIB),
+        # Room for the tiny model, not for the largest request the agent lets through (its logits: 64 MiB).
+        WorkerSpec(8, str(paths["llama"]), "causal-lm", deployment="capped", memory_limit_bytes=48 * MIB, threads=1),
     ]
     supervisor.start_spares()  # none: these tests start their workers cold
     for spec in specs:
@@ -295,7 +295,7 @@ async def test_a_worker_out_of_memory_while_loading_fails_with_the_reason_and_ha
 async def test_a_request_out_of_memory_is_refused_and_the_worker_serves_on(workers):
     capped = workers[8]
     assert capped.state == "ready", capped.reason
-    huge = np.ones((256, 1024), dtype=np.int64)  # logits alone: 256 x 1024 x 1024 floats, 1 GiB
+    huge = np.ones((64, 256), dtype=np.int64)  # logits alone: 64 x 256 x 1024 floats, 64 MiB
     with pytest.raises(InferenceOutOfMemory, match="out of memory during infer on cpu: .*can't allocate memory"):
         await capped.infer({"input_ids": huge})
     assert capped.state == "ready" and psutil.pid_exists(capped.pid)
