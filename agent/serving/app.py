@@ -1,18 +1,18 @@
 """The agent's Open Inference Protocol (KServe v2 REST) server over its ready workers.
 
 Models are addressed by deployment name (or an adapter's name). Every error is `{"error": "..."}` with a
-status that says whose move it is: 400 the request, 401 the caller (only the console's gateway, with this
-host's gateway secret, is served: agent.serving.auth), 404 the name, 429 a full queue, 503 the replica
-(starting, loading, preloaded, sleeping, stopped or failed: the reason says which), 507 the replica's
-memory (the request needs more than its share), 500/504 the worker. The agent never wakes or loads a
-replica for a request: only the console's desired state does. The same app serves /v1
-(agent.serving.openai) and /metrics.
+status that says whose move it is: 400 the request (413 its size: agent.serving.body), 401 the caller (only
+the console's gateway, with this host's gateway secret, is served: agent.serving.auth), 404 the name, 429 a
+full queue, 503 the replica (starting, loading, preloaded, sleeping, stopped or failed: the reason says
+which), 507 the replica's memory (the request needs more than its share), 500/504 the worker. The agent
+never wakes or loads a replica for a request: only the console's desired state does. The same app serves
+/v1 (agent.serving.openai) and /metrics.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -22,10 +22,10 @@ import agent
 from agent.metrics import CONTENT_TYPE, Metrics, replica_snapshot
 from agent.serving.auth import GatewayAuth, gateway_only
 from agent.serving.batching import BatchSettings
+from agent.serving.body import MAX_BODY_BYTES, read_json
 from agent.serving.dispatch import (
     DISPATCHER,
     RESTING,
-    BadInput,
     Dispatcher,
     Replica,
     ReplicaSource,
@@ -34,15 +34,25 @@ from agent.serving.dispatch import (
     not_ready_text,
 )
 from agent.serving.openai import add_openai_routes, openai_error
-from agent.serving.tensors import encode_outputs, parse_infer_request
+from agent.serving.tensors import (
+    ENCODE_CHUNK_VALUES,
+    MAX_REQUEST_TOKENS,
+    encode_outputs,
+    encode_response_chunks,
+    output_values,
+    parse_infer_request,
+)
+from agent.serving.tokenization import Tokenizers
 from agent.workers.spec import SIGNATURES
 
-MAX_BODY_BYTES = 64 * 1024 * 1024  # aiohttp's 1 MiB default is too small for a batch of long sequences
-
+# JSON values in a v2 body: three inputs of MAX_REQUEST_TOKENS values each, nested by row, fit; parsing this
+# many takes well under 0.1 s however they are written (see agent.serving.body).
+MAX_V2_VALUES = 4 * MAX_REQUEST_TOKENS
 
 SOURCE = web.AppKey("source", ReplicaSource)
 METRICS = web.AppKey("metrics", Metrics)
 GATEWAY = web.AppKey("gateway", GatewayAuth)
+POSITIONS = web.AppKey("positions", Tokenizers)  # each model directory's max positions, from config.json
 
 __all__ = ["GatewayAuth", "Replica", "ReplicaSource", "make_app"]
 
@@ -62,11 +72,13 @@ def make_app(
     """
     auth = auth if auth is not None else GatewayAuth()
     app = web.Application(
-        client_max_size=MAX_BODY_BYTES, middlewares=[gateway_only(auth, _unauthorized), _json_errors]
+        client_max_size=MAX_BODY_BYTES,  # for handlers that read with request.json(); read_json has its own
+        middlewares=[gateway_only(auth, _unauthorized), _json_errors]
     )
     app[GATEWAY] = auth
     app[SOURCE] = source
     app[METRICS] = metrics if metrics is not None else Metrics(CollectorRegistry())
+    app[POSITIONS] = Tokenizers()
     app[DISPATCHER] = Dispatcher(source, batching or BatchSettings(), app[METRICS])
     app.on_cleanup.append(_close_batchers)
     app.router.add_get("/v2/health/live", live)
@@ -144,24 +156,39 @@ async def infer(request: web.Request) -> web.Response:
     route = dispatcher.route(request.match_info["name"])
     with dispatcher.observe(route) as seen:
         dispatcher.check(route)  # no replica ready: say so before reading the body
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BadInput(f"the request body is not valid JSON ({e})") from None
+        body = await read_json(request, max_values=MAX_V2_VALUES)
         signature = SIGNATURES[route.task]
-        parsed = parse_infer_request(body, signature)
+        parsed = parse_infer_request(body, signature, max_positions=_max_positions(request, route.replicas))
         if parsed.adapter is not None:
             route = dispatcher.route(route.name, parsed.adapter)
             seen.adapter = route.adapter
         result = await dispatcher.infer(route, parsed.inputs)
         seen.record(result)
-    return web.json_response(
-        {
-            "model_name": route.name,
-            "id": parsed.id,
-            "outputs": encode_outputs(result.outputs, signature, parsed.outputs),
-        }
-    )
+    head = {"model_name": route.name, "id": parsed.id}
+    if output_values(result.outputs, signature, parsed.outputs) <= ENCODE_CHUNK_VALUES:
+        return web.json_response(head | {"outputs": encode_outputs(result.outputs, signature, parsed.outputs)})
+    return await _stream_json(request, encode_response_chunks(head, result.outputs, signature, parsed.outputs))
+
+
+async def _stream_json(request: web.Request, pieces: Iterator[bytes]) -> web.StreamResponse:
+    """A large JSON answer written piece by piece as a worker thread encodes it: encoded whole, the logits of
+    [64, 256] tokens held the event loop (health checks, heartbeats) for 16 s."""
+    response = web.StreamResponse()
+    response.content_type, response.charset = "application/json", "utf-8"
+    await response.prepare(request)
+    while (piece := await asyncio.to_thread(next, pieces, None)) is not None:
+        await response.write(piece)
+    await response.write_eof()
+    return response
+
+
+def _max_positions(request: web.Request, replicas: tuple[Any, ...]) -> int | None:
+    """The longest sequence the model takes: as its workers reported it, else from its config.json."""
+    reported = [h.info.get("max_positions") for h in replicas]
+    known = [p for p in reported if isinstance(p, int) and not isinstance(p, bool) and p > 0]
+    if known:
+        return min(known)
+    return request.app[POSITIONS].max_positions(replicas[0].spec.model_path)
 
 
 async def prometheus_metrics(request: web.Request) -> web.Response:

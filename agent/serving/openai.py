@@ -23,6 +23,7 @@ import numpy as np
 from aiohttp import web
 
 from agent.serving.batching import pad_rows
+from agent.serving.body import read_json
 from agent.serving.chat import ChatError, ChatTemplates
 from agent.serving.dispatch import DISPATCHER, BadInput, Dispatcher, Route, ServingError
 from agent.serving.generate import Choice, Delta, LogprobEntry, run_all, stream_sse, usage_of
@@ -299,10 +300,9 @@ def _model_card(name: str, parent: str | None) -> dict[str, Any]:
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadInput(f"the request body is not valid JSON ({e})") from None
+    # Size, nesting and value-count limits, parsed off the loop (agent.serving.body). Embeddings may carry
+    # 2048 inputs of up to 512 token ids each.
+    body = await read_json(request, max_values=MAX_INPUTS * 512)
     if not isinstance(body, dict):
         raise BadInput("the request body must be a JSON object")
     return body

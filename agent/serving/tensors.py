@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import math
+import json
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,11 @@ V2_DATATYPES = (
     "BYTES",
 )
 
+# Rows x sequence of one request: [64, 256] fits. The worker's forward holds about this many tokens' hidden
+# states per layer, and a causal LM's answer is tokens x vocabulary floats (64 MB for 16384 x 1024).
+MAX_REQUEST_TOKENS = 16384
+ENCODE_CHUNK_VALUES = 1 << 14  # floats per json.dumps call: ~10 ms holding the GIL here
+
 
 class BadRequest(ValueError):
     """A request that does not follow the protocol or the model's signature; the message names the field."""
@@ -41,8 +47,12 @@ class InferRequest:
     adapter: str | None = None  # parameters.adapter: the LoRA adapter to run with
 
 
-def parse_infer_request(body: Any, signature: Signature) -> InferRequest:
-    """Validate a v2 infer body against the model's signature and build its numpy inputs."""
+def parse_infer_request(
+    body: Any, signature: Signature, *, max_positions: int | None = None, max_tokens: int = MAX_REQUEST_TOKENS
+) -> InferRequest:
+    """Validate a v2 infer body against the model's signature and build its numpy inputs. Each input's shape
+    is checked against `max_positions` (the model's longest sequence; None: no limit) and `max_tokens` (rows
+    x sequence) before its data is read, so an oversized request costs no more than its refusal."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object with an 'inputs' list")
     request_id = body.get("id", "")
@@ -54,7 +64,7 @@ def parse_infer_request(body: Any, signature: Signature) -> InferRequest:
     specs = {t.name: t for t in signature.inputs}
     inputs: dict[str, np.ndarray] = {}
     for position, raw in enumerate(raw_inputs):
-        name, array = _parse_input(raw, position, specs)
+        name, array = _parse_input(raw, position, specs, max_positions, max_tokens)
         if name in inputs:
             raise BadRequest(f"input {name!r} is given twice")
         inputs[name] = array
@@ -85,7 +95,9 @@ def _adapter(body: dict) -> str | None:
     return adapter
 
 
-def _parse_input(raw: Any, position: int, specs: dict) -> tuple[str, np.ndarray]:
+def _parse_input(
+    raw: Any, position: int, specs: dict, max_positions: int | None, max_tokens: int
+) -> tuple[str, np.ndarray]:
     if not isinstance(raw, dict):
         raise BadRequest(f"inputs[{position}] must be an object with name, shape, datatype and data")
     name = raw.get("name")
@@ -106,28 +118,45 @@ def _parse_input(raw: Any, position: int, specs: dict) -> tuple[str, np.ndarray]
         raise BadRequest(f"input {name!r}: 'shape' must be a list of non-negative integers")
     if len(shape) != 2 or 0 in shape:
         raise BadRequest(f"input {name!r} must have shape [batch, sequence] with both above zero, got {shape}")
+    rows, sequence = shape
+    if max_positions and sequence > max_positions:
+        raise BadRequest(
+            f"input {name!r} has shape {shape}: sequences of {sequence} tokens, but this model takes at most "
+            f"{max_positions} (its max_position_embeddings)"
+        )
+    if rows * sequence > max_tokens:
+        raise BadRequest(
+            f"input {name!r} has shape {shape}: {rows * sequence} tokens, over the {max_tokens} tokens "
+            "(rows x sequence) one request may carry; split it into smaller requests"
+        )
     if "data" not in raw:
         raise BadRequest(f"input {name!r} has no 'data'")
-    flat = _flatten(raw["data"], name)
-    if len(flat) != math.prod(shape):
-        raise BadRequest(f"input {name!r} has {len(flat)} values but shape {shape} needs {math.prod(shape)}")
+    needed = rows * sequence
+    flat = _flatten(raw["data"], name, needed)
+    if len(flat) != needed:
+        counted = f"{len(flat)} values" if len(flat) <= needed else f"more than {needed} values"
+        raise BadRequest(f"input {name!r} has {counted} but shape {shape} needs {needed}")
     if not all(type(v) is int for v in flat):  # bools and floats are not INT64
         raise BadRequest(f"input {name!r} ({expected}) must hold integers only")
     try:
         array = np.array(flat, dtype=np.int64).reshape(shape)
     except OverflowError:
         raise BadRequest(f"input {name!r} holds a value outside the INT64 range") from None
+    if name == "attention_mask" and ((array < 0) | (array > 1)).any():
+        bad = int(array[(array < 0) | (array > 1)][0])
+        raise BadRequest(f"input 'attention_mask' holds {bad}; its values must be 0 (padding) or 1 (a token)")
     return name, array
 
 
-def _flatten(data: Any, name: str) -> list:
+def _flatten(data: Any, name: str, needed: int) -> list:
+    """The values of `data` in row-major order; stops once there are more than `needed` of them."""
     if not isinstance(data, list):
         raise BadRequest(f"input {name!r}: 'data' must be a list (flat row-major, or nested by shape)")
     if not any(isinstance(v, list) for v in data):
         return data
     flat: list = []
     stack = [iter(data)]
-    while stack:  # iterative, so a deeply nested body cannot exhaust the recursion limit
+    while stack and len(flat) <= needed:  # iterative, so a deeply nested body cannot exhaust the recursion limit
         for value in stack[-1]:
             if isinstance(value, list):
                 stack.append(iter(value))
@@ -160,13 +189,38 @@ def _requested(body: dict, signature: Signature) -> tuple[str, ...]:
 
 def encode_outputs(outputs: dict[str, np.ndarray], signature: Signature, requested: tuple[str, ...]) -> list[dict]:
     """The worker's outputs as v2 JSON tensors: FP32, flat row-major data."""
-    names = requested or (signature.output.name,)
+    datatype = signature.output.datatype
     return [
-        {
-            "name": name,
-            "datatype": signature.output.datatype,
-            "shape": list(outputs[name].shape),
-            "data": np.asarray(outputs[name], dtype=np.float32).ravel().tolist(),
-        }
-        for name in dict.fromkeys(names)
+        {"name": name, "datatype": datatype, "shape": list(array.shape), "data": array.ravel().tolist()}
+        for name, array in _outputs(outputs, signature, requested)
     ]
+
+
+def output_values(outputs: dict[str, np.ndarray], signature: Signature, requested: tuple[str, ...]) -> int:
+    """How many floats the response to `requested` carries."""
+    return sum(array.size for _name, array in _outputs(outputs, signature, requested))
+
+
+def encode_response_chunks(
+    head: dict[str, Any], outputs: dict[str, np.ndarray], signature: Signature, requested: tuple[str, ...]
+) -> Iterator[bytes]:
+    """The text json.dumps gives for `head | {"outputs": encode_outputs(...)}`, in pieces of at most
+    ENCODE_CHUNK_VALUES floats: each piece is one short C call, so a thread producing them leaves the
+    event loop its turns (one json.dumps of 16M floats holds the GIL for ~16 s)."""
+    yield (json.dumps(head)[:-1] + (", " if head else "") + '"outputs": [').encode()
+    for index, (name, array) in enumerate(_outputs(outputs, signature, requested)):
+        meta = {"name": name, "datatype": signature.output.datatype, "shape": list(array.shape)}
+        yield ((", " if index else "") + json.dumps(meta)[:-1] + ', "data": [').encode()
+        flat = array.ravel()
+        for start in range(0, flat.size, ENCODE_CHUNK_VALUES):
+            text = json.dumps(flat[start : start + ENCODE_CHUNK_VALUES].tolist())[1:-1]
+            yield ((", " if start else "") + text).encode()
+        yield b"]}"
+    yield b"]}"
+
+
+def _outputs(
+    outputs: dict[str, np.ndarray], signature: Signature, requested: tuple[str, ...]
+) -> Iterator[tuple[str, np.ndarray]]:
+    for name in dict.fromkeys(requested or (signature.output.name,)):
+        yield name, np.asarray(outputs[name], dtype=np.float32)

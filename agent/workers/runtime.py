@@ -117,8 +117,7 @@ class LoadedModel:
         if self.spec.task != "causal-lm":
             return None
         if self._batcher is None:
-            positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
-            self._batcher = ContinuousBatcher(self.model, self._adapters, max_positions=positions)
+            self._batcher = ContinuousBatcher(self.model, self._adapters, max_positions=self.max_positions)
         return self._batcher
 
     def _adapters(self, names: list[str | None]):

@@ -22,6 +22,8 @@ from console.gateway.upstream import PASSED_HEADERS, Unreachable, Upstream
 
 CLIENT_CLOSED = 499
 PARSE_INLINE_BYTES = 256 * 1024  # bodies above this are parsed in a worker thread, off the event loop
+MAX_DEPTH = 32  # as the agents take (agent.serving.body): a v2 tensor nested by shape is 4 deep
+TOO_DEEP = f"the request body nests arrays and objects more than {MAX_DEPTH} levels deep, the most this gateway takes"
 
 
 def resolve(fleet: FleetView, name: str) -> tuple[DeploymentView, str | None]:
@@ -101,12 +103,33 @@ async def _model_name(request: Request, body: bytes, family: Family) -> tuple[st
 
 
 async def _parse(body: bytes):
+    if len(body) > PARSE_INLINE_BYTES:
+        return await asyncio.to_thread(_parse_now, body)
+    return _parse_now(body)
+
+
+def _parse_now(body: bytes):
     try:
-        if len(body) > PARSE_INLINE_BYTES:
-            return await asyncio.to_thread(json.loads, body)
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        parsed = json.loads(body)
+    except RecursionError:  # nested past the interpreter's recursion limit, far past MAX_DEPTH
+        raise Refused(400, TOO_DEEP, code="invalid_request") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
         raise Refused(400, f"the request body is not valid JSON ({e})", code="invalid_request") from None
+    if _deeper_than(parsed, MAX_DEPTH):
+        raise Refused(400, TOO_DEEP, code="invalid_request")
+    return parsed
+
+
+def _deeper_than(value, limit: int) -> bool:
+    """Whether `value`'s lists and dicts nest more than `limit` deep; a level at a time, without recursion."""
+    level, depth = ([value] if type(value) in (list, dict) else []), 0
+    while level and depth <= limit:
+        depth += 1
+        inner = []
+        for item in level:
+            inner += [c for c in (item.values() if type(item) is dict else item) if type(c) in (list, dict)]
+        level = inner
+    return depth > limit
 
 
 def _target(gw: Gateway, name: str, adapter: str | None) -> tuple[DeploymentView, str | None]:

@@ -353,3 +353,29 @@ async def test_metrics_need_a_token_and_count_requests(fleet):
     await gateway.close()
     assert anonymous.status_code == 401
     assert 'modelgrid_gateway_requests_total{adapter="",code="200",deployment="chat"} 1.0' in r.text
+
+
+async def test_a_deeply_nested_or_huge_body_is_refused_naming_the_limit_and_reaches_no_agent(fleet):
+    agents, _, token = fleet
+    nested = b"[" * 100_000 + b"]" * 100_000
+
+    def completion(prompt: bytes) -> bytes:
+        return b'{"model": "chat", "prompt": ' + prompt + b"}"
+
+    gateway = _gateway()
+    async with _client(gateway, token) as client:
+        deep_v1 = await client.post("/v1/completions", content=completion(nested))
+        deep_v2 = await client.post("/v2/models/chat/infer", content=b'{"parameters": {"adapter": ' + nested + b"}}")
+        past_limit = await client.post("/v1/completions", content=completion(b"[" * 32 + b"]" * 32))  # 33 with {}
+        long_int = await client.post("/v1/completions", content=completion(b"[" + b"9" * 5000 + b"]"))
+        huge = await client.post("/v1/completions", content=completion(b'"' + b"x" * (100 << 20) + b'"'))
+        at_limit = await client.post("/v1/completions", content=completion(b"[" * 31 + b"]" * 31))
+    await gateway.close()
+    depth = "the request body nests arrays and objects more than 32 levels deep, the most this gateway takes"
+    assert (deep_v1.status_code, deep_v1.json()["error"]["message"]) == (400, depth)
+    assert (deep_v2.status_code, deep_v2.json()["error"]) == (400, depth)
+    assert (past_limit.status_code, past_limit.json()["error"]["message"]) == (400, depth)
+    assert long_int.status_code == 400 and "not valid JSON" in long_int.json()["error"]["message"]
+    assert huge.status_code == 413 and "at most 16777216" in huge.json()["error"]["message"]
+    assert at_limit.status_code == 200
+    assert [body for a in agents for _, body in a.seen] == [completion(b"[" * 31 + b"]" * 31)]  # only that one
