@@ -182,9 +182,10 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
 
 async def _exchange(upstream: Upstream, replica, request: Request, path: str,
                     body: bytes) -> tuple[aiohttp.ClientResponse, bytes | None]:
-    """The agent's response with its whole body, or (a stream) with the body still to read (None)."""
+    """The agent's response with its whole body, or (a stream) with the body still to read (None). Server-sent
+    events and answers of unknown length (the agent streams large v2 tensors) pass through as they come."""
     response = await upstream.send(replica, request.method, path, body, request.headers.get("content-type"))
-    if response.content_type == "text/event-stream":
+    if response.content_type == "text/event-stream" or response.content_length is None:
         return response, None
     try:
         return response, await response.read()
@@ -219,14 +220,21 @@ async def _until_disconnect(request: Request, work):
 
 def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_response: aiohttp.ClientResponse,
             headers: dict, arrived: float, replica) -> StreamingResponse:
-    """Server-sent events passed through as the agent produces them, never buffered whole."""
+    """Server-sent events (or a long answer) passed through as the agent produces them, never buffered whole."""
     gw.outstanding[replica.id] = gw.outstanding.get(replica.id, 0) + 1  # the stream stays in flight
+    events_stream = upstream_response.content_type == "text/event-stream"
+    for name in PASSED_HEADERS:
+        if name in upstream_response.headers:
+            headers[name] = upstream_response.headers[name]
 
     async def events() -> AsyncIterator[bytes]:
         first = None
         count = 0
         try:
             async for chunk in upstream_response.content.iter_any():
+                if not events_stream:
+                    yield chunk
+                    continue
                 if first is None:
                     first = time.monotonic()
                     gw.metrics.ttft.labels(dep.name, adapter or "").observe(first - arrived)
@@ -241,4 +249,4 @@ def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_resp
                     gw.metrics.tokens_per_second.labels(dep.name, adapter or "").observe((count - 1) / elapsed)
 
     return StreamingResponse(events(), status_code=upstream_response.status, headers=headers,
-                             media_type="text/event-stream")
+                             media_type=upstream_response.headers.get("Content-Type", "text/event-stream"))

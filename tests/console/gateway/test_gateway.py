@@ -48,12 +48,24 @@ class FakeAgent:
             return web.json_response({"error": "bad secret"}, status=401)
         body = await request.read()
         self.seen.append((request.path, body))
+        if b'"big"' in body:
+            return await self.big(request)
         try:
             await asyncio.sleep(self.delay)
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
         return web.json_response({"agent": self.name, "path": request.path})
+
+    async def big(self, request: web.Request) -> web.StreamResponse:
+        """A long v2 answer written piece by piece, as the agent streams large tensors (no Content-Length)."""
+        response = web.StreamResponse(headers={"Content-Type": "application/json; charset=utf-8"})
+        await response.prepare(request)
+        await response.write(b'{"outputs": [{"data": [')
+        for i in range(50):
+            await response.write(b"0.5, " * 1000)
+        await response.write(b'1.0]}]}')
+        return response
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -261,6 +273,18 @@ async def test_streams_pass_through_event_by_event(fleet):
             events = [line async for line in r.aiter_lines() if line.startswith("data:")]
     await gateway.close()
     assert events[-1] == "data: [DONE]" and len(events) == 4
+
+
+async def test_a_long_answer_of_unknown_length_passes_through_unbuffered(fleet):
+    _, _, token = fleet
+    gateway = _gateway()
+    async with _client(gateway, token) as client:
+        async with client.stream("POST", "/v2/models/chat/infer", json={"id": "big", "inputs": []}) as r:
+            assert r.headers["content-type"] == "application/json; charset=utf-8"
+            assert "content-length" not in r.headers  # relayed as it comes, not read whole first
+            body = json.loads(await r.aread())
+    await gateway.close()
+    assert r.status_code == 200 and len(body["outputs"][0]["data"]) == 50001
 
 
 async def test_models_lists_deployments_and_adapters_with_their_state(fleet):
