@@ -34,7 +34,8 @@ class InputError(ValueError):
 
 
 class LoadedModel:
-    """A model in eval mode on its device, answering one batch at a time."""
+    """A transformers model in eval mode on its device: the worker's engine (agent.workers.engine.Engine), with
+    forwards as commands and generations in its continuous batcher."""
 
     # Importing PreTrainedModel above (transformers.modeling_utils) is what the first from_pretrained
     # would otherwise do, 2 s and more: a warm spare worker (agent.workers.spares) thus pays it early.
