@@ -44,10 +44,14 @@ class BatchSettings:
     max_batch_size: int = 8  # rows per forward; a request with more rows runs alone
     max_delay: float = 0.005  # seconds the first queued request waits for company
     max_queue: int = 1024  # queued requests per replica before "queue full"
+    # Padded tokens (rows x longest) per merged forward: requests are merged only while the batch stays
+    # within it, so eight requests at the per-request budget never become one forward eight times as big.
+    max_batch_tokens: int = 16384
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.max_queue < 1 or self.max_delay < 0:
-            raise ValueError("batching needs max_batch_size >= 1, max_queue >= 1 and max_delay >= 0")
+        if self.max_batch_size < 1 or self.max_queue < 1 or self.max_delay < 0 or self.max_batch_tokens < 1:
+            raise ValueError("batching needs max_batch_size >= 1, max_queue >= 1, max_delay >= 0 and "
+                             "max_batch_tokens >= 1")
 
 
 @dataclass(frozen=True)
@@ -82,8 +86,9 @@ class Batcher:
         max_batch_size: int = 8,
         max_delay: float = 0.005,
         max_queue: int = 1024,
+        max_batch_tokens: int = 16384,
     ) -> None:
-        self.settings = BatchSettings(max_batch_size, max_delay, max_queue)  # validates
+        self.settings = BatchSettings(max_batch_size, max_delay, max_queue, max_batch_tokens)  # validates
         self._run_batch = run_batch
         self._queue: deque[_Pending] = deque()
         self._queued_rows = 0
@@ -94,7 +99,8 @@ class Batcher:
 
     @classmethod
     def from_settings(cls, run_batch: RunBatch, settings: BatchSettings) -> Batcher:
-        return cls(run_batch, settings.max_batch_size, settings.max_delay, settings.max_queue)
+        return cls(run_batch, settings.max_batch_size, settings.max_delay, settings.max_queue,
+                   settings.max_batch_tokens)
 
     @property
     def depth(self) -> int:
@@ -158,9 +164,12 @@ class Batcher:
 
     def _cut(self) -> list[_Pending]:
         batch = [self._queue.popleft()]
-        rows = batch[0].rows
+        rows, width = batch[0].rows, batch[0].length
         while self._queue and rows + self._queue[0].rows <= self.settings.max_batch_size:
-            rows += self._queue[0].rows
+            nxt = self._queue[0]
+            if (rows + nxt.rows) * max(width, nxt.length) > self.settings.max_batch_tokens:
+                break  # merged, the padded batch would pass the token budget: it waits for the next forward
+            rows, width = rows + nxt.rows, max(width, nxt.length)
             batch.append(self._queue.popleft())
         self._queued_rows -= rows
         return batch

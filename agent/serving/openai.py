@@ -249,6 +249,9 @@ def _params(request: web.Request, body: dict[str, Any], route: Route, codec: Tex
     if not isinstance(options, dict) or options.get("include_usage") not in (None, True, False):
         raise BadInput("'stream_options' must be an object like {\"include_usage\": true}", param="stream_options")
     stops = _stops(body.get("stop"))
+    stop_ids = body.get("stop_token_ids") or []  # vLLM's extension: token ids that end a sequence
+    if not isinstance(stop_ids, list) or not all(_is_int(i) and 0 <= i < MAX_TOKEN_ID for i in stop_ids):
+        raise BadInput("'stop_token_ids' must be a list of token ids", param="stop_token_ids")
     deadline = time.monotonic() + _timeout(request, body)
     choices = []
     for prompt in prompts:
@@ -256,7 +259,7 @@ def _params(request: web.Request, body: dict[str, Any], route: Route, codec: Tex
             # n > 1 with a seed: each copy its own seed, so the choices differ yet repeat as a whole.
             request_seed = None if seed is None else (seed + copy) % (MAX_SEED + 1)
             generation = GenerationRequest(tuple(prompt), max_tokens, temperature, top_p, max(top_k, 0),
-                                           request_seed, adapter=route.adapter, logprobs=logprobs, deadline=deadline)
+                                           request_seed, tuple(stop_ids), route.adapter, logprobs, deadline)
             choices.append(Choice(len(choices), generation))
     return _Params(choices, stops, bool(stream), bool(stream and options.get("include_usage")))
 

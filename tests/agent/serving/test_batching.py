@@ -90,6 +90,17 @@ async def test_rows_beyond_the_batch_size_go_to_the_next_batch_and_a_big_request
     assert [r.batch_size for r in results] == [3, 3, 3, 2, 6]
 
 
+async def test_requests_are_merged_only_while_the_padded_batch_stays_within_the_token_budget():
+    forward = FakeForward()
+    batcher = Batcher(forward, max_batch_size=8, max_delay=0.01, max_batch_tokens=12)
+    long = ids(list(range(1, 7)))  # 6 tokens: with two one-token rows it pads to 3 x 6 = 18 > 12
+    async with asyncio.timeout(5):
+        results = await asyncio.gather(batcher.submit(ids([1])), batcher.submit(ids([2])), batcher.submit(long),
+                                       batcher.submit(ids([3])))
+    assert [call[0]["input_ids"].shape for call in forward.calls] == [(2, 1), (2, 6)]
+    np.testing.assert_array_equal(results[2].outputs["logits"], (await expected("causal-lm", long))["logits"])
+
+
 async def test_a_lone_request_waits_at_most_the_delay_and_goes_unchanged():
     forward = FakeForward()
     batcher = Batcher(forward, max_batch_size=8, max_delay=0.01)

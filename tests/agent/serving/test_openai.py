@@ -188,6 +188,7 @@ async def test_completions_stop_at_a_stop_string_and_take_several_prompts(client
     assert [c.finish_reason for c in response.choices] == ["stop", "stop"]
     first, second = replicas["chat"].generations
     assert second.input_ids == (1, 42, 7) and first.top_p == 0.5
+    assert first.stop_token_ids == ()
     # The worker is told to drop each sequence as soon as its text reaches the stop string.
     assert replicas["chat"].cancelled == 2 and replicas["chat"].queued == 0
 
@@ -215,6 +216,7 @@ async def test_an_unknown_model_is_a_404_model_not_found(client):
         (dict(model="embed", prompt="hi"), "model", "model 'embed' is an encoder: /v1/completions needs"),
         (dict(model="chat", prompt="hi", n=17), "n", "'n' must be an integer >= 1 and <= 16"),
         (dict(model="chat", prompt="hi", logprobs=6), "logprobs", "'logprobs' must be an integer >= 0 and <= 5"),
+        (dict(model="chat", prompt="hi", extra_body={"stop_token_ids": [-1]}), "stop_token_ids", "token ids"),
         (dict(model="chat", prompt="hi", extra_body={"timeout": 0}), "timeout", "must be a number of seconds"),
         (dict(model="chat", prompt="hi", stream=False, echo=True), "echo", "echo=true is not supported"),
         (dict(model="chat", prompt="hi", temperature=3), "temperature", "'temperature' must be a number from 0 to 2"),
@@ -309,8 +311,9 @@ async def test_a_sleeping_model_is_a_503_at_once_and_stays_asleep(client, replic
 async def test_chat_renders_the_models_template_and_answers_as_the_assistant(client, replicas):
     response = await client.chat.completions.create(
         model="chat", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
-        max_tokens=4, temperature=0)
+        max_tokens=4, temperature=0, extra_body={"stop_token_ids": [2]})
     [request] = replicas["chat"].generations
+    assert request.stop_token_ids == (2,)
     rendered = "<s>[SYS]Be brief.[/SYS][USER]hi[/USER][ASSISTANT]"
     assert request.input_ids == tuple(train_bpe().encode(rendered, add_special_tokens=False).ids)
     [choice] = response.choices
