@@ -12,13 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from agent.protocol import DesiredReplica, DesiredState
+from agent.protocol import ENDED, LOADING, ON_DEVICE, DesiredReplica, DesiredState
 from agent.sleep_budget import Sleeper, fit
 from agent.workers.spec import WorkerSpec
 
 Verb = Literal["promote", "stop", "evict", "demote", "sleep", "wake", "start", "retarget"]
 PHASES: tuple[Verb, ...] = ("promote", "stop", "evict", "demote", "sleep", "wake", "start", "retarget")
-LOADING = ("pending", "starting", "loading")
 
 
 @dataclass(frozen=True)
@@ -115,7 +114,7 @@ def _converge_one(
     changed = _changes(current.spec, replica, device_kind)
     if changed:
         return _restart(replica, f"{changed} changed")
-    if current.state in ("failed", "stopped"):
+    if current.state in ENDED:
         if current.generation == generation:
             return []
         return _restart(replica, f"it {current.state} and generation {generation} asks for it again")
@@ -130,7 +129,7 @@ def _converge_one(
             return [Action("wake", rid, "ready", f"replica {rid}: wake")]
         return []
     if target == "sleeping":
-        if current.state in ("ready", "preloaded"):
+        if current.state in ON_DEVICE:
             return [Action("sleep", rid, "sleeping", f"replica {rid}: sleep ({current.state} -> sleeping)")]
         return []
     # target == "preloaded"

@@ -19,7 +19,7 @@ from agent.artifacts import ArtifactError, inspect_model_dir
 from agent.artifacts.model_dir import CAUSAL_LM_SUFFIXES
 from agent.converge import Running, device_for, plan_convergence
 from agent.gpus import GpuBackend
-from agent.protocol import DesiredReplica, DesiredState, GpuInfo
+from agent.protocol import LOADED, ON_DEVICE, DesiredReplica, DesiredState, GpuInfo
 from agent.restarts import RestartBackoff
 from agent.serving.batching import BatchSettings
 from agent.sleep_budget import Sleeper, fit
@@ -32,7 +32,6 @@ from agent.workers.supervisor import DEFAULT_WARM_SPARES, Supervisor, WorkerHand
 log = logging.getLogger("agent.daemon")
 
 Notify = Callable[[WorkerHandle, bool], None]  # (handle, progress only)
-ON_DEVICE = ("ready", "preloaded")
 # Address space a capped CPU worker may use beyond its reservation and its checkpoint (mapped while it is
 # read; a sleeping CPU replica's host copy takes as much again while its weights are released): the second
 # malloc arena (64 MiB; limits.CAPPED_ARENAS), transformers' loading threads (up to 4 stacks of 8 MiB),
@@ -96,8 +95,7 @@ class Replicas:
         self.backend = backend
         self._notify = notify
         self.supervisor = Supervisor(
-            on_change=self._on_change,
-            on_progress=lambda handle: notify(handle, True),
+            self._on_event,
             warm_spares=settings.warm_workers,
             heartbeat_interval=settings.heartbeat_interval,
             heartbeat_timeout=settings.heartbeat_timeout,
@@ -147,6 +145,7 @@ class Replicas:
             elif action.verb == "retarget" and handle is not None:
                 handle.after_load = "ready" if action.target == "ready" else "preloaded"
         self._generations = {k: v for k, v in self._generations.items() if self.supervisor.get(k)}
+        self.supervisor.settle()  # every change this made is reported before the console hears it applied
 
     def _configure(self, handle: WorkerHandle) -> None:
         """What a replica's placement says beyond its worker: batching, and the adapters it serves."""
@@ -294,11 +293,18 @@ class Replicas:
 
     # --- watching -------------------------------------------------------------------------------
 
+    def _on_event(self, handle: WorkerHandle, progress: bool) -> None:
+        """The supervisor's word that a replica changed (or, `progress`, only read more of its weights)."""
+        if progress:
+            self._notify(handle, True)
+        else:
+            self._on_change(handle)
+
     def _on_change(self, handle: WorkerHandle) -> None:
         rid = handle.spec.replica_id
         self._fill_process_bytes(handle)
         self._notify(handle, False)
-        if handle.state in (*ON_DEVICE, "sleeping"):
+        if handle.state in LOADED:
             self.backoff.ready(rid)  # it loaded: the run of failures is over
         if handle.state in ON_DEVICE and handle.transition is None:
             self._configure(handle)  # a fresh (or woken) worker gets its batching and adapters

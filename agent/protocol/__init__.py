@@ -4,8 +4,14 @@ Imports nothing else from the project so the console can depend on it alone.
 """
 
 from agent.protocol.messages import (
+    ENDED,
+    LIVE_STATES,
+    LOADED,
+    LOADING,
+    ON_DEVICE,
     PROTOCOL_VERSION,
     REPLICA_STATES,
+    RESTING,
     Ack,
     AdapterStatus,
     AgentMessage,
@@ -27,8 +33,14 @@ from agent.protocol.messages import (
 )
 
 __all__ = [
+    "ENDED",
+    "LIVE_STATES",
+    "LOADED",
+    "LOADING",
+    "ON_DEVICE",
     "PROTOCOL_VERSION",
     "REPLICA_STATES",
+    "RESTING",
     "Ack",
     "AdapterStatus",
     "AgentMessage",

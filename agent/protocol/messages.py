@@ -16,6 +16,14 @@ REPLICA_STATES = ("pending", "starting", "loading", "ready", "preloaded", "sleep
 ReplicaState = Literal["pending", "starting", "loading", "ready", "preloaded", "sleeping", "stopped", "failed"]
 TargetState = Literal["ready", "preloaded", "sleeping", "stopped"]
 
+# Groups of those states, named once here for the agent's replica manager, workers and server.
+LOADING = ("pending", "starting", "loading")  # on its way: no weights to serve from yet
+ON_DEVICE = ("ready", "preloaded")  # weights on its GPUs (preloaded ones take no requests)
+LOADED = (*ON_DEVICE, "sleeping")  # loaded and measured: on the device, or in host memory
+LIVE_STATES = ("starting", "loading", *LOADED)  # a worker process runs (its pid is reported)
+ENDED = ("stopped", "failed")  # no worker serves it until it is started again
+RESTING = ("sleeping", "preloaded", "stopped")  # where the console wants it, not on its way to serving
+
 
 class _Message(BaseModel):
     # Unknown fields are refused: a typo in a message is an error, not silently ignored.

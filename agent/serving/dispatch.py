@@ -16,6 +16,7 @@ import numpy as np
 from aiohttp import web
 
 from agent.metrics import Metrics
+from agent.protocol import RESTING  # noqa: F401  (agent.serving.app imports it from here)
 from agent.serving.batching import Batcher, BatcherClosed, BatchSettings, InvalidInput, QueueFull, Result, RunBatch
 from agent.serving.tensors import BadRequest
 from agent.workers.errors import (
@@ -59,10 +60,6 @@ class ReplicaSource(Protocol):
     it never wakes, loads or promotes one (the console's desired state alone decides that)."""
 
     def handles(self) -> list[Any]: ...
-
-
-# States that are where the console wants them, not on their way to serving.
-RESTING = ("sleeping", "preloaded", "stopped")
 
 
 class ServingError(Exception):

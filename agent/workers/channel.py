@@ -2,7 +2,8 @@
 
 The worker's main thread spends seconds in loads, copies and forward passes without reading its pipe.
 Pings are answered from the reader thread, so a worker is judged alive while it works and dead only
-when the whole process stops (frozen, stuck holding the GIL, or gone).
+when the whole process stops (frozen, stuck holding the GIL, or gone). What crosses the pipe is
+agent.workers.messages.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import queue
 import threading
 from multiprocessing.connection import Connection
 
+from agent.workers.messages import AgentMessage, Ping, Pong, WorkerMessage
+
 
 class WorkerChannel:
     """Thread-safe sends; `recv()` gives the next non-ping message, or None once the agent is gone."""
@@ -18,17 +21,17 @@ class WorkerChannel:
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self._send_lock = threading.Lock()
-        self._inbox: queue.Queue[tuple | None] = queue.Queue()
+        self._inbox: queue.Queue[AgentMessage | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, name="modelgrid-worker-pipe", daemon=True)
 
     def start(self) -> None:
         self._reader.start()
 
-    def recv(self) -> tuple | None:
+    def recv(self) -> AgentMessage | None:
         """Block until the next command from the agent; None when the pipe closed."""
         return self._inbox.get()
 
-    def take(self, wait: bool) -> list[tuple | None]:
+    def take(self, wait: bool) -> list[AgentMessage | None]:
         """Every message waiting now (None marks the pipe closed); with `wait`, block until there is one."""
         messages = [self._inbox.get()] if wait else []
         while True:
@@ -37,7 +40,7 @@ class WorkerChannel:
             except queue.Empty:
                 return messages
 
-    def send(self, message: tuple) -> bool:
+    def send(self, message: WorkerMessage) -> bool:
         """Send one message; False when the agent is gone."""
         with self._send_lock:  # the reader thread sends pongs while the main thread sends results
             try:
@@ -56,7 +59,7 @@ class WorkerChannel:
             except (EOFError, OSError):
                 self._inbox.put(None)
                 return
-            if message and message[0] == "ping":
-                self.send(("pong", message[1]))
+            if isinstance(message, Ping):
+                self.send(Pong(message.number))
             else:
                 self._inbox.put(message)

@@ -45,7 +45,7 @@ Adapters = Callable[[list[str | None]], AbstractContextManager]
 
 @dataclass(frozen=True)
 class Failure:
-    """A sequence that ended in an error: the worker reports it as ("error", id, text, kind)."""
+    """A sequence that ended in an error: the worker reports it as a Refusal (agent.workers.messages)."""
 
     request_id: int
     text: str

@@ -3,17 +3,13 @@
 Started with the spawn method (CUDA cannot live through fork). torch is imported only after the
 environment below is set, inside `main`, so the daemon can import this module without torch.
 
-Worker -> agent: ("loading", {"pid", "total_bytes"}), ("progress", {"loaded_bytes", "total_bytes"}),
-("ready", {"measured_bytes", "measurement", ...describe()}), ("failed", {"reason", "oom"}),
-("pong", n), ("result", request_id, value), ("error", request_id, text, kind) with kind one of
-"input" (the caller's fault), "oom" (out of memory; the worker carries on), "timeout" (a generation's
-deadline passed), "unavailable" (the replica went to sleep under it) or "error"; and after every
-generation step ("tokens", [Token, ...], EngineStats), a generation's tokens ending in its "result" or
-"error".
-Agent -> worker: ("load", spec) (to a warm spare only), ("ping", n), ("stop",), ("generate", request_id,
-GenerationRequest), ("cancel", request_id, None), and commands (kind, request_id, payload) for kind in
-LoadedModel.commands: "infer" (payload: numpy inputs), "sleep", "wake", ... Several may be in flight.
-Pings are answered by the pipe's reader thread (agent.workers.channel).
+What crosses the pipe is agent.workers.messages. Worker -> agent: Loading, Progress, then Ready or
+Failed; a Reply or a Refusal to each Command, whose `kind` is "input" (the caller's fault), "oom" (out of
+memory; the worker carries on), "timeout" (a generation's deadline passed), "unavailable" (the replica
+went to sleep under it) or "error"; and after every generation step Tokens, a generation's tokens ending
+in its Reply or Refusal. Agent -> worker: Load (to a warm spare only), Stop, Generate, Cancel, and
+Commands for kinds in LoadedModel.commands: "infer" (payload: numpy inputs), "sleep", "wake", ...
+Several may be in flight. Pings are answered by the pipe's reader thread (agent.workers.channel).
 """
 
 from __future__ import annotations
@@ -31,6 +27,20 @@ from typing import Any
 from agent.workers import limits
 from agent.workers.channel import WorkerChannel
 from agent.workers.generation_spec import PromptError
+from agent.workers.messages import (
+    Cancel,
+    Command,
+    Failed,
+    Generate,
+    Load,
+    Loading,
+    Progress,
+    Ready,
+    Refusal,
+    Reply,
+    Stop,
+    Tokens,
+)
 from agent.workers.spec import WorkerSpec
 
 _REASON_LIMIT = 1000
@@ -40,7 +50,7 @@ log = logging.getLogger("agent.worker")
 def main(spec: WorkerSpec | None, conn: Connection) -> None:
     """Worker entry point: exits 1 after reporting a failed load, 0 when the agent goes away.
 
-    Without a spec it is a warm spare: it imports the runtime first, then waits for ("load", spec).
+    Without a spec it is a warm spare: it imports the runtime first, then waits for Load(spec).
     """
     _die_with_parent()
     # Ctrl-C reaches the whole process group; the agent stops its workers itself, in order.
@@ -62,11 +72,9 @@ def main(spec: WorkerSpec | None, conn: Connection) -> None:
         from agent.workers import runtime
 
         artifact = inspect_model_dir(spec.model_path)  # every header, read once for the whole load
-        if not channel.send(("loading", {"model_path": spec.model_path, "device": spec.device, "pid": os.getpid(),
-                                         "total_bytes": artifact.weights_bytes})):
+        if not channel.send(Loading(spec.model_path, spec.device, os.getpid(), artifact.weights_bytes)):
             return
-        model = runtime.load(spec, progress=lambda done, of: channel.send(
-            ("progress", {"loaded_bytes": done, "total_bytes": of})), artifact=artifact)
+        model = runtime.load(spec, progress=lambda done, of: channel.send(Progress(done, of)), artifact=artifact)
         measurement = model.measure()
     except Exception as e:  # any failure to load is reported, never raised into the void
         oom = limits.is_out_of_memory(e)
@@ -77,15 +85,14 @@ def main(spec: WorkerSpec | None, conn: Connection) -> None:
         reason = describe_error(e)
         if oom:
             reason = f"out of memory while loading on {spec.device}: {reason}"
-        channel.send(("failed", {"reason": reason, "oom": oom}))
+        channel.send(Failed(reason, oom))
         channel.close()
         sys.exit(1)
     log.info(
         "ready: %s (%s) on %s, %d bytes measured",
         spec.deployment or spec.model_path, spec.task, spec.device, measurement["total_bytes"],
     )
-    ready = {"measured_bytes": measurement["total_bytes"], "measurement": measurement, **model.describe()}
-    if channel.send(("ready", ready)):
+    if channel.send(Ready(measurement, model.describe())):
         serve(model, channel, runtime.InputError)
 
 
@@ -94,9 +101,9 @@ def _wait_as_spare(channel: WorkerChannel) -> WorkerSpec | None:
     with contextlib.suppress(Exception):  # a broken install is reported by the import in main, per replica
         from agent.workers import runtime  # noqa: F401
     message = channel.recv()
-    if message is None or message[0] != "load":
+    if not isinstance(message, Load):
         return None  # the agent stopped before it needed this spare
-    return message[1]
+    return message.spec
 
 
 def _log_as(name: str) -> None:
@@ -115,31 +122,32 @@ def serve(model: Any, channel: WorkerChannel, input_error: type[Exception]) -> N
     (a forward batch, sleep, wake, adapters) runs between two steps, one per turn, so a v2 or embedding
     request waits at most one decoding step, and a decoding stream at most one command.
     """
-    commands: deque[tuple] = deque()
+    commands: deque[Command] = deque()
     batcher = getattr(model, "batcher", None)
     while True:
         generating = batcher is not None and batcher.busy
         for message in channel.take(wait=not commands and not generating):
-            if message is None or message[0] == "stop":
+            if message is None or isinstance(message, Stop):
                 return  # the agent is gone, or asked: so is this worker
-            if len(message) != 3:
-                log.warning("ignoring malformed message %r", message[0])
-            elif message[0] == "generate":
-                _submit(model, batcher, channel, message[1], message[2], input_error)
-            elif message[0] == "cancel":
-                if batcher is not None and batcher.cancel(message[1]) and not batcher.busy:
-                    channel.send(("tokens", [], batcher.stats()))  # no step follows to say the batch emptied
-            else:
+            if isinstance(message, Generate):
+                _submit(model, batcher, channel, message.request_id, message.request, input_error)
+            elif isinstance(message, Cancel):
+                if batcher is not None and batcher.cancel(message.request_id) and not batcher.busy:
+                    channel.send(Tokens([], batcher.stats()))  # no step follows to say the batch emptied
+            elif isinstance(message, Command):
                 commands.append(message)
+            else:
+                log.warning("ignoring unexpected message %s", type(message).__name__)
         if commands:
-            kind, request_id, payload = commands.popleft()
+            command_message = commands.popleft()
+            kind, request_id, payload = command_message.kind, command_message.request_id, command_message.payload
             if kind == "sleep" and batcher is not None and batcher.busy:
                 failed = batcher.abort(f"replica {getattr(model.spec, 'replica_id', '?')} went to sleep", "unavailable")
-                if not all(channel.send(("error", f.request_id, f.text, f.kind)) for f in failed):
+                if not all(channel.send(Refusal(f.request_id, f.text, f.kind)) for f in failed):
                     return
             command = model.commands.get(kind)
             if command is None:
-                reply: tuple = ("error", request_id, f"this worker has no command {kind!r}", "error")
+                reply: Reply | Refusal = Refusal(request_id, f"this worker has no command {kind!r}", "error")
             else:
                 reply = _run(model, kind, request_id, command, payload, input_error)
             if not _reply(model, channel, kind, reply):
@@ -151,10 +159,10 @@ def serve(model: Any, channel: WorkerChannel, input_error: type[Exception]) -> N
             return
 
 
-def _reply(model: Any, channel: WorkerChannel, kind: str, reply: tuple) -> bool:
-    """Send a reply; one too big to pickle within the worker's memory cap becomes an "oom" error (nothing of
-    it reached the pipe: pickling comes first), and the worker serves on. False when the agent is gone."""
-    request_id = reply[1]
+def _reply(model: Any, channel: WorkerChannel, kind: str, reply: Reply | Refusal) -> bool:
+    """Send a reply; one too big to pickle within the worker's memory cap becomes an "oom" refusal (nothing
+    of it reached the pipe: pickling comes first), and the worker serves on. False when the agent is gone."""
+    request_id = reply.request_id
     try:
         return channel.send(reply)
     except MemoryError as e:
@@ -162,51 +170,53 @@ def _reply(model: Any, channel: WorkerChannel, kind: str, reply: tuple) -> bool:
     del reply  # the answer itself, freed before recovering
     log.warning("%s", text)
     model.recover_from_oom()
-    return channel.send(("error", request_id, text, "oom"))
+    return channel.send(Refusal(request_id, text, "oom"))
 
 
 def _submit(model: Any, batcher: Any, channel: WorkerChannel, request_id: int, request: Any,
             input_error: type[Exception]) -> None:
     if batcher is None:
-        channel.send(("error", request_id, "this model is an encoder: it embeds, it does not generate", "input"))
+        channel.send(Refusal(request_id, "this model is an encoder: it embeds, it does not generate", "input"))
     elif getattr(model, "asleep", False):
-        channel.send(("error", request_id, "the model is asleep: wake it before inference", "unavailable"))
+        channel.send(Refusal(request_id, "the model is asleep: wake it before inference", "unavailable"))
     else:
         try:
             batcher.submit(request_id, request)
         except (PromptError, input_error) as e:
-            channel.send(("error", request_id, str(e), "input"))
+            channel.send(Refusal(request_id, str(e), "input"))
 
 
 def _step(model: Any, batcher: Any, channel: WorkerChannel) -> bool:
     """One batcher step, its tokens streamed in one message; False when the agent is gone."""
     out = batcher.step()
-    sent = channel.send(("tokens", out.tokens, batcher.stats()))
+    sent = channel.send(Tokens(out.tokens, batcher.stats()))
     for request_id, result in out.finished:
-        sent = sent and channel.send(("result", request_id, result))
+        sent = sent and channel.send(Reply(request_id, result))
     for failure in out.failed:
-        sent = sent and channel.send(("error", failure.request_id, failure.text, failure.kind))
+        sent = sent and channel.send(Refusal(failure.request_id, failure.text, failure.kind))
     if any(f.kind == "oom" for f in out.failed):
         log.warning("out of memory while generating: %s", out.failed[0].text)
         model.recover_from_oom()
     return sent
 
 
-def _run(model: Any, kind: str, request_id: int, command: Any, payload: Any, input_error: type[Exception]) -> tuple:
+def _run(
+    model: Any, kind: str, request_id: int, command: Any, payload: Any, input_error: type[Exception]
+) -> Reply | Refusal:
     try:
-        return ("result", request_id, command(payload))
+        return Reply(request_id, command(payload))
     except input_error as e:
-        return ("error", request_id, str(e), "input")
+        return Refusal(request_id, str(e), "input")
     except Exception as e:
         if not limits.is_out_of_memory(e):
             log.exception("%s failed", kind)
-            return ("error", request_id, describe_error(e), "error")
+            return Refusal(request_id, describe_error(e), "error")
         text = f"out of memory during {kind} on {model.device}: {describe_error(e)}"
     # Out of memory: one request too big for this replica's share. Outside the except block the
     # failed call's frames (and the tensors they hold) are gone, so recovering frees them too.
     log.warning("%s", text)
     model.recover_from_oom()
-    return ("error", request_id, text, "oom")
+    return Refusal(request_id, text, "oom")
 
 
 def describe_error(error: BaseException) -> str:

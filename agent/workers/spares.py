@@ -1,7 +1,7 @@
 """Warm spare workers: processes spawned ahead of need that have already imported torch (no torch here).
 
 A replica's worker spends most of its start importing torch and transformers. The pool keeps a few
-processes that did that already and wait on their pipe for ("load", spec); the supervisor adopts
+processes that did that already and wait on their pipe for a Load message; the supervisor adopts
 one instead of spawning cold. A spare knows no replica and no device, so it serves any of them.
 Spares are not replicas: nothing reports them, and `close()` stops them all.
 """

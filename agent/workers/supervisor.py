@@ -1,12 +1,20 @@
-"""Daemon-side supervision of worker processes: the replicas' workers by id, and the warm spares (no torch).
+"""Daemon-side supervision of worker processes: the replicas by id, their one event queue, and the warm spares
+(no torch).
 
-A worker's own state, commands and heartbeat are in agent.workers.handle; what its commands fail
-with is in agent.workers.errors (both re-exported here).
+Every worker's link (agent.workers.link) puts what it hears (loading, progress, ready, failed, exit) on one
+queue, and each replica record (agent.workers.handle) announces the changes its own calls made there too.
+The supervisor's consumer applies the link events to the records and tells its one listener (the agent's
+replicas) of every change, in order; `settle()` does the same at once for callers that must have been
+heard before they go on. A replica's commands are in agent.workers.handle; what they fail with
+is in agent.workers.errors (both re-exported here).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
 
 from agent.workers.errors import (
     InferenceError,
@@ -15,12 +23,18 @@ from agent.workers.errors import (
     InferenceTimeout,
     WorkerUnavailable,
 )
-from agent.workers.handle import DEFAULT_STOP_TIMEOUT, StatusCallback, WorkerHandle, WorkerState
+from agent.workers.handle import DEFAULT_STOP_TIMEOUT, Changed, WorkerHandle, WorkerState
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
+from agent.workers.link import LinkEvent
+from agent.workers.messages import Progress
 from agent.workers.spares import SparePool
 from agent.workers.spec import WorkerSpec
 
+log = logging.getLogger(__name__)
+
 DEFAULT_WARM_SPARES = 1
+
+Listener = Callable[[WorkerHandle, bool], None]  # (the replica that changed, whether only its loading progress)
 
 __all__ = [
     "DEFAULT_WARM_SPARES",
@@ -28,6 +42,7 @@ __all__ = [
     "InferenceInputError",
     "InferenceOutOfMemory",
     "InferenceTimeout",
+    "Listener",
     "Supervisor",
     "WorkerHandle",
     "WorkerState",
@@ -40,18 +55,18 @@ class Supervisor:
 
     def __init__(
         self,
-        on_change: StatusCallback | None = None,
+        listener: Listener | None = None,
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         warm_spares: int = 0,
-        on_progress: StatusCallback | None = None,
         heartbeat_interval: float = HEARTBEAT_INTERVAL,
         heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
     ) -> None:
-        self._on_change = on_change
-        self._on_progress = on_progress
+        self._listener = listener
         self._heartbeat = (heartbeat_interval, heartbeat_timeout)
         self._stop_timeout = stop_timeout
         self._handles: dict[int, WorkerHandle] = {}
+        self.events: asyncio.Queue[LinkEvent | Changed] = asyncio.Queue()
+        self._consumer: asyncio.Task | None = None
         self.spares = SparePool(warm_spares, stop_timeout)
 
     def start_spares(self) -> None:
@@ -72,6 +87,7 @@ class Supervisor:
             handle.start(self.spares.take())
         except OSError as e:  # no process could be made (fd or process limits): report it as the reason
             handle.fail_without_start(f"cannot start a worker process: {e}")
+        self.settle()
         return handle
 
     def add_failed(self, spec: WorkerSpec, reason: str) -> WorkerHandle:
@@ -79,11 +95,14 @@ class Supervisor:
         handle = self._new(spec)
         self._handles[spec.replica_id] = handle
         handle.fail_without_start(reason)
+        self.settle()
         return handle
 
     def _new(self, spec: WorkerSpec) -> WorkerHandle:
+        if self._consumer is None:
+            self._consumer = asyncio.get_running_loop().create_task(self._consume(), name="modelgrid-replica-events")
         interval, timeout = self._heartbeat
-        return WorkerHandle(spec, self._on_change, self._on_progress, interval, timeout)
+        return WorkerHandle(spec, self.events, interval, timeout)
 
     def get(self, replica_id: int) -> WorkerHandle | None:
         return self._handles.get(replica_id)
@@ -97,6 +116,7 @@ class Supervisor:
         handle = self._handles.get(replica_id)
         if handle is not None:
             await handle.stop(self._stop_timeout)
+            self.settle()  # heard while still tracked: the report sent with it lists the replica stopped
             # Forgotten only once stopped: if this is cancelled half-way, stop_all() still sees it.
             if self._handles.get(replica_id) is handle:
                 del self._handles[replica_id]
@@ -106,8 +126,52 @@ class Supervisor:
         handle = self._handles.get(replica_id)
         if handle is not None:
             await handle.stop(self._stop_timeout, reason)
+            self.settle()
 
     async def stop_all(self) -> None:
         """Stop every worker and every spare, in parallel; no process is left behind and no spare is
         started again (this is the agent's shutdown)."""
         await asyncio.gather(self.spares.close(), *(self.stop(replica_id) for replica_id in list(self._handles)))
+        self.settle()
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consumer
+
+    # --- the event queue ------------------------------------------------------------------------
+
+    def settle(self) -> None:
+        """Apply every event waiting now, so that a change the caller just made is heard before it goes on
+        (the console hears a replica is starting before the acknowledgement of the state that started it)."""
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            self._take(event)
+
+    async def _consume(self) -> None:
+        # Applying an event never waits, so this task is always back at get() when the next one comes: a link
+        # event is applied before the callers its link woke (a request the exit failed) run.
+        while True:
+            self._take(await self.events.get())
+
+    def _take(self, event: LinkEvent | Changed) -> None:
+        try:
+            if isinstance(event, Changed):
+                self._tell(event.handle, False)
+                return
+            handle = self._handles.get(event.link.replica_id)
+            if handle is None or handle.link is not event.link:
+                return  # a worker this replica no longer has (stopped, or replaced by a restart)
+            if handle.apply(event.what):
+                self._tell(handle, False)
+            elif isinstance(event.what, Progress):
+                self._tell(handle, True)
+        except Exception:  # a bug in one listener must not stop every replica's events
+            log.exception("replica event %r failed", event)
+
+    def _tell(self, handle: WorkerHandle, progress: bool) -> None:
+        if self._listener is not None:
+            self._listener(handle, progress)

@@ -3,6 +3,7 @@ the reply is sent before any tidying up, and a sleep ends the generations under 
 
 from agent.workers.continuous import Failure, StepOutput
 from agent.workers.generation_spec import EngineStats, GenerationRequest, GenerationResult, Token
+from agent.workers.messages import Cancel, Command, Generate, Refusal, Reply, Stop, Tokens
 from agent.workers.process import serve
 
 
@@ -16,7 +17,10 @@ class Channel:
         return self.turns.pop(0) if self.turns else [None]
 
     def send(self, message):
-        self.events.append(("sent", *message[:2]) if message[0] != "tokens" else ("tokens", len(message[1])))
+        if isinstance(message, Tokens):
+            self.events.append(("tokens", len(message.tokens)))
+        else:
+            self.events.append(("sent", type(message), message.request_id))
         return True
 
 
@@ -73,29 +77,29 @@ REQUEST = GenerationRequest((1, 2), 2)
 
 
 def test_the_agent_hears_a_sleep_finished_before_the_worker_tidies_up():
-    channel = Channel([[("sleep", 1, None), ("infer", 2, {})], [], [("stop",)]])
+    channel = Channel([[Command("sleep", 1), Command("infer", 2, {})], [], [Stop()]])
     serve(Model(channel.events), channel, ValueError)
-    assert channel.events == [("sent", "result", 1), ("after", "sleep"), ("sent", "result", 2), ("after", "infer")]
+    assert channel.events == [("sent", Reply, 1), ("after", "sleep"), ("sent", Reply, 2), ("after", "infer")]
 
 
 def test_a_forward_request_runs_between_two_generation_steps():
-    channel = Channel([[("generate", 1, REQUEST)], [("infer", 2, {})], [], [("stop",)]])
+    channel = Channel([[Generate(1, REQUEST)], [Command("infer", 2, {})], [], [Stop()]])
     model = Model(channel.events)
     model.batcher = Batcher(channel.events, length=3)
     serve(model, channel, ValueError)
-    assert channel.events[:5] == [("step",), ("tokens", 1), ("sent", "result", 2), ("after", "infer"), ("step",)]
+    assert channel.events[:5] == [("step",), ("tokens", 1), ("sent", Reply, 2), ("after", "infer"), ("step",)]
 
 
 def test_a_sleep_ends_the_running_generations_as_unavailable_first():
-    channel = Channel([[("generate", 1, REQUEST)], [("sleep", 2, None)], [("stop",)]])
+    channel = Channel([[Generate(1, REQUEST)], [Command("sleep", 2)], [Stop()]])
     model = Model(channel.events)
     model.batcher = Batcher(channel.events, length=10)
     serve(model, channel, ValueError)
-    assert channel.events[2:4] == [("sent", "error", 1), ("sent", "result", 2)]
+    assert channel.events[2:4] == [("sent", Refusal, 1), ("sent", Reply, 2)]
 
 
 def test_a_cancelled_generation_makes_no_more_tokens():
-    channel = Channel([[("generate", 1, REQUEST), ("generate", 2, REQUEST)], [("cancel", 1, None)], [("stop",)]])
+    channel = Channel([[Generate(1, REQUEST), Generate(2, REQUEST)], [Cancel(1)], [Stop()]])
     model = Model(channel.events)
     model.batcher = Batcher(channel.events, length=5)
     serve(model, channel, ValueError)
@@ -103,14 +107,14 @@ def test_a_cancelled_generation_makes_no_more_tokens():
 
 
 def test_an_encoder_refuses_to_generate_and_a_sleeping_model_says_so():
-    channel = Channel([[("generate", 1, REQUEST)], [("stop",)]])
+    channel = Channel([[Generate(1, REQUEST)], [Stop()]])
     serve(Model(channel.events), channel, ValueError)
-    assert channel.events == [("sent", "error", 1)]
-    channel = Channel([[("generate", 1, REQUEST)], [("stop",)]])
+    assert channel.events == [("sent", Refusal, 1)]
+    channel = Channel([[Generate(1, REQUEST)], [Stop()]])
     model = Model(channel.events, Batcher(channel.events))
     model.asleep = True
     serve(model, channel, ValueError)
-    assert channel.events == [("sent", "error", 1)]
+    assert channel.events == [("sent", Refusal, 1)]
 
 
 class TooBig:
@@ -129,11 +133,11 @@ class PicklingChannel(Channel):
 
 
 def test_an_answer_too_big_to_send_under_the_cap_is_an_oom_error_and_the_worker_serves_on():
-    channel = PicklingChannel([[("infer", 1, {})], [("infer", 2, {})], [], [("stop",)]])
+    channel = PicklingChannel([[Command("infer", 1, {})], [Command("infer", 2, {})], [], [Stop()]])
     model = Model(channel.events)
     answers = iter([{"logits": TooBig()}, {"ok": True}])
     model.commands["infer"] = lambda payload: next(answers)
     model.recover_from_oom = lambda: channel.events.append(("recovered",))
     serve(model, channel, ValueError)
-    assert channel.events == [("recovered",), ("sent", "error", 1), ("after", "infer"),
-                              ("sent", "result", 2), ("after", "infer")]
+    assert channel.events == [("recovered",), ("sent", Refusal, 1), ("after", "infer"),
+                              ("sent", Reply, 2), ("after", "infer")]

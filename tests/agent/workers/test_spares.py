@@ -33,7 +33,7 @@ async def test_a_replica_adopts_a_spare_serves_exact_logits_and_the_pool_refills
     import torch
 
     events = []
-    supervisor = Supervisor(on_change=lambda h: events.append((h.spec.replica_id, h.state)), warm_spares=1)
+    supervisor = Supervisor(lambda h, progress: progress or events.append((h.spec.replica_id, h.state)), warm_spares=1)
     try:
         supervisor.start_spares()
         (spare,) = supervisor.spares.spares()

@@ -79,9 +79,15 @@ def build_wide_llama(directory):
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def workers(paths):
     events, progress = [], []
+
+    def listen(h, progress_only):
+        if progress_only:
+            progress.append((h.spec.replica_id, h.loaded_bytes, h.total_bytes))
+        else:
+            events.append((h.spec.replica_id, h.state, h.reason))
+
     supervisor = Supervisor(
-        on_change=lambda h: events.append((h.spec.replica_id, h.state, h.reason)),
-        on_progress=lambda h: progress.append((h.spec.replica_id, h.loaded_bytes, h.total_bytes)),
+        listen,
         heartbeat_interval=0.2,
         heartbeat_timeout=HEARTBEAT_TIMEOUT,
     )

@@ -62,7 +62,7 @@ class FakeAgent:
         response = web.StreamResponse(headers={"Content-Type": "application/json; charset=utf-8"})
         await response.prepare(request)
         await response.write(b'{"outputs": [{"data": [')
-        for i in range(50):
+        for _ in range(50):
             await response.write(b"0.5, " * 1000)
         await response.write(b'1.0]}]}')
         return response
