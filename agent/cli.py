@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING
 
 import agent
+from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT
 
 if TYPE_CHECKING:
     from agent.daemon import Agent
@@ -66,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cpu-threads", default=None, type=_at_least_one, metavar="N",
                      help="torch threads per CPU worker (simulated GPUs) (default: this host's cores divided among "
                      "its simulated GPUs, or among its replicas when there are more, at least 1)")
+
+    run.add_argument("--generation-timeout", default=DEFAULT_GENERATION_TIMEOUT, type=_timeout, metavar="SECONDS",
+                     help="how long a generation may run when the request names no timeout of its own (default "
+                     f"{DEFAULT_GENERATION_TIMEOUT:g})")
 
     demo = commands.add_parser("demo-models", help="write the demo model directories (tiny-llama, tiny-bert, minilm)")
     demo.add_argument("directory")
@@ -146,6 +151,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         mps=args.mps,
         cap_cpu_workers=args.cap_cpu_workers,
         cpu_threads=args.cpu_threads,
+        generation_timeout=args.generation_timeout,
     )
     return asyncio.run(_serve(Agent(config, backend)))
 
@@ -181,6 +187,16 @@ def _positive(text: str) -> float:
         value = -1.0
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0 and at most 3600")
     return value
 
 

@@ -41,6 +41,7 @@ from agent.replicas import Replicas, ReplicaSettings
 from agent.restarts import RestartBackoff
 from agent.serving import make_app, start_server
 from agent.serving.auth import GatewayAuth
+from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from agent.workers.supervisor import DEFAULT_WARM_SPARES, Supervisor, WorkerHandle
 
@@ -70,6 +71,7 @@ class AgentConfig:
     mps: bool = False  # start the CUDA MPS control daemon (real GPUs only)
     cap_cpu_workers: bool = True  # hold CPU workers to their reservation (address-space cap)
     cpu_threads: int | None = None  # torch threads per CPU worker; None: the host's cores shared among them
+    generation_timeout: float = DEFAULT_GENERATION_TIMEOUT  # seconds a generation may run unless it says otherwise
 
     def replica_settings(self) -> ReplicaSettings:
         """The fields of this config that are the replicas' (same names, same meaning)."""
@@ -125,7 +127,8 @@ class Agent:
         """Serve inference and stay connected to the console until asked to stop."""
         await self._start_mps()
         try:
-            app = make_app(self, metrics=self.metrics, auth=self.gateway)
+            app = make_app(self, metrics=self.metrics, auth=self.gateway,
+                           generation_timeout=self.config.generation_timeout)
             runner, port = await start_server(app, self.config.listen_host, self.config.listen_port)
         except BaseException:
             await self._stop_mps()

@@ -43,6 +43,7 @@ from agent.serving.tensors import (
     parse_infer_request,
 )
 from agent.serving.tokenization import Tokenizers
+from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT
 from agent.workers.spec import SIGNATURES
 
 # JSON values in a v2 body: three inputs of MAX_REQUEST_TOKENS values each, nested by row, fit; parsing this
@@ -63,8 +64,10 @@ def make_app(
     batching: BatchSettings | None = None,
     metrics: Metrics | None = None,
     auth: GatewayAuth | None = None,
+    generation_timeout: float | None = None,
 ) -> web.Application:
     """The inference application over `source.handles()` (a Supervisor): v2, /v1 and /metrics.
+    `generation_timeout`: seconds a generation may run when the request names none (default 300).
 
     Every route but GET /v2/health/live needs the secret held by `auth` (the Agent sets it from each
     desired state); without one (the default: a GatewayAuth with no secret) they are all refused.
@@ -89,7 +92,7 @@ def make_app(
     app.router.add_post("/v2/models/{name}/infer", infer)
     app.router.add_get("/metrics", prometheus_metrics)
     # OpenAI-style /v1/models, /v1/embeddings and /v1/completions, with their own error shape.
-    add_openai_routes(app)
+    add_openai_routes(app, generation_timeout or DEFAULT_GENERATION_TIMEOUT)
     return app
 
 

@@ -28,7 +28,7 @@ from agent.serving.chat import ChatError, ChatTemplates
 from agent.serving.dispatch import DISPATCHER, BadInput, Dispatcher, Route, ServingError
 from agent.serving.generate import Choice, Delta, LogprobEntry, run_all, stream_sse, usage_of
 from agent.serving.tokenization import NoTokenizer, TextCodec, Tokenizers
-from agent.workers.generation_spec import MAX_TOP_LOGPROBS, GenerationRequest
+from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT, MAX_TOP_LOGPROBS, GenerationRequest
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -46,7 +46,6 @@ ERROR_TYPES = {
     429: "rate_limit_error",
 }
 MAX_CHOICES = 16  # n per request
-DEFAULT_GENERATION_TIMEOUT = 300.0  # seconds a generation may run unless the request says otherwise
 MAX_GENERATION_TIMEOUT = 3600.0
 TIMEOUT_HEADER = "X-ModelGrid-Timeout"
 GENERATION_TIMEOUT = web.AppKey("generation_timeout", float)
@@ -64,9 +63,10 @@ UNSUPPORTED = {
 }
 
 
-def add_openai_routes(app: web.Application) -> None:
+def add_openai_routes(app: web.Application, generation_timeout: float = DEFAULT_GENERATION_TIMEOUT) -> None:
     """Mount /v1 on `app`, which must hold a Dispatcher under DISPATCHER."""
     v1 = web.Application(middlewares=[_openai_errors])
+    v1[GENERATION_TIMEOUT] = generation_timeout
     v1[TOKENIZERS] = Tokenizers()
     v1[CHAT_TEMPLATES] = ChatTemplates()
     v1.router.add_get("/models", list_models)

@@ -8,6 +8,7 @@ from typing import Literal
 
 FinishReason = Literal["stop", "length"]
 MAX_TOP_LOGPROBS = 5  # alternatives per token, as OpenAI allows for completions
+DEFAULT_GENERATION_TIMEOUT = 300.0  # seconds a generation may run unless the request or the agent says otherwise
 
 
 class PromptError(ValueError):

@@ -11,6 +11,7 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
+from agent.cli import build_parser
 from agent.serving import make_app
 from agent.serving.app import METRICS
 from agent.serving.auth import GatewayAuth
@@ -392,3 +393,21 @@ async def test_the_official_client_without_the_gateway_secret_gets_a_401(client,
     assert raised.value.body["message"].startswith("this agent serves only the ModelGrid console's gateway")
     assert raised.value.response.headers["WWW-Authenticate"] == "Bearer"
     assert replicas["chat"].generations == []
+
+
+async def test_the_agents_default_generation_timeout_applies_when_a_request_names_none(replicas):
+    class Source:
+        def handles(self):
+            return list(replicas.values())
+
+    server = TestServer(make_app(Source(), auth=GatewayAuth(SECRET), generation_timeout=7), host="127.0.0.1")
+    await server.start_server()
+    async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key=SECRET, max_retries=0) as c:
+        await c.completions.create(model="chat", prompt="hi", max_tokens=2)
+    await server.close()
+    [request] = replicas["chat"].generations
+    assert 6 < request.deadline - time.monotonic() <= 7
+    args = build_parser().parse_args(["run", "--console", "http://c", "--generation-timeout", "30"])
+    assert args.generation_timeout == 30.0
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--console", "http://c", "--generation-timeout", "0"])
