@@ -152,7 +152,9 @@ def test_a_scale_to_zero_deployment_leaves_its_gpu_when_idle_and_comes_back_on_t
             wait_for(lambda: api.get("/deployments/rare").json()["serving"] == "cold", timeout=60,
                      what="rare to be stopped after its idle window")
             assert not [r for r in replicas(api, "rare") if r["pid"]]  # its worker is gone
-            assert {m["id"]: m["state"] for m in gateway.get("/v1/models").json()["data"]}["rare"] == "cold"
+            # The gateway reads the fleet every second while idle: it says so within its next refresh.
+            wait_for(lambda: {m["id"]: m["state"] for m in gateway.get("/v1/models").json()["data"]}["rare"] == "cold",
+                     timeout=5, what="the gateway to see rare cold")
             again = gateway.post("/v2/models/rare/infer", json=body)
             assert again.status_code == 200, again.text
             assert float(again.headers["x-modelgrid-queue-ms"]) > 0  # it was loaded for this request
