@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
@@ -45,6 +46,7 @@ ADAPTERS = ("lora-a", "lora-b")  # on each model: "<model>-lora-a", "<model>-lor
 TARGET_RATIO = {TINY: 6.0, DECODER: 3.0}  # aggregate tokens/s at load over one stream's (the issue's)
 TARGET_TTFT_RATIO = 3.0  # TTFT p50 under load over idle TTFT
 JOIN_PROBES = 8  # requests sent, one after another, into a running batch
+JOIN_LOAD_TOKENS = 200  # tokens per stream of tiny-llama's running batch while the probes join it
 SEEDED_TEMPERATURE = 0.8
 
 
@@ -105,14 +107,18 @@ async def joining_ttft(api: streams.Api, model: str, texts: list[str], args, sta
     the batch is decoding (after its own TTFT p50), kept only when answered before the batch ended."""
     say(f"concurrency: {model}: requests joining {args.streams} running streams")
     jobs = [(model, t) for t in texts[: args.streams]]
-    load = asyncio.ensure_future(streams.together(api, jobs, args.new_tokens))
+    # tiny-llama's batch of 64 tokens is over in well under a second: a longer one leaves room for the probes.
+    tokens = JOIN_LOAD_TOKENS if model == TINY else args.new_tokens
+    load = asyncio.ensure_future(streams.together(api, jobs, tokens))
     await asyncio.sleep(1.2 * started_ms / 1e3)
     joined = []
     while not load.done() and len(joined) < JOIN_PROBES:
         probe = await streams.stream(api, model, texts[len(joined) % len(texts)], 4)
         if not load.done() and probe.error is None:
             joined.append(probe.ttft * 1e3)
-    await load
+    load.cancel()  # the probes are in: the clients hang up and the worker drops their sequences
+    with contextlib.suppress(asyncio.CancelledError):
+        await load
     return streams.percentile(joined, 0.5)
 
 

@@ -1,6 +1,6 @@
 """Continuous (iteration-level) batching for causal LMs (worker side: imports torch).
 
-Sequences join the running batch between decoding steps and leave as they finish. Each `step()` first
+Sequences join the running batch between decoding steps and leave as they finish. Each step first
 prefills waiting prompts within a token budget (short prompts together, a long one in chunks over several
 steps, so running streams never stall behind it), then runs one decoding forward for every running
 sequence. Running sequences share one KV cache (transformers' DynamicCache), left-padded to the longest:
@@ -182,15 +182,27 @@ class ContinuousBatcher:
         kv = sum(b.kv_bytes() for b in self._batches) + sum(_cache_bytes(s.cache) for s in self._waiting if s.cache)
         return EngineStats(running=running, waiting=len(self._waiting), kv_cache_bytes=kv)
 
-    @torch.inference_mode()
     def step(self) -> StepOutput:
         """Prefill within the token budget, then one decoding step for every running sequence."""
+        total = StepOutput()
+        for part in self.phases():
+            total.tokens += part.tokens
+            total.finished += part.finished
+            total.failed += part.failed
+        return total
+
+    @torch.inference_mode()
+    def phases(self) -> Iterator[StepOutput]:
+        """One step in its two parts, each handed out as soon as it is done: the prefill (the newcomers'
+        first tokens, which need not wait for the running batch's forward), then the decoding step."""
         out = StepOutput()
         self._expire(out)
         self._prefill(out)
+        yield out
+        out = StepOutput()
         for batch in list(self._batches):
             self._decode(batch, out)
-        return out
+        yield out
 
     # --- prefill --------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ chosen by the spec; nothing in the agent's daemon would change.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from agent.workers.generation_spec import EngineStats, GenerationRequest
@@ -38,7 +38,8 @@ class GenerationEngine(Protocol):
     def abort(self, text: str, kind: str) -> list:
         """End every sequence with this error (the replica is going to sleep)."""
 
-    def step(self) -> StepResult: ...
+    def phases(self) -> Iterator[StepResult]:
+        """One step, in parts handed out as each is done (for the continuous batcher: prefill, then decode)."""
 
     def stats(self) -> EngineStats: ...
 

@@ -187,17 +187,20 @@ def _submit(model: Any, batcher: Any, channel: WorkerChannel, request_id: int, r
 
 
 def _step(model: Any, batcher: Any, channel: WorkerChannel) -> bool:
-    """One batcher step, its tokens streamed in one message; False when the agent is gone."""
-    out = batcher.step()
-    sent = channel.send(Tokens(out.tokens, batcher.stats()))
-    for request_id, result in out.finished:
-        sent = sent and channel.send(Reply(request_id, result))
-    for failure in out.failed:
-        sent = sent and channel.send(Refusal(failure.request_id, failure.text, failure.kind))
-    if any(f.kind == "oom" for f in out.failed):
-        log.warning("out of memory while generating: %s", out.failed[0].text)
-        model.recover_from_oom()
-    return sent
+    """One batcher step, each of its phases' tokens streamed in one message as soon as the phase is done (a
+    newcomer's first token does not wait for the running batch's forward); False when the agent is gone."""
+    for out in batcher.phases():
+        sent = channel.send(Tokens(out.tokens, batcher.stats()))
+        for request_id, result in out.finished:
+            sent = sent and channel.send(Reply(request_id, result))
+        for failure in out.failed:
+            sent = sent and channel.send(Refusal(failure.request_id, failure.text, failure.kind))
+        if any(f.kind == "oom" for f in out.failed):
+            log.warning("out of memory while generating: %s", out.failed[0].text)
+            model.recover_from_oom()
+        if not sent:
+            return False
+    return True
 
 
 def _run(

@@ -209,3 +209,13 @@ def test_sequences_with_different_adapters_share_a_batch_and_each_gets_its_solo_
     alone = [run(engine(), [r])[1][0] for r in requests]
     assert [together[i].token_ids for i in range(4)] == [a.token_ids for a in alone]
     assert alone[0].token_ids != run(engine(), [GenerationRequest(PROMPTS[0], 10, temperature=0)])[1][0].token_ids
+
+
+def test_a_newcomers_first_token_is_handed_out_before_the_running_batch_decodes(model):
+    engine = batcher(model)
+    engine.submit(0, GenerationRequest(PROMPTS[0], 10, temperature=0))
+    engine.step()
+    engine.submit(1, GenerationRequest(PROMPTS[1], 10, temperature=0))
+    prefill, decode = engine.phases()
+    assert [t.request_id for t in prefill.tokens] == [1]  # before the running batch's forward has run
+    assert sorted(t.request_id for t in decode.tokens) == [0, 1]

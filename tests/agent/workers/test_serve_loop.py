@@ -48,6 +48,9 @@ class Batcher:
     def stats(self):
         return EngineStats(running=len(self.running))
 
+    def phases(self):
+        yield self.step()
+
     def step(self):
         self.events.append(("step",))
         out = StepOutput()
