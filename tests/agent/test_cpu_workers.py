@@ -1,7 +1,5 @@
 """CPU workers (simulated GPUs): their share of the host's cores, and the memory cap they get by default."""
 
-import asyncio
-import time
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -23,6 +21,7 @@ from agent.replicas import (
 from agent.serving import make_app
 from agent.serving.auth import GatewayAuth
 from agent.workers.demo_models import build_tiny_llama
+from tests.waiting import until
 
 MIB = 1 << 20
 SECRET = "gw-secret-for-cpu-tests"
@@ -36,14 +35,6 @@ def desired(replica_id=1, deployment="chat", model_path="/models/chat", state="r
 
 def replicas_on(gpus: str = "sim:2x24GiB", **settings) -> Replicas:
     return Replicas(ReplicaSettings(**settings), SimulatedBackend(gpus, host="cpu-test"), lambda handle, progress: None)
-
-
-async def until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 # --- the thread share ---------------------------------------------------------------------------

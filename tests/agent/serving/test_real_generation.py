@@ -16,19 +16,12 @@ from agent.serving.auth import GatewayAuth
 from agent.workers.demo_models import build_tiny_llama
 from agent.workers.spec import WorkerSpec
 from agent.workers.supervisor import Supervisor
+from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SECRET = "gw-secret-for-real-generation-tests"
 PROMPTS = ["Once upon a time", "The capital of France", "def fibonacci(n):", "In the beginning"]
-
-
-async def until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -18,6 +18,7 @@ from agent.serving.auth import GatewayAuth
 from agent.workers.demo_models import build_tiny_llama
 from agent.workers.spec import WorkerSpec
 from agent.workers.supervisor import InferenceInputError, Supervisor
+from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -36,14 +37,6 @@ data = output.pop("data")
 sys.stdout.buffer.write(json.dumps(body | {"output": output, "values": len(data)}).encode() + b"\\n")
 sys.stdout.buffer.write(np.asarray(data, dtype=np.float32).tobytes())
 """
-
-
-async def until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

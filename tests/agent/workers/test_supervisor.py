@@ -4,7 +4,6 @@ import asyncio
 import os
 import shutil
 import signal
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,18 +21,11 @@ from agent.workers.supervisor import (
     WorkerHandle,
     WorkerUnavailable,
 )
+from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 IDS = np.array([[1, 5, 42, 7, 300, 2], [3, 3, 9, 100, 8, 1]], dtype=np.int64)
-
-
-async def until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 MIB = 1 << 20
