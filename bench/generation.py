@@ -37,9 +37,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from bench import generation_cpu  # noqa: E402
 from bench import generation_streams as streams  # noqa: E402
-from bench.gateway import gateway_secret, print_table, running_stack, say  # noqa: E402
 from bench.generation_health import HEALTH_SHAPE, health  # noqa: E402
 from bench.generation_stack import DECODER, TINY, Model, endpoint, replica_pid, serve, up_args  # noqa: E402
+from bench.harness import gateway_secret, print_table, running_stack, say  # noqa: E402
 from tests.e2e.stack import Stack  # noqa: E402
 
 ADAPTERS = ("lora-a", "lora-b")  # on each model: "<model>-lora-a", "<model>-lora-b"

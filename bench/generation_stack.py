@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.gateway import deploy, ready_replica, register, say, wait_until
+from bench.harness import deploy, ready_replica, register, say, wait_until
 from tests.e2e.stack import ROOT, Stack
 
 READY_TIMEOUT_S = 300.0

@@ -1,0 +1,131 @@
+"""What the benchmarks share: markdown tables, progress lines, percentiles, and a running `manage.py up` with
+REST helpers to register and deploy models on it (tests/e2e/stack.py starts it)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+
+from tests.e2e.stack import Stack, start
+
+START_TIMEOUT_S = 180.0
+
+
+# -- output --------------------------------------------------------------------------------------------------
+
+
+def print_table(title: str, rows: list[dict], notes: tuple[str, ...] = ()) -> None:
+    print(f"\n## {title}\n")
+    if not rows:
+        print("(no rows)")
+    else:
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+        widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+        print("| " + " | ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)) + " |")
+        print("| " + " | ".join("-" * (w - 1) + ":" for w in widths) + " |")
+        for r in cells:
+            print("| " + " | ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) + " |")
+    for note in notes:
+        print(f"\n{note}")
+    sys.stdout.flush()
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return "" if value is None else str(value)
+
+
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest rank (a value some request really had); NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+# -- the stack -----------------------------------------------------------------------------------------------
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.1,
+               stack: Stack | None = None):
+    """Poll `predicate` until it returns something truthy; a TimeoutError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if stack is not None and stack.proc.poll() is not None:
+            raise RuntimeError(f"manage.py up exited (code {stack.proc.returncode}) while waiting for {what}:\n"
+                               + "".join(stack.lines[-40:]))
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@contextlib.contextmanager
+def running_stack(data_dir: Path, gpus: str, args: tuple[str, ...] = (), **env: str) -> Iterator[Stack]:
+    """tests/e2e/stack.py's `manage.py up` (free loopback port, own data dir, an API token) at the default
+    scheduler interval; stopped on the way out, whatever happened."""
+    began = time.monotonic()
+    say(f"starting: manage.py up --gpus {gpus} {' '.join(args)}")
+    stack, drop_db = start(data_dir, gpus, timeout=START_TIMEOUT_S, args=args,
+                           **({"MODELGRID_SCHEDULER_INTERVAL": "0.5"} | env))
+    say(f"up at {stack.url} in {time.monotonic() - began:.1f} s")
+    try:
+        yield stack
+    finally:
+        code = stack.stop()
+        drop_db()
+        left = getattr(stack, "leftovers", [])
+        say(f"stopped manage.py up (exit code {code})" + (f"; killed leftover pids {left}" if left else ""))
+
+
+def gateway_secret(stack: Stack, host: str = "local") -> str:
+    code = ("from console.fleet.models import AgentCredential; "
+            f"print(AgentCredential.objects.get(host_name={host!r}).gateway_secret)")
+    return stack.manage("shell", "-c", code).splitlines()[-1].strip()
+
+
+def deployment(api: httpx.Client, name: str) -> dict:
+    r = api.get(f"/deployments/{name}")
+    r.raise_for_status()
+    return r.json()
+
+
+def replica(api: httpx.Client, name: str) -> dict | None:
+    reps = deployment(api, name)["replicas"]
+    return reps[0] if reps else None
+
+
+def ready_replica(api: httpx.Client, name: str) -> dict | None:
+    return next((r for r in deployment(api, name)["replicas"] if r["state"] == "ready"), None)
+
+
+def register(api: httpx.Client, name: str, path: Path) -> None:
+    r = api.post("/models", json={"name": name, "path": str(path)})
+    if r.status_code != 201:
+        raise RuntimeError(f"POST /models {name}: {r.status_code} {r.text}")
+
+
+def deploy(api: httpx.Client, name: str, model: str, **fields) -> None:
+    r = api.post("/deployments", json={"name": name, "model": model} | fields)
+    if r.status_code != 201:
+        raise RuntimeError(f"POST /deployments {name}: {r.status_code} {r.text}")
