@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import DynamicLayer
 
 from agent.workers import limits
+from agent.workers.errors import describe_error
 from agent.workers.generation_spec import (
     EngineStats,
     GenerationRequest,
@@ -347,9 +348,7 @@ class ContinuousBatcher:
 
 
 def _failure(error: Exception) -> tuple[str, str]:
-    from agent.workers.process import describe_error  # the worker's one way of wording an error
-
-    if isinstance(error, ValueError) and type(error).__name__ == "InputError":
+    if isinstance(error, PromptError):  # the client's (runtime.InputError too: an adapter this replica lacks)
         return "input", str(error)
     if limits.is_out_of_memory(error):
         return "oom", f"out of memory while generating: {describe_error(error)}"

@@ -1,6 +1,8 @@
-"""What a worker command can fail with, daemon side (no torch); each message says why."""
+"""What a worker command can fail with, daemon side, and how either side words an error (no torch)."""
 
 from __future__ import annotations
+
+_REASON_LIMIT = 1000
 
 
 class InferenceError(RuntimeError):
@@ -30,3 +32,9 @@ ERROR_KINDS: dict[str, type[InferenceError]] = {
     "unavailable": WorkerUnavailable,
     "error": InferenceError,
 }
+
+
+def describe_error(error: BaseException) -> str:
+    """One line a person can act on: the exception type and its message, bounded in length."""
+    text = f"{type(error).__name__}: {error}".strip()
+    return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 1] + "…"

@@ -26,6 +26,7 @@ from typing import Any
 
 from agent.workers import limits
 from agent.workers.channel import WorkerChannel
+from agent.workers.errors import describe_error
 from agent.workers.generation_spec import PromptError
 from agent.workers.messages import (
     Cancel,
@@ -43,7 +44,6 @@ from agent.workers.messages import (
 )
 from agent.workers.spec import WorkerSpec
 
-_REASON_LIMIT = 1000
 log = logging.getLogger("agent.worker")
 
 
@@ -220,12 +220,6 @@ def _run(
     log.warning("%s", text)
     model.recover_from_oom()
     return Refusal(request_id, text, "oom")
-
-
-def describe_error(error: BaseException) -> str:
-    """One line a person can act on: the exception type and its message, bounded in length."""
-    text = f"{type(error).__name__}: {error}".strip()
-    return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 1] + "…"
 
 
 def _die_with_parent() -> None:

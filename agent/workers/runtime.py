@@ -17,6 +17,7 @@ from agent.artifacts import ModelArtifact, inspect_model_dir
 from agent.workers import limits, loader
 from agent.workers.adapter_pool import AdapterPool
 from agent.workers.continuous import ContinuousBatcher
+from agent.workers.generation_spec import PromptError
 from agent.workers.measure import measure_replica, warmup_inputs, warmup_shape
 from agent.workers.spec import DTYPES, SIGNATURES, WorkerSpec
 from agent.workers.swap import WeightSwap
@@ -29,7 +30,7 @@ Command = Callable[[Any], Any]
 _NO_POOL = {"adapters": [], "totals": {"hits": 0, "misses": 0, "evictions": 0, "adapters": 0}}
 
 
-class InputError(ValueError):
+class InputError(PromptError):
     """A request the model cannot take; the message names the tensor and the problem."""
 
 
