@@ -8,7 +8,6 @@ instead of a worker serving something other than what was trained.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable
@@ -17,8 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from agent.artifacts.dtypes import dtype_bytes
-from agent.artifacts.errors import ArtifactError
-from agent.artifacts.model_dir import ModelArtifact
+from agent.artifacts.errors import ArtifactError, shown
+from agent.artifacts.files import Roots, kind_of, read_json, real_path
+from agent.artifacts.limits import MAX_LORA_RANK, MAX_PATTERNS
+from agent.artifacts.model_dir import ModelArtifact, model_path
+from agent.artifacts.patterns import PatternMatcher
 from agent.artifacts.safetensors_header import TensorInfo, read_safetensors_header
 
 CONFIG_NAME = "adapter_config.json"
@@ -91,25 +93,31 @@ class AdapterFit:
     base_tensors: dict[str, str]  # adapter module -> base model tensor name
 
 
-def read_adapter_dir(path: str | Path) -> AdapterArtifact:
-    """Read and validate a PEFT LoRA adapter directory; ArtifactError names the file and field at fault."""
-    path = Path(path).expanduser()
-    if not path.exists():
+def read_adapter_dir(path: str | Path, roots: Roots = None) -> AdapterArtifact:
+    """Read and validate a PEFT LoRA adapter directory; ArtifactError names the file and field at fault.
+
+    With `roots`, the directory and every file read must resolve inside them.
+    """
+    path = model_path(path, roots)
+    kind = kind_of(path, roots)
+    if kind == "missing":
         raise ArtifactError(f"{path}: no such directory")
-    if not path.is_dir():
+    if kind != "dir":
         raise ArtifactError(f"{path}: not a directory (a LoRA adapter is a directory with {CONFIG_NAME})")
     config_path = path / CONFIG_NAME
-    if not config_path.exists():
+    if kind_of(config_path, roots) == "missing":
         raise ArtifactError(f"{path}: no {CONFIG_NAME}, so this is not a PEFT adapter directory")
-    config = _read_config(config_path)
+    matcher = PatternMatcher(str(config_path))
+    config = _read_config(config_path, roots, matcher)
     weights = path / WEIGHTS_NAME
-    if not weights.exists():
-        pickle = " (adapter_model.bin is a pickle and is never loaded)" if (path / "adapter_model.bin").exists() else ""
+    if kind_of(weights, roots) == "missing":
+        has_pickle = kind_of(path / "adapter_model.bin", roots) != "missing"
+        pickle = " (adapter_model.bin is a pickle and is never loaded)" if has_pickle else ""
         raise ArtifactError(f"{path}: no {WEIGHTS_NAME}{pickle}")
-    tensors = read_safetensors_header(weights)
-    modules = _modules(weights, tensors, config)
+    tensors = read_safetensors_header(weights, roots)
+    modules = _modules(weights, tensors, config, matcher)
     return AdapterArtifact(
-        path=path.resolve(),
+        path=real_path(path, roots),
         base_model=str(config.get("base_model_name_or_path") or ""),
         r=config["r"],
         lora_alpha=config["lora_alpha"],
@@ -152,53 +160,52 @@ def check_adapter_matches(adapter: AdapterArtifact, model: ModelArtifact, dtype:
     return AdapterFit(dtype=dtype, nbytes=adapter.bytes_at(dtype), base_tensors=base_tensors)
 
 
-def pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
-    """The value of the first pattern that matches the end of `module`, as PEFT resolves rank_pattern."""
-    for key, value in patterns.items():
-        if re.match(rf"(.*\.)?({key})$", module):
-            return value
-    return default
-
-
-def _read_config(config_path: Path) -> dict[str, Any]:
-    try:
-        config = json.loads(config_path.read_text())
-    except OSError as e:
-        raise ArtifactError(f"{config_path}: cannot read ({e.strerror})") from e
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ArtifactError(f"{config_path}: not valid JSON ({e})") from e
+def _read_config(config_path: Path, roots: Roots, matcher: PatternMatcher) -> dict[str, Any]:
+    config = read_json(config_path, roots)
     if not isinstance(config, dict):
         raise ArtifactError(f"{config_path}: not a JSON object")
 
     peft_type = config.get("peft_type")
     if peft_type != "LORA":
-        raise ArtifactError(f"{config_path}: peft_type is {peft_type!r}; ModelGrid serves LoRA adapters only (LORA)")
+        raise ArtifactError(
+            f"{config_path}: peft_type is {shown(peft_type)}; ModelGrid serves LoRA adapters only (LORA)"
+        )
     for name, why in _UNSERVABLE.items():
         if config.get(name):
             raise ArtifactError(f"{config_path}: {name} is set; {why}, which ModelGrid's adapter pool cannot serve")
     if config.get("bias", "none") != "none":
         raise ArtifactError(
-            f"{config_path}: bias is {config['bias']!r}; trained base-model biases change the base weights, "
+            f"{config_path}: bias is {shown(config['bias'])}; trained base-model biases change the base weights, "
             "which ModelGrid's adapter pool shares between adapters (needs 'none')"
         )
 
     r = config.get("r")
-    if not isinstance(r, int) or isinstance(r, bool) or r <= 0:
-        raise ArtifactError(f"{config_path}: r must be a positive integer, got {r!r}")
+    if not _is_rank(r):
+        raise ArtifactError(f"{config_path}: r must be an integer from 1 to {MAX_LORA_RANK:,}, got {shown(r)}")
     alpha = config.get("lora_alpha", 8)
     if not _is_number(alpha):
-        raise ArtifactError(f"{config_path}: lora_alpha must be a number, got {alpha!r}")
+        raise ArtifactError(f"{config_path}: lora_alpha must be a finite number, got {shown(alpha)}")
     patterns = {}
-    for name in ("rank_pattern", "alpha_pattern"):
+    for name, valid, accepted in (("rank_pattern", _is_rank, f"integer ranks from 1 to {MAX_LORA_RANK:,}"),
+                                  ("alpha_pattern", _is_number, "finite numbers")):
         value = config.get(name) or {}
-        if not isinstance(value, dict) or not all(_is_number(v) for v in value.values()):
-            raise ArtifactError(f"{config_path}: {name} must map module patterns to numbers, got {value!r}")
+        if not isinstance(value, dict) or len(value) > MAX_PATTERNS or not all(valid(v) for v in value.values()):
+            raise ArtifactError(
+                f"{config_path}: {name} must map at most {MAX_PATTERNS:,} module patterns to {accepted}, "
+                f"got {shown(value)}"
+            )
+        matcher.check_pattern_keys(name, value)
         patterns[name] = value
     targets = config.get("target_modules")
-    if isinstance(targets, list):
-        targets = tuple(str(t) for t in targets)
-    elif not isinstance(targets, str):
-        raise ArtifactError(f"{config_path}: target_modules must be a list of names or a pattern, got {targets!r}")
+    if isinstance(targets, list) and len(targets) <= MAX_PATTERNS and all(isinstance(t, str) for t in targets):
+        targets = tuple(targets)
+    elif isinstance(targets, str):
+        matcher.check_target_pattern(targets)
+    else:
+        raise ArtifactError(
+            f"{config_path}: target_modules must be a list of at most {MAX_PATTERNS:,} module names or one pattern, "
+            f"got {shown(targets)}"
+        )
     return {
         "base_model_name_or_path": config.get("base_model_name_or_path"),
         "r": r,
@@ -210,18 +217,20 @@ def _read_config(config_path: Path) -> dict[str, Any]:
     }
 
 
-def _modules(weights: Path, tensors: list[TensorInfo], config: dict[str, Any]) -> tuple[LoraModule, ...]:
+def _modules(
+    weights: Path, tensors: list[TensorInfo], config: dict[str, Any], matcher: PatternMatcher
+) -> tuple[LoraModule, ...]:
     pairs: dict[str, dict[str, TensorInfo]] = {}
     for t in tensors:
         match = _KEY.match(t.name)
         if not match:
             hint = " (a modules_to_save or bias tensor)" if t.name.startswith(_PREFIX) else ""
             raise ArtifactError(
-                f"{weights}: tensor {t.name!r} is not a LoRA A/B weight{hint}; "
+                f"{weights}: tensor {shown(t.name)} is not a LoRA A/B weight{hint}; "
                 "expected base_model.model.<module>.lora_A.weight and .lora_B.weight"
             )
         if len(t.shape) != 2:
-            raise ArtifactError(f"{weights}: tensor {t.name!r} has shape {list(t.shape)}, a LoRA weight is 2-D")
+            raise ArtifactError(f"{weights}: tensor {shown(t.name)} has shape {list(t.shape)}, a LoRA weight is 2-D")
         pairs.setdefault(match["module"], {})[match["part"]] = t
     if not pairs:
         raise ArtifactError(f"{weights}: holds no LoRA tensors")
@@ -239,13 +248,19 @@ def _modules(weights: Path, tensors: list[TensorInfo], config: dict[str, Any]) -
                 f"{weights}: module {name} has lora_A {list(a.shape)} but lora_B {list(b.shape)}; "
                 "their ranks differ"
             )
-        expected = pattern_value(config["rank_pattern"], name, config["r"])
+        targets = config["target_modules"]
+        if isinstance(targets, str) and not matcher.targets(targets, name):
+            raise ArtifactError(
+                f"{weights}: module {name} is not selected by target_modules {shown(targets)} in {CONFIG_NAME} "
+                "(PEFT matches the whole module name), so PEFT would not load its weights"
+            )
+        expected = matcher.pattern_value("rank_pattern", config["rank_pattern"], name, config["r"])
         if rank != expected:
             raise ArtifactError(
                 f"{weights}: module {name} has rank {rank}, but adapter_config.json says {expected} "
                 "(r / rank_pattern)"
             )
-        alpha = float(pattern_value(config["alpha_pattern"], name, config["lora_alpha"]))
+        alpha = float(matcher.pattern_value("alpha_pattern", config["alpha_pattern"], name, config["lora_alpha"]))
         scale = alpha / math.sqrt(rank) if config["use_rslora"] else alpha / rank
         modules.append(LoraModule(name, rank, alpha, scale, in_features, out_features, a.name, b.name))
     return tuple(modules)
@@ -282,4 +297,8 @@ def _stored_dtype(tensors: list[TensorInfo]) -> str:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_rank(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_LORA_RANK

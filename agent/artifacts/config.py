@@ -7,12 +7,15 @@ classes) or it would count a different model than the one that gets loaded.
 
 from __future__ import annotations
 
-import json
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.artifacts.errors import ArtifactError
+from agent.artifacts.errors import ArtifactError, shown
+from agent.artifacts.files import read_json
+from agent.artifacts.limits import MAX_CONFIG_FLOAT, MAX_LIST, config_int_max
 
 # model_type -> family; a family shares one parameter formula.
 FAMILIES: dict[str, str] = {
@@ -76,13 +79,19 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A parsed config.json: raw values, the family's defaults, and the file to name in errors."""
+    """A parsed config.json: raw values, the family's defaults, and the file to name in errors.
+
+    Every number is read through `int`, `int_list` or `number`, which hold it to the bounds in
+    limits.py: a config is untrusted input and its numbers size arithmetic and memory.
+    """
 
     raw: dict[str, Any]
     source: str = "config.json"
     values: dict[str, Any] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.raw, dict):
+            raise ArtifactError(f"{self.source}: must hold a JSON object")
         model_type = self.raw.get("model_type")
         if not isinstance(model_type, str):
             raise ArtifactError(f"{self.source}: field 'model_type' is missing")
@@ -100,27 +109,52 @@ class ModelConfig:
     @property
     def architecture(self) -> str:
         """The first of `architectures` (the head transformers instantiates), else the model_type."""
-        archs = self.raw.get("architectures") or []
-        return archs[0] if archs and isinstance(archs[0], str) else self.model_type
+        archs = self.raw.get("architectures")
+        return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else self.model_type
 
     def get(self, key: str, default: Any = None) -> Any:
         value = self.values.get(key)
         return default if value is None else value
 
-    def int(self, key: str, default: int | None = None, *, minimum: int = 1) -> int:
-        """An integer field; ArtifactError naming the file and field when missing or invalid."""
+    def int(self, key: str, default: int | None = None, *, minimum: int = 1, maximum: int | None = None) -> int:
+        """An integer field within [minimum, maximum] (default: the field's bound in limits.py).
+
+        ArtifactError naming the file and field when missing, not an integer or out of bounds.
+        """
         value = self.get(key, default)
         if value is None:
             raise ArtifactError(f"{self.source}: field {key!r} is missing")
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ArtifactError(f"{self.source}: field {key!r} must be an integer >= {minimum}, got {value!r}")
+        maximum = config_int_max(key) if maximum is None else maximum
+        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+            raise ArtifactError(
+                f"{self.source}: field {key!r} must be an integer between {minimum} and {maximum:,}, got {shown(value)}"
+            )
         return value
 
-    def int_list(self, key: str) -> list[int]:
-        value = self.get(key)
-        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise ArtifactError(f"{self.source}: field {key!r} must be a list of integers, got {value!r}")
+    def int_list(self, key: str, *, minimum: int = 1, allow_empty: bool = False) -> list[int]:
+        """A list of integers, each within [minimum, the field's bound], at most MAX_LIST of them."""
+        value = self.get(key, [])
+        maximum = config_int_max(key)
+        if (
+            not isinstance(value, list)
+            or not (allow_empty or value)
+            or len(value) > MAX_LIST
+            or not all(isinstance(v, int) and not isinstance(v, bool) and minimum <= v <= maximum for v in value)
+        ):
+            raise ArtifactError(
+                f"{self.source}: field {key!r} must be a list of at most {MAX_LIST:,} integers between {minimum} and "
+                f"{maximum:,}, got {shown(value)}"
+            )
         return value
+
+    def number(self, key: str, default: float, *, maximum: float = MAX_CONFIG_FLOAT) -> float:
+        """A positive finite number (a multiplier or ratio) of at most `maximum`."""
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= maximum:
+            raise ArtifactError(
+                f"{self.source}: field {key!r} must be a number above 0 and at most {maximum:g}, got {shown(value)}"
+            )
+        return float(value)
 
     def num_labels(self) -> int:
         """Classifier outputs: `id2label` wins over `num_labels`, as in PretrainedConfig (default 2)."""
@@ -130,16 +164,7 @@ class ModelConfig:
         return self.int("num_labels", 2, minimum=0)
 
 
-def read_config(path: str | Path) -> ModelConfig:
-    """Parse config.json at `path`; ArtifactError naming the file on any defect."""
+def read_config(path: str | Path, roots: Sequence[str | os.PathLike] | None = None) -> ModelConfig:
+    """Parse config.json at `path` (inside `roots` when given); ArtifactError naming the file on any defect."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except OSError as e:
-        raise ArtifactError(f"{path}: cannot read ({e.strerror})") from e
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        detail = f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else str(e)
-        raise ArtifactError(f"{path}: not valid JSON ({detail})") from e
-    if not isinstance(raw, dict):
-        raise ArtifactError(f"{path}: must hold a JSON object")
-    return ModelConfig(raw, str(path))
+    return ModelConfig(read_json(path, roots), str(path))

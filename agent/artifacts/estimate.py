@@ -16,7 +16,7 @@ An architecture without formulas gets header weights plus FALLBACK_MARGIN, said 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from agent.artifacts.config import DECODER_FAMILIES, ModelConfig
@@ -28,8 +28,10 @@ from agent.artifacts.dtypes import (
 )
 from agent.artifacts.dtypes import dtype_bytes as bytes_of
 from agent.artifacts.errors import ArtifactError
+from agent.artifacts.files import Roots, kind_of
+from agent.artifacts.limits import MAX_ESTIMATE_BYTES
 from agent.artifacts.memory import activation_elements, default_seq, kv_cache_elements
-from agent.artifacts.model_dir import ModelArtifact, read_model_dir
+from agent.artifacts.model_dir import ModelArtifact, model_path, read_model_dir
 from agent.artifacts.params import ParameterCount, count_parameters
 from agent.artifacts.safetensors_header import read_safetensors_header
 
@@ -79,6 +81,7 @@ def estimate(
     device: str = "cuda",
     fused_attention: bool = True,
     adapter_pool_bytes: int = 0,
+    roots: Roots = None,
 ) -> Estimate:
     """Estimate a model directory, a config-only directory, a bare safetensors file or an artifact.
 
@@ -86,6 +89,7 @@ def estimate(
     config's `torch_dtype`, else float32. seq: tokens per sequence (the image side for vision models);
     default min(max positions, 2048). device: "cuda" or "cpu", which picks the overhead constant.
     adapter_pool_bytes: the device-tier budget for LoRA adapters, added as its own term.
+    roots: when given, the path and every file read must resolve inside these directories.
     """
     if batch < 1:
         raise ArtifactError(f"batch must be at least 1, got {batch}")
@@ -98,10 +102,11 @@ def estimate(
     if isinstance(source, ModelArtifact):
         artifact = source
     else:
-        path = Path(source).expanduser()
-        if path.is_file() and path.suffix == ".safetensors":
-            return _bare_file(path, dtype, batch, seq, device, adapter_pool_bytes)
-        artifact = read_model_dir(path.parent if path.name == "config.json" else path, require_weights=False)
+        path = model_path(source, roots, kind="any")  # resolved inside the roots when they are given
+        if path.suffix == ".safetensors" and kind_of(path, roots) == "file":
+            return _bare_file(path, dtype, batch, seq, device, adapter_pool_bytes, roots)
+        directory = path.parent if path.name == "config.json" and kind_of(path, roots) != "dir" else path
+        artifact = read_model_dir(directory, require_weights=False, roots=roots)
     cfg = ModelConfig(artifact.config or {"model_type": artifact.model_type}, str(artifact.path / "config.json"))
     notes: list[str] = []
 
@@ -156,7 +161,7 @@ def estimate(
     overhead = OVERHEAD_BYTES[device]
     if device == "cuda":
         notes.append(f"cuda overhead is a constant {overhead >> 20} MiB (context + allocator slack), not measured here")
-    return Estimate(
+    est = Estimate(
         weights_bytes=weights,
         kv_cache_bytes=kv,
         activation_bytes=act,
@@ -172,6 +177,20 @@ def estimate(
         device=device,
         notes=tuple(notes),
     )
+    _check_bounds(est, cfg.source)
+    return est
+
+
+def _check_bounds(est: Estimate, source: str) -> None:
+    """Every count in bounds: each field read from a config is bounded, but their product can still
+    describe more than any machine holds, and the console stores these numbers as 64-bit integers."""
+    for f in fields(Estimate):
+        value = getattr(est, f.name)
+        if isinstance(value, int) and value > MAX_ESTIMATE_BYTES:
+            raise ArtifactError(
+                f"{source}: the estimate's {f.name} is {value:.3e}, beyond any machine "
+                f"(at most {MAX_ESTIMATE_BYTES:.3e}): check the config's sizes"
+            )
 
 
 def estimate_model(artifact: ModelArtifact) -> Estimate:
@@ -205,9 +224,10 @@ def _header_weights(artifact: ModelArtifact, serving: str, notes: list[str]) -> 
     return total
 
 
-def _bare_file(path: Path, dtype: str | None, batch: int, seq: int | None, device: str, adapters: int) -> Estimate:
+def _bare_file(path: Path, dtype: str | None, batch: int, seq: int | None, device: str, adapters: int,
+               roots: Roots) -> Estimate:
     """A lone safetensors file: no config, so header weights plus the fallback margin."""
-    tensors = tuple(read_safetensors_header(path))
+    tensors = tuple(read_safetensors_header(path, roots))
     if not tensors:
         raise ArtifactError(f"{path}: holds no tensors")
     artifact = ModelArtifact(path, "unknown", "unknown", "", stored_dtype(tensors), sum(t.nbytes for t in tensors),

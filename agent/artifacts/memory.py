@@ -22,21 +22,25 @@ def default_seq(cfg: ModelConfig) -> int:
     return 512  # T5 has relative positions and no limit; 512 is its pre-training length
 
 
-def sliding_windows(cfg: ModelConfig) -> list[int | None]:
-    """Per decoder layer, the attention window (None: full attention), as transformers 5 assigns them."""
+def sliding_windows(cfg: ModelConfig) -> tuple[int | None, int, int]:
+    """(window, layers capped at it, layers with full attention), as transformers 5 assigns windows.
+
+    Counted, never listed per layer: the number of layers comes from the file.
+    """
     layers = cfg.int("num_hidden_layers")
-    window = cfg.get("sliding_window")
+    window = cfg.int("sliding_window") if cfg.get("sliding_window") else None
     if cfg.model_type in ("qwen2", "qwen2_moe") and not cfg.get("use_sliding_window", False):
         window = None  # Qwen2 ignores sliding_window unless use_sliding_window is set
-    if not window:
-        return [None] * layers
+    if window is None:
+        return None, 0, layers
     types = cfg.get("layer_types")
     if isinstance(types, list) and len(types) == layers:
-        return [window if t == "sliding_attention" else None for t in types]
-    if cfg.model_type in ("qwen2", "qwen2_moe"):
-        first = cfg.int("max_window_layers", minimum=0)
-        return [window if i >= first else None for i in range(layers)]
-    return [window] * layers
+        windowed = types.count("sliding_attention")
+    elif cfg.model_type in ("qwen2", "qwen2_moe"):
+        windowed = max(0, layers - cfg.int("max_window_layers", minimum=0))  # layers from max_window_layers on
+    else:
+        windowed = layers
+    return window, windowed, layers - windowed
 
 
 def kv_cache_elements(cfg: ModelConfig, batch: int, context: int) -> tuple[int, list[str]]:
@@ -44,11 +48,10 @@ def kv_cache_elements(cfg: ModelConfig, batch: int, context: int) -> tuple[int, 
     notes: list[str] = []
     if cfg.family in ("llama", "moe"):
         per_token = kv_heads(cfg) * head_dim(cfg) * 2
-        windows = sliding_windows(cfg)
-        tokens = sum(context if w is None else min(context, w) for w in windows)
-        if any(w is not None and w < context for w in windows):
-            notes.append(f"sliding window {max(w or 0 for w in windows)} caps the KV cache of "
-                         f"{sum(w is not None for w in windows)} of {len(windows)} layers")
+        window, windowed, full = sliding_windows(cfg)
+        tokens = full * context + (windowed * min(context, window) if window is not None else 0)
+        if window is not None and windowed and window < context:
+            notes.append(f"sliding window {window} caps the KV cache of {windowed} of {windowed + full} layers")
         if kv_heads(cfg) < cfg.int("num_attention_heads"):
             notes.append(f"grouped-query attention: {kv_heads(cfg)} KV heads for "
                          f"{cfg.int('num_attention_heads')} query heads")
@@ -145,7 +148,9 @@ def _resnet_peak(cfg: ModelConfig, batch: int, side: int) -> int:
     bottleneck = cfg.get("layer_type", "bottleneck") == "bottleneck"
     first_stride = 2 if cfg.get("downsample_in_first_stage") else 1
     for stage, (c_out, depth) in enumerate(zip(cfg.int_list("hidden_sizes"), cfg.int_list("depths"), strict=False)):
-        for i in range(depth):
+        # blocks after a stage's first see the same shapes (c_out in and out, stride 1), so the
+        # second block's peak is theirs: walk at most two blocks per stage, whatever the depth
+        for i in range(min(depth, 2)):
             stride = (first_stride if stage == 0 else 2) if i == 0 else 1
             block_in = c_in * s * s
             out_s = _down(s, stride)
@@ -167,7 +172,7 @@ def _resnet_peak(cfg: ModelConfig, batch: int, side: int) -> int:
 def _mobilenet_peak(cfg: ModelConfig, batch: int, side: int) -> int:
     """Same walk for MobileNetV2: the expanded (6x) depthwise maps dominate the early blocks."""
     channels, stem, last = mobilenet_v2_channels(cfg)
-    div, min_depth, ratio = cfg.int("depth_divisible_by"), cfg.int("min_depth"), float(cfg.get("expand_ratio", 6.0))
+    div, min_depth, ratio = cfg.int("depth_divisible_by"), cfg.int("min_depth"), cfg.number("expand_ratio", 6.0)
     image = cfg.int("num_channels") * side * side
     s = _down(side, 2)
     peak = image + 2 * stem * s * s

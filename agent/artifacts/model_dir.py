@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agent.artifacts.config import read_config
 from agent.artifacts.dtypes import stored_dtype
-from agent.artifacts.errors import ArtifactError
+from agent.artifacts.errors import ArtifactError, shown
+from agent.artifacts.files import Roots, kind_of, list_dir, read_json, real_path
+from agent.artifacts.roots import Kind, resolve_in_roots
 from agent.artifacts.safetensors_header import TensorInfo, read_safetensors_header
 
 # Architectures (config.json "architectures") the worker knows how to serve, by task.
@@ -55,59 +57,78 @@ def _task_for(architecture: str, model_type: str) -> str:
     )
 
 
-def _weight_files(path: Path) -> tuple[Path, ...]:
+def _weight_files(path: Path, roots: Roots) -> tuple[Path, ...]:
     index = path / "model.safetensors.index.json"
-    if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ArtifactError(f"{index}: not a valid safetensors index (needs 'weight_map')") from e
-        files = tuple(path / name for name in sorted(set(weight_map.values())))
+    if kind_of(index, roots) != "missing":
+        weight_map = read_json(index, roots)
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ArtifactError(f"{index}: not a valid safetensors index (needs 'weight_map', tensor -> shard file)")
+        names = sorted(set(weight_map.values()))
+        for name in names:
+            # a shard is a file next to the index: no directories, no way out of the model directory
+            if not name.endswith(".safetensors") or os.sep in name or name.startswith("."):
+                raise ArtifactError(f"{index}: field 'weight_map' names shard {shown(name)}; shards must be "
+                                    "*.safetensors file names in the model directory")
+        files = tuple(path / name for name in names)
         for f in files:
-            if not f.exists():
+            if kind_of(f, roots) == "missing":
                 raise ArtifactError(f"{index}: shard {f.name} is listed but missing")
         return files
-    files = tuple(sorted(path.glob("*.safetensors")))
+    files = tuple(list_dir(path, ".safetensors"))
     if not files:
         raise ArtifactError(f"{path}: no *.safetensors weights (only safetensors are loaded, never pickles)")
     return files
 
 
-def inspect_model_dir(path: str | Path) -> ModelArtifact:
+def model_path(path: str | Path, roots: Roots, kind: Kind = "dir") -> Path:
+    """The path to read: inside `roots` (resolved) when given, else as given with `~` expanded."""
+    if roots is not None:
+        return resolve_in_roots(path, roots, kind=kind)
+    if "\0" in str(path):
+        raise ArtifactError(f"{shown(str(path))}: not a valid path (it contains a NUL character)")
+    return Path(path).expanduser()
+
+
+def inspect_model_dir(path: str | Path, roots: Roots = None) -> ModelArtifact:
     """Read config.json and safetensors headers of a model directory ModelGrid can serve; never loads weights.
 
     Refuses architectures the worker cannot serve (registration relies on that error); the
-    estimator uses `read_model_dir`, which reads any architecture.
+    estimator uses `read_model_dir`, which reads any architecture. With `roots`, the directory
+    and every file read must resolve inside them.
     """
-    return _read(Path(path).expanduser(), servable_only=True, require_weights=True)
+    return _read(model_path(path, roots), servable_only=True, require_weights=True, roots=roots)
 
 
-def read_model_dir(path: str | Path, *, require_weights: bool = True) -> ModelArtifact:
+def read_model_dir(path: str | Path, *, require_weights: bool = True, roots: Roots = None) -> ModelArtifact:
     """Read any model directory (servable or not); with require_weights=False a config-only one too."""
-    return _read(Path(path).expanduser(), servable_only=False, require_weights=require_weights)
+    return _read(model_path(path, roots), servable_only=False, require_weights=require_weights, roots=roots)
 
 
-def _read(path: Path, *, servable_only: bool, require_weights: bool) -> ModelArtifact:
-    if not path.exists():
+def _read(path: Path, *, servable_only: bool, require_weights: bool, roots: Roots) -> ModelArtifact:
+    kind = kind_of(path, roots)
+    if kind == "missing":
         raise ArtifactError(f"{path}: no such directory")
-    if not path.is_dir():
+    if kind != "dir":
         raise ArtifactError(f"{path}: not a directory (a model is a directory with config.json)")
     config_path = path / "config.json"
-    if not config_path.exists():
+    if kind_of(config_path, roots) == "missing":
         raise ArtifactError(f"{path}: no config.json, so this is not a model directory")
-    config = read_config(config_path)
+    config = read_config(config_path, roots)
     architecture, model_type = config.architecture, config.model_type
     task = _task_for(architecture, model_type) if servable_only else servable_task(architecture, model_type)
 
-    has_weights = (path / "model.safetensors.index.json").exists() or any(path.glob("*.safetensors"))
+    real = real_path(path, roots)
+    index = path / "model.safetensors.index.json"
+    has_weights = kind_of(index, roots) != "missing" or bool(list_dir(path, ".safetensors"))
     if not has_weights and not require_weights:
-        return ModelArtifact(path.resolve(), architecture, model_type, task, "", 0, 0, (), config.raw, ())
-    files = _weight_files(path)
-    tensors: list[TensorInfo] = [t for f in files for t in read_safetensors_header(f)]
+        return ModelArtifact(real, architecture, model_type, task, "", 0, 0, (), config.raw, ())
+    files = _weight_files(path, roots)
+    tensors: list[TensorInfo] = [t for f in files for t in read_safetensors_header(f, roots)]
     if not tensors:
         raise ArtifactError(f"{path}: the safetensors files hold no tensors")
     return ModelArtifact(
-        path=path.resolve(),
+        path=real,
         architecture=architecture,
         model_type=model_type,
         task=task,
@@ -118,4 +139,3 @@ def _read(path: Path, *, servable_only: bool, require_weights: bool) -> ModelArt
         config=config.raw,
         tensors=tuple(tensors),
     )
-

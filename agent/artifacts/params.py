@@ -58,12 +58,18 @@ def kv_heads(cfg: ModelConfig) -> int:
     return cfg.int("num_key_value_heads", cfg.int("num_attention_heads"))
 
 
-def _moe_layer_is_sparse(cfg: ModelConfig, layer: int) -> bool:
+def _sparse_layers(cfg: ModelConfig, layers: int) -> int:
+    """How many of the decoder layers hold experts, counted without walking the layers."""
+    if cfg.family != "moe":
+        return 0
     if cfg.model_type == "mixtral":
-        return True
-    # Qwen2-MoE: layers listed in mlp_only_layers, or off the decoder_sparse_step grid, stay dense.
+        return layers
+    # Qwen2-MoE: layer i is sparse when (i + 1) is a multiple of decoder_sparse_step and i is not
+    # listed in mlp_only_layers; layers // step of them are on that grid.
     step = cfg.int("decoder_sparse_step", 1)
-    return layer not in (cfg.get("mlp_only_layers") or []) and cfg.int("num_experts") > 0 and (layer + 1) % step == 0
+    listed = cfg.int_list("mlp_only_layers", minimum=0, allow_empty=True)
+    dense = {i for i in listed if i < layers and (i + 1) % step == 0}
+    return layers // step - len(dense)
 
 
 def _decoder(cfg: ModelConfig) -> ParameterCount:
@@ -81,13 +87,12 @@ def _decoder(cfg: ModelConfig) -> ParameterCount:
     attn = (_linear(hidden, heads * hd, qkv_bias) + 2 * _linear(hidden, kv * hd, qkv_bias)
             + _linear(heads * hd, hidden, o_bias))
     dense_mlp = 2 * _linear(hidden, inter, mlp_bias) + _linear(inter, hidden, mlp_bias)
+    # closed form: every layer has the same attention and norms; `sparse` of them an MoE block instead
+    # of the dense MLP (never a loop over a layer count read from the file)
+    sparse = _sparse_layers(cfg, layers)
     total = vocab * hidden + hidden  # embeddings + final norm
-    for layer in range(layers):
-        total += attn + 2 * hidden  # + input and post-attention norms
-        if cfg.family == "moe" and _moe_layer_is_sparse(cfg, layer):
-            total += _moe_mlp(cfg, hidden)
-        else:
-            total += dense_mlp
+    total += layers * (attn + 2 * hidden)  # attention + input and post-attention norms
+    total += (layers - sparse) * dense_mlp + (sparse * _moe_mlp(cfg, hidden) if sparse else 0)
     count = ParameterCount(total)
     _add_lm_head(cfg, count, vocab * hidden)
     return count
@@ -229,11 +234,11 @@ def _vit(cfg: ModelConfig) -> ParameterCount:
     return count
 
 
-def _conv_bn(count: ParameterCount, c_in: int, c_out: int, kernel: int, groups: int = 1) -> None:
-    """A bias-free conv and its BatchNorm: weight+bias are parameters, running stats are buffers."""
-    count.parameters += c_out * (c_in // groups) * kernel * kernel + 2 * c_out
-    count.float_buffers += 2 * c_out
-    count.int64_buffers += 1  # num_batches_tracked
+def _conv_bn(count: ParameterCount, c_in: int, c_out: int, kernel: int, groups: int = 1, times: int = 1) -> None:
+    """`times` bias-free convs, each with its BatchNorm: weight+bias are parameters, running stats buffers."""
+    count.parameters += times * (c_out * (c_in // groups) * kernel * kernel + 2 * c_out)
+    count.float_buffers += times * 2 * c_out
+    count.int64_buffers += times  # num_batches_tracked
 
 
 def _classifier(cfg: ModelConfig, count: ParameterCount, features: int, suffix: str) -> None:
@@ -254,19 +259,19 @@ def _resnet(cfg: ModelConfig) -> ParameterCount:
     first_stride = 2 if cfg.get("downsample_in_first_stage") else 1
     c_in = cfg.int("embedding_size")
     for stage, (c_out, depth) in enumerate(zip(sizes, depths, strict=False)):
+        # the stage's first block changes width or stride; the other depth - 1 blocks are identical
         stride = first_stride if stage == 0 else 2
-        for i in range(depth):
-            block_in, block_stride = (c_in, stride) if i == 0 else (c_out, 1)
-            if block_in != c_out or block_stride != 1:
-                _conv_bn(count, block_in, c_out, 1)  # projection shortcut
+        if c_in != c_out or stride != 1:
+            _conv_bn(count, c_in, c_out, 1)  # projection shortcut
+        for block_in, times in ((c_in, 1), (c_out, depth - 1)):
             if bottleneck:
                 reduced = c_out // 4
-                _conv_bn(count, block_in, reduced, 1)
-                _conv_bn(count, reduced, reduced, 3)
-                _conv_bn(count, reduced, c_out, 1)
+                _conv_bn(count, block_in, reduced, 1, times=times)
+                _conv_bn(count, reduced, reduced, 3, times=times)
+                _conv_bn(count, reduced, c_out, 1, times=times)
             else:
-                _conv_bn(count, block_in, c_out, 3)
-                _conv_bn(count, c_out, c_out, 3)
+                _conv_bn(count, block_in, c_out, 3, times=times)
+                _conv_bn(count, c_out, c_out, 3, times=times)
         c_in = c_out
     _classifier(cfg, count, sizes[-1], "ResNetModel")
     return count
@@ -284,7 +289,7 @@ MOBILENET_V2_CHANNELS = (16, 24, 24, 32, 32, 32, 64, 64, 64, 64, 96, 96, 96, 160
 
 def mobilenet_v2_channels(cfg: ModelConfig) -> tuple[list[int], int, int]:
     """(block channels after the depth multiplier, stem width, final 1x1 width)."""
-    mult, div, min_depth = float(cfg.get("depth_multiplier", 1.0)), cfg.int("depth_divisible_by"), cfg.int("min_depth")
+    mult, div, min_depth = cfg.number("depth_multiplier", 1.0), cfg.int("depth_divisible_by"), cfg.int("min_depth")
 
     def scale(c: int) -> int:
         return make_divisible(int(round(c * mult)), div, min_depth)
@@ -297,7 +302,7 @@ def _mobilenet_v2(cfg: ModelConfig) -> ParameterCount:
     """transformers' MobileNetV2: stem, 16 inverted residual blocks (expand, depthwise, reduce), 1x1 head conv."""
     count = ParameterCount()
     channels, stem, last = mobilenet_v2_channels(cfg)
-    div, min_depth, ratio = cfg.int("depth_divisible_by"), cfg.int("min_depth"), float(cfg.get("expand_ratio", 6.0))
+    div, min_depth, ratio = cfg.int("depth_divisible_by"), cfg.int("min_depth"), cfg.number("expand_ratio", 6.0)
     _conv_bn(count, cfg.int("num_channels"), stem, 3)
     if not cfg.get("first_layer_is_expansion", True):
         _conv_bn(count, stem, stem, 1)
