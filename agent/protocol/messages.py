@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, TypeAdapter
 
 PROTOCOL_VERSION = 1
 
@@ -25,37 +25,84 @@ ENDED = ("stopped", "failed")  # no worker serves it until it is started again
 RESTING = ("sleeping", "preloaded", "stopped")  # where the console wants it, not on its way to serving
 
 
+# Bounds on values, named once. Every message the schema accepts must be storable by the console on
+# SQLite and PostgreSQL alike, so integers stay within the columns they land in (PostgreSQL's integer is
+# 32-bit signed, bigint 64-bit signed; Python's sqlite3 overflows past 64 bits), floats are finite
+# (set on _Message: JSON columns refuse Infinity and NaN), and text fits its column without a NUL
+# (PostgreSQL refuses one in text and jsonb).
+BIG = 2**63 - 1  # bigint: bytes, generations, counters, replica ids
+SMALL = 2**31 - 1  # integer: GPU indexes, pids, batch and sequence sizes
+MAX_NAME = 200  # host, GPU and deployment names (Host.name, Gpu.name)
+MAX_TEXT = 4000  # free text (reasons): longer is cut, not refused, so a long error never loses a status
+MAX_GPUS = 1024  # per host, or per replica's gang
+MAX_ITEMS = 10_000  # replicas, deployments or adapters in one message (the 1 MiB message cap comes first)
+
+Count = Annotated[int, Field(ge=0, le=BIG)]
+Small = Annotated[int, Field(ge=0, le=SMALL)]
+Id = Annotated[int, Field(ge=0, le=BIG)]
+Size = Annotated[int, Field(ge=1, le=SMALL)]  # a batch or sequence size
+Seconds = Annotated[float, Field(ge=0)]  # finite by the model config, like every float here
+Percentage = Annotated[int, Field(ge=1, le=100)]
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character (\\u0000)")
+    return value
+
+
+def _text(limit: int) -> object:
+    return Annotated[str, StringConstraints(max_length=limit), AfterValidator(_no_nul)]
+
+
+def _clip(value: object) -> object:
+    # Free text from an agent (an exception's message, adapters refused) is cut to MAX_TEXT and loses NULs.
+    if isinstance(value, str):
+        value = value.replace("\x00", "")
+        if len(value) > MAX_TEXT:
+            value = value[: MAX_TEXT - 1] + "…"
+    return value
+
+
+Name = _text(MAX_NAME)
+Uuid = _text(100)  # Gpu.uuid
+Version = _text(50)  # Host.agent_version
+Endpoint = _text(300)  # Host.endpoint
+Text = Annotated[_text(MAX_TEXT), BeforeValidator(_clip)]
+
+
 class _Message(BaseModel):
-    # Unknown fields are refused: a typo in a message is an error, not silently ignored.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Unknown fields are refused: a typo in a message is an error, not silently ignored. Infinity and NaN
+    # are refused in every float: the console stores them in JSON and float columns.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class GpuInfo(_Message):
-    index: int = Field(ge=0)
-    uuid: str
-    name: str
-    total_bytes: int = Field(ge=0)
-    used_bytes: int = Field(ge=0)
+    index: Small
+    uuid: Uuid
+    name: Name
+    total_bytes: Count
+    used_bytes: Count
     utilization: float | None = Field(default=None, ge=0, le=100)
     simulated: bool
     # Of used_bytes, what this agent's own workers hold (loading, serving, draining or waking); the rest is
     # foreign. None: not reported (an older agent), so the console falls back to its own accounting.
-    own_bytes: int | None = Field(default=None, ge=0)
+    own_bytes: Count | None = None
 
 
 class Measurement(_Message):
     """What a loaded replica really takes, measured by its worker after a warm-up forward."""
 
     device: Literal["cpu", "cuda"]
-    batch: int = Field(ge=1)  # the warm-up shape actually used
-    seq: int = Field(ge=1)
-    weights_bytes: int = Field(ge=0)  # parameters + buffers on the device, shared storages once
-    peak_bytes: int = Field(ge=0)  # cuda: max_memory_allocated during warm-up; cpu: weights + forward peak
-    allocated_bytes: int | None = Field(default=None, ge=0)  # cuda only
-    reserved_bytes: int | None = Field(default=None, ge=0)  # cuda only
-    process_bytes: int | None = Field(default=None, ge=0)  # cuda only: NVML per-process memory, context included
-    total_bytes: int = Field(ge=0)  # what the replica takes from its device (see docs/runtime.md)
-    load_seconds: float | None = Field(default=None, ge=0)
+    batch: Size  # the warm-up shape actually used
+    seq: Size
+    weights_bytes: Count  # parameters + buffers on the device, shared storages once
+    peak_bytes: Count  # cuda: max_memory_allocated during warm-up; cpu: weights + forward peak
+    allocated_bytes: Count | None = None  # cuda only
+    reserved_bytes: Count | None = None  # cuda only
+    process_bytes: Count | None = None  # cuda only: NVML per-process memory, context included
+    total_bytes: Count  # what the replica takes from its device (see docs/runtime.md)
+    load_seconds: Seconds | None = None
     load_bandwidth: float | None = Field(default=None, ge=0)  # bytes/s
 
 
@@ -63,103 +110,104 @@ class SleepWake(_Message):
     """The last sleep (device -> host memory) or wake (host -> device) of a replica's weights."""
 
     direction: Literal["sleep", "wake"]
-    bytes: int = Field(ge=0)
-    seconds: float = Field(ge=0)
+    bytes: Count
+    seconds: Seconds
     bandwidth: float | None = Field(default=None, ge=0)  # bytes/s
 
 
 class AdapterStatus(_Message):
     """One LoRA adapter in a replica's pool: where it lives now and how it has been used."""
 
-    name: str
+    name: Name
     tier: Literal["gpu", "cpu", "disk"]  # device tier, host tier, or only on disk
     pinned: bool = False
-    nbytes: int = Field(ge=0)
-    requests: int = Field(default=0, ge=0)  # rows that asked for it
-    hits: int = Field(default=0, ge=0)  # batches that found it on the device
-    misses: int = Field(default=0, ge=0)  # batches that had to swap it in
+    nbytes: Count
+    requests: Count = 0  # rows that asked for it
+    hits: Count = 0  # batches that found it on the device
+    misses: Count = 0  # batches that had to swap it in
 
 
 class ReplicaStatus(_Message):
     type: Literal["replica_status"] = "replica_status"
-    replica_id: int
+    replica_id: Id
     state: ReplicaState
-    measured_bytes: int | None = Field(default=None, ge=0)  # equals measurement.total_bytes when measured
-    loaded_bytes: int | None = Field(default=None, ge=0)
-    total_bytes: int | None = Field(default=None, ge=0)
-    reason: str = ""
-    pid: int | None = None
+    measured_bytes: Count | None = None  # equals measurement.total_bytes when measured
+    loaded_bytes: Count | None = None
+    total_bytes: Count | None = None
+    reason: Text = ""
+    pid: Small | None = None
     measurement: Measurement | None = None
     sleep_wake: SleepWake | None = None
-    host_bytes: int | None = Field(default=None, ge=0)  # host memory held for it while sleeping
-    mps_percentage: int | None = Field(default=None, ge=1, le=100)
-    adapters: list[AdapterStatus] = []
-    adapter_error: str = ""  # why the last change to its adapters was refused, if it was
+    host_bytes: Count | None = None  # host memory held for it while sleeping
+    mps_percentage: Percentage | None = None
+    adapters: list[AdapterStatus] = Field(default=[], max_length=MAX_ITEMS)
+    adapter_error: Text = ""  # why the last change to its adapters was refused, if it was
 
 
 class Hello(_Message):
     type: Literal["hello"] = "hello"
-    protocol: int
-    host: str = Field(min_length=1, max_length=200)
-    agent_version: str
-    endpoint: str
-    gpus: list[GpuInfo]
+    protocol: Small
+    host: Annotated[Name, Field(min_length=1)]
+    agent_version: Version
+    endpoint: Endpoint
+    gpus: list[GpuInfo] = Field(max_length=MAX_GPUS)
 
 
 class DeploymentServing(_Message):
     """How one deployment was served on this host over the agent's recent window (default 60 s)."""
 
-    deployment: str
-    requests: int = Field(ge=0)
+    deployment: Name
+    requests: Count
     request_rate: float = Field(ge=0)  # per second
     error_rate: float = Field(ge=0, le=1)
     p50_ms: float | None = Field(default=None, ge=0)
     p95_ms: float | None = Field(default=None, ge=0)
-    queue_depth: int = Field(default=0, ge=0)
+    queue_depth: Count = 0
 
 
 class HostReport(_Message):
     type: Literal["report"] = "report"
-    gpus: list[GpuInfo]
-    replicas: list[ReplicaStatus] = []
-    serving: list[DeploymentServing] = []
-    ram_free_bytes: int | None = Field(default=None, ge=0)  # room left in the sleep budget
+    gpus: list[GpuInfo] = Field(max_length=MAX_GPUS)
+    replicas: list[ReplicaStatus] = Field(default=[], max_length=MAX_ITEMS)
+    serving: list[DeploymentServing] = Field(default=[], max_length=MAX_ITEMS)
+    ram_free_bytes: Count | None = None  # room left in the sleep budget
 
 
 class Ack(_Message):
     type: Literal["ack"] = "ack"
-    generation: int = Field(ge=0)
+    generation: Count
 
 
+# What the console sends is bounded the same way: it comes from the same columns.
 class DesiredAdapter(_Message):
-    name: str
+    name: Name
     path: str
     pinned: bool = False
 
 
 class DesiredReplica(_Message):
-    id: int
-    deployment: str
+    id: Id
+    deployment: Name
     model_path: str
     architecture: str
-    gpus: list[int]
-    reserved_bytes: int = Field(ge=0)
+    gpus: list[Small] = Field(max_length=MAX_GPUS)
+    reserved_bytes: Count
     state: TargetState = "ready"
     dtype: str = "float32"
-    batch: int = Field(default=1, ge=1)  # the shape the worker warms up and measures at
-    seq: int | None = Field(default=None, ge=1)  # None: min(max positions, 2048)
-    mps_percentage: int | None = Field(default=None, ge=1, le=100)  # CUDA MPS active-thread share
-    max_batch_size: int = Field(default=8, ge=1)  # dynamic batching: rows per forward
+    batch: Size = 1  # the shape the worker warms up and measures at
+    seq: Size | None = None  # None: min(max positions, 2048)
+    mps_percentage: Percentage | None = None  # CUDA MPS active-thread share
+    max_batch_size: Size = 8  # dynamic batching: rows per forward
     max_batch_delay_ms: float = Field(default=5.0, ge=0)  # how long the first request waits for others
     adapters: list[DesiredAdapter] = []
-    adapter_pool_bytes: int = Field(default=0, ge=0)  # device-tier budget for adapters
-    adapter_host_bytes: int = Field(default=0, ge=0)  # host-tier budget (0: as large as the device tier x 4)
+    adapter_pool_bytes: Count = 0  # device-tier budget for adapters
+    adapter_host_bytes: Count = 0  # host-tier budget (0: as large as the device tier x 4)
     adapter_hints: dict[str, float] = {}  # expected demand per adapter, for prefetch
 
 
 class DesiredState(_Message):
     type: Literal["desired_state"] = "desired_state"
-    generation: int = Field(ge=0)
+    generation: Count
     replicas: list[DesiredReplica]
     # The per-host secret the console's gateway presents to the agent's inference server as a bearer token;
     # rotated with the agent token. "" (an older console): the agent has none and serves no request.

@@ -16,8 +16,12 @@ from console.fleet.models import AgentCredential, Gpu, Host
 log = logging.getLogger("modelgrid.fleet")
 
 
-class RefusedHello(Exception):
-    """The agent's hello cannot be accepted; the message says why."""
+class Refused(Exception):
+    """An agent's message that cannot be accepted; the message says why."""
+
+
+class RefusedHello(Refused):
+    """The agent's hello cannot be accepted; the consumer closes the link."""
 
 
 def register_hello(credential: AgentCredential, hello: Hello) -> Host:
@@ -95,7 +99,15 @@ def apply_replica_status(host: Host, status: ReplicaStatus) -> None:
 
 
 def apply_ack(host: Host, ack: Ack) -> None:
-    Host.objects.filter(pk=host.pk, acked_generation__lt=ack.generation).update(acked_generation=ack.generation)
+    """Record the generation the agent applied. One the console never sent this host is refused (Refused):
+    an acknowledged generation it has not reached would make the scheduler treat a desired state as
+    applied before the agent ever saw it."""
+    sent = Host.objects.filter(pk=host.pk, generation__gte=ack.generation)
+    if sent.filter(acked_generation__lt=ack.generation).update(acked_generation=ack.generation) or sent.exists():
+        return
+    current = Host.objects.filter(pk=host.pk).values_list("generation", flat=True).first()
+    raise Refused(f"ack.generation {ack.generation} refused: the console has sent host {host.name!r} "
+                  f"generations up to {current}, so an ack may name at most that one")
 
 
 def mark_disconnected(host: Host) -> None:

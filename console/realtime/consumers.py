@@ -84,6 +84,19 @@ class AgentConsumer(AsyncWebsocketConsumer):
         except ValidationError as e:
             await self.reply_error(_validation_summary(e))
             return
+        try:
+            await self._apply(message)
+        except intake.Refused as e:
+            await self.reply_error(str(e))
+        except Exception as e:
+            # A message that passed validation and still could not be applied (a database error): the log
+            # keeps the traceback, the agent hears which message failed, and the link stays open for the next.
+            log.exception("agent %s: applying its %s failed", self._name(), message.type)
+            await self.reply_error(f"the console could not apply this {message.type} ({type(e).__name__}); "
+                                   "its log has the details")
+
+    async def _apply(self, message: Hello | HostReport | ReplicaStatus | Ack) -> None:
+        # Private: channel-layer events dispatch to public methods by name, and none may reach this one.
         if isinstance(message, Hello):
             await self.on_hello(message)
         elif self.host is None:
@@ -99,9 +112,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
         elif isinstance(message, Ack):
             await database_sync_to_async(intake.apply_ack)(self.host, message)
 
+    def _name(self) -> str:
+        return self.host.name if self.host else (self.credential.host_name if self.credential else "?")
+
     async def reply_error(self, reason: str) -> None:
-        name = self.host.name if self.host else (self.credential.host_name if self.credential else "?")
-        log.warning("agent %s: %s", name, reason)
+        log.warning("agent %s: %s", self._name(), reason)
         await self.send(text_data=dump(ErrorReply(reason=reason)))
 
     async def on_hello(self, hello: Hello) -> None:
