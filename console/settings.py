@@ -2,16 +2,42 @@
 
 from __future__ import annotations
 
+import os
+import re
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from console.env import envbool, envfloat, envint, envsecret, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(envstr("MODELGRID_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 MODEL_STORE = Path(envstr("MODELGRID_MODEL_STORE", str(DATA_DIR / "models"))).resolve()
+# Registration, estimates and adapters read artifacts only under these directories (symlinks resolved):
+# a path list separated by ":" (default: the model store). Anything else is refused with one message.
+MODEL_ROOTS = [Path(p).resolve() for p in envstr("MODELGRID_MODEL_ROOTS", str(MODEL_STORE)).split(":") if p]
+
+
+def _private_dir(path: Path) -> None:
+    """Create the data dir readable by its owner only: it holds the secret key and the database (sessions).
+    A directory that already exists is left as the operator made it."""
+    if not path.exists():
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o700)  # mkdir's mode is filtered through the umask; chmod is not
+
+
+def _private_file(path: Path) -> None:
+    """Create `path` (empty) as 0600 if it is missing, else take group and other access away from a file of
+    ours. The mode is given at creation, so the file is never readable by others, whatever the umask."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        st = path.stat()
+        if st.st_mode & 0o077 and st.st_uid == os.getuid():
+            path.chmod(0o600)
 
 
 def _secret_key() -> str:
@@ -21,9 +47,9 @@ def _secret_key() -> str:
     # Embedded mode: one random key per data dir, kept so sessions survive restarts.
     key_file = DATA_DIR / "secret_key"
     if not key_file.exists():
-        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        _private_dir(DATA_DIR)
+        _private_file(key_file)
         key_file.write_text(secrets.token_urlsafe(50))
-        key_file.chmod(0o600)
     return key_file.read_text().strip()
 
 
@@ -31,6 +57,30 @@ SECRET_KEY = _secret_key()
 DEBUG = envbool("DEBUG", False)
 ALLOWED_HOSTS = [h for h in envstr("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [o for o in envstr("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+
+def _proxy_ssl_header() -> tuple[str, str] | None:
+    """MODELGRID_PROXY_SSL_HEADER=X-Forwarded-Proto: the TLS proxy in front sets that header to `https`."""
+    name = envstr("MODELGRID_PROXY_SSL_HEADER").strip()
+    if not name:
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9-]+", name):
+        raise ImproperlyConfigured(f"MODELGRID_PROXY_SSL_HEADER={name!r} is not an HTTP header name "
+                                   "(use the name alone, e.g. X-Forwarded-Proto; its value must be https)")
+    return "HTTP_" + name.upper().replace("-", "_"), "https"
+
+
+# Production behind TLS (docs/operations.md lists the values): all off by default, so the embedded mode
+# keeps working on plain http://127.0.0.1.
+SECURE_PROXY_SSL_HEADER = _proxy_ssl_header()
+SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", False)
+SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", False)
+SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", False)
+SECURE_CONTENT_TYPE_NOSNIFF = envbool("SECURE_CONTENT_TYPE_NOSNIFF", True)
+SECURE_REFERRER_POLICY = envstr("SECURE_REFERRER_POLICY", "same-origin")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -43,6 +93,7 @@ INSTALLED_APPS = [
     "channels",
     "django_htmx",
     "ninja",  # serves the API docs page from local static files (no CDN)
+    "axes",
     "console.accounts",
     "console.fleet",
     "console.catalog",
@@ -60,6 +111,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: turns a refused sign-in of a locked-out username and address into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -85,10 +138,17 @@ def _database() -> dict:
     url = envstr("DATABASE_URL")
     if url:
         return dj_database_url.parse(url, conn_max_age=0)
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    _private_dir(DATA_DIR)
+    name = DATA_DIR / "modelgrid.sqlite3"
+    # The database holds session keys and token hashes. SQLite gives its -wal and -shm files the database
+    # file's mode, so a 0600 database file (created here before SQLite would make it 0644) keeps all three private.
+    _private_file(name)
+    for extra in (name.with_name(name.name + "-wal"), name.with_name(name.name + "-shm")):
+        if extra.exists():
+            _private_file(extra)
     return {
         "ENGINE": "django.db.backends.sqlite3",
-        "NAME": DATA_DIR / "modelgrid.sqlite3",
+        "NAME": name,
         # WAL and immediate transactions: the console, the scheduler loop and management
         # commands share one file without "database is locked" on upgrade.
         "OPTIONS": {
@@ -120,6 +180,28 @@ CHANNEL_LAYERS = _channel_layers()
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out username and address before any password is checked (django-axes).
+    "console.accounts.throttle.ThrottledSignIn",
+    "django.contrib.auth.backends.ModelBackend",
+]
+
+
+def _at_least(name: str, value: float, least: float) -> float:
+    if value < least:
+        raise ImproperlyConfigured(f"{name}={value:g} must be at least {least:g}")
+    return value
+
+
+# Sign-in throttling (django-axes): this many wrong passwords for one username from one address lock that
+# pair out for the cool-off; other users, other addresses, API tokens and open sessions are not affected.
+AXES_FAILURE_LIMIT = int(_at_least("MODELGRID_LOGIN_FAILURE_LIMIT", envint("MODELGRID_LOGIN_FAILURE_LIMIT", 10), 1))
+AXES_COOLOFF_TIME = timedelta(
+    minutes=_at_least("MODELGRID_LOGIN_COOLOFF_MINUTES", envfloat("MODELGRID_LOGIN_COOLOFF_MINUTES", 15.0), 0.1)
+)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "console.accounts.throttle.locked_out"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
@@ -143,6 +225,8 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
         "modelgrid": {"handlers": ["console"], "level": envstr("MODELGRID_LOG_LEVEL", "INFO")},
+        # A page's 500 with its traceback (Django's own handler prints it only with DEBUG on); 4xx stay quiet.
+        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },
 }
 

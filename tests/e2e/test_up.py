@@ -1,10 +1,16 @@
 """The walking skeleton end to end, against a real `manage.py up`: register, deploy, infer,
-refuse what cannot fit, delete, and stop everything with Ctrl-C."""
+refuse what cannot fit, delete, and stop everything with Ctrl-C; and SIGTERM stops it all within 10 s even
+while a request is stuck in a worker thread."""
 
+import contextlib
 import json
 import re
+import signal
+import sqlite3
 import struct
+import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -52,7 +58,7 @@ def ready(api, name):
 
 def test_register_deploy_infer_delete_and_stop(tiny_llama, tmp_path):
     began = time.monotonic()
-    stack, drop_db = start(tmp_path / "data")
+    stack, drop_db = start(tmp_path / "data", MODELGRID_MODEL_ROOTS=f"{tiny_llama.parent}:{tmp_path}")
     try:
         api = stack.api()
         r = api.post("/models", json={"name": "tiny", "path": str(tiny_llama)})
@@ -120,6 +126,64 @@ def test_register_deploy_infer_delete_and_stop(tiny_llama, tmp_path):
         assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family)
         assert stack.leftovers == []
         print(f"e2e duration: {time.monotonic() - began:.2f} s")
+    finally:
+        if stack.proc.poll() is None:
+            stack.stop()
+        drop_db()
+
+
+@contextlib.contextmanager
+def database_locked(stack):
+    """Hold the lock a request's first write needs (the bearer token's `last_used`), from another connection,
+    as a long migration or a stuck transaction would: the request's worker thread then waits inside the database
+    driver, where Python cannot interrupt it (SQLite gives up after its 20 s busy timeout, PostgreSQL never)."""
+    url = stack.env.get("DATABASE_URL", "")
+    if url.startswith("postgres"):
+        import psycopg
+
+        conn = psycopg.connect(url)
+        conn.execute("LOCK TABLE accounts_apitoken IN ACCESS EXCLUSIVE MODE")
+    else:
+        conn = sqlite3.connect(stack.data_dir / "modelgrid.sqlite3", isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        conn.rollback()
+        conn.close()
+
+
+def test_sigterm_stops_up_the_agent_and_its_workers_within_10_s_while_a_request_is_stuck(tiny_llama, tmp_path):
+    stack, drop_db = start(tmp_path / "data", MODELGRID_MODEL_ROOTS=str(tiny_llama.parent))
+    try:
+        api = stack.api()
+        assert api.post("/models", json={"name": "tiny", "path": str(tiny_llama)}).status_code == 201
+        assert api.post("/deployments", json={"name": "chat", "model": "tiny", "replicas": 1}).status_code == 201
+        wait_for(ready(api, "chat"), timeout=120, what="deployment chat to be ready")
+        worker = stack.worker_pids("chat")
+        family = stack.descendants()
+        assert len(worker) == 1 and worker <= {p.pid for p in family}
+
+        with database_locked(stack), ThreadPoolExecutor(1) as pool:
+            stuck = pool.submit(lambda: stack.api().get("/hosts", timeout=60))
+            # A request answers in milliseconds; one still unanswered after 2 s waits on the lock.
+            with contextlib.suppress(TimeoutError):
+                stuck.result(timeout=2)
+            assert not stuck.done(), "the request was answered: nothing was stuck"
+
+            stack.proc.send_signal(signal.SIGTERM)
+            try:
+                code = stack.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                why = "manage.py up still runs 10 s after SIGTERM:\n" + "".join(stack.lines[-20:])
+                raise AssertionError(why) from None
+            assert code == 0, "".join(stack.lines[-20:])
+            # The stuck request got no answer; its connection closed with the process.
+            with contextlib.suppress(httpx.HTTPError):
+                assert stuck.result(timeout=30).status_code >= 500
+
+        _, alive = psutil.wait_procs(family, timeout=5)
+        assert alive == [], f"still running after up exited: {[p.pid for p in alive]}"
     finally:
         if stack.proc.poll() is None:
             stack.stop()

@@ -10,6 +10,7 @@ from console.realtime.notify import refresh_dashboards
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ORIGIN = (b"origin", b"http://127.0.0.1")
+HOST = (b"host", b"127.0.0.1")  # the browser's own origin: the Origin must equal it exactly
 
 
 def session_cookie() -> bytes:
@@ -35,7 +36,7 @@ async def test_it_refuses_another_origin():
 
 async def test_it_pushes_the_grid_now_and_again_when_the_fleet_changes():
     cookie = await database_sync_to_async(session_cookie)()
-    comm = WebsocketCommunicator(application, "/ws/dashboard/", headers=[ORIGIN, (b"cookie", cookie)])
+    comm = WebsocketCommunicator(application, "/ws/dashboard/", headers=[HOST, ORIGIN, (b"cookie", cookie)])
     connected, _ = await comm.connect()
     assert connected
     first = await comm.receive_from(timeout=5)

@@ -8,6 +8,8 @@ import os
 import signal
 import socket
 import sys
+import threading
+from collections.abc import Callable
 
 import uvicorn
 from django.conf import settings
@@ -18,7 +20,14 @@ from django.db import connections
 from console.deployments.loop import scheduler_loop
 from console.fleet.models import AgentCredential
 
-AGENT_STOP_TIMEOUT = 20.0
+# Shutdown (SIGTERM or Ctrl-C) ends the process within SHUTDOWN_DEADLINE seconds, whatever is stuck: in-flight
+# requests get SERVER_DRAIN_TIMEOUT to finish, the agent AGENT_STOP_TIMEOUT to stop its workers (it gives each
+# 5 s, in parallel, before killing it), and the interpreter's own exit EXIT_GRACE once all that is done.
+SERVER_DRAIN_TIMEOUT = 4.0
+AGENT_STOP_TIMEOUT = 7.0
+SCHEDULER_STOP_TIMEOUT = 0.5  # after the server and the agent: to end its pass, then to take a cancel
+EXIT_GRACE = 1.0
+SHUTDOWN_DEADLINE = 9.5
 
 
 class _Server(uvicorn.Server):
@@ -26,6 +35,34 @@ class _Server(uvicorn.Server):
     def capture_signals(self):
         # `up` owns SIGINT/SIGTERM so it can stop the agent and its workers after the server.
         yield
+
+
+class _ExitDeadline:
+    """Ends the process when stopping takes too long. Django runs sync views and ORM calls in worker threads
+    that Python can neither interrupt nor leave behind (the interpreter joins them at exit), so one stuck in a
+    database lock or in CPU work would keep `up` alive after SIGTERM; this does not wait for them."""
+
+    def __init__(self, before_exit: Callable[[], None]) -> None:
+        self._before_exit = before_exit
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+
+    def arm(self, seconds: float, code: int, why: str) -> None:
+        """Exit with `code` in `seconds` unless the process has ended by then (replaces an earlier arm)."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(seconds, self._expire, (code, why))
+            self._timer.daemon = True  # never what keeps the process alive
+            self._timer.start()
+
+    def _expire(self, code: int, why: str) -> None:
+        self._before_exit()
+        with contextlib.suppress(Exception):
+            sys.stderr.write(why + "\n")
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
 
 
 def _loop_factory():
@@ -80,19 +117,40 @@ class Command(BaseCommand):
         settings.MODEL_STORE.mkdir(parents=True, exist_ok=True)
         token = None if opts["no_agent"] else AgentCredential.issue(opts["agent_name"])[1]
         connections.close_all()  # from here on the DB is used from the async loop's worker thread
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(self._serve(opts, sock, token))
+        self._agent_pid: int | None = None
+        self._deadline = _ExitDeadline(before_exit=self._kill_agent)
+        try:
+            with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+                runner.run(self._serve(opts, sock, token))
+        except BaseException:
+            self._deadline.arm(EXIT_GRACE, 1, "ModelGrid stopped on an error; not waiting for stuck worker threads")
+            raise
+
+    def _kill_agent(self) -> None:
+        # Its workers die with it (PR_SET_PDEATHSIG), so nothing of the fleet outlives `up`.
+        if self._agent_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._agent_pid, signal.SIGKILL)
 
     async def _serve(self, opts, sock: socket.socket, agent_token: str | None) -> None:
         from console.asgi import application
 
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
+
+        def on_signal() -> None:
+            if not stop.is_set():
+                self._deadline.arm(SHUTDOWN_DEADLINE, 1, f"ModelGrid did not stop within {SHUTDOWN_DEADLINE:g} s "
+                                   "of the signal; exiting now (the local agent, if any, is killed)")
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
 
         port = sock.getsockname()[1]
-        config = uvicorn.Config(application, lifespan="off", log_level="warning", ws="websockets-sansio")
+        # After SERVER_DRAIN_TIMEOUT uvicorn cancels the requests still running (a sync view's thread runs on).
+        config = uvicorn.Config(application, lifespan="off", log_level="warning", ws="websockets-sansio",
+                                timeout_graceful_shutdown=SERVER_DRAIN_TIMEOUT)
         server = _Server(config)
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started:
@@ -105,13 +163,29 @@ class Command(BaseCommand):
         self.stdout.write(f"ModelGrid console: {url}")
         self.stdout.flush()
 
-        tasks = [asyncio.create_task(scheduler_loop(stop, settings.MODELGRID_SCHEDULER_INTERVAL))]
+        scheduler = asyncio.create_task(scheduler_loop(stop, settings.MODELGRID_SCHEDULER_INTERVAL))
+        bounded = [serving]
         if agent_token:
-            tasks.append(asyncio.create_task(self._local_agent(url, agent_token, opts, stop)))
+            bounded.append(asyncio.create_task(self._local_agent(url, agent_token, opts, stop)))
         await stop.wait()
         self.stdout.write("stopping ModelGrid…")
+        self.stdout.flush()
         server.should_exit = True
-        await asyncio.gather(serving, *tasks, return_exceptions=True)
+        # Both bound themselves: the server by SERVER_DRAIN_TIMEOUT, the agent by AGENT_STOP_TIMEOUT.
+        await asyncio.wait(bounded)
+        # The scheduler ends after its current pass; a pass stuck in the database is cancelled (its thread is
+        # left behind, as a stuck request's is).
+        _, stuck = await asyncio.wait({scheduler}, timeout=SCHEDULER_STOP_TIMEOUT)
+        for task in stuck:
+            task.cancel()
+        if stuck:
+            await asyncio.wait(stuck, timeout=SCHEDULER_STOP_TIMEOUT)
+        for task in [*bounded, scheduler]:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                self.stderr.write(f"while stopping: {task.exception()!r}")
+        # Everything ModelGrid owns has stopped. What remains are worker threads the interpreter would join
+        # at exit: a stuck one (a request waiting on a lock, a sync view in CPU work) must not hold the exit.
+        self._deadline.arm(EXIT_GRACE, 0, "ModelGrid stopped; not waiting for work stuck in worker threads")
 
     async def _local_agent(self, url: str, token: str, opts, stop: asyncio.Event) -> None:
         """Run the local agent as a child process; restart it if it dies; stop it on shutdown."""
@@ -122,10 +196,12 @@ class Command(BaseCommand):
             cmd += ["--sleep-budget", opts["sleep_budget"]]
         while not stop.is_set():
             proc = await asyncio.create_subprocess_exec(*cmd, env=env)
+            self._agent_pid = proc.pid
             waiter = asyncio.create_task(proc.wait())
             stopper = asyncio.create_task(stop.wait())
             await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
             if waiter.done():
+                self._agent_pid = None  # reaped: the pid may be anyone's now
                 stopper.cancel()
                 self.stderr.write(f"local agent exited with code {proc.returncode}; restarting in 2 s")
                 with contextlib.suppress(TimeoutError):
@@ -137,5 +213,7 @@ class Command(BaseCommand):
             try:
                 await asyncio.wait_for(waiter, AGENT_STOP_TIMEOUT)
             except TimeoutError:
+                self.stderr.write(f"the local agent did not stop within {AGENT_STOP_TIMEOUT:g} s; killing it")
                 proc.kill()
                 await waiter
+            self._agent_pid = None
