@@ -83,11 +83,13 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, inter
 @contextlib.contextmanager
 def running_stack(data_dir: Path, gpus: str, args: tuple[str, ...] = (), **env: str) -> Iterator[Stack]:
     """tests/e2e/stack.py's `manage.py up` (free loopback port, own data dir, an API token) at the default
-    scheduler interval; stopped on the way out, whatever happened."""
+    scheduler interval, reading artifacts from the benchmark's temporary directory (the data dir's parent);
+    stopped on the way out, whatever happened."""
     began = time.monotonic()
     say(f"starting: manage.py up --gpus {gpus} {' '.join(args)}")
     stack, drop_db = start(data_dir, gpus, timeout=START_TIMEOUT_S, args=args,
-                           **({"MODELGRID_SCHEDULER_INTERVAL": "0.5"} | env))
+                           **({"MODELGRID_SCHEDULER_INTERVAL": "0.5",
+                               "MODELGRID_MODEL_ROOTS": str(data_dir.parent)} | env))
     say(f"up at {stack.url} in {time.monotonic() - began:.1f} s")
     try:
         yield stack

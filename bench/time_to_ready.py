@@ -40,7 +40,7 @@ def main() -> None:
         model = build_tiny_llama(Path(tmp) / "models" / "tiny-llama")
         t0 = time.monotonic()
         # The default scheduler interval, as `make run` has it (the tests use a shorter one).
-        stack, drop_db = start(Path(tmp), MODELGRID_SCHEDULER_INTERVAL="0.5")
+        stack, drop_db = start(Path(tmp), MODELGRID_SCHEDULER_INTERVAL="0.5", MODELGRID_MODEL_ROOTS=tmp)
         startup = time.monotonic() - t0
         rows = []
         try:

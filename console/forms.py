@@ -15,7 +15,7 @@ def whole_number(text: str | None, field: str) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise Invalid(f"{field} must be a whole number, got {text!r}") from None
+        raise Invalid(f"{field} must be a whole number, got {text!r}", field=field) from None
 
 
 def checked(form: Mapping[str, str], field: str) -> bool:

@@ -34,6 +34,20 @@ def write_model_dir(path: Path, *, hidden: int = 16, vocab: int = 32, layers: in
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def model_roots(tmp_path_factory):
+    """The console reads artifacts only under its model roots; the tests' artifacts live in pytest's temporary
+    directory, for the console in this process and for the ones the end-to-end tests start."""
+    import os
+
+    from django.conf import settings
+
+    root = tmp_path_factory.getbasetemp().resolve()
+    os.environ["MODELGRID_MODEL_ROOTS"] = str(root)
+    settings.MODEL_ROOTS = [root]
+    return root
+
+
 @pytest.fixture
 def model_dir(tmp_path) -> Path:
     return write_model_dir(tmp_path / "tiny")

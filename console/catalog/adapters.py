@@ -8,31 +8,35 @@ memory estimate (and later reservations) include it.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from agent.artifacts import ArtifactError, check_adapter_matches, read_adapter_dir, read_model_dir
 from console.catalog.memory import deployment_estimates
 from console.catalog.models import Adapter
-from console.catalog.services import validate_name
+from console.catalog.services import can_be_name, validate_name
 from console.errors import Conflict, Invalid, NotFound
 from console.realtime.notify import wake_scheduler
 
 
 def register_adapter(name: str, deployment: str, path: str, pinned: bool = False) -> Adapter:
     """Read, check and store an adapter for `deployment`; refreshes the deployment's memory estimate."""
-    from console.deployments.services import get_deployment  # deployments depends on catalog, not back
+    from console.deployments.services import get_deployment, refuse_taken_name  # deployments depends on catalog
 
     validate_name(name, "adapter")
     if not path:
-        raise Invalid("path is empty: give the directory that holds adapter_config.json and adapter_model.safetensors")
+        raise Invalid("path is empty: give the directory that holds adapter_config.json and adapter_model.safetensors",
+                      field="path")
     dep = get_deployment(deployment, missing=Invalid)
     try:
-        adapter = read_adapter_dir(path)
-        fit = check_adapter_matches(adapter, read_model_dir(dep.model.path), dep.serving_dtype)
+        adapter = read_adapter_dir(path, roots=settings.MODEL_ROOTS)
+        fit = check_adapter_matches(adapter, read_model_dir(dep.model.path, roots=settings.MODEL_ROOTS),
+                                    dep.serving_dtype)
     except ArtifactError as e:
-        raise Invalid(str(e)) from None
+        raise Invalid(str(e), field="path") from None
     try:
         with transaction.atomic():
+            refuse_taken_name(name, "adapter")
             row = Adapter.objects.create(
                 name=name, deployment=dep, path=str(adapter.path), rank=max(m.rank for m in adapter.modules),
                 modules=len(adapter.modules), parameters=adapter.parameters, nbytes=fit.nbytes, pinned=pinned,
@@ -41,14 +45,16 @@ def register_adapter(name: str, deployment: str, path: str, pinned: bool = False
             transaction.on_commit(wake_scheduler)
             return row
     except IntegrityError:
-        raise Conflict(f"an adapter named {name!r} is already registered") from None
+        raise Conflict(f"an adapter named {name!r} is already registered", field="name") from None
 
 
 def get_adapter(name: str) -> Adapter:
     try:
-        return Adapter.objects.select_related("deployment").get(name=name)
+        if can_be_name(name):
+            return Adapter.objects.select_related("deployment").get(name=name)
     except Adapter.DoesNotExist:
-        raise NotFound(f"no adapter named {name!r}") from None
+        pass
+    raise NotFound(f"no adapter named {name!r}")
 
 
 def delete_adapter(name: str) -> None:

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from agent.artifacts import ArtifactError, Estimate, canonical_dtype, estimate
+from agent.artifacts.config import read_config
 from agent.artifacts.dtypes import WORKER_DTYPES
 from agent.protocol import Measurement
 from console.catalog.calibration import NONE, WINDOW, Correction, correction, error_fraction
@@ -38,12 +41,13 @@ def estimate_path(
 ) -> Estimate:
     """The estimator on a path, with its errors (file and field named) as Invalid (HTTP 422)."""
     if not path:
-        raise Invalid("path is empty: give a model directory, a config.json or a .safetensors file")
+        raise Invalid("path is empty: give a model directory, a config.json or a .safetensors file", field="path")
     check_shape(batch, seq)
     try:
-        return estimate(path, dtype=dtype, batch=batch, seq=seq, device=device, adapter_pool_bytes=adapter_pool_bytes)
+        return estimate(path, dtype=dtype, batch=batch, seq=seq, device=device, adapter_pool_bytes=adapter_pool_bytes,
+                        roots=settings.MODEL_ROOTS)
     except ArtifactError as e:
-        raise Invalid(str(e)) from None
+        raise Invalid(str(e), field="path") from None
 
 
 def estimate_request(path: str | None, model: str | None, dtype: str | None, batch: int, seq: int | None,
@@ -51,7 +55,8 @@ def estimate_request(path: str | None, model: str | None, dtype: str | None, bat
     """The estimate of a path or a registered model, with the calibration later admissions would apply
     (none with calibrate=False, for a console whose database is not set up)."""
     if bool(path) == bool(model):
-        raise Invalid("give exactly one of 'path' (a model directory or file) and 'model' (a registered name)")
+        raise Invalid("give exactly one of 'path' (a model directory or file) and 'model' (a registered name)",
+                      field="path")
     if model:
         path = get_model(model).path
     est = estimate_path(path, dtype, batch, seq, device, adapter_pool_bytes)
@@ -62,9 +67,24 @@ def estimate_request(path: str | None, model: str | None, dtype: str | None, bat
 
 def check_shape(batch: int, seq: int | None) -> None:
     if not 1 <= batch <= MAX_BATCH:
-        raise Invalid(f"batch must be between 1 and {MAX_BATCH}, got {batch}")
+        raise Invalid(f"batch must be between 1 and {MAX_BATCH}, got {batch}", field="batch")
     if seq is not None and not 1 <= seq <= MAX_SEQ:
-        raise Invalid(f"seq must be between 1 and {MAX_SEQ}, got {seq}")
+        raise Invalid(f"seq must be between 1 and {MAX_SEQ}, got {seq}", field="seq")
+
+
+def model_positions(model: Model) -> int | None:
+    """The positions a registered model's config declares (None: no fixed limit, or a vision model)."""
+    try:
+        cfg = read_config(Path(model.path) / "config.json", settings.MODEL_ROOTS)
+    except ArtifactError as e:
+        raise Invalid(str(e), field="model") from None
+    if cfg.family in ("vit", "resnet", "mobilenet_v2"):
+        return None
+    for key in ("max_position_embeddings", "n_positions"):
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def serving_dtype(model: Model, dtype: str | None) -> str:
@@ -72,9 +92,10 @@ def serving_dtype(model: Model, dtype: str | None) -> str:
     try:
         name = canonical_dtype(dtype or model.stored_dtype)
     except ArtifactError as e:
-        raise Invalid(str(e)) from None
+        raise Invalid(str(e), field="dtype") from None
     if name not in WORKER_DTYPES:
-        raise Invalid(f"dtype {name!r} cannot be served yet; workers load models in {', '.join(WORKER_DTYPES)}")
+        raise Invalid(f"dtype {name!r} cannot be served yet; workers load models in {', '.join(WORKER_DTYPES)}",
+                      field="dtype")
     return name
 
 
@@ -123,7 +144,9 @@ def record_load(host_name: str, replica_id: int, measurement: Measurement, pid: 
     """Keep one load's estimate and measurement (once per worker) and recalibrate its family; None if
     it was already kept or the artifact can no longer be read. Every status of a ready worker carries its
     measurement, so the cheap check comes first."""
-    key = f"{host_name}/{replica_id}/{pid}"
+    # The replica's id is unique across hosts; the host name (up to 200 characters) only helps a reader,
+    # so it goes last and is cut to the column.
+    key = f"{replica_id}/{pid}/{host_name}"[:200]
     if MemorySample.objects.filter(load_key=key).exists():
         return None
     replica = Replica.objects.select_related("deployment__model").get(pk=replica_id)
@@ -131,7 +154,7 @@ def record_load(host_name: str, replica_id: int, measurement: Measurement, pid: 
     model = deployment.model
     try:
         est = estimate(model.path, dtype=deployment.dtype or None, batch=measurement.batch, seq=measurement.seq,
-                       device=measurement.device)
+                       device=measurement.device, roots=settings.MODEL_ROOTS)
     except ArtifactError as e:
         log.warning("cannot calibrate from %s: its model is no longer readable (%s)", key, e)
         return None

@@ -4,11 +4,31 @@ from datetime import datetime
 from typing import Literal
 
 from ninja import Field, Schema
+from pydantic import ConfigDict
+
+from console.catalog.memory import MAX_BATCH, MAX_SEQ
+
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"  # console.catalog.models.NAME_VALIDATOR
+MAX_PATH = 1000  # the path columns
 
 
-class ModelIn(Schema):
-    name: str
-    path: str
+class RequestBody(Schema):
+    """A request body: a field the API does not know is refused (a typo is not silently ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def name_field(what: str):
+    # The pattern is documented, not enforced here: the services refuse a bad name in plainer words.
+    return Field(json_schema_extra={"pattern": NAME_PATTERN}, max_length=63,
+                 description=f"the {what}'s name: 1-63 lowercase letters, digits, '.', '_' or '-', starting and "
+                 "ending with a letter or digit; deployments and adapters share one namespace")
+
+
+class ModelIn(RequestBody):
+    name: str = name_field("model")
+    path: str = Field(max_length=MAX_PATH, description="the model directory: absolute, or relative to the first "
+                      "model root (MODELGRID_MODEL_ROOTS); it must resolve inside a model root")
 
 
 class ModelOut(Schema):
@@ -25,19 +45,30 @@ class ModelOut(Schema):
     created: datetime
 
 
+class ErrorItem(Schema):
+    loc: list[str | int] = Field(description="where: [\"body\", field], [\"query\", name], or [] for the request "
+                                 "as a whole")
+    msg: str
+    type: str = Field(description="a short code: invalid, not_found, conflict, unauthorized, forbidden, "
+                      "server_error, or pydantic's error type")
+
+
 class ErrorOut(Schema):
-    detail: str
+    """Every refusal of the API, whatever its status: one or more items."""
+
+    detail: list[ErrorItem]
 
 
-class EstimateIn(Schema):
-    path: str | None = Field(None, description="a model directory, config-only directory, config.json or .safetensors "
-                             "file on the console host")
-    model: str | None = Field(None, description="or a registered model's name")
-    dtype: str | None = Field(None, description="serving dtype (torch name or fp32/fp16/bf16); default: as stored")
-    batch: int = Field(1, description="concurrent sequences")
-    seq: int | None = Field(None, description="tokens per sequence (image side for vision models)")
+class EstimateIn(RequestBody):
+    path: str | None = Field(None, max_length=MAX_PATH, description="a model directory, config-only directory, "
+                             "config.json or .safetensors file inside the model roots (MODELGRID_MODEL_ROOTS)")
+    model: str | None = Field(None, max_length=63, description="or a registered model's name")
+    dtype: str | None = Field(None, max_length=20, description="serving dtype (torch name or fp32/fp16/bf16); "
+                              "default: as stored")
+    batch: int = Field(1, ge=1, le=MAX_BATCH, description="concurrent sequences")
+    seq: int | None = Field(None, ge=1, le=MAX_SEQ, description="tokens per sequence (image side for vision models)")
     device: Literal["cuda", "cpu"] = "cuda"
-    adapter_pool_bytes: int = Field(0, ge=0, description="device-tier budget for LoRA adapters")
+    adapter_pool_bytes: int = Field(0, ge=0, le=2**62, description="device-tier budget for LoRA adapters")
 
 
 class EstimateOut(Schema):
@@ -60,10 +91,11 @@ class EstimateOut(Schema):
     calibrated_from: int = Field(description="measured loads behind the correction (0: uncalibrated)")
 
 
-class AdapterIn(Schema):
-    name: str
-    deployment: str = Field(description="the deployment whose base-model replicas serve it")
-    path: str = Field(description="a PEFT LoRA directory: adapter_config.json + adapter_model.safetensors")
+class AdapterIn(RequestBody):
+    name: str = name_field("adapter")
+    deployment: str = Field(max_length=63, description="the deployment whose base-model replicas serve it")
+    path: str = Field(max_length=MAX_PATH, description="a PEFT LoRA directory (adapter_config.json + "
+                      "adapter_model.safetensors) inside the model roots")
     pinned: bool = Field(False, description="keep it in the device tier, never evicted")
 
 

@@ -11,26 +11,26 @@ from django.db import IntegrityError, transaction
 
 from agent.artifacts import ArtifactError, estimate_model, inspect_model_dir
 from console.catalog.models import NAME_VALIDATOR, Model
-from console.errors import Conflict, Invalid, NotFound
+from console.errors import Conflict, DomainError, Invalid, NotFound
 
 
 def validate_name(name: str, what: str) -> None:
     try:
         NAME_VALIDATOR(name)
     except ValidationError as e:
-        raise Invalid(f"{what} name {name!r} is not valid: {e.messages[0]}") from None
+        raise Invalid(f"{what} name {name!r} is not valid: {e.messages[0]}", field="name") from None
 
 
 def register_model(name: str, path: str) -> Model:
     """Read the artifact at `path`, estimate it and store it as `name`; nothing stored on error."""
     validate_name(name, "model")
     if not path:
-        raise Invalid("path is empty: give the directory that holds config.json and *.safetensors")
+        raise Invalid("path is empty: give the directory that holds config.json and *.safetensors", field="path")
     try:
-        artifact = inspect_model_dir(path)
+        artifact = inspect_model_dir(path, roots=settings.MODEL_ROOTS)
+        estimate = estimate_model(artifact)
     except ArtifactError as e:
-        raise Invalid(str(e)) from None
-    estimate = estimate_model(artifact)
+        raise Invalid(str(e), field="path") from None
     try:
         with transaction.atomic():
             return Model.objects.create(
@@ -46,14 +46,26 @@ def register_model(name: str, path: str) -> Model:
                 estimate=estimate.as_dict(),
             )
     except IntegrityError:
-        raise Conflict(f"a model named {name!r} is already registered") from None
+        raise Conflict(f"a model named {name!r} is already registered", field="name") from None
 
 
-def get_model(name: str) -> Model:
+def can_be_name(name: str) -> bool:
+    """Whether `name` could name a row at all: lookups of anything else (a NUL, which PostgreSQL cannot even
+    compare) answer "no such" without asking the database."""
+    return isinstance(name, str) and NAME_VALIDATOR.regex.fullmatch(name) is not None
+
+
+def get_model(name: str, missing: type[DomainError] = NotFound) -> Model:
+    """The model called `name`; `missing` is raised when there is none (NotFound, or Invalid when the name came
+    inside a request body)."""
     try:
-        return Model.objects.get(name=name)
+        if can_be_name(name):
+            return Model.objects.get(name=name)
     except Model.DoesNotExist:
-        raise NotFound(f"no model named {name!r}") from None
+        pass
+    raise missing(f"no model named {name!r}" + ("; register it first (POST /api/v1/models)"
+                                                 if missing is Invalid else ""),
+                  field="model" if missing is Invalid else None)
 
 
 def delete_model(name: str) -> None:
@@ -83,7 +95,7 @@ def model_store_entries() -> list[StoreEntry]:
     entries = []
     for path in sorted(p for p in store.iterdir() if p.is_dir()):
         try:
-            artifact = inspect_model_dir(path)
+            artifact = inspect_model_dir(path, roots=settings.MODEL_ROOTS)
             problem, weights, arch = "", artifact.weights_bytes, artifact.architecture
         except ArtifactError as e:
             problem, weights, arch = str(e), 0, ""

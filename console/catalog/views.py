@@ -80,10 +80,11 @@ def deploy(request, name: str):
     form = request.POST
     try:
         dep_name = form.get("deployment") or unused_deployment_name(name)
-        dep = create_deployment(dep_name, name, whole_number(form.get("replicas"), "replicas") or 1,
-                                form.get("priority") or "standard", dtype=form.get("dtype") or None,
+        replicas = whole_number(form.get("replicas"), "replicas")
+        policy = {"priority": form.get("priority") or "standard"} | ({} if replicas is None else {"replicas": replicas})
+        dep = create_deployment(dep_name, name, dtype=form.get("dtype") or None,
                                 batch=whole_number(form.get("batch"), "batch") or 1,
-                                seq=whole_number(form.get("seq"), "seq"))
+                                seq=whole_number(form.get("seq"), "seq"), **policy)
     except DomainError as e:
         messages.error(request, f"Not deployed: {e}")
         return redirect("models")

@@ -18,9 +18,9 @@ def list_deployments(request):
 
 @router.post("", response={201: DeploymentOut, 409: ErrorOut, 422: ErrorOut}, summary="Deploy a registered model")
 def create_deployment(request, body: DeploymentIn):
-    policy = body.dict(include=set(services.POLICY_FIELDS) - {"replicas", "priority"})
-    dep = services.create_deployment(body.name, body.model, body.replicas, body.priority, dtype=body.dtype,
-                                     batch=body.batch, seq=body.seq, **policy)
+    policy = body.dict(include=set(services.POLICY_FIELDS), exclude_unset=True)
+    dep = services.create_deployment(body.name, body.model, dtype=body.dtype, batch=body.batch, seq=body.seq,
+                                     **policy)
     return Status(201, deployment_data(dep))
 
 

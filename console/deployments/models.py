@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import models
 from django.utils import timezone
 
 from agent.protocol import REPLICA_STATES
 from console.catalog.models import NAME_VALIDATOR, Model
+from console.deployments.policy import FIELDS as POLICY_FIELDS
+from console.deployments.policy import validate_policy
+from console.errors import Invalid
 
 
 class Priority(models.TextChoices):
@@ -85,6 +89,14 @@ class Deployment(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """Every form of a deployment (the Django admin's included) validates its policy as the API does."""
+        try:
+            validate_policy({f: getattr(self, f) for f in POLICY_FIELDS})
+        except Invalid as e:
+            raise ValidationError({str(item["loc"][-1]) if item["loc"] else NON_FIELD_ERRORS: item["msg"]
+                                   for item in e.errors}) from None
 
     @property
     def serving_dtype(self) -> str:

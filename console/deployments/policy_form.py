@@ -1,6 +1,6 @@
 """The deployment page's "Policy and SLO" form: its text fields to the policy changes
-services.update_deployment() takes, and stored policy back to text. Parsing errors are Invalid and name
-the field the way the service's own refusals do, so the page can point at the input."""
+services.update_deployment() takes, and stored policy back to text. Parsing errors are Invalid and carry
+the field, as the policy's own refusals do, so the page can point at the input."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from console.deployments.models import Deployment
 from console.errors import Invalid
 from console.forms import checked, whole_number
 
-# The form's fields, in the order of the form (all of services.POLICY_FIELDS but `replicas`, which is
+# The form's fields, in the order of the form (all of the policy's fields but `replicas`, which is
 # the scheduler's to move within [min, max]).
 FIELDS = ("priority", "min_replicas", "max_replicas", "idle_timeout_s", "gpus_per_replica", "slo_latency_ms",
           "latency_critical", "profile", "selector", "max_batch_size", "max_batch_delay_ms", "standby")
@@ -31,9 +31,9 @@ def parse_selector(text: str) -> dict[str, str]:
         key, eq, value = part.partition("=")
         key, value = key.strip(), value.strip()
         if not eq or not key or not value:
-            raise Invalid(f"selector: {part!r} is not key=value; write labels as gpu=h100, zone=a")
+            raise Invalid(f"selector: {part!r} is not key=value; write labels as gpu=h100, zone=a", field="selector")
         if key in out and out[key] != value:
-            raise Invalid(f"selector: label {key!r} is given twice ({out[key]!r} and {value!r})")
+            raise Invalid(f"selector: label {key!r} is given twice ({out[key]!r} and {value!r})", field="selector")
         out[key] = value
     return out
 
@@ -56,7 +56,8 @@ def parse_policy_form(form: Mapping[str, str]) -> dict[str, Any]:
         try:
             changes["max_batch_delay_ms"] = float(delay)
         except ValueError:
-            raise Invalid(f"max_batch_delay_ms must be a number of milliseconds, got {delay!r}") from None
+            raise Invalid(f"max_batch_delay_ms must be a number of milliseconds, got {delay!r}",
+                          field="max_batch_delay_ms") from None
     if form.get("priority"):
         changes["priority"] = form["priority"]
     changes["profile"] = form.get("profile", "")
@@ -76,12 +77,6 @@ def policy_values(dep: Deployment) -> dict[str, Any]:
 def submitted_values(form: Mapping[str, str]) -> dict[str, Any]:
     """What the person typed, to show again beside a refusal."""
     return {f: form.get(f, "") for f in FIELDS} | {f: checked(form, f) for f in ("latency_critical", "standby")}
-
-
-def field_named(message: str) -> str | None:
-    """The form field a refusal is about: the first field name the message mentions."""
-    hits = [(message.find(f), f) for f in FIELDS if f in message]
-    return min(hits)[1] if hits else None
 
 
 _LABELS = {"priority": "priority", "min_replicas": "min replicas", "max_replicas": "max replicas",

@@ -1,52 +1,50 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated, Any
 
 from ninja import Field, Schema
+from pydantic import create_model
+
+from console.catalog.memory import MAX_BATCH, MAX_SEQ
+from console.catalog.schemas import RequestBody, name_field
+from console.deployments.policy import REPLICA_FIELDS, Policy
 
 
-class DeploymentIn(Schema):
-    name: str
-    model: str
-    replicas: int = Field(1, ge=0, le=64)
-    priority: str = "standard"
-    dtype: str | None = Field(None, description="serving dtype (float32, float16, bfloat16 or fp32/fp16/bf16); "
-                              "default: as stored")
-    batch: int = Field(1, ge=1, description="concurrent sequences per replica, for the memory estimate")
-    seq: int | None = Field(None, ge=1, description="tokens per sequence; default min(max positions, 2048)")
-    min_replicas: int | None = Field(None, description="with max_replicas: the scheduler keeps the count in "
-                                     "[min, max], adding replicas while the SLO is violated")
-    max_replicas: int | None = None
-    gpus_per_replica: int = Field(1, description="GPUs one replica spans (a gang on one host)")
-    selector: dict[str, str] = Field(default_factory=dict, description="GPU labels required, e.g. {\"gpu\": \"h100\"}")
-    slo_latency_ms: int | None = Field(None, description="p95 latency target")
-    latency_critical: bool = False
-    profile: str = Field("", description="compute, memory, io or empty (unknown): what bounds it")
-    max_batch_size: int = Field(8, description="dynamic batching: rows per forward")
-    max_batch_delay_ms: float = Field(5.0, description="dynamic batching: how long a request waits for others")
-    standby: bool = Field(False, description="load its replicas but take no requests; turning it off serves "
-                          "without a load gap")
-    idle_timeout_s: int = Field(300, description="scale to zero: with min_replicas 0, its replicas leave their "
-                                "GPUs after this many seconds without requests (1 to 604800); the next request "
-                                "brings one back")
+def _policy_fields(defaults: bool) -> dict[str, Any]:
+    """Policy's fields with their bounds, for a request schema: with `defaults` as Policy has them (except the
+    replica counts, which follow each other), else all left out unless given."""
+    out = {}
+    for name, info in Policy.model_fields.items():
+        keep = defaults and name not in REPLICA_FIELDS
+        default = info.get_default(call_default_factory=True) if keep else None
+        annotation = info.annotation if info.annotation is not None else Any
+        if info.metadata:
+            annotation = Annotated[annotation, *info.metadata]
+        out[name] = (annotation, Field(default, description=info.description))
+    return out
 
 
-class DeploymentPatch(Schema):
-    """Only the fields given change. `replicas` alone sets a fixed count (min = max)."""
+class _DeploymentSettings(RequestBody):
+    name: str = name_field("deployment")
+    model: str = Field(max_length=63, description="a registered model's name")
+    dtype: str | None = Field(None, max_length=20, description="serving dtype (float32, float16, bfloat16 or "
+                              "fp32/fp16/bf16); default: as stored")
+    batch: int = Field(1, ge=1, le=MAX_BATCH, description="concurrent sequences per replica, for the memory estimate")
+    seq: int | None = Field(None, ge=1, le=MAX_SEQ, description="tokens per sequence, at most the model's positions; "
+                            "default min(max positions, 2048)")
 
-    replicas: int | None = None
-    min_replicas: int | None = None
-    max_replicas: int | None = None
-    gpus_per_replica: int | None = None
-    priority: str | None = None
-    selector: dict[str, str] | None = None
-    slo_latency_ms: int | None = None
-    latency_critical: bool | None = None
-    profile: str | None = None
-    max_batch_size: int | None = None
-    max_batch_delay_ms: float | None = None
-    standby: bool | None = None
-    idle_timeout_s: int | None = None
+
+DeploymentIn = create_model(
+    "DeploymentIn", __base__=_DeploymentSettings, __doc__="A new deployment: the serving settings and its policy. "
+    "`replicas` alone is a fixed count; with min_replicas/max_replicas the scheduler keeps the count in the range.",
+    **_policy_fields(defaults=True),
+)
+DeploymentPatch = create_model(
+    "DeploymentPatch", __base__=RequestBody, __doc__="Only the fields given change. `replicas` alone sets a fixed "
+    "count (min = max); a range alone keeps the count inside it; `slo_latency_ms: null` removes the SLO.",
+    **_policy_fields(defaults=False),
+)
 
 
 class MemoryOut(Schema):

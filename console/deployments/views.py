@@ -18,7 +18,6 @@ from console.deployments import services
 from console.deployments.models import Deployment, Priority, Profile
 from console.deployments.policy_form import (
     describe_changes,
-    field_named,
     parse_policy_form,
     policy_values,
     stored_policy,
@@ -70,7 +69,7 @@ def _context(dep: Deployment, **policy) -> dict:
         "d": deployment_page_data(dep),
         "policy": policy.get("values") or policy_values(dep),
         "policy_error": policy.get("error"),
-        "policy_error_field": field_named(policy["error"]) if policy.get("error") else None,
+        "policy_error_field": policy.get("error_field"),
         "policy_saved": policy.get("saved"),
         "priorities": Priority.values,
         "profiles": PROFILES,
@@ -106,14 +105,14 @@ def update_policy(request, name: str):
     try:
         dep = services.update_deployment(name, parse_policy_form(request.POST))
     except DomainError as e:
-        error, saved = str(e), None
+        error, error_field, saved = str(e), (e.fields or [None])[0], None
     else:
         changes = describe_changes(before, dep)
-        error = None
+        error = error_field = None
         saved = ("Saved: " + "; ".join(changes) + ". The scheduler acts on it at its next pass."
                  if changes else "Nothing changed.")
     if request.htmx:
-        context = _context(dep, error=error, saved=saved,
+        context = _context(dep, error=error, error_field=error_field, saved=saved,
                            values=submitted_values(request.POST) if error else None)
         response = render(request, POLICY, context | {"oob": True})
         patch_vary_headers(response, ("HX-Request",))

@@ -61,7 +61,7 @@ def test_the_estimate_preview_shows_the_breakdown(user_client, store):
 
 
 @pytest.mark.parametrize("form, message", [
-    ({"path": "/nowhere"}, "no such directory"),
+    ({"path": "/nowhere"}, "path is outside the model roots"),
     ({"model": "tiny-llama", "batch": "many"}, "batch must be a whole number"),
 ])
 def test_the_estimate_preview_explains_bad_input(user_client, store, form, message):

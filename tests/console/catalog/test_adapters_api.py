@@ -8,6 +8,7 @@ from console.catalog.models import Adapter
 from console.deployments.models import Deployment
 from console.deployments.services import create_deployment
 from tests.adapter_files import write_adapter
+from tests.refusals import refusal
 
 pytestmark = pytest.mark.django_db
 UP = "model.layers.0.mlp.up_proj"  # the conftest model's [32, 16] weight
@@ -48,7 +49,7 @@ def not_lora(tmp_path):
 
 
 @pytest.mark.parametrize("case", [
-    lambda tmp: (tmp / "nowhere", "no such directory"),
+    lambda tmp: (tmp / "nowhere", "no such directory in the model roots"),
     not_lora,
     lambda tmp: (write_adapter(tmp / "wide", {UP: (8, 64, 32)}), f"adapter targets {UP} with in=64"),
     lambda tmp: (write_adapter(tmp / "other", {"model.layers.9.mlp.up_proj": (8, 16, 32)}), "has no tensor"),
@@ -57,7 +58,7 @@ def test_a_refused_adapter_is_a_422_with_the_reason_and_nothing_is_stored(api, c
     path, message = case(tmp_path)
     r = api.post("/api/v1/adapters", {"name": "bad", "deployment": "chat", "path": str(path)})
     assert r.status_code == 422, r.content
-    assert message in r.json()["detail"]
+    assert message in refusal(r)
     assert not Adapter.objects.exists()
     assert Deployment.objects.get().estimates == chat.estimates
 
@@ -65,7 +66,7 @@ def test_a_refused_adapter_is_a_422_with_the_reason_and_nothing_is_stored(api, c
 def test_it_refuses_an_unknown_deployment_and_a_taken_name(api, chat, tmp_path):
     path = write_adapter(tmp_path / "sql", {UP: (8, 16, 32)})
     r = api.post("/api/v1/adapters", {"name": "sql", "deployment": "ghost", "path": str(path)})
-    assert r.status_code == 422 and "no deployment named 'ghost'" in r.json()["detail"]
+    assert r.status_code == 422 and "no deployment named 'ghost'" in refusal(r)
     assert api.post("/api/v1/adapters", {"name": "sql", "deployment": "chat", "path": str(path)}).status_code == 201
     r = api.post("/api/v1/adapters", {"name": "sql", "deployment": "chat", "path": str(path)})
     assert r.status_code == 409 and Adapter.objects.count() == 1

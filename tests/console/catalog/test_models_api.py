@@ -1,6 +1,7 @@
 import pytest
 
 from console.catalog.models import Model
+from tests.refusals import refusal
 
 pytestmark = pytest.mark.django_db
 
@@ -17,26 +18,26 @@ def test_it_registers_a_model_and_returns_its_estimate(api, model_dir):
 
 @pytest.mark.parametrize(
     "path, message",
-    [("/definitely/not/here", "no such directory"), ("", "path is empty")],
+    [("/definitely/not/here", "path is outside the model roots"), ("", "path is empty")],
 )
 def test_it_refuses_a_missing_path_and_stores_nothing(api, path, message):
     r = api.post("/api/v1/models", {"name": "x", "path": path})
     assert r.status_code == 422
-    assert message in r.json()["detail"]
+    assert message in refusal(r)
     assert not Model.objects.exists()
 
 
 def test_it_refuses_a_directory_that_is_not_a_model(api, tmp_path):
     r = api.post("/api/v1/models", {"name": "x", "path": str(tmp_path)})
     assert r.status_code == 422
-    assert "no config.json" in r.json()["detail"]
+    assert "no config.json" in refusal(r)
     assert not Model.objects.exists()
 
 
 def test_it_refuses_a_bad_name(api, model_dir):
     r = api.post("/api/v1/models", {"name": "Bad Name!", "path": str(model_dir)})
     assert r.status_code == 422
-    assert "model name 'Bad Name!' is not valid" in r.json()["detail"]
+    assert "model name 'Bad Name!' is not valid" in refusal(r)
 
 
 def test_it_refuses_a_duplicate_name(api, model_dir):
@@ -58,4 +59,4 @@ def test_it_will_not_delete_a_model_in_use(api, model_dir):
     api.post("/api/v1/deployments", {"name": "d", "model": "tiny"})
     r = api.delete("/api/v1/models/tiny")
     assert r.status_code == 409
-    assert "used by deployment(s) d" in r.json()["detail"]
+    assert "used by deployment(s) d" in refusal(r)

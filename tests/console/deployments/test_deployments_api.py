@@ -2,6 +2,7 @@ import pytest
 
 from console.deployments.models import Deployment
 from console.deployments.reconcile import reconcile_once
+from tests.refusals import refusal, refused_fields
 
 pytestmark = pytest.mark.django_db
 
@@ -34,7 +35,7 @@ def test_a_deployment_with_no_gpus_anywhere_is_unschedulable_with_a_reason(api, 
 def test_it_refuses_an_unknown_model_and_stores_nothing(api):
     r = api.post("/api/v1/deployments", {"name": "chat", "model": "ghost"})
     assert r.status_code == 422
-    assert "no model named 'ghost'" in r.json()["detail"]
+    assert "no model named 'ghost'" in refusal(r)
     assert not Deployment.objects.exists()
 
 
@@ -49,7 +50,7 @@ def test_it_deletes_a_deployment(api, registered):
     assert api.delete("/api/v1/deployments/chat").status_code == 204
     r = api.get("/api/v1/deployments/chat")
     assert r.status_code == 404
-    assert r.json()["detail"] == "no deployment named 'chat'"
+    assert refusal(r) == "no deployment named 'chat'"
 
 
 def test_it_scales_a_deployment_up_and_down(api, registered, client):
@@ -78,7 +79,9 @@ def test_it_changes_the_policy_and_refuses_a_bad_change_whole(api, registered, c
     assert (body["priority"], body["max_batch_size"], body["max_batch_delay_ms"]) == ("critical", 16, 2.5)
     assert (body["min_replicas"], body["max_replicas"], body["selector"]) == (1, 4, {"gpu": "h100"})
     r = client.patch("/api/v1/deployments/chat", data='{"priority": "low", "max_batch_size": 2}', **patch)
-    assert r.status_code == 422 and "priority 'low' is not one of" in r.json()["detail"]
+    assert r.status_code == 422 and refused_fields(r) == ["priority"]
+    assert refusal(r) == "input should be 'critical', 'high', 'standard' or 'batch'"
     assert Deployment.objects.get().max_batch_size == 16  # nothing of the refused change was stored
     r = client.patch("/api/v1/deployments/chat", data='{"min_replicas": 5}', **patch)
-    assert r.status_code == 422 and "min_replicas 5 is above max_replicas 4" in r.json()["detail"]
+    assert r.status_code == 422 and refusal(r) == "max_replicas 4 is below min_replicas 5"
+    assert refused_fields(r) == ["max_replicas"]

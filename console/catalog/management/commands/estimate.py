@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
@@ -31,8 +32,9 @@ class Command(BaseCommand):
         # Usable before the console's database exists: the estimate then goes without calibration.
         has_db = Calibration._meta.db_table in connection.introspection.table_names()
         try:
-            result = estimate_request(opts["path"], None, opts["dtype"], opts["batch"], opts["seq"], opts["device"],
-                                      calibrate=has_db)
+            # A path typed in a shell is relative to the shell's directory (the API's are relative to the first root).
+            result = estimate_request(os.path.abspath(opts["path"]), None, opts["dtype"], opts["batch"], opts["seq"],
+                                      opts["device"], calibrate=has_db)
         except DomainError as e:
             raise CommandError(str(e), returncode=2) from None
         if opts["json"]:
