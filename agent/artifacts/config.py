@@ -131,6 +131,14 @@ class ModelConfig:
             )
         return value
 
+    def positions(self) -> int | None:
+        """The token positions the model can attend over (`max_position_embeddings`, GPT-2's `n_positions`,
+        the family's default when unset); None when it declares none (T5, vision). ArtifactError when invalid."""
+        for key in ("max_position_embeddings", "n_positions"):
+            if self.get(key):
+                return self.int(key)
+        return None
+
     def int_list(self, key: str, *, minimum: int = 1, allow_empty: bool = False) -> list[int]:
         """A list of integers, each within [minimum, the field's bound], at most MAX_LIST of them."""
         value = self.get(key, [])

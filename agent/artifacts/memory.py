@@ -16,10 +16,9 @@ def default_seq(cfg: ModelConfig) -> int:
     """The declared shape when none is given: min(max positions, 2048) tokens; the image side for vision."""
     if cfg.family in ("vit", "resnet", "mobilenet_v2"):
         return cfg.int("image_size", 224)
-    for key in ("max_position_embeddings", "n_positions"):
-        if cfg.get(key):
-            return min(cfg.int(key), 2048)
-    return 512  # T5 has relative positions and no limit; 512 is its pre-training length
+    positions = cfg.positions()
+    # T5 has relative positions and no limit; 512 is its pre-training length
+    return 512 if positions is None else min(positions, 2048)
 
 
 def sliding_windows(cfg: ModelConfig) -> tuple[int | None, int, int]:

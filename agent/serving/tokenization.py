@@ -80,11 +80,6 @@ def _load(path: Path, max_positions: int | None, truncate: bool) -> TextCodec:
 
 def _max_positions(path: Path) -> int | None:
     try:
-        config = read_config(path / "config.json")
+        return read_config(path / "config.json").positions()
     except ArtifactError:
         return None
-    for key in ("max_position_embeddings", "n_positions"):
-        value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None

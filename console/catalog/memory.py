@@ -75,16 +75,9 @@ def check_shape(batch: int, seq: int | None) -> None:
 def model_positions(model: Model) -> int | None:
     """The positions a registered model's config declares (None: no fixed limit, or a vision model)."""
     try:
-        cfg = read_config(Path(model.path) / "config.json", settings.MODEL_ROOTS)
+        return read_config(Path(model.path) / "config.json", settings.MODEL_ROOTS).positions()
     except ArtifactError as e:
         raise Invalid(str(e), field="model") from None
-    if cfg.family in ("vit", "resnet", "mobilenet_v2"):
-        return None
-    for key in ("max_position_embeddings", "n_positions"):
-        value = cfg.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
 
 
 def serving_dtype(model: Model, dtype: str | None) -> str:

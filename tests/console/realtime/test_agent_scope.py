@@ -5,24 +5,17 @@ import json
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
-from agent.protocol import PROTOCOL_VERSION
-from console.asgi import application
 from console.catalog.services import register_model
 from console.deployments.models import Deployment, Replica
 from console.deployments.observed import refresh_observations
 from console.deployments.reconcile import reconcile_once
 from console.deployments.services import create_deployment
 from console.fleet.models import AgentCredential, Gpu, Host
+from tests.console.realtime.agent_link import GPU, GiB, linked
 
 pytestmark = pytest.mark.django_db(transaction=True)
-GiB = 1024**3
-GPU = {"index": 0, "uuid": "SIM-h1-0", "name": "Simulated GPU", "total_bytes": 24 * GiB, "used_bytes": 0,
-       "simulated": True}
-HELLO = {"type": "hello", "protocol": PROTOCOL_VERSION, "host": "h1", "agent_version": "test",
-         "endpoint": "http://127.0.0.1:9999", "gpus": [GPU]}
 FAKE_SLOW = {"deployment": "emb", "requests": 5000, "request_rate": 80.0, "error_rate": 0.0, "p95_ms": 1e7}
 
 
@@ -39,15 +32,6 @@ def fleet_with_emb_on_home(model_dir) -> int:
     return replica.pk
 
 
-async def link(token) -> WebsocketCommunicator:
-    comm = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", f"Bearer {token}".encode())])
-    connected, _ = await comm.connect()
-    assert connected
-    await comm.send_to(text_data=json.dumps(HELLO))
-    assert json.loads(await comm.receive_from(timeout=5))["type"] == "desired_state"
-    return comm
-
-
 async def round_trip(comm) -> None:
     """Messages are applied in order: once a bad one is answered, everything sent before it was applied."""
     await comm.send_to(text_data=json.dumps({"type": "ack"}))
@@ -57,7 +41,7 @@ async def round_trip(comm) -> None:
 async def test_an_agent_cannot_steer_a_deployment_it_runs_no_replica_of(model_dir):
     home_replica = await database_sync_to_async(fleet_with_emb_on_home)(model_dir)
     token = await database_sync_to_async(lambda: AgentCredential.issue("h1")[1])()
-    comm = await link(token)
+    comm = await linked(token)
     # h1 claims emb is dreadfully slow, that home's replica failed, and that its GPU 0 is full.
     await comm.send_to(text_data=json.dumps({
         "type": "report", "gpus": [GPU | {"used_bytes": 20 * GiB}], "serving": [FAKE_SLOW],

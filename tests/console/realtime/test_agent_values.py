@@ -6,21 +6,14 @@ import logging
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.db import DatabaseError
 
-from agent.protocol import PROTOCOL_VERSION
-from console.asgi import application
 from console.deployments.models import Deployment, Replica
 from console.fleet import intake
 from console.fleet.models import AgentCredential, Gpu, Host
+from tests.console.realtime.agent_link import GPU, HELLO, linked
 
 pytestmark = pytest.mark.django_db(transaction=True)
-GiB = 1024**3
-GPU = {"index": 0, "uuid": "SIM-h1-0", "name": "Simulated GPU", "total_bytes": 24 * GiB, "used_bytes": 0,
-       "simulated": True}
-HELLO = {"type": "hello", "protocol": PROTOCOL_VERSION, "host": "h1", "agent_version": "test",
-         "endpoint": "http://127.0.0.1:9999", "gpus": [GPU]}
 SERVING = {"deployment": "chat", "requests": 3, "request_rate": 0.05, "error_rate": 0.0, "p95_ms": 12.5}
 
 
@@ -35,16 +28,6 @@ def status(replica_id, **fields) -> dict:
 @pytest.fixture
 def token():
     return AgentCredential.issue("h1")[1]
-
-
-async def linked(token) -> WebsocketCommunicator:
-    """An agent link past its hello."""
-    comm = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", f"Bearer {token}".encode())])
-    connected, _ = await comm.connect()
-    assert connected
-    await comm.send_to(text_data=json.dumps(HELLO))
-    assert json.loads(await comm.receive_from(timeout=5))["type"] == "desired_state"
-    return comm
 
 
 async def still_open(comm) -> None:
