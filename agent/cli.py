@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import agent
 from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT
+from agent.workers.rendezvous import DEFAULT_ORPHAN_TIMEOUT
 
 if TYPE_CHECKING:
     from agent.daemon import Agent
@@ -58,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--heartbeat-timeout", default=10.0, type=_positive,
                      help="seconds a loaded worker may miss heartbeats before it is killed and replaced (default 10)")
     run.add_argument("--mps", action="store_true",
-                     help="start the CUDA MPS control daemon (nvidia-cuda-mps-control) and stop it on exit, so "
-                     "replicas sharing a GPU run at once with their mps_percentage of its SMs")
+                     help="start the CUDA MPS control daemon (nvidia-cuda-mps-control) and stop it on exit (unless the "
+                     "workers are left running for the next agent), so replicas sharing a GPU run at once with their "
+                     "mps_percentage of its SMs")
     run.add_argument("--cap-cpu-workers", action=argparse.BooleanOptionalAction, default=True,
                      help="hold each CPU worker (simulated GPUs) to its reservation with an address-space cap, so a "
                      "request too big for its replica fails alone with 507 instead of exhausting the host "
@@ -71,6 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--generation-timeout", default=DEFAULT_GENERATION_TIMEOUT, type=_timeout, metavar="SECONDS",
                      help="how long a generation may run when the request names no timeout of its own (default "
                      f"{DEFAULT_GENERATION_TIMEOUT:g})")
+
+    run.add_argument("--state-dir", default=None, metavar="DIR",
+                     help="where replica workers wait for the next agent when this one stops or crashes: their "
+                     "sockets and this agent's key (default: $MODELGRID_DATA_DIR/agents/NAME when that is set, else "
+                     "$XDG_STATE_HOME or ~/.local/state, then modelgrid/agents/NAME)")
+    run.add_argument("--stop-workers-on-exit", action="store_true",
+                     help="stop every worker when the agent stops (SIGTERM or Ctrl-C). By default the replica workers "
+                     "keep their models loaded when the agent stops (or crashes), and the next agent started on the "
+                     "same --state-dir adopts them without a reload, so an upgrade or a restart drops no model; "
+                     "workers that no agent adopts exit after --orphan-timeout. Warm spares always stop")
+    run.add_argument("--orphan-timeout", default=DEFAULT_ORPHAN_TIMEOUT, type=_positive, metavar="SECONDS",
+                     help="how long a worker left without an agent keeps its model and waits for the next one before "
+                     f"it exits (default {DEFAULT_ORPHAN_TIMEOUT:g})")
 
     demo = commands.add_parser("demo-models", help="write the demo model directories (tiny-llama, tiny-bert, minilm)")
     demo.add_argument("directory")
@@ -152,12 +167,27 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         cap_cpu_workers=args.cap_cpu_workers,
         cpu_threads=args.cpu_threads,
         generation_timeout=args.generation_timeout,
+        state_dir=args.state_dir or default_state_dir(args.name),
+        stop_workers_on_exit=args.stop_workers_on_exit,
+        orphan_timeout=args.orphan_timeout,
     )
     return asyncio.run(_serve(Agent(config, backend)))
 
 
+def default_state_dir(name: str, env: dict[str, str] | None = None) -> str:
+    """The agent's state directory when --state-dir is not given: beside the console's data when one runs here
+    (the embedded `up`), else the user's state directory. One per agent name, so two agents on one host differ."""
+    env = os.environ if env is None else env
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "agent"
+    if env.get("MODELGRID_DATA_DIR"):
+        return os.path.join(env["MODELGRID_DATA_DIR"], "agents", safe)
+    base = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "modelgrid", "agents", safe)
+
+
 async def _serve(daemon: Agent) -> int:
     from agent.mps import MpsUnavailable
+    from agent.workers.rendezvous import StateDirError
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -166,6 +196,9 @@ async def _serve(daemon: Agent) -> int:
         await daemon.run()
     except MpsUnavailable as e:
         logging.getLogger("agent").error("cannot start MPS: %s", e)
+        return 1
+    except StateDirError as e:
+        logging.getLogger("agent").error("cannot use the state directory: %s", e)
         return 1
     except OSError as e:  # the listen address is taken or not ours
         logging.getLogger("agent").error("cannot serve inference: %s", e)

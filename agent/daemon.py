@@ -7,6 +7,10 @@ loading progress); the console sends desired_state (answered by an ack once appl
 The replicas themselves (converging, restarts, sleep budget, wakes) are agent.replicas. Each desired
 state that is not stale also carries the gateway secret, the one bearer token the inference server accepts
 (agent.serving.auth); it is kept in memory only, across reconnects, and replaced by each newer one.
+
+With a state directory, replica workers outlive the agent: on start it adopts the workers a previous agent left
+there (before it first converges), and on stop it leaves them running with their models unless
+`stop_workers_on_exit` (agent.workers.rendezvous).
 """
 
 from __future__ import annotations
@@ -43,12 +47,17 @@ from agent.serving import make_app, start_server
 from agent.serving.auth import GatewayAuth
 from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
+from agent.workers.rendezvous import DEFAULT_ORPHAN_TIMEOUT
 from agent.workers.supervisor import DEFAULT_WARM_SPARES, Supervisor, WorkerHandle
 
 log = logging.getLogger(__name__)
 
 WS_PATH = "/ws/agent/"
 _FLUSH_ON_EXIT_S = 1.0
+# Periodic reports carry only the GPUs and replicas whose reading changed since the last report; every
+# FULL_REPORT_EVERY-th one (and the first on each connection, and those around a worker's state change) is
+# whole, so a console that missed something is resynced within a minute.
+FULL_REPORT_EVERY = 15
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,9 @@ class AgentConfig:
     cap_cpu_workers: bool = True  # hold CPU workers to their reservation (address-space cap)
     cpu_threads: int | None = None  # torch threads per CPU worker; None: the host's cores shared among them
     generation_timeout: float = DEFAULT_GENERATION_TIMEOUT  # seconds a generation may run unless it says otherwise
+    state_dir: str | None = None  # replica workers outlive the agent there; None: they die with it (as before)
+    stop_workers_on_exit: bool = False  # with a state_dir: stop the workers on stop instead of leaving them
+    orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT  # seconds a worker left without an agent waits before it exits
 
     def replica_settings(self) -> ReplicaSettings:
         """The fields of this config that are the replicas' (same names, same meaning)."""
@@ -91,7 +103,8 @@ def websocket_url(console: str) -> str:
 
 
 class Agent:
-    """One host's agent; `run()` until `request_stop()`, then every worker is stopped."""
+    """One host's agent; `run()` until `request_stop()`, then every worker is stopped, or left running for the next
+    agent (a state directory and not `stop_workers_on_exit`)."""
 
     def __init__(self, config: AgentConfig, backend: GpuBackend) -> None:
         self.config = config
@@ -103,6 +116,7 @@ class Agent:
         self.listening = asyncio.Event()
         self.applied_generation: int | None = None
         self._outbox: asyncio.Queue[str] | None = None
+        self._reported: dict[tuple[str, int], str] = {}  # what the console was last told of each GPU and replica
         self._stop = asyncio.Event()
         self._mps: MpsControl | None = None
         self.metrics = Metrics(CollectorRegistry())  # its own registry: /metrics shows this agent only
@@ -123,18 +137,30 @@ class Agent:
         """Ask `run()` to stop the workers and return (safe from a signal handler on the loop)."""
         self._stop.set()
 
+    @property
+    def leaves_workers(self) -> bool:
+        """Whether stopping leaves the replica workers running for the next agent."""
+        return self.replicas.outlive_agent and not self.config.stop_workers_on_exit
+
     async def run(self) -> None:
         """Serve inference and stay connected to the console until asked to stop."""
-        await self._start_mps()
+        adopted = await self.replicas.open()  # StateDirError when another agent runs on this state directory
         try:
-            app = make_app(self, metrics=self.metrics, auth=self.gateway,
-                           generation_timeout=self.config.generation_timeout)
-            runner, port = await start_server(app, self.config.listen_host, self.config.listen_port)
+            await self._start_mps()
+            try:
+                app = make_app(self, metrics=self.metrics, auth=self.gateway,
+                               generation_timeout=self.config.generation_timeout)
+                runner, port = await start_server(app, self.config.listen_host, self.config.listen_port)
+            except BaseException:
+                await self._stop_mps()
+                raise
         except BaseException:
-            await self._stop_mps()
+            await self._let_go()
             raise
         self.endpoint = self.config.advertise.rstrip("/") or _endpoint(self.config.listen_host, port)
         print(f"ModelGrid agent {self.config.name} serving inference on {self.endpoint}", flush=True)
+        if adopted:
+            log.info("adopted %d running worker(s) from the previous agent", len(adopted))
         self.listening.set()
         try:
             self.supervisor.start_spares()
@@ -143,16 +169,25 @@ class Agent:
             async with aiohttp.ClientSession(timeout=timeout) as session:
                 link = asyncio.create_task(self._stay_connected(session))
                 await self._stop.wait()
-                log.info("stopping: %d worker(s)", len(self.supervisor.handles()))
-                await self.replicas.stop_all()
+                log.info("stopping: %d worker(s)%s", len(self.supervisor.handles()),
+                         " left running for the next agent" if self.leaves_workers else "")
+                await self._let_go()
                 await self._flush()  # let the console hear the replicas stopped
                 link.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await link
         finally:
-            await self.replicas.stop_all()
-            await self._stop_mps()  # after the workers: MPS clients must be gone before the server quits
+            await self._let_go()
+            if not self.leaves_workers:
+                await self._stop_mps()  # after the workers: MPS clients must be gone before the server quits
             await runner.cleanup()
+
+    async def _let_go(self) -> None:
+        """Stop the workers, or leave them to the next agent (a crash on the way out leaves them too)."""
+        if self.leaves_workers:
+            await self.replicas.detach_all()
+        else:
+            await self.replicas.stop_all()
 
     async def _start_mps(self) -> None:
         if not self.config.mps:
@@ -201,6 +236,7 @@ class Agent:
         # A new connection may face a console restored from a backup, whose generations restart:
         # staleness is judged within one connection (messages cannot cross connections).
         self.applied_generation = None
+        self._reported = {}
         self._post(self._hello())
         self._post(self._report())
         tasks = [asyncio.create_task(self._send_loop(ws, outbox)), asyncio.create_task(self._report_loop())]
@@ -229,9 +265,11 @@ class Agent:
             await ws.close()
 
     async def _report_loop(self) -> None:
+        sent = 0
         while True:
             await asyncio.sleep(self.config.report_interval)
-            self._post(self._report())
+            sent += 1
+            self._post(self._report(full=sent % FULL_REPORT_EVERY == 0))
             self.replicas.refresh_adapters()  # their counts reach the console with the next report
 
     async def _flush(self) -> None:
@@ -295,9 +333,10 @@ class Agent:
             gpus=self.gpus(),
         )
 
-    def _report(self) -> HostReport:
-        """GPUs, every replica, how each deployment was served lately (the scheduler's SLO input), and the
-        room left for sleeping replicas."""
+    def _report(self, full: bool = True) -> HostReport:
+        """GPUs, replicas (every one, or with `full` False only those whose reading changed since the last
+        report), how each deployment was served lately (the scheduler's SLO input), and the room left for
+        sleeping replicas."""
         gpus = self.gpus()
         handles = self.supervisor.handles()
         self.metrics.set_gpus(gpus)
@@ -311,8 +350,18 @@ class Agent:
             )
             for d in self.metrics.snapshot().deployments
         ]
-        return HostReport(gpus=gpus, replicas=[h.status() for h in handles], serving=serving,
-                          ram_free_bytes=self.replicas.sleep_room())
+        statuses = [h.status() for h in handles]
+        return HostReport(gpus=self._changed("gpu", gpus, full), replicas=self._changed("replica", statuses, full),
+                          serving=serving, ram_free_bytes=self.replicas.sleep_room())
+
+    def _changed(self, kind: str, items: list, full: bool) -> list:
+        out = []
+        for item in items:
+            key, text = (kind, item.index if kind == "gpu" else item.replica_id), item.model_dump_json()
+            if full or self._reported.get(key) != text:
+                out.append(item)
+                self._reported[key] = text
+        return out
 
 
 def _endpoint(host: str, port: int) -> str:

@@ -3,6 +3,10 @@
 Applies a convergence plan (agent.converge) phase by phase, restarts crashed workers with backoff,
 keeps sleeping replicas inside the host-RAM budget (agent.sleep_budget), and charges each GPU what its
 replicas measured. Replicas wake, load and sleep only as the desired state says: never for a request.
+
+With a state directory, workers outlive the agent: `open()` adopts what a previous agent left running before
+the first desired state is applied, which then keeps each adopted worker whose model still matches (no reload)
+and stops the rest; `detach_all()` leaves them running for the next agent.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from agent.restarts import RestartBackoff
 from agent.serving.batching import BatchSettings
 from agent.sleep_budget import Sleeper, fit
 from agent.workers.errors import InferenceError
-from agent.workers.handle import DEFAULT_SWAP_TIMEOUT
+from agent.workers.handle import DEFAULT_INFER_TIMEOUT, DEFAULT_SWAP_TIMEOUT
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
+from agent.workers.rendezvous import DEFAULT_ORPHAN_TIMEOUT, WorkerDirectory
 from agent.workers.spec import DTYPES, WorkerSpec
 from agent.workers.supervisor import DEFAULT_WARM_SPARES, Supervisor, WorkerHandle
 
@@ -41,6 +46,7 @@ CPU_CAP_SLACK = 256 * 1024 * 1024
 # baseline: agent.workers.limits starts the thread pool before it caps the address space).
 CPU_CAP_PER_THREAD = 16 * 1024 * 1024
 DEFAULT_ADAPTER_POOL_BYTES = 256 * 1024 * 1024  # device tier when the console names no budget
+ADOPTION_TIMEOUT = 10.0  # seconds an adopted worker gets to list its adapters before the agent goes on without
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,8 @@ class ReplicaSettings:
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # a loaded worker silent this long is killed and replaced
     cap_cpu_workers: bool = True  # hold CPU workers to their reservation with an address-space cap
     cpu_threads: int | None = None  # torch threads per CPU worker; None: the host's cores shared (cpu_thread_share)
+    state_dir: str | None = None  # where replica workers wait for the next agent; None: they die with this one
+    orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT  # seconds a worker without an agent waits before it exits
 
 
 def host_cores() -> int:
@@ -99,11 +107,15 @@ class Replicas:
             warm_spares=settings.warm_workers,
             heartbeat_interval=settings.heartbeat_interval,
             heartbeat_timeout=settings.heartbeat_timeout,
+            directory=WorkerDirectory(settings.state_dir, settings.orphan_timeout) if settings.state_dir else None,
         )
         self.sleep_budget = settings.sleep_budget if settings.sleep_budget is not None else default_sleep_budget()
         self.backoff = RestartBackoff(settings.restart_backoff_min, settings.restart_backoff_max)
         self.generation = -1  # the desired-state generation applied last
         self._placements: dict[int, DesiredReplica] = {}
+        # The GPUs each replica was last placed on: a worker going to sleep (its new placement names no GPU)
+        # still holds memory there while it drains, and that memory is ours, never foreign.
+        self._on_gpus: dict[int, list[int]] = {}
         self._generations: dict[int, int] = {}  # replica id -> generation its worker was started (or ended) under
         self._gpu_totals: dict[int, int] = {}
         self._restart_timers: dict[int, asyncio.TimerHandle] = {}
@@ -112,6 +124,27 @@ class Replicas:
 
     def handles(self) -> list[WorkerHandle]:
         return self.supervisor.handles()
+
+    @property
+    def outlive_agent(self) -> bool:
+        """Whether replica workers can outlive this agent (it has a state directory for the next one to find them)."""
+        return self.supervisor.directory is not None
+
+    async def open(self) -> list[WorkerHandle]:
+        """Take the state directory (StateDirError when another agent holds it) and adopt the workers a previous
+        agent left there, before the first desired state is applied."""
+        directory = self.supervisor.directory
+        if directory is None:
+            return []
+        directory.open()
+        adopted = await self.supervisor.adopt_all()
+        for handle in adopted:
+            log.info("replica %d: adopted its running worker pid %s (%s, %s)", handle.spec.replica_id, handle.pid,
+                     handle.state, handle.spec.deployment or handle.spec.model_path)
+        # What each adopted pool holds, so the first desired state unloads the adapters no longer wanted.
+        await asyncio.gather(*(self._refresh_adapter_stats(h, ADOPTION_TIMEOUT) for h in adopted
+                               if h.state == "ready"))
+        return adopted
 
     # --- converging -----------------------------------------------------------------------------
 
@@ -124,7 +157,7 @@ class Replicas:
         for reason in plan.reasons:
             log.info("generation %d: %s", desired.generation, reason)
         self.generation = desired.generation
-        self._placements = {r.id: r for r in desired.replicas}
+        self.place(desired.replicas)
         for handle in self.supervisor.handles():
             self._configure(handle)
         for replica_id in plan.ids("promote"):
@@ -197,9 +230,9 @@ class Replicas:
             if handle.adapter_config is not None and handle.state == "ready" and not handle.queued:
                 self._spawn(self._refresh_adapter_stats(handle))
 
-    async def _refresh_adapter_stats(self, handle: WorkerHandle) -> None:
+    async def _refresh_adapter_stats(self, handle: WorkerHandle, timeout: float = DEFAULT_INFER_TIMEOUT) -> None:
         try:
-            await handle.refresh_adapter_stats()
+            await handle.refresh_adapter_stats(timeout)
         except InferenceError as e:
             log.info("replica %d: no adapter figures this time: %s", handle.spec.replica_id, e)
 
@@ -356,13 +389,23 @@ class Replicas:
         self._tasks.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(self._tasks.discard)
 
+    def place(self, replicas: list[DesiredReplica]) -> None:
+        """Take the desired state's placements, remembering the GPUs of each replica that names some."""
+        self._placements = {r.id: r for r in replicas}
+        for r in replicas:
+            if r.gpus:
+                self._on_gpus[r.id] = list(r.gpus)
+        live = {h.spec.replica_id for h in self.supervisor.handles()} | set(self._placements)
+        for gone in set(self._on_gpus) - live:
+            del self._on_gpus[gone]
+
     def gpus(self) -> list[GpuInfo]:
         """The backend's GPU reading, with each simulated GPU charged what its on-device replicas measured."""
         used: dict[int, int] = {}
         for handle in self.supervisor.handles():
-            placement = self._placements.get(handle.spec.replica_id)
+            on = self._on_gpus.get(handle.spec.replica_id)
             if handle.measured_bytes and handle.state in ON_DEVICE:
-                index = placement.gpus[0] if placement and placement.gpus else 0
+                index = on[0] if on else 0
                 used[index] = used.get(index, 0) + handle.measured_bytes
         gpus = self.backend.collect(used)
         own = self._own_bytes(used)
@@ -377,17 +420,29 @@ class Replicas:
         own: dict[int, int] = {}
         counted = False
         for handle in self.supervisor.handles():
-            placement = self._placements.get(handle.spec.replica_id)
+            on = self._on_gpus.get(handle.spec.replica_id)
             held = self.backend.process_memory(handle.pid) if handle.pid else None
-            if held is None or placement is None or not placement.gpus:
+            if held is None or not on:
                 continue
             counted = True
-            for index in placement.gpus:  # a gang's memory, split evenly over its GPUs
-                own[index] = own.get(index, 0) + held // len(placement.gpus)
+            for index in on:  # a gang's memory, split evenly over its GPUs
+                own[index] = own.get(index, 0) + held // len(on)
         return own if counted else dict(measured)
 
     async def stop_all(self) -> None:
         """Stop every worker and spare; nothing restarts afterwards."""
+        await self._quiesce()
+        await self.supervisor.stop_all()
+        self._close_directory()
+
+    async def detach_all(self) -> None:
+        """Leave every replica worker running with its model for the next agent (spares stop); nothing restarts
+        afterwards."""
+        await self._quiesce()
+        await self.supervisor.detach_all()
+        self._close_directory()
+
+    async def _quiesce(self) -> None:
         self._stopping = True
         for timer in self._restart_timers.values():
             timer.cancel()
@@ -395,4 +450,7 @@ class Replicas:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.supervisor.stop_all()
+
+    def _close_directory(self) -> None:
+        if self.supervisor.directory is not None:
+            self.supervisor.directory.close()

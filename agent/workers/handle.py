@@ -24,7 +24,7 @@ from agent.workers.errors import InferenceError, InferenceTimeout, WorkerUnavail
 from agent.workers.generation_spec import EngineStats, GenerationRequest
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from agent.workers.link import Exited, GenerationStream, WorkerLink
-from agent.workers.messages import Failed, Lifecycle, Loading, Progress, Ready
+from agent.workers.messages import Attach, Description, Failed, Lifecycle, Loading, Progress, Ready
 from agent.workers.spares import Spare
 from agent.workers.spec import WorkerSpec
 
@@ -103,10 +103,32 @@ class WorkerHandle:
         """The worker's batcher after its last step."""
         return self.link.engine_stats
 
-    def start(self, spare: Spare | None = None) -> None:
-        """Adopt `spare`, or spawn a worker cold; call from the event loop that will watch it."""
-        self.link.start(self.spec, spare)
+    def start(self, spare: Spare | None = None, attach: Attach | None = None) -> None:
+        """Adopt `spare`, or spawn a worker cold (with `attach`, one that outlives this agent); call from the
+        event loop that will watch it."""
+        self.link.start(self.spec, spare, attach)
         self._set("starting")
+
+    def adopt(self, process: Any, conn: Any, description: Description, socket_path: str) -> None:
+        """Take over a worker a previous agent left running, as it described itself: no reload."""
+        self.link.adopt(process, conn, description, socket_path)
+        if description.measurement is not None:
+            self.measurement = Measurement(**description.measurement)
+            self.info = dict(description.info)
+            self.info["load_seconds"] = self.measurement.load_seconds
+        self.loaded_bytes, self.total_bytes = description.loaded_bytes, description.total_bytes
+        if description.state == "sleeping":
+            self.host_bytes = description.host_bytes
+        if description.sleep_wake is not None:
+            self.sleep_wake = SleepWake(**description.sleep_wake)
+        self.last_used = time.monotonic()
+        state = description.state if description.state in ("starting", "loading", "sleeping") else "ready"
+        self._set(state)
+
+    async def detach(self) -> None:
+        """Leave the worker running, for the next agent to adopt; this record is done with."""
+        self._stopping = True
+        await self.link.detach()
 
     def fail_without_start(self, reason: str) -> None:
         """Record a replica that cannot even be started (its model directory is unusable)."""

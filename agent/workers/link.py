@@ -1,11 +1,13 @@
-"""The agent's end of one worker process: the process, its pipe, its heartbeat, and the answers in flight
-(no torch). It keeps no replica state: what the worker says of its lifecycle, and its exit, become
+"""The agent's end of one worker process: the process, its connection, its heartbeat, and the answers in
+flight (no torch). It keeps no replica state: what the worker says of its lifecycle, and its exit, become
 LinkEvents on the one queue the replica manager reads (agent.workers.supervisor).
 
-The pipe is read by a thread of its own, which hands each message to the event loop: a large result (a
-64 MB logits tensor) is unpickled there, not on the loop that answers health checks and the console. The
-process sentinel (exit) is watched by the loop; heartbeats are a timer on it. Several commands and
-generations may be in flight at once: the worker interleaves them with its generation steps.
+The connection (the socket pair of a worker this agent started, or the worker's own socket for one it adopted
+from a previous agent: agent.workers.rendezvous) is read by a thread of its own, which hands each message to
+the event loop: a large result (a 64 MB logits tensor) is unpickled there, not on the loop that answers health
+checks and the console. The process sentinel (exit) is watched by the loop; heartbeats are a timer on it.
+Several commands and generations may be in flight at once: the worker interleaves them with its generation
+steps. `detach()` lets go of a worker without stopping it, for the next agent to adopt.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import queue
 import signal
 import threading
@@ -21,13 +24,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from agent.workers import rendezvous
 from agent.workers.errors import ERROR_KINDS, InferenceError, InferenceTimeout, WorkerUnavailable
 from agent.workers.generation_spec import EngineStats, GenerationRequest, GenerationResult, Token
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Heartbeat
 from agent.workers.messages import (
     AgentMessage,
+    Attach,
     Cancel,
     Command,
+    Description,
     Failed,
     Generate,
     Lifecycle,
@@ -42,7 +48,8 @@ from agent.workers.messages import (
     Tokens,
     WorkerMessage,
 )
-from agent.workers.spares import Spare, spawn_worker
+from agent.workers.processes import spawn_worker
+from agent.workers.spares import Spare
 from agent.workers.spec import WorkerSpec
 
 log = logging.getLogger("agent.workers.supervisor")
@@ -102,33 +109,36 @@ class WorkerLink:
         self._ids = itertools.count(1)
         self._inbox: queue.SimpleQueue[WorkerMessage | None] = queue.SimpleQueue()
         self._reader: threading.Thread | None = None
+        self.socket_path: str | None = None  # where the worker waits for the next agent; None: it dies with this one
 
     @property
     def open_streams(self) -> int:
         """Generations started and not yet ended."""
         return len(self._streams)
 
-    def start(self, spec: WorkerSpec, spare: Spare | None = None) -> None:
-        """Adopt `spare`, or spawn a worker cold (OSError when no process can be made); call from the event
-        loop that will watch it."""
+    def start(self, spec: WorkerSpec, spare: Spare | None = None, attach: Attach | None = None) -> None:
+        """Adopt `spare`, or spawn a worker cold (OSError when no process can be made), and send it its replica;
+        with `attach`, the worker outlives this agent. Call from the event loop that will watch it."""
         self._loop = asyncio.get_running_loop()
+        self.socket_path = attach.socket_path if attach is not None else None
+        load = Load(spec, attach)
         if spare is not None:
             try:
-                spare.conn.send(Load(spec))
+                spare.conn.send(load)
             except OSError:  # it died since the pool looked: start cold instead
                 spare.conn.close()
                 spare.process.join(1.0)
+                spare.process.close()
                 spare = None
         if spare is not None:
-            self._process, parent_conn = spare.process, spare.conn
+            self._process, conn = spare.process, spare.conn
         else:
-            self._process, parent_conn = spawn_worker(spec, f"modelgrid-replica-{spec.replica_id}")
-        self._conn = parent_conn
-        self.pid = self._process.pid
-        self._reader = threading.Thread(target=self._read, args=(parent_conn, self._loop), daemon=True,
-                                        name=f"modelgrid-replica-{spec.replica_id}-pipe")
-        self._reader.start()
-        self._loop.add_reader(self._process.sentinel, self._on_exit)
+            self._process, conn = spawn_worker()
+            try:
+                conn.send(load)
+            except OSError:
+                pass  # it died at once: its exit is reported like any other
+        self._watch(conn)
         log.info(
             "replica %d: %s worker pid %d for %s on %s",
             spec.replica_id,
@@ -137,6 +147,28 @@ class WorkerLink:
             spec.model_path,
             spec.device,
         )
+
+    def adopt(self, process: Any, conn: Any, description: Description, socket_path: str) -> None:
+        """Take over a worker a previous agent started (agent.workers.rendezvous), over the connection it was
+        described on; call from the event loop that will watch it."""
+        self._loop = asyncio.get_running_loop()
+        self.socket_path = socket_path
+        self._ids = itertools.count(description.next_request_id)  # ids the old agent used may still be answered
+        self._process = process
+        self._watch(conn)
+        if description.state in ("ready", "sleeping"):
+            self._loaded = True
+            self._heartbeat.start()
+        log.info("replica %d: adopted worker pid %d (%s) for %s on %s", self.replica_id, self.pid,
+                 description.state, description.spec.model_path, description.spec.device)
+
+    def _watch(self, conn: Any) -> None:
+        self._conn = conn
+        self.pid = self._process.pid
+        self._reader = threading.Thread(target=self._read, args=(conn, self._loop), daemon=True,
+                                        name=f"modelgrid-replica-{self.replica_id}-pipe")
+        self._reader.start()
+        self._loop.add_reader(self._process.sentinel, self._on_exit)
 
     # --- requests -------------------------------------------------------------------------------
 
@@ -189,6 +221,27 @@ class WorkerLink:
                 if not self.exited.is_set():
                     self._on_exit()  # the watcher never fired; reap by hand (join waits the kill out)
         self._close()
+
+    async def detach(self) -> None:
+        """Let go of the worker without stopping it: it keeps its model and waits for the next agent. What is in
+        flight fails here as unavailable; its answers go nowhere."""
+        self._stopping = True
+        self._heartbeat.stop()
+        if self._process is None or self.exited.is_set():
+            self._close()
+            return
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_reader(self._process.sentinel)
+        if self._conn is not None:
+            rendezvous.shutdown(self._conn)  # the worker reads EOF; so does our reader thread, which then ends
+            if self._reader is not None:
+                await asyncio.to_thread(self._reader.join, 5.0)
+            self._conn.close()
+            self._conn = None
+        self._fail_in_flight(WorkerUnavailable(f"replica {self.replica_id}: the agent is stopping"))
+        with contextlib.suppress(ValueError, OSError):
+            self._process.close()
+        log.info("replica %d: left worker pid %s running for the next agent", self.replica_id, self.pid)
 
     def _close(self) -> None:
         if self._conn is not None:
@@ -290,13 +343,18 @@ class WorkerLink:
         # The exit is queued before the callers below are woken, so the replica manager has marked the
         # replica failed by the time a caller looks at it.
         self._events.put_nowait(LinkEvent(self, Exited(self.exitcode, self._kill_reason)))
-        gone = WorkerUnavailable(f"replica {self.replica_id}: worker process {exit_text(self.exitcode)}")
+        if self.socket_path is not None:  # killed, it could not remove its socket itself
+            with contextlib.suppress(OSError):
+                os.unlink(self.socket_path)
+        self._fail_in_flight(WorkerUnavailable(f"replica {self.replica_id}: worker process {exit_text(self.exitcode)}"))
+
+    def _fail_in_flight(self, error: InferenceError) -> None:
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(gone)
+                future.set_exception(error)
         self._pending.clear()
         for stream in self._streams.values():
-            stream.put(gone)
+            stream.put(error)
         self._streams.clear()
         self.engine_stats = EngineStats()
 

@@ -1,12 +1,13 @@
 """What crosses a worker's pipe: one frozen dataclass per message, each way (torch-free, picklable).
 
-Agent -> worker: Load (to a warm spare only), Ping, Stop, Command (a forward batch, sleep, wake, adapters:
-`kind` is looked up in LoadedModel.commands), Generate, Cancel. Several commands and generations may be
-in flight at once; each carries the request id its answer comes back with.
+Agent -> worker: Load (the first message every worker gets: its replica, and where to wait for the next agent),
+Ping, Describe, Stop, Command (a forward batch, sleep, wake, adapters: `kind` is looked up in
+LoadedModel.commands), Generate, Cancel. Several commands and generations may be in flight at once; each
+carries the request id its answer comes back with.
 
-Worker -> agent: Loading, Progress, Ready or Failed while it loads (its lifecycle); Pong to each Ping,
-answered by the pipe's reader thread (agent.workers.channel); Reply or Refusal to each Command, and to
-each Generate once the sequence ended; Tokens after every generation step.
+Worker -> agent: Loading, Progress, Ready or Failed while it loads (its lifecycle); Pong to each Ping and a
+Description to each Describe, both answered by the connection's reader thread (agent.workers.channel); Reply or
+Refusal to each Command, and to each Generate once the sequence ended; Tokens after every generation step.
 """
 
 from __future__ import annotations
@@ -18,14 +19,34 @@ from typing import Any
 from agent.workers.generation_spec import EngineStats, GenerationRequest, Token
 from agent.workers.spec import WorkerSpec
 
+# A worker outlives its agent, so the next agent may be a newer version: it adopts only workers that speak its
+# protocol. Bump this with any change to these messages or to WorkerSpec (they are pickled by field position).
+WORKER_PROTOCOL = 1
+
 # --- agent -> worker ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
+class Attach:
+    """Where a worker waits for the next agent once its own is gone (agent.workers.rendezvous): a Unix socket in the
+    agent's state directory, the agent's key that every connection must prove it holds, and how long to wait."""
+
+    socket_path: str
+    authkey: bytes
+    orphan_timeout: float
+
+
+@dataclass(frozen=True, slots=True)
 class Load:
-    """A warm spare's replica: it loads this spec as if it had been spawned with it."""
+    """The replica a worker loads. Without `attach` the worker dies with its agent (as a spare always does)."""
 
     spec: WorkerSpec
+    attach: Attach | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Describe:
+    """What do you run? The first message an agent sends a worker it found in its state directory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +84,7 @@ class Cancel:
     request_id: int
 
 
-AgentMessage = Load | Ping | Stop | Command | Generate | Cancel
+AgentMessage = Load | Ping | Describe | Stop | Command | Generate | Cancel
 
 # --- worker -> agent ----------------------------------------------------------------------------
 
@@ -131,5 +152,22 @@ class Tokens:
     stats: EngineStats
 
 
+@dataclass(frozen=True, slots=True)
+class Description:
+    """A worker's answer to Describe: its replica and where its lifecycle stands, for an agent to adopt it."""
+
+    protocol: int  # WORKER_PROTOCOL of the worker's version; first, so any version's description gives it
+    spec: WorkerSpec
+    pid: int
+    state: str  # "starting" (importing), "loading", "ready" (on the device) or "sleeping"
+    next_request_id: int  # the new agent numbers its requests from here (the old agent's answers are dropped)
+    loaded_bytes: int | None = None
+    total_bytes: int | None = None
+    measurement: dict[str, Any] | None = None  # Ready.measurement, once loaded
+    info: dict[str, Any] = field(default_factory=dict)  # Ready.info
+    host_bytes: int = 0  # held in host memory while asleep
+    sleep_wake: dict[str, Any] | None = None  # the last sleep or wake command's figures
+
+
 Lifecycle = Loading | Progress | Ready | Failed  # what the replica manager hears of (agent.workers.link)
-WorkerMessage = Lifecycle | Pong | Reply | Refusal | Tokens
+WorkerMessage = Lifecycle | Pong | Description | Reply | Refusal | Tokens

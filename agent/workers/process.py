@@ -1,15 +1,22 @@
-"""The worker process: load one replica, report, then answer the agent's commands over a Pipe.
+"""The worker process: load one replica, report, then answer the agent's commands over its connection.
 
-Started with the spawn method (CUDA cannot live through fork). torch is imported only after the
-environment below is set, inside `main`, so the daemon can import this module without torch.
+Started as a fresh interpreter by the agent (agent.workers.processes; CUDA cannot live through fork), in a session
+of its own. torch is imported only after the environment below is set, inside `main`, so the daemon can import
+this module without torch.
 
-What crosses the pipe is agent.workers.messages. Worker -> agent: Loading, Progress, then Ready or
-Failed; a Reply or a Refusal to each Command, whose `kind` is "input" (the caller's fault), "oom" (out of
-memory; the worker carries on), "timeout" (a generation's deadline passed), "unavailable" (the replica
-went to sleep under it) or "error"; and after every generation step Tokens, a generation's tokens ending
-in its Reply or Refusal. Agent -> worker: Load (to a warm spare only), Stop, Generate, Cancel, and
-Commands for kinds in LoadedModel.commands: "infer" (payload: numpy inputs), "sleep", "wake", ...
-Several may be in flight. Pings are answered by the pipe's reader thread (agent.workers.channel).
+Every worker first waits for Load: a warm spare imports the runtime meanwhile, a cold one waits first (its
+environment, thread counts and MPS share, must be in place before torch is imported). Until it has a replica
+it dies with its agent (PR_SET_PDEATHSIG). A Load that carries `attach` makes it a replica worker that outlives
+its agent: it listens on its socket in the agent's state directory and, once its agent is gone, keeps its model
+and waits there for the next agent up to its orphan timeout (agent.workers.channel), then exits.
+
+What crosses the connection is agent.workers.messages. Worker -> agent: Loading, Progress, then Ready or Failed;
+a Reply or a Refusal to each Command, whose `kind` is "input" (the caller's fault), "oom" (out of memory; the
+worker carries on), "timeout" (a generation's deadline passed), "unavailable" (the replica went to sleep under
+it) or "error"; and after every generation step Tokens, a generation's tokens ending in its Reply or Refusal.
+Agent -> worker: Load, Stop, Generate, Cancel, and Commands for kinds in LoadedModel.commands: "infer"
+(payload: numpy inputs), "sleep", "wake", ... Several may be in flight. Pings and Describe are answered by the
+connection's reader thread (agent.workers.channel).
 """
 
 from __future__ import annotations
@@ -25,10 +32,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from agent.workers import limits
-from agent.workers.channel import WorkerChannel
+from agent.workers.channel import DETACHED, WorkerChannel
 from agent.workers.errors import describe_error
 from agent.workers.generation_spec import PromptError
 from agent.workers.messages import (
+    Attach,
     Cancel,
     Command,
     Failed,
@@ -47,25 +55,44 @@ from agent.workers.spec import WorkerSpec
 log = logging.getLogger("agent.worker")
 
 
-def main(spec: WorkerSpec | None, conn: Connection) -> None:
-    """Worker entry point: exits 1 after reporting a failed load, 0 when the agent goes away.
+def run_from_argv(argv: list[str] | None = None) -> None:
+    """`python -m agent.workers <descriptor> <agent pid> spare|cold`, as agent.workers.processes starts it."""
+    from agent.workers.processes import worker_connection
 
-    Without a spec it is a warm spare: it imports the runtime first, then waits for Load(spec).
+    args = sys.argv[1:] if argv is None else argv
+    descriptor, agent_pid, role = int(args[0]), int(args[1]), args[2]
+    main(worker_connection(descriptor), agent_pid, spare=role == "spare")
+
+
+def main(conn: Connection, agent_pid: int | None = None, spare: bool = False) -> None:
+    """Worker entry point: exits 1 after reporting a failed load, 0 when no agent is left to serve.
+
+    A spare imports the runtime first, then waits for Load(spec); a cold worker gets its Load at once.
     """
-    _die_with_parent()
-    # Ctrl-C reaches the whole process group; the agent stops its workers itself, in order.
+    if not _die_with_parent(agent_pid):
+        return
+    # Its own session keeps the terminal's Ctrl-C away from it; the agent stops its workers itself, in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     os.environ["TRANSFORMERS_VERBOSITY"] = "error"
     channel = WorkerChannel(conn)
     channel.start()
-    if spec is None:
-        _log_as(f"spare {os.getpid()}")
-        spec = _wait_as_spare(channel)
-        if spec is None:
-            return
+    try:
+        _load_and_serve(channel, spare)
+    finally:
+        channel.close()
+
+
+def _load_and_serve(channel: WorkerChannel, spare: bool) -> None:
+    _log_as(f"spare {os.getpid()}" if spare else f"pid {os.getpid()}")
+    load = _wait_for_load(channel, spare)
+    if load is None:
+        return
+    spec = load.spec
     _log_as(str(spec.replica_id))
+    if load.attach is not None:
+        _outlive_agent(channel, spec, load.attach)
     limits.before_cuda(spec)  # nothing has touched CUDA yet, in a spare either
     try:
         from agent.artifacts import inspect_model_dir
@@ -96,14 +123,26 @@ def main(spec: WorkerSpec | None, conn: Connection) -> None:
         serve(model, channel, runtime.InputError)
 
 
-def _wait_as_spare(channel: WorkerChannel) -> WorkerSpec | None:
-    # Importing torch does not initialise CUDA, so the spare can still serve any device and MPS share.
-    with contextlib.suppress(Exception):  # a broken install is reported by the import in main, per replica
-        from agent.workers import runtime  # noqa: F401
+def _wait_for_load(channel: WorkerChannel, spare: bool) -> Load | None:
+    if spare:
+        # Importing torch does not initialise CUDA, so the spare can still serve any device and MPS share.
+        with contextlib.suppress(Exception):  # a broken install is reported by the import in main, per replica
+            from agent.workers import runtime  # noqa: F401
     message = channel.recv()
     if not isinstance(message, Load):
-        return None  # the agent stopped before it needed this spare
-    return message.spec
+        return None  # the agent stopped before it needed this worker
+    return message
+
+
+def _outlive_agent(channel: WorkerChannel, spec: WorkerSpec, attach: Attach) -> None:
+    """Listen for the next agent, and only then stop dying with this one. A worker that cannot listen serves
+    on, but dies with its agent, as before."""
+    try:
+        channel.attach(spec, attach)
+    except OSError as e:
+        log.warning("cannot listen on %s (%s): this worker ends with its agent", attach.socket_path, e)
+        return
+    _set_parent_death_signal(0)
 
 
 def _log_as(name: str) -> None:
@@ -128,7 +167,13 @@ def serve(model: Any, channel: WorkerChannel, input_error: type[Exception]) -> N
         generating = batcher is not None and batcher.busy
         for message in channel.take(wait=not commands and not generating):
             if message is None or isinstance(message, Stop):
-                return  # the agent is gone, or asked: so is this worker
+                return  # no agent is left, or it asked: so is this worker
+            if message is DETACHED:
+                # Its agent went away: what it asked for has nobody to go to. The model stays, for the next agent.
+                commands.clear()
+                if batcher is not None and batcher.busy:
+                    batcher.abort("the agent went away", "unavailable")
+                continue
             if isinstance(message, Generate):
                 _submit(model, batcher, channel, message.request_id, message.request, input_error)
             elif isinstance(message, Cancel):
@@ -152,6 +197,7 @@ def serve(model: Any, channel: WorkerChannel, input_error: type[Exception]) -> N
                 reply = _run(model, kind, request_id, command, payload, input_error)
             if not _reply(model, channel, kind, reply):
                 return
+            channel.settled(kind, reply)
             after_reply = getattr(model, "after_reply", None)
             if after_reply is not None:
                 after_reply(kind)
@@ -222,14 +268,20 @@ def _run(
     return Refusal(request_id, text, "oom")
 
 
-def _die_with_parent() -> None:
-    # While loading, the worker does not read its pipe, so it would not notice the agent dying
-    # (even by SIGKILL). PR_SET_PDEATHSIG has the kernel kill it then. It fires when the thread
-    # that spawned the worker exits, which is the agent's event-loop thread. Linux only.
+def _die_with_parent(agent_pid: int | None) -> bool:
+    """Until it has a replica to keep, a worker dies with its agent. False when the agent is already gone."""
+    # While importing or waiting, the worker may not notice the agent dying (even by SIGKILL).
+    # PR_SET_PDEATHSIG has the kernel kill it then. It fires when the thread that spawned the worker
+    # exits, which is the agent's event-loop thread. Linux only.
+    _set_parent_death_signal(int(signal.SIGKILL))
+    return agent_pid is None or os.getppid() == agent_pid  # it may have died before the line above
+
+
+def _set_parent_death_signal(signum: int) -> None:
     if sys.platform != "linux":
         return
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+        libc.prctl(1, signum)  # 1 = PR_SET_PDEATHSIG; 0 clears it
     except (OSError, AttributeError):
         return

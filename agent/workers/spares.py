@@ -1,52 +1,32 @@
 """Warm spare workers: processes spawned ahead of need that have already imported torch (no torch here).
 
 A replica's worker spends most of its start importing torch and transformers. The pool keeps a few
-processes that did that already and wait on their pipe for a Load message; the supervisor adopts
+processes that did that already and wait on their connection for a Load message; the supervisor adopts
 one instead of spawning cold. A spare knows no replica and no device, so it serves any of them.
-Spares are not replicas: nothing reports them, and `close()` stops them all.
+Spares are not replicas: nothing reports them, `close()` stops them all, and they die with the agent
+(they hold no model, so nothing is lost; only a spare turned replica outlives its agent).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
-import multiprocessing
 from multiprocessing.connection import Connection
 from typing import Any
 
-from agent.workers import process as worker_process
-from agent.workers.spec import WorkerSpec
+from agent.workers.processes import spawn_worker
 
 log = logging.getLogger(__name__)
 
 MAX_FAILURES = 3  # spares dying in a row before the pool gives up (replicas then start cold)
 BACKOFF_S = 1.0  # the first delay before replacing a spare that died; doubles on each death
 
-
-def spawn_worker(spec: WorkerSpec | None, name: str) -> tuple[Any, Connection]:
-    """Spawn a worker process (a spare when `spec` is None); returns the process and the agent's pipe end."""
-    ctx = multiprocessing.get_context("spawn")
-    parent_conn, child_conn = ctx.Pipe(duplex=True)
-    process = ctx.Process(
-        target=worker_process.main,
-        args=(spec, child_conn),
-        name=name,
-        daemon=True,  # multiprocessing's exit handler then terminates it if the agent forgets to
-    )
-    try:
-        process.start()
-    except BaseException:
-        parent_conn.close()
-        child_conn.close()
-        raise
-    child_conn.close()  # only the child holds its end, so its death reads as EOF here
-    return process, parent_conn
+__all__ = ["BACKOFF_S", "MAX_FAILURES", "Spare", "SparePool", "spawn_worker"]
 
 
 class Spare:
-    """One spare process and the agent's end of its pipe."""
+    """One spare process (agent.workers.processes) and the agent's end of its connection."""
 
     def __init__(self, process: Any, conn: Connection) -> None:
         self.process = process
@@ -62,7 +42,6 @@ class SparePool:
         self.size = max(0, size)
         self._stop_timeout = stop_timeout
         self._spares: list[Spare] = []
-        self._names = itertools.count(1)
         self._failures = 0  # spares that died in a row, unasked
         self._refill: asyncio.TimerHandle | None = None
         self._closed = False
@@ -76,7 +55,7 @@ class SparePool:
         self._refill = None
         while not self._closed and len(self._spares) < self.size and self._failures < MAX_FAILURES:
             try:
-                process, conn = spawn_worker(None, f"modelgrid-spare-{next(self._names)}")
+                process, conn = spawn_worker(spare=True)
             except OSError as e:  # process or fd limits: replicas still start cold
                 log.warning("cannot start a warm spare worker: %s", e)
                 return
@@ -150,3 +129,4 @@ class SparePool:
         spare.process.join(1.0)  # the sentinel fired or a kill was sent: this is immediate
         spare.exited.set()
         spare.conn.close()
+        spare.process.close()

@@ -1,5 +1,5 @@
-"""Daemon-side supervision of worker processes: the replicas by id, their one event queue, and the warm spares
-(no torch).
+"""Daemon-side supervision of worker processes: the replicas by id, their one event queue, the warm spares, and
+the workers a previous agent left running (no torch).
 
 Every worker's link (agent.workers.link) puts what it hears (loading, progress, ready, failed, exit) on one
 queue, and each replica record (agent.workers.handle) announces the changes its own calls made there too.
@@ -7,6 +7,9 @@ The supervisor's consumer applies the link events to the records and tells its o
 replicas) of every change, in order; `settle()` does the same at once for callers that must have been
 heard before they go on. A replica's commands are in agent.workers.handle; what they fail with
 is in agent.workers.errors (both re-exported here).
+
+With a state directory (agent.workers.rendezvous), replica workers outlive the agent: `detach_all()` leaves them
+running, and the next agent's `adopt_all()` finds them by their sockets and takes them over as they are.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable
+from multiprocessing import AuthenticationError
+from typing import Any
 
 from agent.workers.errors import (
     InferenceError,
@@ -26,7 +32,9 @@ from agent.workers.errors import (
 from agent.workers.handle import DEFAULT_STOP_TIMEOUT, Changed, WorkerHandle, WorkerState
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from agent.workers.link import LinkEvent
-from agent.workers.messages import Progress
+from agent.workers.messages import WORKER_PROTOCOL, Describe, Description, Progress, Stop
+from agent.workers.processes import AdoptedProcess
+from agent.workers.rendezvous import HANDSHAKE_TIMEOUT, WorkerDirectory, WorkerSocket, connect
 from agent.workers.spares import SparePool
 from agent.workers.spec import WorkerSpec
 
@@ -60,8 +68,10 @@ class Supervisor:
         warm_spares: int = 0,
         heartbeat_interval: float = HEARTBEAT_INTERVAL,
         heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+        directory: WorkerDirectory | None = None,
     ) -> None:
         self._listener = listener
+        self.directory = directory  # opened: replica workers outlive the agent there; None: they die with it
         self._heartbeat = (heartbeat_interval, heartbeat_timeout)
         self._stop_timeout = stop_timeout
         self._handles: dict[int, WorkerHandle] = {}
@@ -84,7 +94,8 @@ class Supervisor:
         handle.after_load = "preloaded" if after_load == "preloaded" else "ready"
         self._handles[spec.replica_id] = handle
         try:
-            handle.start(self.spares.take())
+            attach = self.directory.attach_for(spec.replica_id) if self.directory is not None else None
+            handle.start(self.spares.take(), attach)
         except OSError as e:  # no process could be made (fd or process limits): report it as the reason
             handle.fail_without_start(f"cannot start a worker process: {e}")
         self.settle()
@@ -133,11 +144,84 @@ class Supervisor:
         started again (this is the agent's shutdown)."""
         await asyncio.gather(self.spares.close(), *(self.stop(replica_id) for replica_id in list(self._handles)))
         self.settle()
+        await self._stop_consumer()
+
+    async def _stop_consumer(self) -> None:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             consumer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await consumer
+
+    async def detach_all(self) -> None:
+        """Stop the spares but leave every replica worker running with its model, for the next agent to adopt
+        (this is the agent's shutdown when its workers outlive it). Nothing is reported: they did not stop."""
+        handles, self._handles = list(self._handles.values()), {}
+        await asyncio.gather(self.spares.close(), *(h.detach() for h in handles))
+        await self._stop_consumer()
+
+    # --- adopting what a previous agent left --------------------------------------------------
+
+    async def adopt_all(self) -> list[WorkerHandle]:
+        """Take over every live worker in the state directory, as it is (ready, sleeping, or still loading), and
+        remove the sockets of workers that are gone. Call before any replica is started."""
+        if self.directory is None:
+            return []
+        sockets = self.directory.sockets()
+        found = await asyncio.gather(*(asyncio.to_thread(self._describe, s) for s in sockets))
+        adopted = []
+        for sock, result in zip(sockets, found, strict=True):
+            if result is None:
+                continue
+            process, conn, description = result
+            if description.spec.replica_id != sock.replica_id or sock.replica_id in self._handles:
+                log.warning("worker pid %d on %s runs replica %d: left alone", description.pid, sock.path,
+                            description.spec.replica_id)
+                conn.close()
+                process.close()
+                continue
+            handle = self._new(description.spec)
+            self._handles[sock.replica_id] = handle
+            handle.adopt(process, conn, description, str(sock.path))
+            adopted.append(handle)
+        self.settle()
+        return adopted
+
+    def _describe(self, sock: WorkerSocket) -> tuple[AdoptedProcess, Any, Description] | None:
+        """Connect to one worker socket and ask what it runs (in a thread: it blocks). None when there is no live
+        worker of ours there; a stale socket is removed."""
+        try:
+            conn = connect(sock.path, self.directory.authkey)
+        except (ConnectionRefusedError, FileNotFoundError):
+            log.info("removing %s: its worker is gone", sock.path)
+            with contextlib.suppress(OSError):
+                os.unlink(sock.path)
+            return None
+        except AuthenticationError:
+            log.warning("the worker on %s does not hold this agent's key: left alone (it exits after its orphan "
+                        "timeout)", sock.path)
+            return None
+        except OSError as e:  # TimeoutError included: it is busy with another connection
+            log.warning("cannot reach the worker on %s: %s", sock.path, e or type(e).__name__)
+            return None
+        try:
+            conn.send(Describe())
+            if not conn.poll(HANDSHAKE_TIMEOUT):
+                raise TimeoutError(f"no description within {HANDSHAKE_TIMEOUT:g} s")
+            description = conn.recv()
+            if not isinstance(description, Description):
+                raise ValueError(f"it answered {type(description).__name__} instead of a description")
+            if description.protocol != WORKER_PROTOCOL:
+                raise ValueError(f"it speaks worker protocol {description.protocol}, this agent {WORKER_PROTOCOL}")
+            process = AdoptedProcess(description.pid)
+        except Exception as e:  # an older worker's answer may not even unpickle here
+            log.warning("cannot adopt the worker on %s: %s; stopping it (its replica loads afresh if still wanted)",
+                        sock.path, e or type(e).__name__)
+            with contextlib.suppress(OSError):
+                conn.send(Stop())  # the one message every version of the worker takes
+            conn.close()
+            return None
+        return process, conn, description
 
     # --- the event queue ------------------------------------------------------------------------
 

@@ -65,9 +65,10 @@ def test_without_gpus_it_says_to_simulate_them():
     assert "no NVIDIA GPU can be used" in output and "--gpus sim:2x24GiB" in output
 
 
-def test_it_announces_its_endpoint_and_exits_cleanly_on_sigterm():
+def test_it_announces_its_endpoint_and_exits_cleanly_on_sigterm(tmp_path):
     proc = agent(
-        "run", "--console", "http://127.0.0.1:1", "--gpus", "sim:1x1GiB", "--name", "cli-test", env_token="mg_agent_x"
+        "run", "--console", "http://127.0.0.1:1", "--gpus", "sim:1x1GiB", "--name", "cli-test",
+        "--state-dir", str(tmp_path / "state"), env_token="mg_agent_x"
     )
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 20)

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from agent.artifacts import read_safetensors_header
-from agent.daemon import Agent, AgentConfig, websocket_url
+from agent.daemon import FULL_REPORT_EVERY, Agent, AgentConfig, websocket_url
 from agent.gpus import SimulatedBackend
 from agent.protocol import (
     Ack,
@@ -76,6 +76,12 @@ class FakeConsole:
             message = await asyncio.wait_for(self.messages.get(), remaining)
             if isinstance(message, kind) and all(getattr(message, k) == v for k, v in fields.items()):
                 return message
+
+    async def full_report(self, gpus: int = 2) -> HostReport:
+        """The next report that lists every GPU and replica (periodic ones list only what changed)."""
+        while len((report := await self.expect(HostReport)).gpus) < gpus:
+            pass
+        return report
 
     async def expect_each(self, *wanted, timeout: float = 30):
         """Messages matching each (kind, fields) pair, arriving in any order; returned in the order asked."""
@@ -194,8 +200,9 @@ async def test_it_converges_to_the_desired_state_reports_and_serves(console, run
     assert ready.measured_bytes == ready.measurement.total_bytes > 0 and ready.pid == loading.pid
     assert ready.loaded_bytes == ready.total_bytes == loading.total_bytes
 
-    # The simulated GPU the replica was placed on is charged what the worker measured.
-    report = await console.expect(HostReport)
+    # The simulated GPU the replica was placed on is charged what the worker measured. Periodic reports list
+    # only what changed since the previous one; every FULL_REPORT_EVERY-th lists everything.
+    report = await console.full_report()
     assert [g.used_bytes for g in report.gpus] == [0, ready.measured_bytes]
     assert [g.own_bytes for g in report.gpus] == [0, ready.measured_bytes]  # all of it the agent's own
     assert [(r.replica_id, r.state) for r in report.replicas] == [(7, "ready")]
@@ -254,8 +261,9 @@ async def test_a_replica_that_cannot_load_is_reported_failed_and_retried_only_on
 
     await console.send(desired_state(generation=1, replicas=[missing]))  # the same generation again
     await console.expect(Ack, generation=1)
-    report = await console.expect(HostReport)
-    assert [(r.replica_id, r.state, r.reason) for r in report.replicas] == [(9, "failed", failed.reason)]
+    await console.expect(HostReport)  # a report interval later: still failed, not retried
+    statuses = [h.status() for h in agent.supervisor.handles()]
+    assert [(r.replica_id, r.state, r.reason) for r in statuses] == [(9, "failed", failed.reason)]
 
     await console.send(desired_state(generation=2, replicas=[missing]))  # a new generation: one retry
     await console.expect(ReplicaStatus, replica_id=9, state="stopped")
@@ -360,7 +368,7 @@ async def test_it_sleeps_one_model_wakes_another_and_switches_to_a_preloaded_one
     )
     assert ready_a.mps_percentage == 30  # a simulated GPU records the MPS share
     assert asleep_b.host_bytes >= asleep_b.measurement.weights_bytes and asleep_b.sleep_wake.direction == "sleep"
-    report = await console.expect(HostReport)
+    report = await console.full_report()
     assert report.gpus[1].used_bytes == ready_a.measured_bytes  # a sleeping replica holds no device memory
 
     # Generation 2 sleeps `a` and wakes `b`: the same workers, moved in place.
@@ -430,7 +438,7 @@ async def test_sleepers_beyond_the_host_budget_are_evicted_least_recently_used_f
     await console.send(desired_state(generation=2, replicas=[first.model_copy(update={"state": "sleeping"}),
                                                             second.model_copy(update={"state": "sleeping"})]))
     await console.expect(Ack, generation=2)
-    report = await console.expect(HostReport)
+    report = await console.full_report()
     assert [(r.replica_id, r.state) for r in report.replicas] == [(1, "stopped"), (2, "sleeping")]
 
 
@@ -464,3 +472,13 @@ async def test_a_request_out_of_memory_is_a_507_and_harms_no_other_replica(conso
             assert (await response.json())["error"].startswith("model 'a' cannot take this request: out of memory")
     assert (await post_infer(agent, "a"))[0] == 200 and (await post_infer(agent, "b"))[0] == 200
     assert [(h.spec.replica_id, h.state) for h in agent.supervisor.handles()] == [(1, "ready"), (2, "ready")]
+
+
+async def test_periodic_reports_carry_only_what_changed_with_a_full_one_now_and_then(console, run_agent):
+    await run_agent()
+    await console.expect(Hello)
+    first = await console.expect(HostReport)
+    assert [g.index for g in first.gpus] == [0, 1]  # the first on a link is whole
+    quiet = [await console.expect(HostReport) for _ in range(FULL_REPORT_EVERY - 1)]
+    assert all(r.gpus == [] and r.replicas == [] for r in quiet)  # nothing changed: nothing listed
+    assert [g.index for g in (await console.expect(HostReport)).gpus] == [0, 1]  # the periodic resync

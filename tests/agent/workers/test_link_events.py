@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from agent.workers import link as link_module
-from agent.workers.messages import Command, Failed, Loading, Progress, Ready
+from agent.workers.messages import Command, Failed, Load, Loading, Progress, Ready
 from agent.workers.spec import WorkerSpec
 from agent.workers.supervisor import Supervisor, WorkerUnavailable
 
@@ -49,7 +49,7 @@ def workers(monkeypatch):
     """Spawns fake workers; yields the list of (process, the worker's pipe end)."""
     spawned = []
 
-    def spawn(spec, name):
+    def spawn(spare=False):
         agent_end, worker_end = multiprocessing.Pipe()
         process = FakeProcess(worker_end)
         spawned.append((process, worker_end))
@@ -93,6 +93,8 @@ async def test_a_request_failed_by_the_workers_death_finds_the_replica_already_f
     try:
         handle = supervisor.start(WorkerSpec(2, "/models/tiny", "causal-lm"))
         process, worker = workers[0]
+        load = worker.recv()  # a worker's first message: its replica
+        assert isinstance(load, Load) and load.spec.replica_id == 2 and load.attach is None
         worker.send(Ready(MEASUREMENT))
         await until(lambda: handle.state == "ready", "the replica to turn ready")
         request = asyncio.ensure_future(handle.infer({"input_ids": np.ones((1, 3), np.int64)}))

@@ -16,6 +16,9 @@ class Channel:
     def take(self, wait):
         return self.turns.pop(0) if self.turns else [None]
 
+    def settled(self, kind, reply):
+        pass
+
     def send(self, message):
         if isinstance(message, Tokens):
             self.events.append(("tokens", len(message.tokens)))

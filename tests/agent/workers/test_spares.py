@@ -57,7 +57,7 @@ async def test_a_replica_adopts_a_spare_serves_exact_logits_and_the_pool_refills
     finally:
         await supervisor.stop_all()
     assert gone(handle.pid) and gone(refill.pid) and supervisor.spares.spares() == []
-    assert all(gone(p.pid) for p in psutil.Process().children(recursive=True) if "multiprocessing-fork" in p.cmdline())
+    assert all(gone(p.pid) for p in psutil.Process().children(recursive=True) if "agent.workers" in p.cmdline())
 
 
 async def test_stop_all_leaves_no_spare_even_while_it_imports():
@@ -93,7 +93,7 @@ async def test_a_spare_that_dies_is_replaced_but_not_for_ever(monkeypatch, caplo
 
 
 async def test_a_spare_whose_pipe_closes_exits_quietly():
-    process, conn = spawn_worker(None, "modelgrid-spare-test")
+    process, conn = spawn_worker(spare=True)
     conn.close()
     await asyncio.to_thread(process.join, 60)
     assert process.exitcode == 0
