@@ -1,6 +1,6 @@
 """Placement benchmark of the scheduler core (issue 4). Prints three tables; deterministic (seeded).
 
-    .venv/bin/python bench/placement.py [--instances 15] [--skip-speed]
+    .venv/bin/python bench/placement.py [--instances 15] [--skip-speed] [--only 1|1b|2|3]
 
 1. Quality on generated instances of 200 single-GPU models each:
    * uniform: sizes uniform in [10.7, 53.3] GiB (whole MiB) on 80 GiB GPUs: Falkenauer's "u" class of
@@ -18,6 +18,9 @@
    bytes, the smaller of the fitting models' bytes and the fleet's memory (an upper bound, not a plan).
    memory-optimized runs with an iteration budget (deterministic) and a 0.9 s time budget as a backstop;
    "max ms" is the slowest whole plan() of the instance set, improvement search included.
+1b. Exact bytes (issue 12): fleets of 8 or 40 GPUs whose total is arbitrary bytes, each GPU cut at random byte
+   offsets into 2, 3, 4 or 2-4 models, shuffled, so placing everything means filling every GPU to the byte;
+   memory-optimized against best-fit decreasing (`--only 1b`).
 2. Speed: 10,000 replicas (2,2xx deployments, 90% one GPU, 10% gangs of 2/4/8) onto 1,000 hosts x 8 GPUs
    of 80 GiB: a full plan per strategy, then the re-plan after one host disappears (its replicas move, the
    rest stay). Median wall time of 5 runs.
@@ -273,6 +276,59 @@ def table_quality(instances: int, cat: list[tuple[str, int]]) -> None:
           "plans: the other plans are reproducible to the replica on any machine.")
 
 
+# --- 1b. exact bytes ------------------------------------------------------------------------------
+
+EXACT_SHAPES = ((8, 2, 2), (8, 3, 3), (8, 4, 4), (8, 2, 4), (40, 4, 4), (40, 2, 4))  # GPUs, models per GPU
+
+
+def exact_bytes(seed: int, gpus: int, fewest: int, most: int) -> tuple[list[int], int]:
+    """(model sizes, GPU total) of an instance whose optimum fills every GPU to the byte: one GPU total in
+    arbitrary bytes (a little under 80 GiB), each GPU cut at random byte offsets into `fewest`..`most` models
+    of at least 1 GiB, the models shuffled over the fleet. Sizes and total share no useful common divisor."""
+    rng = random.Random(seed)
+    total = 80 * GiB - rng.randrange(1, 64 * MiB)
+    sizes = []
+    for _ in range(gpus):
+        k = rng.randint(fewest, most)
+        while True:
+            cuts = sorted(rng.sample(range(1, total), k - 1))
+            parts = [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
+            if min(parts) >= GiB:
+                break
+        sizes += parts
+    rng.shuffle(sizes)
+    return sizes, total
+
+
+def table_exact_bytes(instances: int) -> None:
+    print(f"\n## 1b. Exact bytes: {instances} instances per row whose optimum fills every GPU to the byte\n")
+    print("| GPUs | models per GPU | models | method | models placed (median) | worst | all placed | max ms |")
+    print("|---:|---|---:|---|---:|---:|---:|---:|")
+    for count, fewest, most in EXACT_SHAPES:
+        placed: dict[str, list[float]] = {"memory-optimized": [], "best-fit decreasing": []}
+        slowest = dict.fromkeys(placed, 0.0)
+        models_per_instance = []
+        for seed in range(instances):
+            sizes, total = exact_bytes(seed, count, fewest, most)
+            models_per_instance.append(len(sizes))
+            gpus = fleet([total / GiB] * count)
+            gpus = [replace(g, total_bytes=total) for g in gpus]  # to the byte
+            n, _, ms, _ = run_strategy("memory-optimized", models(sizes, random.Random(seed)), gpus)
+            placed["memory-optimized"].append(100 * n / len(sizes))
+            slowest["memory-optimized"] = max(slowest["memory-optimized"], ms)
+            started = time.perf_counter()
+            bfd, _ = best_fit_decreasing(sizes, [total] * count)
+            slowest["best-fit decreasing"] = max(slowest["best-fit decreasing"], 1000 * (time.perf_counter() - started))
+            placed["best-fit decreasing"].append(100 * bfd / len(sizes))
+        shape = f"{fewest}" if fewest == most else f"{fewest}-{most}"
+        lo, hi = min(models_per_instance), max(models_per_instance)
+        models_text = f"{lo}" if lo == hi else f"{lo}-{hi}"
+        for method, pct in placed.items():
+            full = sum(1 for x in pct if x >= 100 - 1e-9)
+            print(f"| {count} | {shape} | {models_text} | {method} | {statistics.median(pct):.1f}% | {min(pct):.1f}% "
+                  f"| {full}/{len(pct)} | {slowest[method]:.0f} |")
+
+
 # --- 2. speed -------------------------------------------------------------------------------------
 
 
@@ -404,11 +460,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--instances", type=int, default=15, help="instances per family in table 1")
     parser.add_argument("--skip-speed", action="store_true")
-    parser.add_argument("--only", choices=("1", "2", "3"), help="print one table")
+    parser.add_argument("--only", choices=("1", "1b", "2", "3"), help="print one table")
     args = parser.parse_args()
     print(f"# Placement benchmark (python {sys.version.split()[0]})")
     if args.only in (None, "1"):
         table_quality(args.instances, catalog())
+    if args.only in (None, "1b"):
+        table_exact_bytes(args.instances)
     if args.only in (None, "2") and not args.skip_speed:
         table_speed()
     if args.only in (None, "3"):

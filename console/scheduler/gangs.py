@@ -7,6 +7,8 @@ of that width can get there), so finding hosts that can take a gang is a binary 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import compress, repeat
+from operator import ge
 from typing import TYPE_CHECKING
 
 from console.scheduler.index import SortedIndex, kth_free
@@ -60,13 +62,21 @@ def choose_gang(placer: Placer, unit: Unit, only_host: str | None, exclude: int 
 def gang_shortfall(placer: Placer, unit: Unit) -> str:
     """Why no host can take the gang: how many fitting GPUs the best host has."""
     ledger = placer.ledger
-    eligible = ledger.eligible_set(unit.demand.key)
-    most_gpus = max((sum(1 for g in gs if g in eligible) for gs in ledger.host_gpus.values()), default=0)
+    eligible = ledger.eligible_set(unit.demand.key) if unit.demand.key else None
+    gpus_of = ledger.host_gpus
+    if eligible is None:
+        most_gpus = max(map(len, gpus_of.values()), default=0)
+    else:
+        most_gpus = max((sum(1 for g in gs if g in eligible) for gs in gpus_of.values()), default=0)
     if most_gpus < unit.width:
         return f"no host has {unit.width} eligible GPUs (the most is {most_gpus})"
+    frees, share = ledger.frees(), unit.share
     best, where = 0, ""
-    for host, gs in ledger.host_gpus.items():
-        n = sum(1 for g in gs if g in eligible and ledger.free(g) >= unit.share)
+    fits = set(compress(range(len(frees)), map(ge, frees, repeat(share))))  # the GPUs with that much free
+    if eligible is not None:
+        fits &= eligible
+    for host, gs in gpus_of.items():
+        n = len(fits.intersection(gs)) if fits else 0
         if n > best:
             best, where = n, host
     if not best:

@@ -20,8 +20,9 @@ class SortedIndex:
     def __init__(self, members: Iterable, key: Callable, host_scoped: bool = False) -> None:
         self.key = key
         self.host_scoped = host_scoped  # the key reads host-wide state: refresh the host's other GPUs too
-        self.keys = {m: key(m) for m in members}
-        self.entries = sorted((k, m) for m, k in self.keys.items())
+        members = list(members)
+        self.keys = dict(zip(members, map(key, members), strict=True))
+        self.entries = sorted(zip(self.keys.values(), self.keys, strict=True))
 
     def refresh(self, member) -> None:
         old = self.keys.get(member)

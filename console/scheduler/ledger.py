@@ -7,6 +7,7 @@ foreign use the caller passes in, so it can never replace or shrink a reservatio
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import sub
 from typing import TYPE_CHECKING
 
 from console.scheduler.types import Gpu
@@ -66,6 +67,10 @@ class Ledger:
         """Call `callback(g)` after every change of GPU g (indexes keep themselves sorted this way)."""
         self._listeners.append(callback)
 
+    def close(self) -> None:
+        """Forget the listeners (the indexes over this ledger), which refer back to it."""
+        self._listeners.clear()
+
     def eligible(self, key: SelectorKey) -> list[int]:
         """GPU numbers whose labels satisfy a selector."""
         found = self._eligible.get(key)
@@ -101,17 +106,6 @@ class Ledger:
                 for callback in self._listeners:
                     callback(g)
 
-    def reserve_one(self, unit: Unit, g: int) -> None:
-        """`reserve(unit, [g])` for the bulk of a re-plan, before any index listens; refuses to overcommit."""
-        if self._listeners or self.capacity[g] - self.reserved[g] < unit.share:
-            self.reserve(unit, (g,))
-            return
-        self.reserved[g] += unit.share
-        self.holders[g].append(unit)
-        self.tier_bytes[g][unit.demand.rank] += unit.share
-        unit.gpus = (g,)
-        self.host_ready[self.host[g]] += 1
-
     def release(self, unit: Unit) -> None:
         """Give back what `unit` holds."""
         gpus, unit.gpus = unit.gpus, ()
@@ -127,15 +121,30 @@ class Ledger:
                 for callback in self._listeners:
                     callback(g)
 
+    def frees(self) -> list[int]:
+        """`free(g)` of every GPU, in one step (scans of every GPU read this instead)."""
+        return list(map(sub, self.capacity, self.reserved))
+
     def freeable(self, g: int, rank: int) -> int:
         """Free bytes of GPU g plus what replicas of tier `rank` and below hold there."""
         return self.capacity[g] - self.reserved[g] + sum(self.tier_bytes[g][rank:])
 
+    def freeables(self, rank: int) -> list[int]:
+        """`freeable(g, rank)` of every GPU, in one step: what a higher tier could hold there."""
+        # Every reservation counts in one tier, so what the tiers above `rank` hold is all that stays.
+        if rank == 0:
+            return list(self.capacity)
+        if rank == 1:
+            return [c - t[0] for c, t in zip(self.capacity, self.tier_bytes, strict=True)]
+        if rank == 2:
+            return [c - t[0] - t[1] for c, t in zip(self.capacity, self.tier_bytes, strict=True)]
+        return [c - t[0] - t[1] - t[2] for c, t in zip(self.capacity, self.tier_bytes, strict=True)]
+
     def largest_free(self, gpus: Iterable[int]) -> tuple[int, str] | None:
-        """(free bytes, GPU id) of the roomiest of `gpus`, or None when there are none."""
-        best = None
-        for g in gpus:
-            f = self.free(g)
-            if best is None or f > best[0]:
-                best = (f, self.ids[g])
-        return best
+        """(free bytes, GPU id) of the roomiest of `gpus` (the first of equals), or None when there are none."""
+        gpus = list(gpus)
+        if not gpus:
+            return None
+        frees = self.frees()
+        best = max(gpus, key=frees.__getitem__)
+        return frees[best], self.ids[best]

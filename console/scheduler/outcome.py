@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from operator import attrgetter
+from operator import attrgetter, lt
 from typing import TYPE_CHECKING
 
 from console.scheduler import explain
 from console.scheduler.demand import demand_outcomes
 from console.scheduler.gangs import gang_shortfall
-from console.scheduler.sharing import assign_mps
+from console.scheduler.sharing import MIN_MPS, mps_of, mps_text, weight_totals
 from console.scheduler.types import Move, Plan, PlannedReplica, Unplaced
 from console.scheduler.units import BATCH_CLASS, Unit
 
@@ -19,47 +19,60 @@ if TYPE_CHECKING:
 def assemble(run: Run, elapsed_ms: float) -> Plan:
     """The Plan of a finished run."""
     ledger = run.ledger
-    for u in run.wanted:  # a woken replica's pinned host RAM comes free for others to sleep in
-        if u.state == "ready" and u.existing is not None and u.existing.state == "sleeping" \
-                and run.ram.get(u.home) is not None:
-            run.ram[u.home] += u.demand.sleep_bytes
+    losers = []
+    for u in run.wanted:
+        if u.state != "ready":
+            if u.origin:
+                losers.append(u)
+        elif not u.fixed and u.asleep and run.ram.get(u.home) is not None:
+            run.ram[u.home] += u.demand.sleep_bytes  # a woken replica's pinned host RAM comes free for others
     fates = {}
-    losers = [u for u in run.wanted if u.state != "ready" and u.origin]
     for u in sorted(losers, key=lambda u: (u.klass, -u.demand.value, u.demand.name, u.index)):
         fates[id(u)] = _fate(run, u)
-    assign_mps(ledger)
+    totals = weight_totals(ledger)
     outcomes = demand_outcomes(run, run.demanded) if run.demanded else {}
     refusals: dict[tuple, str] = {}
     replicas: list[PlannedReplica] = []
     moves: list[Move] = []
     unplaced: list[Unplaced] = []
-    host = ledger.host
-    for u in run.wanted:
-        if u.state == "ready":
-            if u.fixed and not u.relocated:  # most of a re-plan: unchanged; built here in few steps
-                where = u.origin[0] if len(u.origin) == 1 else ", ".join(u.origin)
-                if u.mps is None:
-                    reason, pct = f"kept on {where}: it still fits", None
+    host, ids, holders = ledger.host, ledger.ids, ledger.holders
+    for d in run.demands.values():  # the units of run.wanted, deployment by deployment
+        name, width, weight = d.name, d.width, d.mps_weight
+        kind = f"{d.tier}, latency-critical" if d.lc else d.tier
+        shares: dict[int, int] = {}  # weight total of a GPU -> this deployment's MPS percentage there
+        for u in d.members:
+            if u.state != "ready":
+                _not_ready_into(run, u, outcomes, refusals, fates, replicas, unplaced)
+                continue
+            if not u.fixed or u.relocated:
+                replicas.append(_ready(run, u, moves, totals))
+                continue
+            # Kept where it was: most of a re-plan, built here in few steps.
+            origin, gpus = u.origin, u.gpus
+            g = gpus[0]
+            if len(gpus) == 1:
+                total = totals[g]
+                if total:  # on a shared GPU: sharing.mps_of and mps_text, inline
+                    pct = shares.get(total)
+                    if pct is None:
+                        pct = shares[total] = max(MIN_MPS, round(100 * weight / total))
+                    reason = (f"kept on {origin[0]}: it still fits; MPS {pct}% of SMs: weight {weight} ({kind}) of "
+                              f"{total} on {ids[g]}, shared by {len(holders[g])} replicas")
                 else:
-                    reason, pct = f"kept on {where}: it still fits; {u.mps[1]}", u.mps[0]
-                replicas.append(PlannedReplica(u.demand.name, u.index, u.origin, host[u.gpus[0]], "ready", "keep",
-                                               u.share * u.demand.width, pct, reason))
+                    pct, reason = None, f"kept on {origin[0]}: it still fits"
             else:
-                replicas.append(_ready(run, u, moves))
-            continue
-        alike = (u.demand.name, u.share, u.phase)
-        refusal = refusals.get(alike)
-        if refusal is None:
-            if u.phase == "demand":
-                refusal = outcomes[u.demand.name].reason
-            elif u.phase == "idle":
-                refusal = f"{u.demand.idle}: scaled to zero"
-            else:
-                refusal = _refusal(run, u)
-            refusals[alike] = refusal
-        planned = _not_ready(u, refusal, fates.get(id(u)))
-        replicas.append(planned)
-        unplaced.append(Unplaced(u.demand.name, u.index, planned.reason))
+                where = ", ".join(origin)
+                mps = mps_of(totals, u)
+                if mps is None:
+                    pct, reason = None, f"kept on {where}: it still fits"
+                else:
+                    pct, reason = mps[0], f"kept on {where}: it still fits; {mps_text(ledger, totals, u, *mps)}"
+            planned = _new(PlannedReplica)  # PlannedReplica(...), its dict built at once
+            _set(planned, "__dict__", {
+                "deployment": name, "index": u.index, "gpus": origin, "host": host[g], "state": "ready",
+                "action": "keep", "reserved_bytes": u.share * width, "mps_percentage": pct, "reason": reason,
+                "from_gpus": (), "preempted_by": None})
+            replicas.append(planned)
     for u in run.retired:
         decision = run.decisions[u.demand.name]
         replicas.append(PlannedReplica(u.demand.name, u.index, (), None, "stopped", "stop", 0, None,
@@ -68,27 +81,58 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
     for r in run.orphans:
         replicas.append(PlannedReplica(r.deployment, r.index, (), None, "stopped", "stop", 0, None,
                                        "stopped: its deployment no longer exists", r.gpus))
-    replicas.sort(key=attrgetter("deployment", "index"))
+    if run.retired or run.orphans or not _names_in_order(run):
+        replicas.sort(key=attrgetter("deployment", "index"))  # else they are in order already (units by index)
     scale = tuple(sorted(run.decisions.values(), key=attrgetter("deployment")))
-    used, total = 0, 0
+    used, total, in_use = 0, 0, 0
     for g, holders in enumerate(ledger.holders):
         if holders:
             gpu = ledger.gpus[g]
             used += min(gpu.total_bytes, gpu.used_bytes + ledger.reserved[g])
             total += gpu.total_bytes
+            in_use += 1
     return Plan(
         strategy=run.placer.name,
         replicas=tuple(replicas),
         moves=tuple(moves),
         unplaced=tuple(unplaced),
         scale=scale,
-        gpus_used=sum(1 for h in ledger.holders if h),
+        gpus_used=in_use,
         memory_utilization=round(used / total, 4) if total else 0.0,
         elapsed_ms=round(elapsed_ms, 3),
         search=run.search,
         demands=tuple(outcomes.values()),
         gpu_state=(tuple(ledger.gpus), tuple(ledger.reserved), ledger.buffer),
     )
+
+
+_new, _set = object.__new__, object.__setattr__
+
+
+def _not_ready_into(run: Run, u: Unit, outcomes: dict, refusals: dict[tuple, str], fates: dict,
+                    replicas: list[PlannedReplica], unplaced: list[Unplaced]) -> None:
+    """The decision for a wanted replica that is not ready: refused, asleep, stopped, preempted; its refusal is
+    worked out once for replicas alike."""
+    alike = (u.demand.name, u.share, u.phase)
+    refusal = refusals.get(alike)
+    if refusal is None:
+        if u.phase == "demand":
+            refusal = outcomes[u.demand.name].reason
+        elif u.phase == "idle":
+            refusal = f"{u.demand.idle}: scaled to zero"
+        else:
+            refusal = _refusal(run, u)
+        refusals[alike] = refusal
+    planned = _not_ready(u, refusal, fates.get(id(u)))
+    replicas.append(planned)
+    unplaced.append(Unplaced(u.demand.name, u.index, planned.reason))
+
+
+def _names_in_order(run: Run) -> bool:
+    """Whether the deployments came sorted by name: then the replicas, built deployment by deployment and index by
+    index, need no sort."""
+    names = list(run.demands)
+    return all(map(lt, names, names[1:]))
 
 
 def _prefix(u: Unit) -> str:
@@ -101,7 +145,7 @@ def _prefix(u: Unit) -> str:
     return ""
 
 
-def _ready(run: Run, u: Unit, moves: list[Move]) -> PlannedReplica:
+def _ready(run: Run, u: Unit, moves: list[Move], totals: list[int]) -> PlannedReplica:
     ledger = run.ledger
     gpus = u.gpus
     ids = (ledger.ids[gpus[0]],) if len(gpus) == 1 else tuple(ledger.ids[g] for g in gpus)
@@ -124,10 +168,11 @@ def _ready(run: Run, u: Unit, moves: list[Move]) -> PlannedReplica:
         action, reason = "place", f"placed {explain.for_waiting(u.demand.waiting)}: {u.reason}"
     else:
         action, reason = "place", _prefix(u) + u.reason
-    if u.mps is not None:
-        reason = f"{reason}; {u.mps[1]}"
+    mps = mps_of(totals, u)
+    if mps is not None:
+        reason = f"{reason}; {mps_text(ledger, totals, u, *mps)}"
     return PlannedReplica(u.demand.name, u.index, ids, ledger.host[gpus[0]], "ready", action, u.share * u.width,
-                          None if u.mps is None else u.mps[0], reason, from_gpus)
+                          None if mps is None else mps[0], reason, from_gpus)
 
 
 def _fate(run: Run, u: Unit) -> tuple[str, str | None, str]:
@@ -169,6 +214,14 @@ def _not_ready(u: Unit, refusal: str, fate: tuple[str, str | None, str] | None) 
     return PlannedReplica(name, index, (), None, "stopped", "refuse", 0, None, reason)
 
 
+def _lowest_ready_rank(run: Run) -> int:
+    """The rank of the least important tier with a replica ready in the plan (-1: none), worked out once."""
+    found = run.lowest_ready_rank
+    if found is None:
+        found = run.lowest_ready_rank = max((d.rank for d in run.demands.values() if d.ready), default=-1)
+    return found
+
+
 def _refusal(run: Run, u: Unit) -> str:
     """Why `u` fits nowhere, measured on the final ledger."""
     ledger = run.ledger
@@ -179,7 +232,6 @@ def _refusal(run: Run, u: Unit) -> str:
         neighbours = sum(1 for g in eligible if ledger.free(g) >= u.share and not run.placer.allows(u, g))
     text = explain.refusal(u.share, u.width, ledger.largest_free(eligible), excluded, u.demand.dep.selector,
                            neighbours, gang_shortfall(run.placer, u) if u.width > 1 and eligible else "")
-    if u.phase in ("min", "slo") and run.settings.preempt and any(
-            d.ready and d.rank > u.demand.rank for d in run.demands.values()):
+    if u.phase in ("min", "slo") and run.settings.preempt and _lowest_ready_rank(run) > u.demand.rank:
         text += "; preempting lower tiers would not make room on any GPU"
     return text

@@ -21,6 +21,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
+from operator import gt
 from time import perf_counter
 
 from console.scheduler import explain
@@ -45,11 +46,16 @@ def plan(request: PlanInput) -> Plan:
     started = perf_counter()
     with _collector_paused():
         run = Run(request, started)
-        run.keep_existing()
-        run.demanded = mark_demand(run)
-        run.place_classes()
-        run.settle()
-        return assemble(run, elapsed_ms=1000 * (perf_counter() - started))
+        try:
+            run.keep_existing()
+            run.demanded = mark_demand(run)
+            run.place_classes()
+            run.settle()
+            return assemble(run, elapsed_ms=1000 * (perf_counter() - started))
+        finally:
+            # The indexes listen to the ledger (a reference cycle): unhooked, the pass's 10,000 units are freed as
+            # it returns instead of waiting for a full collection of the console's heap (which costs more).
+            run.ledger.close()
 
 
 @contextmanager
@@ -78,7 +84,7 @@ class Run:
         self.placer = make_placer(request.strategy, self.ledger, self.book)
         self.decisions = {d.name: decide(d, request.now, request.settings) for d in request.deployments}
         self.demands, self.wanted, self.retired, self.orphans = build_units(
-            request.deployments, self.decisions, request.replicas, request.now)
+            request.deployments, self.decisions, request.replicas, request.now, self.ledger)
         self.ram = {h.name: h.ram_free_bytes for h in request.hosts}
         limit = request.settings.max_moves
         self.moves_left = float("inf") if limit is None else limit
@@ -88,6 +94,7 @@ class Run:
         self.demanded: list[Demand] = []  # deployments with requests waiting (mark_demand)
         self.demand_failed: dict[tuple, int] = {}  # demand shape -> ledger release count at its last failure
         self.demand_victims: list[Unit] | None = None  # what demand may evict in this pass (demand.py)
+        self.lowest_ready_rank: int | None = None  # for refusal reasons, on the final ledger (outcome.py)
 
     # --- stability --------------------------------------------------------------------------------
 
@@ -96,27 +103,29 @@ class Run:
         the most important ones stay and the rest are displaced."""
         ledger = self.ledger
         number, capacity, reserved = ledger.number, ledger.capacity, ledger.reserved
-        ready = [u for u in self.wanted if u.origin and u.klass != IDLE_CLASS]  # an idle one leaves its GPUs
-        load: dict[str, int] = {}
-        for u in ready:
+        holders, tier_bytes, host, host_ready = ledger.holders, ledger.tier_bytes, ledger.host, ledger.host_ready
+        # Most replicas of a re-plan (alone on one GPU that still exists, no selector) were reserved as their units
+        # were built (units._existing_units); they are taken back below from the rare GPU that cannot hold all it
+        # held. The others (gangs, selectors, GPUs gone) are kept or displaced here, the most important first.
+        rest = [u for u in self.wanted if u.origin and not u.fixed and u.klass != IDLE_CLASS]
+        load: dict[int, int] = {}  # what the others held, per GPU that still exists
+        for u in rest:
             for gpu in u.origin:
-                load[gpu] = load.get(gpu, 0) + u.share
-        crowded = {gpu for gpu, need in load.items() if gpu in number and need > ledger.free(number[gpu])}
-        # Order matters only on crowded GPUs: sorting the 10,000 replicas of a large re-plan would not pay.
-        rest = []
-        for u in ready:
-            if crowded and any(gpu in crowded for gpu in u.origin):
+                g = number.get(gpu)
+                if g is not None:
+                    load[g] = load.get(g, 0) + u.share
+        crowded = [g for g, over in enumerate(map(gt, reserved, capacity)) if over]
+        crowded += [g for g, need in load.items() if reserved[g] <= capacity[g] < reserved[g] + need]
+        for g in crowded:  # order matters only on crowded GPUs: their replicas join the sorted ones
+            for u in holders[g]:
+                demand = u.demand
+                tier_bytes[g][demand.rank] -= u.share
+                host_ready[host[g]] -= 1
+                demand.ready -= 1
+                u.gpus, u.fixed, u.state = (), False, "pending"  # not placed
                 rest.append(u)
-            elif len(u.origin) == 1 and u.demand.width == 1 and not u.demand.key:  # most replicas, in few steps
-                g = number.get(u.origin[0])
-                if g is not None and capacity[g] - reserved[g] >= u.share:
-                    ledger.reserve_one(u, g)
-                    u.fixed, u.state = True, "ready"
-                    u.demand.ready += 1
-                else:
-                    rest.append(u)
-            else:
-                rest.append(u)
+            holders[g] = []
+            reserved[g] = 0
         rest.sort(key=lambda u: (u.klass, -u.demand.value, u.demand.name, u.index))
         for u in rest:
             cause = self._why_not_kept(u)

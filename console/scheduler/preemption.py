@@ -120,15 +120,20 @@ def _evict_for(run: Run, unit: Unit, ok: Callable[[Unit], bool], kind: str, caus
         # Victims are never of a higher tier, so a GPU whose own tier and lower tiers hold too little is skipped
         # without looking at its replicas.
         rank, share = unit.demand.rank, unit.share
+        freeable, holders = ledger.freeables(rank), ledger.holders
         for g in ledger.eligible(unit.demand.key):
-            if not ledger.holders[g] or ledger.freeable(g, rank) < share:
+            if not holders[g] or freeable[g] < share:
                 continue
             found = victims_on(run, unit, g, ok, order, cost)
             if found and (best is None or found[0] < best[0]):
                 best = (found[0], (g,), found[1])
     else:
         rank, share = unit.demand.rank, unit.share
-        eligible = [g for g in ledger.eligible(unit.demand.key) if ledger.freeable(g, rank) >= share]
+        freeable = ledger.freeables(rank)
+        if unit.demand.key:
+            eligible = [g for g in ledger.eligible(unit.demand.key) if freeable[g] >= share]
+        else:
+            eligible = [g for g, room in enumerate(freeable) if room >= share]
         allowed = set(eligible)
         hosts: dict[str, int] = {}
         for g in eligible:

@@ -200,6 +200,14 @@ class ScaleDecision:
     reason: str
 
 
+def _scale_decision_init(self, deployment, current, target, reason) -> None:
+    # As for PlannedReplica: one per deployment per plan.
+    self.__dict__.update(deployment=deployment, current=current, target=target, reason=reason)
+
+
+ScaleDecision.__init__ = _scale_decision_init  # type: ignore[method-assign]
+
+
 @dataclass(frozen=True)
 class GpuBalance:
     """One GPU's ledger after the plan: free = total - foreign - reserved - buffer."""

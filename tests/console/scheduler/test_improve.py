@@ -1,8 +1,12 @@
 """Memory-optimized's improvement search on its own: exact subset sums and the repack."""
 
+import random
 from time import perf_counter
 
-from console.scheduler.improve import Repack, best_subset, size_unit
+import pytest
+
+from console.scheduler import Deployment, Gpu, PlanInput, Settings, plan
+from console.scheduler.improve import Repack, best_subset, exact_subset, size_unit
 
 MiB = 2**20
 
@@ -49,3 +53,62 @@ def test_it_improves_a_poor_assignment_and_stays_within_capacity():
     assert None not in best
     for k in (0, 1):
         assert sum(s for s, b in zip(sizes, best, strict=True) if b == k) <= 10
+
+
+# --- exact bytes: sizes that share no useful common divisor -------------------------------------------------------
+
+GiB = 2**30
+
+
+def fills_to_the_byte(seed: int, gpus: int, per_gpu: tuple[int, int]) -> tuple[list[int], int]:
+    """(sizes, GPU total) of an instance whose only way to place everything fills every GPU to the byte: a GPU total
+    in arbitrary bytes, each GPU cut at random byte offsets into per_gpu[0]..per_gpu[1] models of at least 1 GiB,
+    shuffled over the fleet."""
+    rng = random.Random(seed)
+    total = 80 * GiB - rng.randrange(1, 2**26)
+    sizes = []
+    for _ in range(gpus):
+        k = rng.randint(*per_gpu)
+        while True:
+            cuts = sorted(rng.sample(range(1, total), k - 1))
+            parts = [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
+            if min(parts) >= GiB:
+                break
+        sizes += parts
+    rng.shuffle(sizes)
+    return sizes, total
+
+
+@pytest.mark.parametrize("per_gpu", [(3, 3), (4, 4), (2, 4)])
+def test_memory_optimized_places_everything_when_the_optimum_fills_gpus_to_the_byte(per_gpu):
+    # Rounding sizes up to 1/131072 of a GPU made such a fill look one unit too full, so one model stayed out.
+    for seed in range(5):
+        sizes, total = fills_to_the_byte(seed, 8, per_gpu)
+        assert size_unit([total], sizes) > 1  # the search counts in coarse units here
+        gpus = tuple(Gpu(f"h{i // 4}/{i % 4}", f"h{i // 4}", total) for i in range(8))
+        deployments = tuple(Deployment(f"m{i:02d}", s) for i, s in enumerate(sizes))
+        result = plan(PlanInput(gpus, deployments, settings=Settings(search_budget_s=60, search_iterations=2000)))
+        assert not result.unplaced, (seed, [u.reason for u in result.unplaced])
+        assert all(b.free_bytes == 0 for b in result.ledger)  # every GPU full to the byte, none past it
+
+
+def test_exact_subset_finds_the_fill_to_the_byte_that_rounding_hides():
+    unit = 1000
+    sizes = [2400, 3300, 4300, 2999, 1]  # 2400 + 3300 + 4300 = 10000 exactly; in whole units 2 + 3 + 4 = 9
+    chosen = exact_subset(sizes, unit, 10_000)
+    assert sorted(sizes[i] for i in chosen) == [2400, 3300, 4300]
+
+
+def test_exact_subset_never_returns_more_bytes_than_fit():
+    rng = random.Random(3)
+    for _ in range(50):
+        sizes = [rng.randrange(1, 5000) for _ in range(12)]
+        limit = rng.randrange(1, 20_000)
+        chosen = exact_subset(sizes, 97, limit)
+        assert len(set(chosen)) == len(chosen) and sum(sizes[i] for i in chosen) <= limit
+
+
+def test_the_result_is_verified_in_bytes_and_what_the_search_added_past_capacity_leaves():
+    search = Repack([10, 10], [6, 5, 4], [None] * 3, [0, None, None], seed=0)
+    repaired = search.verified([0, 0, 1])  # 6 + 5 on GPU 0 would be 11 bytes in 10
+    assert repaired == [0, None, 1]  # the 6 was there before the search: the 5 it added leaves
