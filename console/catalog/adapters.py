@@ -67,5 +67,8 @@ def delete_adapter(name: str) -> None:
 
 
 def _refresh_pool(dep) -> None:
+    from console.deployments.desired import mark_stale  # deployments depends on catalog
+
     dep.estimates = deployment_estimates(dep)
     dep.save(update_fields=["estimates"])
+    mark_stale(dep)  # its replicas' hosts get the new adapter list

@@ -1,17 +1,23 @@
-from ninja import Router, Status
+from django.http import HttpResponse
+from ninja import Query, Router, Status
 
 from console.catalog import adapters, memory, services
 from console.catalog.models import Adapter, Model
 from console.catalog.schemas import AdapterIn, AdapterOut, ErrorOut, EstimateIn, EstimateOut, ModelIn, ModelOut
+from console.pagination import ListQuery, name_search, paginate, set_page_headers
 
 router = Router()
 estimate_router = Router()
 adapter_router = Router()
+ADAPTER_FIELDS = ("name", "path", "rank", "modules", "parameters", "nbytes", "pinned", "created", "deployment")
 
 
-@router.get("", response=list[ModelOut])
-def list_models(request):
-    return Model.objects.all()
+@router.get("", response={200: list[ModelOut], 422: ErrorOut},
+            summary="Registered models, a page at a time (X-Total-Count and Link headers; filter with q)")
+def list_models(request, response: HttpResponse, query: Query[ListQuery]):
+    page, window = paginate(name_search(Model.objects.all(), query.q), query.page, query.per_page)
+    set_page_headers(response, request, page)
+    return list(window)
 
 
 @router.post("", response={201: ModelOut, 409: ErrorOut, 422: ErrorOut}, summary="Register a model directory")
@@ -37,9 +43,14 @@ def estimate(request, body: EstimateIn):
                                    body.adapter_pool_bytes)
 
 
-@adapter_router.get("", response=list[AdapterOut])
-def list_adapters(request):
-    return Adapter.objects.select_related("deployment")
+@adapter_router.get("", response={200: list[AdapterOut], 422: ErrorOut},
+                    summary="Registered adapters, a page at a time (X-Total-Count and Link headers; filter with q)")
+def list_adapters(request, response: HttpResponse, query: Query[ListQuery]):
+    # Of its deployment an adapter shows only the name.
+    rows = Adapter.objects.select_related("deployment").only(*ADAPTER_FIELDS, "deployment__name")
+    page, window = paginate(name_search(rows, query.q), query.page, query.per_page)
+    set_page_headers(response, request, page)
+    return list(window)
 
 
 @adapter_router.post("", response={201: AdapterOut, 409: ErrorOut, 422: ErrorOut},

@@ -1,19 +1,34 @@
-from ninja import Body, Router, Status
+from django.http import HttpResponse
+from ninja import Body, Query, Router, Status
 
 from console.catalog.schemas import ErrorOut
 from console.deployments import services
 from console.deployments.models import Deployment
-from console.deployments.presenters import deployment_data
-from console.deployments.schemas import DeploymentIn, DeploymentOut, DeploymentPatch
+from console.deployments.presenters import deployment_data, deployments_data, listed
+from console.deployments.schemas import (
+    DeploymentBulkIn,
+    DeploymentIn,
+    DeploymentListQuery,
+    DeploymentOut,
+    DeploymentPatch,
+)
 from console.errors import Invalid
+from console.pagination import name_search, paginate, set_page_headers
 from console.scheduler.dryrun import PlanInputError, run_dry_plan
 
 router = Router()
+SERVING_SHAPE = {"name", "model", "dtype", "batch", "seq"}  # what a deployment is made of, beside its policy
 
 
-@router.get("", response=list[DeploymentOut])
-def list_deployments(request):
-    return [deployment_data(d) for d in Deployment.objects.select_related("model")]
+@router.get("", response={200: list[DeploymentOut], 422: ErrorOut},
+            summary="Deployments, a page at a time (X-Total-Count and Link headers; filter with q and state)")
+def list_deployments(request, response: HttpResponse, query: Query[DeploymentListQuery]):
+    rows = name_search(Deployment.objects.all(), query.q)
+    if query.state:
+        rows = rows.filter(state=query.state)
+    page, window = paginate(listed(rows), query.page, query.per_page)
+    set_page_headers(response, request, page)
+    return deployments_data(window)
 
 
 @router.post("", response={201: DeploymentOut, 409: ErrorOut, 422: ErrorOut}, summary="Deploy a registered model")
@@ -22,6 +37,36 @@ def create_deployment(request, body: DeploymentIn):
     dep = services.create_deployment(body.name, body.model, dtype=body.dtype, batch=body.batch, seq=body.seq,
                                      **policy)
     return Status(201, deployment_data(dep))
+
+
+@router.post("/bulk", response={201: list[DeploymentOut], 409: ErrorOut, 422: ErrorOut},
+             summary="Deploy many registered models in one request: all of them, or none when any is refused")
+def create_deployments(request, body: DeploymentBulkIn):
+    items = [d.dict(include=SERVING_SHAPE) | d.dict(include=set(services.POLICY_FIELDS), exclude_unset=True)
+             for d in body.deployments]
+    created = services.create_deployments(items)
+    order = {d.name: i for i, d in enumerate(created)}
+    rows = deployments_data(listed(Deployment.objects.filter(name__in=order)))
+    return Status(201, sorted(rows, key=lambda d: order[d["name"]]))
+
+
+# "bulk" is also a valid deployment name (a batch-tier deployment is often called that), and Django routes
+# /deployments/bulk here whatever the method: these keep such a deployment readable, changeable and deletable,
+# and are documented, so the methods the path allows are the methods its schema names.
+@router.get("/bulk", response={200: DeploymentOut, 404: ErrorOut}, summary="The deployment named bulk")
+def get_deployment_named_bulk(request):
+    return get_deployment(request, "bulk")
+
+
+@router.patch("/bulk", response={200: DeploymentOut, 404: ErrorOut, 422: ErrorOut},
+              summary="Change the deployment named bulk")
+def update_deployment_named_bulk(request, body: DeploymentPatch):
+    return update_deployment(request, "bulk", body)
+
+
+@router.delete("/bulk", response={204: None, 404: ErrorOut}, summary="Delete the deployment named bulk")
+def delete_deployment_named_bulk(request):
+    return delete_deployment(request, "bulk")
 
 
 @router.get("/{name}", response={200: DeploymentOut, 404: ErrorOut})

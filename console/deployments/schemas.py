@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from ninja import Field, Schema
 from pydantic import create_model
@@ -9,6 +9,7 @@ from pydantic import create_model
 from console.catalog.memory import MAX_BATCH, MAX_SEQ
 from console.catalog.schemas import RequestBody, name_field
 from console.deployments.policy import REPLICA_FIELDS, Policy
+from console.pagination import ListQuery
 
 
 def _policy_fields(defaults: bool) -> dict[str, Any]:
@@ -87,7 +88,9 @@ class ReplicaOut(Schema):
     mps_percentage: int | None = Field(description="CUDA MPS active-thread percentage on a shared GPU")
     endpoint: str | None
     pid: int | None
-    reason: str
+    reason: str = Field(description="the scheduler's reason for its placement (written only by the scheduler)")
+    observed_reason: str = Field(description="what its agent reported of it, e.g. why its worker failed "
+                                 "(written only from the agent's reports)")
     loaded_bytes: int | None = Field(description="bytes read so far while loading")
     loading_total_bytes: int | None = Field(description="bytes to load in all")
     host_bytes: int | None = Field(description="host memory held while asleep")
@@ -154,3 +157,20 @@ class DeploymentOut(Schema):
     reason: str
     created: datetime
     replicas: list[ReplicaOut]
+
+
+MAX_BULK = 1000
+# console.deployments.models.DeploymentState (the schemas stay free of the ORM).
+DeploymentState = Literal["pending", "loading", "ready", "degraded", "failed", "unschedulable"]
+
+
+class DeploymentListQuery(ListQuery):
+    state: DeploymentState | None = Field(None, description="only deployments in this state")
+
+
+class DeploymentBulkIn(RequestBody):
+    """Deployments to create together: all of them, or (when any is refused) none."""
+
+    deployments: list[DeploymentIn] = Field(min_length=1, max_length=MAX_BULK,
+                                            description=f"1 to {MAX_BULK} deployments, as POST /deployments takes "
+                                            "each; names must differ")

@@ -2,28 +2,52 @@
 
 from __future__ import annotations
 
-from django.db.models import Prefetch, Q
+from django.db.models import Count, Prefetch, Q, QuerySet, Sum
 
-from console.deployments.models import Replica
+from console.deployments.models import Deployment, Replica
 from console.fleet.labels import gpu_labels
-from console.fleet.models import Host
+from console.fleet.models import Gpu, Host
+
+HOST_STATES = ("connected", "unknown", "offline")
+# Host.lifecycle as a filter, so a page of hosts in one state is one query: connected; unknown (its lease
+# lapsed, not evicted); offline (evicted, or never leased: unknown_since unset).
+_LIFECYCLE = {
+    "connected": Q(connected=True),
+    "unknown": Q(connected=False, unknown_since__isnull=False, evicted_at__isnull=True),
+    "offline": Q(connected=False) & (Q(evicted_at__isnull=False) | Q(unknown_since__isnull=True)),
+}
+# Host columns no listing shows (the desired state pushed to it can be kilobytes) and deployment columns a
+# replica on a GPU does not need (only its name is shown).
+_UNSHOWN_HOST_FIELDS = ("desired", "desired_digest", "serving")
+_REPLICA_DEPLOYMENT_FIELDS = ("deployment__estimates", "deployment__gateway_stats", "deployment__reason",
+                              "deployment__demand_reason", "deployment__selector")
 
 
-def fleet() -> list[dict]:
-    """Every host with its GPUs and the replicas reserved on each GPU, its labels, the room it reports
-    for sleeping replicas and the replicas asleep in its memory."""
+def in_state(hosts: QuerySet, state: str) -> QuerySet:
+    """The hosts of `hosts` whose lifecycle is `state` (one of HOST_STATES)."""
+    return hosts.filter(_LIFECYCLE[state])
+
+
+def fleet(hosts: QuerySet | None = None) -> list[dict]:
+    """Each host of `hosts` (default: all) with its GPUs and the replicas reserved on each GPU, its labels,
+    the room it reports for sleeping replicas and the replicas asleep in its memory: five queries for any
+    number of hosts."""
     asleep = Replica.objects.filter(Q(desired_state="sleeping") | Q(observed_state="sleeping"))
-    hosts = Host.objects.prefetch_related(
-        "gpus",
-        Prefetch("gpus__replicas", queryset=Replica.objects.select_related("deployment").order_by("pk")),
-        Prefetch("replicas", queryset=asleep.select_related("deployment").order_by("deployment__name", "index"),
-                 to_attr="asleep"),
+    on_gpu = Replica.objects.select_related("deployment").defer(*_REPLICA_DEPLOYMENT_FIELDS).order_by("pk")
+    hosts = (Host.objects.all() if hosts is None else hosts).defer(*_UNSHOWN_HOST_FIELDS).prefetch_related(
+        Prefetch("gpus", queryset=Gpu.objects.order_by("index")),
+        Prefetch("gpus__replicas", queryset=on_gpu),
+        Prefetch("replicas", queryset=asleep.select_related("deployment").defer(*_REPLICA_DEPLOYMENT_FIELDS)
+                 .order_by("deployment__name", "index"), to_attr="asleep"),
     )
     return [
         {
             "name": h.name,
             "endpoint": h.endpoint,
             "connected": h.connected,
+            "state": h.lifecycle,
+            "unknown_since": h.unknown_since,
+            "evicted_at": h.evicted_at,
             "last_seen": h.last_seen,
             "agent_version": h.agent_version,
             "generation": h.generation,
@@ -50,6 +74,7 @@ def _gpu(g) -> dict:
             "desired_state": r.desired_state,
             "action": r.action,
             "reason": r.reason,
+            "observed_reason": r.observed_reason,
             "mps_percentage": r.mps_percentage,
             "reserved_bytes": r.reserved_bytes,
             "measured_bytes": r.measured_bytes,
@@ -71,4 +96,41 @@ def _gpu(g) -> dict:
         "utilization": g.utilization,
         "simulated": g.simulated,
         "replicas": replicas,
+    }
+
+
+# The order states are shown in: most useful first, as on a deployment's row.
+REPLICA_STATE_ORDER = ("ready", "preloaded", "loading", "starting", "pending", "sleeping", "stopped", "failed")
+DEPLOYMENT_STATE_ORDER = ("ready", "loading", "pending", "degraded", "failed", "unschedulable")
+
+
+def _ordered(counts: dict[str, int], order: tuple[str, ...]) -> list[tuple[str, int]]:
+    known = [(s, counts[s]) for s in order if counts.get(s)]
+    return known + sorted((s, n) for s, n in counts.items() if s not in order and n)
+
+
+def fleet_summary() -> dict:
+    """The whole fleet in figures, whatever page is shown: hosts by state, GPUs and their memory, replicas by
+    observed state, deployments by state. Five aggregate queries, however large the fleet."""
+    # Aliases unlike any field name: Django refuses an aggregate named "connected".
+    hosts = Host.objects.aggregate(n_total=Count("pk"),
+                                   **{f"n_{s}": Count("pk", filter=q) for s, q in _LIFECYCLE.items()})
+    gpus = Gpu.objects.aggregate(n_count=Count("pk"), n_simulated=Count("pk", filter=Q(simulated=True)),
+                                 n_total_bytes=Sum("total_bytes"), n_used_bytes=Sum("used_bytes"))
+    gpus = {k.removeprefix("n_"): v for k, v in gpus.items()}
+    # As each GPU's bar counts it: a replica's reservation on every GPU it spans.
+    reserved = Replica.gpus.through.objects.aggregate(b=Sum("replica__reserved_bytes"))["b"] or 0
+    replicas = dict(Replica.objects.order_by().values_list("observed_state").annotate(n=Count("pk")))
+    deployments = dict(Deployment.objects.order_by().values_list("state").annotate(n=Count("pk")))
+    violating = Deployment.objects.filter(violating=True).count()
+    total_bytes = gpus["total_bytes"] or 0
+    return {
+        "hosts": {"total": hosts["n_total"], "states": [(s, hosts[f"n_{s}"]) for s in HOST_STATES]},
+        "gpus": {"count": gpus["count"], "simulated": gpus["simulated"]},
+        "memory": {"total_bytes": total_bytes, "reserved_bytes": reserved, "used_bytes": gpus["used_bytes"] or 0,
+                   "reserved_pct": round(100 * reserved / total_bytes, 1) if total_bytes else 0.0,
+                   "used_pct": round(100 * (gpus["used_bytes"] or 0) / total_bytes, 1) if total_bytes else 0.0},
+        "replicas": {"total": sum(replicas.values()), "states": _ordered(replicas, REPLICA_STATE_ORDER)},
+        "deployments": {"total": sum(deployments.values()), "states": _ordered(deployments, DEPLOYMENT_STATE_ORDER),
+                        "violating": violating},
     }

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from ninja import Schema
+from ninja import Field, Schema
 
 
 class GpuReplicaOut(Schema):
@@ -30,6 +30,10 @@ class HostOut(Schema):
     name: str
     endpoint: str
     connected: bool
+    state: str = Field(description="connected; unknown: its lease lapsed or its link closed, so it keeps its "
+                       "replicas but gets no new ones; offline: evicted, its replicas were re-placed")
+    unknown_since: datetime | None = Field(description="when its lease lapsed or its link closed")
+    evicted_at: datetime | None = Field(description="when its replicas were released for re-placement")
     last_seen: datetime | None
     agent_version: str
     generation: int

@@ -1,13 +1,29 @@
+"""The dashboard: a summary of the whole fleet, then one page of hosts and one of deployments, each searched
+and filtered by plain GET parameters so every view of it is a link (and its websocket renders the same)."""
+
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.http import QueryDict
 from django.shortcuts import render
+from django.urls import reverse
 
-from console.deployments.models import Deployment
+from console.deployments.models import Deployment, DeploymentState
 from console.deployments.presenters import deployment_row, heading_for, load_progress
-from console.fleet.presenters import fleet
+from console.fleet.models import Host
+from console.fleet.presenters import HOST_STATES, fleet, fleet_summary, in_state
 from console.fleet.templatetags.units import gib
+from console.pagination import MAX_QUERY, name_search, page_number, page_within, pager, query_string, shown
+
+HOSTS_PER_PAGE = 25
+DEPLOYMENTS_PER_PAGE = 50
+# The dashboard's own query parameters: hosts (q, state, page) and deployments (dq, dstate, dpage).
+HOST_PARAMS = ("q", "state", "page")
+DEPLOYMENT_PARAMS = ("dq", "dstate", "dpage")
 
 # One line per strategy for the dashboard's "how placement is decided" note (docs/placement.md has the rest).
 STRATEGY_SUMMARIES = {
@@ -31,7 +47,8 @@ def _segments(gpu: dict) -> dict:
         toward = heading_for(r["state"], r["desired_state"])
         segments.append(r | {"width": round(width, 3), "fill": round(min(fill, 100), 1), "progress": progress,
                              "toward": toward, "tooltip": _tooltip(r, progress, toward),
-                             "labelled": width >= _label_percent(r["deployment"])})
+                             "labelled": width >= _label_percent(r["deployment"]),
+                             "url": deployment_url(r["deployment"])})
     ours = sum(r["measured_bytes"] or 0 for r in gpu["replicas"])
     foreign = max(gpu["used_bytes"] - ours, 0)
     return gpu | {
@@ -57,6 +74,8 @@ def _tooltip(r: dict, progress: int | None, toward: str | None) -> str:
         parts.append(f"MPS {r['mps_percentage']}% of SMs")
     if r["action"] or r["reason"]:
         parts.append(": ".join(p for p in (r["action"], r["reason"]) if p))
+    if r["observed_reason"]:
+        parts.append(f"agent: {r['observed_reason']}")
     return " · ".join(parts)
 
 
@@ -70,12 +89,131 @@ def scheduler_context() -> dict:
     }
 
 
-def grid_context() -> dict:
-    hosts = [h | {"gpus": [_segments(g) for g in h["gpus"]]} for h in fleet()]
-    deployments = Deployment.objects.select_related("model").prefetch_related("replica_set")
-    return {"hosts": hosts, "deployments": [deployment_row(d) for d in deployments]}
+@dataclass(frozen=True)
+class Filters:
+    """What the dashboard was asked to show, read leniently: a value it cannot use is dropped, with a note."""
+
+    q: str = ""
+    state: str = ""
+    page: int = 1
+    dq: str = ""
+    dstate: str = ""
+    dpage: int = 1
+    notes: tuple[str, ...] = ()
+
+    @property
+    def hosts_filtered(self) -> bool:
+        return bool(self.q or self.state)
+
+    @property
+    def deployments_filtered(self) -> bool:
+        return bool(self.dq or self.dstate)
+
+
+def read_filters(query: QueryDict | dict) -> Filters:
+    """The dashboard's parameters in `query`, each unusable one dropped with a note saying what is shown."""
+    notes = []
+
+    def one_of(param: str, allowed: tuple[str, ...], what: str) -> str:
+        value = str(query.get(param, "") or "")
+        if value and value not in allowed:
+            notes.append(f"{param} “{shown(value)}” is not a {what} state ({', '.join(allowed)}); showing every {what}")
+            return ""
+        return value
+
+    page, note = page_number(query, "page")
+    dpage, dnote = page_number(query, "dpage")
+    notes += [n for n in (note, dnote) if n]
+    state = one_of("state", HOST_STATES, "host")
+    dstate = one_of("dstate", tuple(DeploymentState.values), "deployment")
+    return Filters(q=str(query.get("q", "") or "").strip()[:MAX_QUERY], state=state, page=page,
+                   dq=str(query.get("dq", "") or "").strip()[:MAX_QUERY], dstate=dstate, dpage=dpage,
+                   notes=tuple(notes))
+
+
+def _with(query: QueryDict | dict, drop: tuple[str, ...] = (), **values: str) -> str:
+    """A relative link to the dashboard with `values` set and `drop` left out, the rest of `query` kept."""
+    params = QueryDict(query_string(query, drop=(*drop, *values)), mutable=True)
+    for name, value in values.items():
+        params[name] = value
+    return f"?{params.urlencode()}" if params else "?"
+
+
+def _big_bytes(n: int) -> str:
+    """Fleet-sized memory: TiB past 1 TiB, else as the GPUs show it."""
+    return f"{n / (1 << 40):.1f} TiB" if n >= 1 << 40 else gib(n)
+
+
+def summary_view(summary: dict, query: QueryDict | dict) -> dict:
+    """The summary with its words and the links that filter the lists below by each state."""
+    mem = summary["memory"]
+    return summary | {
+        "hosts": summary["hosts"] | {"states": [
+            {"state": s, "count": n, "url": _with(query, drop=("page",), state=s)}
+            for s, n in summary["hosts"]["states"]]},
+        "memory": mem | {"reserved": _big_bytes(mem["reserved_bytes"]), "used": _big_bytes(mem["used_bytes"]),
+                         "total": _big_bytes(mem["total_bytes"])},
+        "replicas": summary["replicas"] | {"states": [
+            {"state": s, "count": n, "pct": round(100 * n / summary["replicas"]["total"], 2)}
+            for s, n in summary["replicas"]["states"]]},
+        "deployments": summary["deployments"] | {"states": [
+            {"state": s, "count": n, "url": _with(query, drop=("dpage",), dstate=s) + "#deployments"}
+            for s, n in summary["deployments"]["states"]]},
+    }
+
+
+@cache
+def _deployment_url_prefix() -> str:
+    return reverse("deployment", args=["-"])[:-2]
+
+
+def deployment_url(name: str) -> str:
+    """reverse("deployment", name) without reversing each time: a page of hosts links a few hundred replicas,
+    and names are URL-safe by construction (console.catalog.models.NAME_VALIDATOR)."""
+    return f"{_deployment_url_prefix()}{name}/"
+
+
+def _host_view(host: dict) -> dict:
+    gpus = [_segments(g) for g in host["gpus"]]
+    return host | {"gpus": gpus, "asleep": [r | {"url": deployment_url(r["deployment"])} for r in host["asleep"]],
+                   "replica_count": sum(len(g["replicas"]) for g in gpus),
+                   "reserved_bytes": sum(g["reserved_bytes"] for g in gpus),
+                   "total_bytes": sum(g["total_bytes"] for g in gpus)}
+
+
+def grid_context(query: QueryDict | dict | None = None) -> dict:
+    """Everything the live part of the dashboard shows for `query` (a request's GET; none: the first page of
+    every host and deployment): the fleet's summary, a page of hosts and a page of deployments."""
+    query = QueryDict() if query is None else query
+    filters = read_filters(query)
+    hosts = name_search(Host.objects.all(), filters.q)
+    if filters.state:
+        hosts = in_state(hosts, filters.state)
+    host_page, host_rows, host_note = page_within(hosts, filters.page, HOSTS_PER_PAGE, "page")
+    deployments = name_search(Deployment.objects.select_related("model").prefetch_related("replica_set"), filters.dq)
+    if filters.dstate:
+        deployments = deployments.filter(state=filters.dstate)
+    dep_page, dep_rows, dep_note = page_within(deployments, filters.dpage, DEPLOYMENTS_PER_PAGE, "dpage")
+    return {
+        "summary": summary_view(fleet_summary(), query),
+        "filters": filters,
+        "notes": [*filters.notes, *(n for n in (host_note, dep_note) if n)],
+        "hosts": [_host_view(h) for h in fleet(host_rows)],
+        "host_pager": pager(host_page, query, "page"),
+        "hosts_clear_url": _with(query, drop=HOST_PARAMS),
+        "deployments": [deployment_row(d) | {"url": deployment_url(d.name)} for d in dep_rows],
+        "deployment_pager": pager(dep_page, query, "dpage"),
+        "deployments_clear_url": _with(query, drop=DEPLOYMENT_PARAMS) + "#deployments",
+    }
 
 
 @login_required
 def dashboard(request):
-    return render(request, "fleet/dashboard.html", grid_context() | {"scheduler": scheduler_context()})
+    live_query = request.GET.urlencode()
+    return render(request, "fleet/dashboard.html", grid_context(request.GET) | {
+        "scheduler": scheduler_context(),
+        "host_states": HOST_STATES,
+        "deployment_states": DeploymentState.values,
+        # The websocket renders the same page of the same lists, so a live update never swaps in another view.
+        "live_url": "/ws/dashboard/" + (f"?{live_query}" if live_query else ""),
+    })

@@ -109,3 +109,107 @@ def test_a_row_counts_the_requests_waiting_for_a_replica(user_client, model_dir)
     Deployment.objects.filter(name="nightly-batch").update(demand_at=timezone.now() - timedelta(minutes=1))
     page = user_client.get("/").content.decode()
     assert "3 waiting" not in element(page, '<tr data-deployment="nightly-batch">', "</tr>")
+
+
+# -- at fleet scale: the summary, search, state filters and pages -------------------------------------------
+
+
+def summary_card(html: str, name: str) -> str:
+    """One card of the summary strip: up to the next card or the strip's end."""
+    start = html.index(f'<div class="stat" data-summary="{name}">')
+    ends = [i for i in (html.find('<div class="stat" data-summary=', start + 1), html.find("</section>", start))
+            if i > 0]
+    return re.sub(r"\s+", " ", html[start:min(ends)])
+
+
+def test_the_summary_counts_the_whole_fleet(html):
+    hosts = summary_card(html, "hosts")
+    assert '<span class="stat-value">2</span>' in hosts
+    assert 'data-host-state="connected" title="show only connected hosts"><i></i><b>2</b> connected' in hosts
+    assert "<b>0</b> unknown" in hosts and "<b>0</b> offline" in hosts
+    assert '<span class="stat-value">3</span>' in summary_card(html, "gpus")
+    memory = summary_card(html, "memory")  # 20 + 6 on a0, 20 + 6 on a1, 20 + 2 on b0 of 200 GiB
+    assert "74.00 GiB <span class=\"target\">of 200.00 GiB</span>" in memory and "37.0% reserved" in memory
+    replicas = summary_card(html, "replicas")
+    assert '<span class="stat-value">8</span>' in replicas
+    assert re.findall(r'data-replica-state="(\w+)"><i></i><b>(\d+)</b>', replicas) == [
+        ("ready", "3"), ("preloaded", "1"), ("loading", "1"), ("pending", "1"), ("sleeping", "2")]
+    deployments = summary_card(html, "deployments")
+    assert "1 violating SLO" in deployments
+    assert re.findall(r'data-deployment-state="(\w+)"[^>]*><i></i><b>(\d+)</b>', deployments) == [
+        ("ready", "2"), ("loading", "1"), ("pending", "1"), ("unschedulable", "1")]
+
+
+def many_hosts(n: int, prefix: str = "node", **fields) -> None:
+    from console.fleet.models import Gpu, Host
+
+    hosts = Host.objects.bulk_create(Host(name=f"{prefix}-{i:03d}", **fields) for i in range(n))
+    Gpu.objects.bulk_create(Gpu(host=h, index=0, uuid=f"{h.name}-0", name="sim", total_bytes=1 << 34) for h in hosts)
+
+
+def host_names(html: str) -> list[str]:
+    return re.findall(r'<article class="host card" data-host="([^"]+)">', html)
+
+
+def test_hosts_come_25_to_a_page_with_links_that_keep_the_query(user_client):
+    many_hosts(60)
+    first = user_client.get("/").content.decode()
+    assert host_names(first) == [f"node-{i:03d}" for i in range(25)]
+    assert "<strong>1–25</strong> of 60 hosts" in first
+    page3 = user_client.get("/?page=3&dq=chat").content.decode()
+    assert host_names(page3) == [f"node-{i:03d}" for i in range(50, 60)]
+    assert 'href="?page=2&amp;dq=chat#hosts" rel="prev"' in page3 and 'rel="next"' not in page3
+
+
+def test_the_host_search_and_state_filter_narrow_the_hosts(user_client):
+    many_hosts(3, prefix="edge", connected=True)
+    many_hosts(2, prefix="core", connected=True)
+    many_hosts(2, prefix="lost", connected=False, unknown_since=timezone.now())
+    assert host_names(user_client.get("/?q=CORE").content.decode()) == ["core-000", "core-001"]
+    assert host_names(user_client.get("/?state=unknown").content.decode()) == ["lost-000", "lost-001"]
+    page = user_client.get("/?q=edge&state=unknown").content.decode()
+    assert host_names(page) == [] and "No host matches" in page and "Show every host" in page
+    assert 'value="edge"' in page and '<option value="unknown" selected>' in page
+
+
+def test_deployments_are_searched_filtered_and_paged_apart_from_the_hosts(user_client, model_dir, monkeypatch):
+    from console.fleet import views
+
+    scene(str(model_dir))
+    page = user_client.get("/?dq=B&dstate=ready").content.decode()
+    assert re.findall(r'<tr data-deployment="([^"]+)">', page) == ["embed", "nightly-batch"]
+    assert host_names(page) == ["gpu-a", "gpu-b"]
+    assert '<input type="hidden" name="dq" value="B">' in page  # the host search keeps the deployments' filter
+    monkeypatch.setattr(views, "DEPLOYMENTS_PER_PAGE", 2)
+    second = user_client.get("/?dpage=2").content.decode()
+    assert re.findall(r'<tr data-deployment="([^"]+)">', second) == ["embed", "nightly-batch"]
+    assert "<strong>3–4</strong> of 5 deployments" in second
+
+
+def test_a_page_that_cannot_be_shown_says_what_it_shows_instead(user_client):
+    many_hosts(3)
+    page = user_client.get("/?page=9&state=gone&dpage=x").content.decode()
+    assert host_names(page) == ["node-000", "node-001", "node-002"]
+    notes = element(page, '<ul class="notes" data-notes>', "</ul>")
+    assert "state “gone” is not a host state (connected, unknown, offline); showing every host" in notes
+    assert "dpage “x” is not a page number; showing page 1" in notes
+    assert "page 9 is past the last page (1); showing page 1" in notes
+
+
+def test_the_live_websocket_url_carries_the_pages_query(user_client):
+    page = user_client.get("/?q=node&page=2").content.decode()
+    assert 'ws-connect="/ws/dashboard/?q=node&amp;page=2"' in page
+    assert 'ws-connect="/ws/dashboard/"' in user_client.get("/").content.decode()
+
+
+def test_the_dashboards_queries_do_not_grow_with_the_fleet(user_client, model_dir):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    scene(str(model_dir))
+    with CaptureQueriesContext(connection) as small:
+        user_client.get("/")
+    many_hosts(40)
+    with CaptureQueriesContext(connection) as large:
+        user_client.get("/")
+    assert len(large.captured_queries) == len(small.captured_queries) <= 25

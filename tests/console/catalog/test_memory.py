@@ -9,7 +9,7 @@ from console.deployments.models import Deployment, Replica
 from console.deployments.reconcile import reconcile_once
 from console.deployments.services import create_deployment, update_deployment
 from console.errors import Invalid
-from console.fleet.intake import apply_replica_status
+from console.fleet.intake import apply_one
 from console.fleet.models import Gpu, Host
 
 pytestmark = pytest.mark.django_db
@@ -47,8 +47,8 @@ def test_a_measured_load_is_kept_beside_its_estimate_once(host, model):
     reconcile_once()
     replica = Replica.objects.get()
     estimated = replica.deployment.estimates["cpu"]["total_bytes"]
-    apply_replica_status(host, ready(replica, estimated + 1000))
-    apply_replica_status(host, ready(replica, estimated + 1000))  # the same load, reported again
+    apply_one(host, ready(replica, estimated + 1000))
+    apply_one(host, ready(replica, estimated + 1000))  # the same load, reported again
     sample = MemorySample.objects.get()
     assert (sample.estimated_bytes, sample.measured_bytes, sample.device) == (estimated, estimated + 1000, "cpu")
     assert sample.calibrated_bytes == estimated  # nothing was calibrated before this load
@@ -63,7 +63,7 @@ def test_later_admissions_reserve_the_calibrated_estimate(host, model):
     reconcile_once()
     first = Replica.objects.get()
     estimated = first.deployment.estimates["cpu"]["total_bytes"]
-    apply_replica_status(host, ready(first, 2 * estimated))
+    apply_one(host, ready(first, 2 * estimated))
     update_deployment("chat", {"replicas": 2})
     reconcile_once()
     second = Replica.objects.get(index=1)
@@ -77,8 +77,8 @@ def test_a_restarted_worker_is_a_new_load(host, model):
     reconcile_once()
     replica = Replica.objects.get()
     estimated = replica.deployment.estimates["cpu"]["total_bytes"]
-    apply_replica_status(host, ready(replica, estimated, pid=1))
-    apply_replica_status(host, ready(replica, estimated, pid=2))
+    apply_one(host, ready(replica, estimated, pid=1))
+    apply_one(host, ready(replica, estimated, pid=2))
     assert MemorySample.objects.count() == 2
     assert Calibration.objects.get().samples == 2
 
@@ -87,7 +87,7 @@ def test_a_status_without_a_measurement_calibrates_nothing(host, model):
     create_deployment("chat", "tiny")
     reconcile_once()
     replica = Replica.objects.get()
-    apply_replica_status(host, ReplicaStatus(replica_id=replica.pk, state="ready", measured_bytes=10, pid=7))
+    apply_one(host, ReplicaStatus(replica_id=replica.pk, state="ready", measured_bytes=10, pid=7))
     assert not MemorySample.objects.exists() and not Calibration.objects.exists()
 
 
