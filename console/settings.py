@@ -137,7 +137,10 @@ TEMPLATES = [
 def _database() -> dict:
     url = envstr("DATABASE_URL")
     if url:
-        return dj_database_url.parse(url, conn_max_age=0)
+        # Connections are kept (and checked before reuse) rather than opened per call: on a busy fleet
+        # a new PostgreSQL connection per agent message and per pass was a fifth of the console's time.
+        return dj_database_url.parse(url, conn_max_age=envint("MODELGRID_DB_CONN_MAX_AGE", 60),
+                                     conn_health_checks=True)
     _private_dir(DATA_DIR)
     name = DATA_DIR / "modelgrid.sqlite3"
     # The database holds session keys and token hashes. SQLite gives its -wal and -shm files the database
@@ -165,14 +168,32 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 def _channel_layers() -> dict:
     url = envstr("REDIS_URL")
-    if url:
-        return {
-            "default": {
-                "BACKEND": "channels_redis.core.RedisChannelLayer",
-                "CONFIG": {"hosts": [url], "prefix": envstr("MODELGRID_CHANNEL_PREFIX", "modelgrid")},
-            }
+    if not url:
+        return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    from channels_redis.core import RedisChannelLayer
+
+    from console.realtime.redis_connection import CancellableConnection
+
+    # channels_redis waits for a message with a blocking pop (BZPOPMIN) of RedisChannelLayer.brpop_timeout
+    # seconds (5, a class attribute, not configurable), and redis-py reads every reply within the connection's
+    # socket_timeout, which redis-py 8 (pinned) sets to 5 s by default. With equal values the read of an empty
+    # pop's reply times out first: receive() raises redis.exceptions.TimeoutError, the consumer dies, and every
+    # websocket (agent links included) drops about every 6 s. So the socket timeout exceeds the pop by a margin;
+    # it still bounds a command on a dead Redis.
+    pop = RedisChannelLayer.brpop_timeout
+    host = {"address": url, "socket_timeout": 3 * pop, "socket_connect_timeout": 5,
+            # A pooled connection idle this long (cut by a firewall or Redis's `timeout`) is pinged before use
+            # instead of failing the command on it.
+            "health_check_interval": 3 * pop,
+            # Calls stay cancellable on Python 3.11 (see CancellableConnection): without it a websocket's
+            # teardown could wait forever on a receive() that ignored its cancellation.
+            "connection_class": CancellableConnection}
+    return {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [host], "prefix": envstr("MODELGRID_CHANNEL_PREFIX", "modelgrid")},
         }
-    return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    }
 
 
 CHANNEL_LAYERS = _channel_layers()
@@ -238,8 +259,24 @@ MODELGRID_STRATEGY = envstr("MODELGRID_STRATEGY", "memory-optimized")
 MODELGRID_QUIET_WINDOW_SECONDS = envfloat("MODELGRID_QUIET_WINDOW_SECONDS", 300.0)
 MODELGRID_SCALE_COOLDOWN_SECONDS = envfloat("MODELGRID_SCALE_COOLDOWN_SECONDS", 120.0)
 MODELGRID_SEARCH_BUDGET_SECONDS = envfloat("MODELGRID_SEARCH_BUDGET_SECONDS", 0.2)
-# A host whose agent has not reported for this long is shown offline and gets no new replicas.
-MODELGRID_HOST_STALE_SECONDS = envint("MODELGRID_HOST_STALE_SECONDS", 30)
+# Host lifecycle (docs/operations.md): any message from an agent renews its host's lease; a host whose
+# lease lapses (or whose link closes) is `unknown`: it keeps its replicas but gets no new ones. Only after
+# the eviction timeout are its replicas re-placed, and no more than a share of the hosts per minute (a
+# network partition must not move the whole fleet at once). After a console starts, nothing lapses until
+# agents have had the reconnect grace to come back.
+MODELGRID_HOST_LEASE_SECONDS = _at_least("MODELGRID_HOST_LEASE_SECONDS",
+                                         envfloat("MODELGRID_HOST_LEASE_SECONDS", 20.0), 1.0)
+MODELGRID_EVICTION_SECONDS = _at_least("MODELGRID_EVICTION_SECONDS", envfloat("MODELGRID_EVICTION_SECONDS", 60.0), 0.0)
+MODELGRID_EVICTION_RATE = _at_least("MODELGRID_EVICTION_RATE", envfloat("MODELGRID_EVICTION_RATE", 0.1), 0.0)
+MODELGRID_RECONNECT_GRACE_SECONDS = _at_least("MODELGRID_RECONNECT_GRACE_SECONDS",
+                                              envfloat("MODELGRID_RECONNECT_GRACE_SECONDS", 30.0), 0.0)
+# Agent messages are applied in batches: one transaction per tick for every link of this console process.
+MODELGRID_INTAKE_TICK_SECONDS = envfloat("MODELGRID_INTAKE_TICK_SECONDS", 0.05)
+# Browsers' live dashboards are re-rendered at most this often, however busy the fleet.
+MODELGRID_DASHBOARD_REFRESH_SECONDS = envfloat("MODELGRID_DASHBOARD_REFRESH_SECONDS", 1.0)
+# Scheduler leader election (console/deployments/leader.py): a console that does not lead tries again this often.
+MODELGRID_LEADER_RETRY_SECONDS = _at_least("MODELGRID_LEADER_RETRY_SECONDS",
+                                           envfloat("MODELGRID_LEADER_RETRY_SECONDS", 2.0), 0.1)
 
 # The inference gateway (console/gateway, docs/inference.md).
 MODELGRID_GATEWAY_QUEUE_WAIT_SECONDS = envfloat("MODELGRID_GATEWAY_QUEUE_WAIT_SECONDS", 60.0)

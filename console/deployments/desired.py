@@ -3,29 +3,39 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
-from django.db.models import Prefetch
+from django.db.models import Prefetch, Q, prefetch_related_objects
 
 from agent.protocol import DesiredAdapter, DesiredReplica, DesiredState
-from console.deployments.models import Replica
-from console.fleet.models import AgentCredential, Host
+from console.deployments.models import Deployment, Replica
+from console.fleet.models import AgentCredential, Gpu, Host, HostDesired
+
+
+def desired_by_host(host_ids) -> dict[int, list[DesiredReplica]]:
+    """The desired replicas of these hosts, built in a few queries whatever their number. Each deployment is
+    read once (not once per replica), and only deployments with adapters read their replicas' adapter use."""
+    host_ids = list(host_ids)
+    replicas = list(
+        Replica.objects.filter(host_id__in=host_ids)
+        .only("pk", "host_id", "deployment_id", "reserved_bytes", "desired_state", "mps_percentage")
+        .prefetch_related(Prefetch("gpus", queryset=Gpu.objects.only("id", "index")))
+        .order_by("pk")
+    )
+    deployments = {d.pk: d for d in Deployment.objects.filter(pk__in={r.deployment_id for r in replicas})
+                   .select_related("model").prefetch_related("adapters")}
+    with_adapters = [d for d in deployments.values() if d.adapters.all()]
+    prefetch_related_objects(with_adapters, Prefetch(  # only what popular_adapters reads
+        "replica_set", queryset=Replica.objects.only("deployment_id", "adapter_stats")))
+    pools = {pk: _adapter_fields(d) for pk, d in deployments.items()}
+    out: dict[int, list[DesiredReplica]] = {host_id: [] for host_id in host_ids}
+    for r in replicas:
+        out[r.host_id].append(_desired(r, deployments[r.deployment_id], pools[r.deployment_id]))
+    return out
 
 
 def desired_replicas(host: Host) -> list[DesiredReplica]:
-    replicas = (
-        Replica.objects.filter(host=host)
-        .select_related("deployment__model")
-        .prefetch_related("gpus", "deployment__adapters", Prefetch(  # only what popular_adapters reads
-            "deployment__replica_set", queryset=Replica.objects.only("deployment_id", "adapter_stats")))
-        .order_by("pk")
-    )
-    pools: dict[int, dict] = {}  # per deployment, once: its replicas share the same adapter fields
-    out = []
-    for r in replicas:
-        if r.deployment_id not in pools:
-            pools[r.deployment_id] = _adapter_fields(r.deployment)
-        out.append(_desired(r, pools[r.deployment_id]))
-    return out
+    return desired_by_host([host.pk])[host.pk]
 
 
 def _adapter_fields(dep) -> dict:
@@ -35,12 +45,11 @@ def _adapter_fields(dep) -> dict:
         "adapters": [DesiredAdapter(name=a.name, path=a.path, pinned=a.pinned) for a in adapters],
         "adapter_pool_bytes": pool,
         "adapter_host_bytes": 4 * pool,
-        "adapter_hints": popular_adapters(dep, pool),
+        "adapter_hints": popular_adapters(dep, pool) if adapters else {},
     }
 
 
-def _desired(r: Replica, adapter_fields: dict) -> DesiredReplica:
-    dep = r.deployment
+def _desired(r: Replica, dep: Deployment, adapter_fields: dict) -> DesiredReplica:
     return DesiredReplica(
         id=r.pk,
         deployment=dep.name,
@@ -76,19 +85,36 @@ def popular_adapters(dep, pool_bytes: int) -> dict[str, float]:
 
 
 def desired_state(host: Host) -> DesiredState:
-    """The full desired state of a host at its current generation, with the secret its agent's inference
-    port accepts (only the console's gateway knows it)."""
+    """The desired state a host was last given (stored at its generation by the scheduler pass), with the
+    secret its agent's inference port accepts (only the console's gateway knows it)."""
+    row = Host.objects.filter(pk=host.pk).values("generation", "desired_digest", "desired__replicas").first()
     credential = AgentCredential.objects.filter(host_name=host.name).first()
     secret = credential.gateway_secret if credential is not None else ""
-    return DesiredState(generation=host.generation, replicas=desired_replicas(host), gateway_secret=secret)
+    if row is None or not row["desired_digest"] or row["desired__replicas"] is None:
+        # Marked stale, or never stored: built now (the next pass stores it under a new generation).
+        return DesiredState(generation=row["generation"] if row else 0, gateway_secret=secret,
+                            replicas=desired_replicas(host))
+    return DesiredState(generation=row["generation"], gateway_secret=secret,
+                        replicas=[DesiredReplica.model_validate(r) for r in row["desired__replicas"]])
 
 
-def bump_generations() -> tuple[int, ...]:
-    """Give each host whose desired state changed a new generation; returns their ids."""
-    changed = []
-    for host in Host.objects.all():
-        body = "".join(r.model_dump_json() for r in desired_replicas(host))
-        digest = hashlib.sha256(body.encode()).hexdigest()
+def mark_stale(deployment) -> None:
+    """A deployment's spec changed (its settings, its adapters, its deletion): the hosts running it get their
+    desired state rebuilt by the next pass, which otherwise rebuilds only hosts whose replicas it moved."""
+    Host.objects.filter(replicas__deployment=deployment).update(desired_digest="")
+
+
+def bump_generations(host_ids=None) -> tuple[int, ...]:
+    """Rebuild the desired state of these hosts (None: every host, plus any marked stale) and give each whose
+    state changed a new generation, storing what is pushed; returns their ids."""
+    hosts = Host.objects.all() if host_ids is None else Host.objects.filter(Q(pk__in=list(host_ids)) |
+                                                                             Q(desired_digest=""))
+    hosts = list(hosts.only("pk", "generation", "desired_digest"))
+    built = desired_by_host([h.pk for h in hosts])
+    changed, stored = [], []
+    for host in hosts:
+        replicas = [r.model_dump(mode="json") for r in built[host.pk]]
+        digest = hashlib.sha256(json.dumps(replicas, sort_keys=True).encode()).hexdigest()
         if digest != host.desired_digest:
             # Conditional update: a concurrent pass that already bumped this host wins.
             updated = Host.objects.filter(pk=host.pk, desired_digest=host.desired_digest).update(
@@ -96,4 +122,8 @@ def bump_generations() -> tuple[int, ...]:
             )
             if updated:
                 changed.append(host.pk)
+                stored.append(HostDesired(host_id=host.pk, replicas=replicas))
+    if stored:
+        HostDesired.objects.bulk_create(stored, update_conflicts=True, unique_fields=["host"],
+                                        update_fields=["replicas"])
     return tuple(changed)

@@ -131,7 +131,10 @@ class Replica(models.Model):
     sleep_wake = models.JSONField(default=dict, blank=True, help_text="the last sleep or wake: bytes, seconds")
     adapter_stats = models.JSONField(default=list, blank=True, help_text="per adapter: tier, requests, hits")
     adapter_error = models.TextField(blank=True, help_text="why its worker refused an adapter, if it did")
-    reason = models.TextField(blank=True)
+    # One owner per fact: `reason` is the scheduler's (why it is placed, kept, moved, refused); the agent's
+    # word on the replica (why its worker failed) is `observed_reason`, which a scheduler pass never writes.
+    reason = models.TextField(blank=True, help_text="the scheduler's reason for its placement")
+    observed_reason = models.TextField(blank=True, help_text="what its agent reported, e.g. why its worker failed")
     action = models.CharField(max_length=10, blank=True, help_text="the scheduler's last decision for it")
     mps_percentage = models.PositiveIntegerField(null=True, blank=True)
     pid = models.PositiveIntegerField(null=True, blank=True)

@@ -5,6 +5,9 @@ the whole database, so a missed pass or a lost message is repaired by the next o
 from __future__ import annotations
 
 import logging
+import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -20,10 +23,12 @@ from console.deployments.models import Deployment, DeploymentState, Replica
 from console.deployments.observed import refresh_observations
 from console.deployments.snapshot import deployment_spec, gpu_id, gpu_specs, host_specs, live_demand, replica_specs
 from console.errors import Invalid
+from console.fleet.intake import lapse_leases
 from console.fleet.models import Gpu, Host
 from console.scheduler import PlanInput, PlannedReplica, Settings, plan
 
 log = logging.getLogger("modelgrid.scheduler")
+DESIRED_SWEEP_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -55,12 +60,16 @@ def _reservations(deployments: list[Deployment], device: str) -> tuple[dict[int,
     return needs, problems
 
 
-def _plan_and_apply(now: datetime, actions: list[str]) -> bool:
-    """Plan every deployment on the connected GPUs and write the outcome onto the replica rows."""
+def _plan_and_apply(now: datetime, actions: list[str], touched: set[int]) -> bool:
+    """Plan every deployment on the schedulable GPUs and write the outcome onto the replica rows; `touched`
+    collects the hosts whose replicas changed (their desired state is rebuilt)."""
+    # The GPUs' hosts are joined, not prefetched: Django prefetches a foreign key with a tuple IN, which
+    # SQLite spells as one OR per host and refuses beyond a thousand hosts.
+    gpus_with_hosts = Prefetch("gpus", queryset=Gpu.objects.select_related("host"))
     deployments = list(Deployment.objects.select_related("model").prefetch_related(
         "adapters", Prefetch("replica_set", queryset=Replica.objects.select_related("host").prefetch_related(
-            "gpus__host"))))
-    specs, gpus = gpu_specs()
+            gpus_with_hosts))))
+    specs, gpus = gpu_specs(settings.MODELGRID_GPU_BUFFER_BYTES)
     device = fleet_device_kind(gpus)
     needs, problems = _reservations(deployments, device)
     changed = False
@@ -97,14 +106,15 @@ def _plan_and_apply(now: datetime, actions: list[str]) -> bool:
     for p in result.replicas:
         dep = by_name[p.deployment]
         planned_rows.setdefault(p.deployment, set()).add(p.index)
-        if _apply(dep, rows[dep.pk], p, gpus, needs[dep.pk], device, now):
+        if _apply(dep, rows[dep.pk], p, gpus, needs[dep.pk], device, now, touched):
             changed = True
             if p.action != "keep":
                 actions.append(p.action)
     for dep in planned:  # rows the plan no longer mentions: scaled away
-        gone = [r.pk for r in dep.replica_set.all() if r.index not in planned_rows.get(dep.name, set())]
+        gone = [r for r in dep.replica_set.all() if r.index not in planned_rows.get(dep.name, set())]
         if gone:
-            Replica.objects.filter(pk__in=gone).delete()
+            touched.update(r.host_id for r in gone if r.host_id)
+            Replica.objects.filter(pk__in=[r.pk for r in gone]).delete()
             changed = True
     changed |= _answer_demand(deployments, {d.deployment: d for d in result.demands}, now)
     return changed
@@ -144,17 +154,20 @@ def _ensure_rows(dep: Deployment, reason: str) -> bool:
 _PLANNED = ("host_id", "desired_state", "reserved_bytes", "reservation", "reason", "action", "mps_percentage",
             "ready_since")
 _OBSERVED = ("observed_state", "measured_bytes", "pid")
+_DESIRED = {"host", "desired_state", "reserved_bytes", "mps_percentage"}  # what a host's desired state shows
 
 
 def _apply(dep: Deployment, rows: dict[int, Replica], p: PlannedReplica, gpus: dict[str, Gpu],
-           need: Reservation, device: str, now: datetime) -> bool:
+           need: Reservation, device: str, now: datetime, touched: set[int]) -> bool:
     """Write one planned replica onto its row (created if new); True if anything changed. Only the fields
     that changed are written, so a steady pass writes nothing and never overwrites what intake just stored."""
     row = rows.get(p.index)
     if p.action == "stop" and p.index >= dep.replicas:
         if row is not None:
+            touched.update(h for h in (row.host_id,) if h)
             row.delete()
         return row is not None
+    host_before = row.host_id if row is not None else None
     if row is None:
         row = Replica(deployment=dep, index=p.index)
     before = {f: getattr(row, f) for f in _PLANNED + _OBSERVED}
@@ -193,6 +206,8 @@ def _apply(dep: Deployment, rows: dict[int, Replica], p: PlannedReplica, gpus: d
         row.gpus.set(placement)
     if (created or changed) and p.action != "keep":
         log.info("%s %s#%d: %s", p.action, dep.name, p.index, p.reason)
+    if created or regpu or set(changed) & _DESIRED:
+        touched.update(h for h in (host_before, row.host_id) if h)
     return created or bool(changed) or regpu
 
 
@@ -216,7 +231,8 @@ def derive_state(replicas: list[Replica]) -> tuple[str, str]:
         return DeploymentState.DEGRADED, f"{len(unplaced)} of {len(replicas)} replicas unplaced: {unplaced[0].reason}"
     failed = [r for r in replicas if r.observed_state == "failed"]
     if failed:
-        return DeploymentState.FAILED, f"replica {failed[0].index} failed: {failed[0].reason}"
+        why = failed[0].observed_reason or "its agent gave no reason"
+        return DeploymentState.FAILED, f"replica {failed[0].index} failed: {why}"
     states = [r.observed_state for r in serving]
     asleep = len(replicas) - len(serving)
     if states and all(s == r.desired_state for s, r in zip(states, serving, strict=True)) \
@@ -236,26 +252,66 @@ def _refresh_deployment_states() -> bool:
     for dep in Deployment.objects.prefetch_related("replica_set"):
         state, reason = derive_state(list(dep.replica_set.all()))
         if (dep.state, dep.reason) != (state, reason):
-            dep.state, dep.reason = state, reason
-            dep.save(update_fields=["state", "reason"])
-            changed = True
+            # An update, not a save: a deployment deleted since it was read is no error.
+            changed |= bool(Deployment.objects.filter(pk=dep.pk).update(state=state, reason=reason))
     return changed
 
 
-def _expire_silent_hosts(now: datetime) -> bool:
-    """A host whose agent stopped reporting is offline: it gets no new replicas."""
-    cutoff = now - timedelta(seconds=settings.MODELGRID_HOST_STALE_SECONDS)
-    return bool(Host.objects.filter(connected=True, last_seen__lt=cutoff).update(connected=False))
+_leading_since: float | None = None  # when this process began passing (its reconnect grace counts from then)
+_last_sweep = float("-inf")
 
 
-def reconcile_once() -> PassResult:
-    """One pass, committed in one transaction."""
+def start_leading() -> None:
+    """This process has just become the scheduler: agents get the reconnect grace before any lease lapses,
+    and the first pass rebuilds every host's desired state."""
+    global _leading_since, _last_sweep
+    _leading_since, _last_sweep = time.monotonic(), float("-inf")
+
+
+def _host_lifecycle(now: datetime) -> bool:
+    """Lapse the leases of silent hosts (they become unknown) and evict hosts unknown for longer than the
+    eviction timeout, oldest first, at most a share of the fleet per minute (their replicas are then
+    re-placed). Nothing lapses during the reconnect grace after this process began leading: a console
+    restart is not the fleet leaving."""
+    if _leading_since is None:
+        start_leading()
+    if time.monotonic() - _leading_since < settings.MODELGRID_RECONNECT_GRACE_SECONDS:
+        return False
+    changed = bool(lapse_leases(now, settings.MODELGRID_HOST_LEASE_SECONDS))
+    overdue = Host.objects.filter(connected=False, evicted_at=None, unknown_since__isnull=False,
+                                  unknown_since__lte=now - timedelta(seconds=settings.MODELGRID_EVICTION_SECONDS))
+    if not overdue.exists():
+        return changed
+    per_minute = max(1, math.ceil(settings.MODELGRID_EVICTION_RATE * Host.objects.count()))
+    room = per_minute - Host.objects.filter(evicted_at__gte=now - timedelta(minutes=1)).count()
+    if room <= 0:
+        return changed
+    chosen = list(overdue.order_by("unknown_since", "pk").values_list("pk", "name")[:room])
+    Host.objects.filter(pk__in=[pk for pk, _ in chosen]).update(evicted_at=now)
+    for _, name in chosen:
+        log.warning("host %s: unknown for over %g s; its replicas are re-placed", name,
+                    settings.MODELGRID_EVICTION_SECONDS)
+    return True
+
+
+def reconcile_once(fence: Callable[[], None] | None = None) -> PassResult:
+    """One pass, committed in one transaction. `fence` runs first inside it: the scheduler leader's check
+    that it still leads (it raises to abort the pass, so a deposed leader writes nothing)."""
+    global _last_sweep
     now = timezone.now()
     actions: list[str] = []
+    touched: set[int] = set()
     with transaction.atomic():
-        changed = _expire_silent_hosts(now)
+        if fence is not None:
+            fence()
+        changed = _host_lifecycle(now)
         changed |= refresh_observations(now)
-        changed |= _plan_and_apply(now, actions)
+        changed |= _plan_and_apply(now, actions, touched)
         changed |= _refresh_deployment_states()
-        hosts = bump_generations()
+        # Desired states are rebuilt for the hosts this pass changed (and those marked stale); every host's
+        # now and then, so that nothing depends on this bookkeeping being perfect.
+        sweep = time.monotonic() - _last_sweep >= DESIRED_SWEEP_SECONDS
+        hosts = bump_generations(None if sweep else touched)
+    if sweep:
+        _last_sweep = time.monotonic()
     return PassResult(changed_hosts=hosts, changed=changed or bool(hosts), actions=tuple(actions))

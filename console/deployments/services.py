@@ -11,8 +11,11 @@ from console.catalog.memory import model_positions, serving_dtype, settings_esti
 from console.catalog.models import Model
 from console.catalog.services import can_be_name, get_model, validate_name
 from console.deployments import policy
+from console.deployments.desired import mark_stale
 from console.deployments.models import Deployment
-from console.errors import Conflict, DomainError, Invalid, NotFound
+from console.deployments.schemas import MAX_BULK
+from console.errors import Conflict, DomainError, Invalid, NotFound, describe
+from console.fleet.models import Host
 from console.realtime.notify import wake_scheduler
 
 # What an operator may change on a deployment (PATCH, the SLO form); the serving shape is fixed at creation.
@@ -69,6 +72,7 @@ def update_deployment(name: str, changes: dict[str, Any]) -> Deployment:
             setattr(deployment, field, chosen[field])
         if fields:
             deployment.save(update_fields=fields)
+            mark_stale(deployment)
             transaction.on_commit(wake_scheduler)
     return deployment
 
@@ -119,5 +123,114 @@ def get_deployment(name: str, missing: type[DomainError] = NotFound) -> Deployme
 
 def delete_deployment(name: str) -> None:
     """Delete the deployment and its replicas; the next scheduler pass tells the agents to stop them."""
-    get_deployment(name).delete()
+    with transaction.atomic():
+        deployment = get_deployment(name)
+        # Its rows go with it, so the pass would not see which hosts ran it: they are marked stale, after the
+        # delete (replicas first, then hosts: the order a scheduler pass takes its row locks in).
+        hosts = list(Host.objects.filter(replicas__deployment=deployment).values_list("pk", flat=True))
+        deployment.delete()
+        Host.objects.filter(pk__in=hosts).update(desired_digest="")
     transaction.on_commit(wake_scheduler)
+
+
+def create_deployments(items: list[dict[str, Any]]) -> list[Deployment]:
+    """Record many deployments at once, all or none. Each item is create_deployment()'s arguments as a dict
+    (`name`, `model`, `dtype`, `batch`, `seq` and the POLICY_FIELDS given) and is checked as it checks one;
+    every refused item is reported, its errors located at its index (["body", "deployments", 3, "name"]).
+    Estimates are made once per model and shape, and the scheduler is woken once."""
+    if not 1 <= len(items) <= MAX_BULK:
+        raise Invalid(f"give 1 to {MAX_BULK} deployments, got {len(items)}", field="deployments")
+    lookups = _BulkLookups(taken=_taken_names([i.get("name") for i in items]))
+    rows, errors, first_index = [], [], {}
+    for index, item in enumerate(items):
+        try:
+            row = _checked_deployment(item, lookups)
+            if row.name in first_index:
+                raise Invalid(f"name {row.name!r} is already given to deployment {first_index[row.name]} of this "
+                              "request", field="name")
+            first_index[row.name] = index
+            rows.append(row)
+        except DomainError as e:
+            errors += [err | {"loc": ["body", "deployments", index, *err["loc"][1:]]} for err in e.errors]
+    if errors:
+        refusal = Conflict if all(e["type"] == Conflict.type for e in errors) else Invalid
+        raise refusal(f"nothing was created: {describe(errors)}", errors=errors)
+    try:
+        with transaction.atomic():
+            raced = _taken_names(list(first_index))  # created by someone else since the check above
+            if raced:
+                name, message = next(iter(raced.items()))
+                raise Conflict(message, errors=[{"loc": ["body", "deployments", first_index[name], "name"],
+                                                 "msg": message, "type": Conflict.type}])
+            created = Deployment.objects.bulk_create(rows)
+            transaction.on_commit(wake_scheduler)
+            return created
+    except IntegrityError:
+        raise Conflict("another request created a deployment of the same name meanwhile; nothing was created",
+                       field="deployments") from None
+
+
+class _BulkLookups:
+    """What several items of one bulk request share, read once: models, their positions, and estimates (a
+    thousand deployments of one model at one shape make one estimate, not a thousand)."""
+
+    def __init__(self, taken: dict[str, str]):
+        self.taken = taken
+        self._models: dict[str, Model | DomainError] = {}
+        self._seq_checks: dict[tuple[str, int | None], DomainError | None] = {}
+        self._estimates: dict[tuple, dict | DomainError] = {}
+
+    @staticmethod
+    def _once(cache: dict, key, compute):
+        if key not in cache:
+            try:
+                cache[key] = compute()
+            except DomainError as e:
+                cache[key] = e
+        if isinstance(cache[key], DomainError):
+            raise cache[key]
+        return cache[key]
+
+    def model(self, name: str) -> Model:
+        return self._once(self._models, name, lambda: get_model(name, missing=Invalid))
+
+    def check_seq(self, model: Model, seq: int | None) -> None:
+        self._once(self._seq_checks, (model.name, seq), lambda: check_seq(model, seq))
+
+    def estimates(self, model: Model, dtype: str, batch: int, seq: int | None) -> dict:
+        return self._once(self._estimates, (model.name, dtype, batch, seq),
+                          lambda: settings_estimates(model, dtype, batch, seq))
+
+
+def _checked_deployment(item: dict[str, Any], lookups: _BulkLookups) -> Deployment:
+    """One bulk item checked in create_deployment()'s order, as an unsaved row."""
+    item = dict(item)
+    name, model = item.pop("name", None), item.pop("model", None)
+    dtype, batch, seq = item.pop("dtype", None), item.pop("batch", 1), item.pop("seq", None)
+    validate_name(name, "deployment")
+    unknown = set(item) - set(POLICY_FIELDS)
+    if unknown:
+        raise Invalid(f"unknown deployment setting {sorted(unknown)[0]!r}", field=sorted(unknown)[0])
+    model_row = lookups.model(model)
+    chosen = policy.validate_policy(policy.merged(policy.creation_defaults(item), item))
+    dtype = serving_dtype(model_row, dtype)
+    lookups.check_seq(model_row, seq)
+    estimates = lookups.estimates(model_row, dtype, batch, seq)
+    if name in lookups.taken:
+        raise Conflict(lookups.taken[name], field="name")
+    return Deployment(name=name, model=model_row, dtype=dtype, batch=batch, seq=seq, estimates=estimates,
+                      **chosen.model_dump())
+
+
+def _taken_names(names: list) -> dict[str, str]:
+    """Which of `names` a deployment or an adapter already holds (one shared namespace, as in
+    refuse_taken_name), each with the refusal to give; two queries for any number of names."""
+    from console.catalog.models import Adapter  # catalog's adapters hang off deployments
+
+    wanted = [n for n in names if isinstance(n, str) and can_be_name(n)]
+    taken = {n: f"a deployment named {n!r} already exists"
+             for n in Deployment.objects.filter(name__in=wanted).values_list("name", flat=True)}
+    for n in Adapter.objects.filter(name__in=wanted).values_list("name", flat=True):
+        taken[n] = (f"an adapter is already named {n!r}; deployments and adapters share one namespace (a request's "
+                    "model field names either)")
+    return taken

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import Prefetch
+from django.db.models import Prefetch, Q
 
 from console.deployments.models import Deployment, Replica
 from console.fleet.labels import gpu_labels
@@ -17,32 +17,48 @@ def gpu_id(gpu: Gpu) -> str:
     return f"{gpu.host.name}/{gpu.index}"
 
 
-def gpu_specs() -> tuple[list[GpuSpec], dict[str, Gpu]]:
-    """Schedulable GPUs of connected hosts, with the memory other processes use on them."""
+def schedulable_hosts():
+    """Hosts whose GPUs the plan sees: connected ones, and unknown ones not yet evicted (they keep their
+    replicas: a host that missed a few heartbeats, or a console that restarted, moves nothing)."""
+    return Host.objects.filter(Q(connected=True) | Q(unknown_since__isnull=False, evicted_at=None))
+
+
+def gpu_specs(buffer_bytes: int = 0) -> tuple[list[GpuSpec], dict[str, Gpu]]:
+    """Schedulable GPUs, with the memory other processes use on them."""
     gpus = list(
-        Gpu.objects.filter(host__connected=True)
+        Gpu.objects.filter(host__in=schedulable_hosts())
         .select_related("host")
-        .prefetch_related(Prefetch("replicas", queryset=Replica.objects.only("measured_bytes", "observed_state")))
+        .prefetch_related(Prefetch("replicas", queryset=Replica.objects.only(
+            "measured_bytes", "observed_state", "reserved_bytes", "host_id").prefetch_related("gpus")))
     )
     specs, by_id = [], {}
     for gpu in gpus:
-        # What our own workers hold is ours, the rest of the reading is foreign. The agent says what its
-        # workers hold, draining and loading ones included (their rows may already point elsewhere); an
-        # agent that does not say is credited with what its ready replicas here measured. A reading never
-        # replaces a reservation: reservations come from the replica rows alone.
-        if gpu.own_bytes is not None:
-            ours = gpu.own_bytes
+        if gpu.host.connected:
+            # What our own workers hold is ours, the rest of the reading is foreign. The agent says what its
+            # workers hold, draining and loading ones included (their rows may already point elsewhere); an
+            # agent that does not say is credited with what its ready replicas here measured. A reading
+            # never replaces a reservation: reservations come from the replica rows alone.
+            if gpu.own_bytes is not None:
+                ours = gpu.own_bytes
+            else:
+                ours = sum(r.measured_bytes or 0 for r in gpu.replicas.all() if r.observed_state == "ready")
+            foreign = max(gpu.used_bytes - ours, 0)
         else:
-            ours = sum(r.measured_bytes or 0 for r in gpu.replicas.all() if r.observed_state == "ready")
+            # Cordoned: an unknown host keeps what it has and takes nothing new, so the plan sees its GPUs
+            # exactly full (whatever its replicas do not reserve counts as taken).
+            reserved = sum(-(-r.reserved_bytes // max(len(r.gpus.all()), 1)) for r in gpu.replicas.all()
+                           if r.host_id == gpu.host_id)
+            foreign = max(gpu.total_bytes - reserved - buffer_bytes, 0)
         specs.append(GpuSpec(id=gpu_id(gpu), host=gpu.host.name, total_bytes=gpu.total_bytes,
-                             used_bytes=max(gpu.used_bytes - ours, 0), labels=gpu_labels(gpu)))
+                             used_bytes=foreign, labels=gpu_labels(gpu)))
         by_id[gpu_id(gpu)] = gpu
     return specs, by_id
 
 
 def host_specs() -> tuple[HostSpec, ...]:
-    """Connected hosts with the host RAM they report free for sleeping replicas (None: unknown)."""
-    return tuple(HostSpec(h.name, h.ram_free_bytes) for h in Host.objects.filter(connected=True))
+    """Schedulable hosts with the host RAM they report free for sleeping replicas (None: unknown); an
+    unknown host keeps its sleeping replicas but gets no more."""
+    return tuple(HostSpec(h.name, h.ram_free_bytes if h.connected else 0) for h in schedulable_hosts())
 
 
 def _unix(when) -> float | None:

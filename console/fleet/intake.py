@@ -1,30 +1,59 @@
-"""Apply what agents report to the database. Synchronous; consumers call it through
-database_sync_to_async. Agent input only ever updates rows of the agent's own host."""
+"""Apply what agents report to the database. Synchronous; the agent link's batcher
+(console/realtime/batcher.py) calls `apply_batch` through database_sync_to_async with every message its
+links received in one tick, so a thousand hosts cost a handful of bulk statements per tick, not a transaction
+per message. Agent input only ever updates rows of the agent's own host.
+
+Every message renews its host's lease (last_seen): liveness never waits on what a report says."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from agent.protocol import Ack, GpuInfo, Hello, HostReport, ReplicaStatus
 from console.catalog.memory import record_load
+from console.catalog.models import MemorySample
 from console.deployments.models import Replica
 from console.fleet.models import AgentCredential, Gpu, Host
 
 log = logging.getLogger("modelgrid.fleet")
 
 
-class Refused(Exception):
-    """An agent's message that cannot be accepted; the message says why."""
-
-
-class RefusedHello(Refused):
+class RefusedHello(Exception):
     """The agent's hello cannot be accepted; the consumer closes the link."""
 
 
-def register_hello(credential: AgentCredential, hello: Hello) -> Host:
+@dataclass(frozen=True)
+class Closed:
+    """The link of `epoch` closed: the host becomes unknown unless a newer link took over."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Item:
+    """One message from one link, as the batcher hands it over."""
+
+    host_id: int
+    host_name: str
+    message: HostReport | ReplicaStatus | Ack | Closed
+
+
+@dataclass(frozen=True)
+class Outcome:
+    error: str | None = None  # why the message was refused (the link hears it); None: applied
+    observed: bool = False  # a replica's observed state changed: gateways and dashboards want to know
+    ready: bool = False  # a replica's status that may free requests waiting at a gateway
+
+
+def register_hello(credential: AgentCredential, hello: Hello) -> tuple[Host, int]:
+    """The host of this hello, connected, and the epoch of the link that said it (it supersedes every
+    earlier link of the host: only the newest link's close may mark the host unknown)."""
     if hello.host != credential.host_name:
         raise RefusedHello(
             f"this token is for host {credential.host_name!r}, but the agent says it is {hello.host!r}"
@@ -32,83 +61,203 @@ def register_hello(credential: AgentCredential, hello: Hello) -> Host:
     with transaction.atomic():
         host, _ = Host.objects.update_or_create(
             name=hello.host,
-            defaults={
-                "endpoint": hello.endpoint,
-                "agent_version": hello.agent_version,
-                "connected": True,
-                "last_seen": timezone.now(),
-            },
+            defaults={"endpoint": hello.endpoint, "agent_version": hello.agent_version, "connected": True,
+                      "last_seen": timezone.now(), "unknown_since": None, "evicted_at": None},
         )
-        _sync_gpus(host, hello.gpus, prune=True)
-    return host
+        Host.objects.filter(pk=host.pk).update(link_epoch=F("link_epoch") + 1)
+        host.refresh_from_db(fields=["link_epoch"])
+        _sync_gpus({host.pk: hello.gpus}, prune=True)
+    return host, host.link_epoch
 
 
-def _sync_gpus(host: Host, gpus: list[GpuInfo], prune: bool = False) -> None:
-    for info in gpus:
-        Gpu.objects.update_or_create(
-            host=host,
-            index=info.index,
-            defaults={
-                "uuid": info.uuid,
-                "name": info.name,
-                "total_bytes": info.total_bytes,
-                "used_bytes": info.used_bytes,
-                "own_bytes": info.own_bytes,
-                "utilization": info.utilization,
-                "simulated": info.simulated,
-            },
-        )
-    if prune:
-        Gpu.objects.filter(host=host).exclude(index__in=[g.index for g in gpus]).delete()
+def apply_batch(items: list[Item]) -> list[Outcome]:
+    """Apply one tick's messages from every link in one transaction; one outcome per item, in order. Should
+    the batch fail as a whole (a database error), each item is retried alone so one bad message costs only
+    itself."""
+    try:
+        with transaction.atomic():
+            return _apply(items)
+    except Exception:
+        if len(items) == 1:
+            raise
+        log.exception("applying a batch of %d agent messages failed; applying them one by one", len(items))
+        out = []
+        for item in items:
+            try:
+                with transaction.atomic():
+                    out.extend(_apply([item]))
+            except Exception as e:
+                log.exception("agent %s: applying its %s failed", item.host_name, _kind(item.message))
+                out.append(Outcome(error=f"the console could not apply this {_kind(item.message)} "
+                                         f"({type(e).__name__}); its log has the details"))
+        return out
 
 
-def apply_report(host: Host, report: HostReport) -> None:
-    # An agent speaks only for the deployments it runs: figures for one with no replica on this host are
+def _kind(message) -> str:
+    return getattr(message, "type", "close")
+
+
+def _apply(items: list[Item]) -> list[Outcome]:
+    now = timezone.now()
+    outcomes: list[Outcome | None] = [None] * len(items)
+    closed: dict[int, int] = {}  # host -> the epoch whose link closed (the last close of the tick)
+    renewed: set[int] = set()
+    reports: dict[int, HostReport] = {}  # the newest report per host: host fields and GPUs
+    statuses: list[tuple[int, int, ReplicaStatus]] = []  # (item position, host, status) in arrival order
+    acks: list[tuple[int, int, Ack]] = []
+    for i, item in enumerate(items):
+        m = item.message
+        if isinstance(m, Closed):
+            closed[item.host_id] = m.epoch
+            renewed.discard(item.host_id)
+            outcomes[i] = Outcome()
+            continue
+        renewed.add(item.host_id)
+        closed.pop(item.host_id, None)
+        if isinstance(m, HostReport):
+            reports[item.host_id] = m
+            statuses.extend((i, item.host_id, s) for s in m.replicas)
+        elif isinstance(m, ReplicaStatus):
+            statuses.append((i, item.host_id, m))
+        elif isinstance(m, Ack):
+            acks.append((i, item.host_id, m))
+    if renewed:
+        Host.objects.filter(pk__in=renewed).update(last_seen=now, connected=True, unknown_since=None,
+                                                   evicted_at=None)
+    for host_id, epoch in closed.items():
+        # A superseded link's close is not news: the host lives on through its newest link.
+        Host.objects.filter(pk=host_id, link_epoch=epoch, connected=True).update(connected=False, unknown_since=now)
+    if reports:
+        _apply_reports(reports)
+    observed = _apply_statuses(items, statuses) if statuses else set()
+    for i, host_id, ack in acks:
+        outcomes[i] = Outcome(error=_apply_ack(host_id, items[i].host_name, ack))
+    for i, item in enumerate(items):
+        if outcomes[i] is None:
+            m = item.message
+            ready = i in observed and (isinstance(m, HostReport) or not (m.loaded_bytes and m.state == "loading"))
+            outcomes[i] = Outcome(observed=i in observed, ready=ready)
+    return outcomes  # type: ignore[return-value]
+
+
+def _apply_reports(reports: dict[int, HostReport]) -> None:
+    # An agent speaks only for the deployments it runs: figures for one with no replica on its host are
     # dropped, so no agent token can steer another host's scaling.
-    here = set(Replica.objects.filter(host=host).values_list("deployment__name", flat=True).distinct())
-    serving = {s.deployment: s.model_dump(exclude={"deployment"}) for s in report.serving if s.deployment in here}
-    with transaction.atomic():
-        Host.objects.filter(pk=host.pk).update(last_seen=timezone.now(), connected=True, serving=serving,
-                                               ram_free_bytes=report.ram_free_bytes)
-        _sync_gpus(host, report.gpus)
-        for status in report.replicas:
-            apply_replica_status(host, status)
+    here: dict[int, set[str]] = {}
+    for host_id, name in Replica.objects.filter(host_id__in=reports).values_list(
+            "host_id", "deployment__name").distinct():
+        here.setdefault(host_id, set()).add(name)
+    hosts = list(Host.objects.filter(pk__in=reports).only("pk", "serving", "ram_free_bytes"))
+    changed = []
+    for host in hosts:
+        report = reports[host.pk]
+        serving = {s.deployment: s.model_dump(exclude={"deployment"}) for s in report.serving
+                   if s.deployment in here.get(host.pk, ())}
+        if (host.serving, host.ram_free_bytes) != (serving, report.ram_free_bytes):
+            host.serving, host.ram_free_bytes = serving, report.ram_free_bytes
+            changed.append(host)
+    if changed:
+        Host.objects.bulk_update(changed, ["serving", "ram_free_bytes"])
+    _sync_gpus({host_id: r.gpus for host_id, r in reports.items()})
 
 
-def apply_replica_status(host: Host, status: ReplicaStatus) -> None:
-    """Record a replica's observed state; statuses for replicas of other hosts are ignored."""
-    fields: dict = {"observed_state": status.state, "pid": status.pid}
+_GPU_FIELDS = ("uuid", "name", "total_bytes", "used_bytes", "own_bytes", "utilization", "simulated")
+
+
+def _sync_gpus(gpus_by_host: dict[int, list[GpuInfo]], prune: bool = False) -> None:
+    """Write the GPUs' readings; only rows whose reading moved are written."""
+    rows = {(g.host_id, g.index): g for g in Gpu.objects.filter(host_id__in=gpus_by_host)}
+    create, update = [], []
+    for host_id, gpus in gpus_by_host.items():
+        for info in gpus:
+            values = {f: getattr(info, f) for f in _GPU_FIELDS}
+            row = rows.get((host_id, info.index))
+            if row is None:
+                create.append(Gpu(host_id=host_id, index=info.index, **values))
+            elif any(getattr(row, f) != v for f, v in values.items()):
+                for f, v in values.items():
+                    setattr(row, f, v)
+                update.append(row)
+    if create:
+        Gpu.objects.bulk_create(create)
+    if update:
+        Gpu.objects.bulk_update(update, _GPU_FIELDS)
+    if prune:
+        for host_id, gpus in gpus_by_host.items():
+            Gpu.objects.filter(host_id=host_id).exclude(index__in=[g.index for g in gpus]).delete()
+
+
+_STATUS_FIELDS = ("observed_state", "pid", "measured_bytes", "loaded_bytes", "loading_total_bytes", "host_bytes",
+                  "sleep_wake", "adapter_stats", "adapter_error", "observed_reason")
+
+
+def _status_fields(status: ReplicaStatus) -> dict:
+    """The observed fields a status sets (those it leaves out keep their value)."""
+    fields: dict = {"observed_state": status.state, "pid": status.pid, "host_bytes": status.host_bytes,
+                    "adapter_stats": [a.model_dump() for a in status.adapters],
+                    "adapter_error": status.adapter_error, "observed_reason": status.reason}
     if status.measured_bytes is not None:
         fields["measured_bytes"] = status.measured_bytes
     if status.loaded_bytes is not None:
         fields["loaded_bytes"] = status.loaded_bytes
     if status.total_bytes is not None:
         fields["loading_total_bytes"] = status.total_bytes
-    fields["host_bytes"] = status.host_bytes
     if status.sleep_wake is not None:
         fields["sleep_wake"] = status.sleep_wake.model_dump()
-    fields["adapter_stats"] = [a.model_dump() for a in status.adapters]
-    fields["adapter_error"] = status.adapter_error
-    if status.reason:
-        fields["reason"] = status.reason
-    if not Replica.objects.filter(pk=status.replica_id, host=host).update(**fields):
-        log.debug("host %s reported unknown replica %s", host.name, status.replica_id)
-        return
-    if status.state == "ready" and status.measurement is not None:
-        record_load(host.name, status.replica_id, status.measurement, status.pid)
+    return fields
 
 
-def apply_ack(host: Host, ack: Ack) -> None:
-    """Record the generation the agent applied. One the console never sent this host is refused (Refused):
-    an acknowledged generation it has not reached would make the scheduler treat a desired state as
-    applied before the agent ever saw it."""
-    sent = Host.objects.filter(pk=host.pk, generation__gte=ack.generation)
+def _apply_statuses(items: list[Item], statuses: list[tuple[int, int, ReplicaStatus]]) -> set[int]:
+    """Record replicas' observed states (statuses for another host's replicas are ignored); returns the
+    positions of the items that changed one."""
+    wanted = Q()
+    for host_id in {h for _, h, _ in statuses}:
+        wanted |= Q(host_id=host_id, pk__in=[s.replica_id for _, h, s in statuses if h == host_id])
+    rows = {r.pk: r for r in Replica.objects.filter(wanted).only("pk", "host_id", *_STATUS_FIELDS)}
+    changed: dict[int, Replica] = {}
+    observed: set[int] = set()
+    loads: dict[str, tuple[str, ReplicaStatus]] = {}
+    for i, host_id, status in statuses:
+        row = rows.get(status.replica_id)
+        if row is None or row.host_id != host_id:
+            log.debug("host %s reported unknown replica %s", items[i].host_name, status.replica_id)
+            continue
+        for f, v in _status_fields(status).items():
+            if getattr(row, f) != v:
+                setattr(row, f, v)
+                changed[row.pk] = row
+                observed.add(i)
+        if status.state == "ready" and status.measurement is not None:
+            loads[f"{status.replica_id}/{status.pid}/{items[i].host_name}"[:200]] = (items[i].host_name, status)
+    if changed:
+        Replica.objects.bulk_update(list(changed.values()), _STATUS_FIELDS)
+    # Every status of a ready worker carries its measurement; one query finds the loads not yet kept.
+    if loads:
+        kept = set(MemorySample.objects.filter(load_key__in=loads).values_list("load_key", flat=True))
+        for key, (host_name, status) in loads.items():
+            if key not in kept:
+                record_load(host_name, status.replica_id, status.measurement, status.pid)
+    return observed
+
+
+def _apply_ack(host_id: int, host_name: str, ack: Ack) -> str | None:
+    """Record the generation the agent applied. One the console never sent this host is refused: an
+    acknowledged generation it has not reached would make the scheduler treat a desired state as applied
+    before the agent ever saw it."""
+    sent = Host.objects.filter(pk=host_id, generation__gte=ack.generation)
     if sent.filter(acked_generation__lt=ack.generation).update(acked_generation=ack.generation) or sent.exists():
-        return
-    current = Host.objects.filter(pk=host.pk).values_list("generation", flat=True).first()
-    raise Refused(f"ack.generation {ack.generation} refused: the console has sent host {host.name!r} "
-                  f"generations up to {current}, so an ack may name at most that one")
+        return None
+    current = Host.objects.filter(pk=host_id).values_list("generation", flat=True).first()
+    return (f"ack.generation {ack.generation} refused: the console has sent host {host_name!r} "
+            f"generations up to {current}, so an ack may name at most that one")
 
 
-def mark_disconnected(host: Host) -> None:
-    Host.objects.filter(pk=host.pk).update(connected=False)
+def apply_one(host: Host, message: HostReport | ReplicaStatus | Ack) -> Outcome:
+    """One message alone (management commands and tests; the links batch theirs)."""
+    return apply_batch([Item(host.pk, host.name, message)])[0]
+
+
+def lapse_leases(now: datetime, lease_s: float) -> int:
+    """Hosts whose agent said nothing for a lease become unknown; returns how many."""
+    cutoff = now - timedelta(seconds=lease_s)
+    return Host.objects.filter(connected=True, last_seen__lt=cutoff).update(connected=False, unknown_since=now)

@@ -15,8 +15,15 @@ class Host(models.Model):
     name = models.CharField(max_length=200, unique=True)
     endpoint = models.CharField(max_length=300, blank=True, help_text="Base URL of the agent's inference server")
     agent_version = models.CharField(max_length=50, blank=True)
+    # Liveness is a lease, as for Kubernetes nodes: every message from the agent renews it (last_seen). A host
+    # whose lease lapsed or whose link closed is `unknown` (since unknown_since): it keeps its replicas but gets
+    # no new ones; only after the eviction timeout are they re-placed (evicted_at), at a bounded rate.
     connected = models.BooleanField(default=False)
     last_seen = models.DateTimeField(null=True, blank=True)
+    unknown_since = models.DateTimeField(null=True, blank=True)
+    evicted_at = models.DateTimeField(null=True, blank=True)
+    # Each hello starts a new link epoch; only the link of the current epoch may mark the host unknown.
+    link_epoch = models.PositiveBigIntegerField(default=0)
     # Desired-state generation pushed to the agent, and the one it acknowledged applying.
     generation = models.PositiveBigIntegerField(default=0)
     acked_generation = models.PositiveBigIntegerField(default=0)
@@ -31,6 +38,25 @@ class Host(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def lifecycle(self) -> str:
+        """connected | unknown (lease lapsed, replicas kept) | offline (evicted: its replicas were re-placed)."""
+        if self.connected:
+            return "connected"
+        return "offline" if self.evicted_at is not None or self.unknown_since is None else "unknown"
+
+
+class HostDesired(models.Model):
+    """A host's desired replicas at its generation, as pushed: built by the scheduler pass only for hosts whose
+    replicas changed, so a push or a reconnect sends it without rebuilding. A table of its own so that no
+    query that joins a host (every replica's) ever carries it along."""
+
+    host = models.OneToOneField(Host, primary_key=True, on_delete=models.CASCADE, related_name="desired")
+    replicas = models.JSONField(default=list)
+
+    def __str__(self) -> str:
+        return f"desired state of {self.host_id}"
 
 
 class Gpu(models.Model):

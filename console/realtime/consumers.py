@@ -7,6 +7,7 @@ import logging
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.http import QueryDict
 from django.template.loader import render_to_string
 from pydantic import ValidationError
 
@@ -24,6 +25,7 @@ from console.deployments.desired import desired_state
 from console.fleet import intake
 from console.fleet.models import AgentCredential, Host
 from console.fleet.views import grid_context
+from console.realtime.batcher import batcher
 from console.realtime.notify import DASHBOARD_GROUP, host_group, refresh_dashboards, refresh_gateways
 
 log = logging.getLogger("modelgrid.realtime")
@@ -46,10 +48,12 @@ def _validation_summary(error: ValidationError) -> str:
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
-    """One connected agent. The first message must be a hello; then reports, statuses, acks."""
+    """One connected agent. The first message must be a hello; then reports, statuses, acks. Each hello opens
+    a new link epoch for its host: an older link of the same host is closed, and its close changes nothing."""
 
     host: Host | None = None
     credential: AgentCredential | None = None
+    epoch: int = 0
 
     async def connect(self):
         token = bearer_token(self.scope)
@@ -69,8 +73,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code):
         if self.host is not None:
             await self.channel_layer.group_discard(host_group(self.host.pk), self.channel_name)
-            await database_sync_to_async(intake.mark_disconnected)(self.host)
-            log.info("agent %s disconnected (code %s)", self.host.name, code)
+            # Through the batcher: ordered after this link's last messages, and a no-op if a newer link of
+            # the host took over. The host becomes unknown (its lease lapsed early), never gone: its replicas
+            # stay where they are until the eviction timeout.
+            await batcher().submit(intake.Item(self.host.pk, self.host.name, intake.Closed(self.epoch)))
+            log.info("agent %s disconnected (code %s, link epoch %d)", self.host.name, code, self.epoch)
             await refresh_gateways()
             await refresh_dashboards()
 
@@ -86,8 +93,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         try:
             await self._apply(message)
-        except intake.Refused as e:
-            await self.reply_error(str(e))
         except Exception as e:
             # A message that passed validation and still could not be applied (a database error): the log
             # keeps the traceback, the agent hears which message failed, and the link stays open for the next.
@@ -101,16 +106,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.on_hello(message)
         elif self.host is None:
             await self.reply_error(f"send a hello first (got {message.type})")
-        elif isinstance(message, HostReport):
-            await database_sync_to_async(intake.apply_report)(self.host, message)
-            await refresh_dashboards()
-        elif isinstance(message, ReplicaStatus):
-            await database_sync_to_async(intake.apply_replica_status)(self.host, message)
-            if not message.loaded_bytes or message.state != "loading":  # not every progress tick
-                await refresh_gateways()  # a replica that became ready takes the requests waiting for it
-            await refresh_dashboards()
-        elif isinstance(message, Ack):
-            await database_sync_to_async(intake.apply_ack)(self.host, message)
+        else:
+            outcome = await batcher().submit(intake.Item(self.host.pk, self.host.name, message))
+            if outcome.error:
+                await self.reply_error(outcome.error)
 
     def _name(self) -> str:
         return self.host.name if self.host else (self.credential.host_name if self.credential else "?")
@@ -127,34 +126,45 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close(code=4400)
             return
         try:
-            self.host = await database_sync_to_async(intake.register_hello)(self.credential, hello)
+            self.host, self.epoch = await database_sync_to_async(intake.register_hello)(self.credential, hello)
         except intake.RefusedHello as e:
             await self.reply_error(str(e))
             await self.close(code=4403)
             return
-        await self.channel_layer.group_add(host_group(self.host.pk), self.channel_name)
-        log.info("agent %s connected from %s with %d GPU(s)", hello.host, hello.endpoint, len(hello.gpus))
+        group = host_group(self.host.pk)
+        await self.channel_layer.group_send(group, {"type": "link.superseded", "epoch": self.epoch})
+        await self.channel_layer.group_add(group, self.channel_name)
+        log.info("agent %s connected from %s with %d GPU(s) (link epoch %d)", hello.host, hello.endpoint,
+                 len(hello.gpus), self.epoch)
         await self.desired_push({})
         await refresh_dashboards()
 
-    async def desired_push(self, event):
-        """Channel-layer event: read this host's desired state from the database and send it whole."""
-        state = await database_sync_to_async(self._desired)()
-        await self.send(text_data=dump(state))
+    async def link_superseded(self, event):
+        """Channel-layer event: a newer link of this host said hello (on any console process); this one ends."""
+        if self.host is not None and event["epoch"] > self.epoch:
+            log.warning("agent %s: link epoch %d superseded by epoch %d; closing the old link", self.host.name,
+                        self.epoch, event["epoch"])
+            await self.close(code=4409)
 
-    def _desired(self):
-        self.host.refresh_from_db(fields=["generation"])
-        return desired_state(self.host)
+    async def desired_push(self, event):
+        """Channel-layer event: send this host's desired state, as the scheduler stored it, whole."""
+        state = await database_sync_to_async(desired_state)(self.host)
+        await self.send(text_data=dump(state))
 
 
 class DashboardConsumer(AsyncWebsocketConsumer):
-    """Pushes the re-rendered GPU grid to logged-in browsers whenever the fleet changes."""
+    """Pushes the re-rendered dashboard to logged-in browsers whenever the fleet changes: the page of hosts
+    and deployments each browser is viewing, as its websocket URL's query string says (the page's own)."""
+
+    query: QueryDict
 
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close()
             return
+        # Only read through grid_context()'s lenient parsing: an odd value shows the default, never fails.
+        self.query = QueryDict(self.scope.get("query_string", b"").decode("latin-1"))
         await self.channel_layer.group_add(DASHBOARD_GROUP, self.channel_name)
         await self.accept()
         await self.dashboard_update({})
@@ -166,5 +176,5 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         pass  # the dashboard only listens
 
     async def dashboard_update(self, event):
-        html = await database_sync_to_async(lambda: render_to_string("fleet/_live.html", grid_context()))()
+        html = await database_sync_to_async(lambda: render_to_string("fleet/_live.html", grid_context(self.query)))()
         await self.send(text_data=html)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 DASHBOARD_GROUP = "dashboard"
 SCHEDULER_GROUP = "scheduler"
@@ -24,7 +27,42 @@ async def refresh_gateways() -> None:
     await get_channel_layer().group_send(GATEWAY_GROUP, {"type": "gateway.refresh"})
 
 
+class _Throttle:
+    """At most one dashboard refresh per interval per process, the last one never lost (trailing edge): a
+    busy fleet changes many times a second, and each refresh re-renders the page for every browser."""
+
+    def __init__(self) -> None:
+        self.last = float("-inf")
+        self.scheduled: asyncio.Task | None = None
+
+
+_throttles: dict[asyncio.AbstractEventLoop, _Throttle] = {}
+
+
 async def refresh_dashboards() -> None:
+    loop = asyncio.get_running_loop()
+    throttle = _throttles.get(loop)
+    if throttle is None:
+        for stale in [lp for lp in _throttles if lp.is_closed()]:
+            del _throttles[stale]
+        throttle = _throttles[loop] = _Throttle()
+    if throttle.scheduled is not None and not throttle.scheduled.done():
+        return  # a refresh is already due; it will show this change too
+    wait = throttle.last + settings.MODELGRID_DASHBOARD_REFRESH_SECONDS - loop.time()
+    if wait <= 0:
+        throttle.last = loop.time()
+        await _send_dashboard_update()
+    else:
+        throttle.scheduled = asyncio.create_task(_later(throttle, wait))
+
+
+async def _later(throttle: _Throttle, wait: float) -> None:
+    await asyncio.sleep(wait)
+    throttle.last = asyncio.get_running_loop().time()
+    await _send_dashboard_update()
+
+
+async def _send_dashboard_update() -> None:
     await get_channel_layer().group_send(DASHBOARD_GROUP, {"type": "dashboard.update"})
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -152,3 +153,50 @@ def wait_for(predicate, timeout: float, interval: float = 0.1, what: str = "cond
             return value
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def launch(args: list[str], env: dict, ready_line: str, timeout: float = 60) -> tuple[subprocess.Popen, list[str]]:
+    """A child process whose output is collected line by line; returns once it printed `ready_line`."""
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+
+    def pump():  # keep reading so the child never blocks on a full pipe
+        for line in proc.stdout:
+            lines.append(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        wait_for(lambda: proc.poll() is not None or any(ready_line in line for line in lines), timeout,
+                 what=f"{ready_line!r} from {' '.join(args[1:4])}")
+    except TimeoutError:
+        proc.kill()
+        raise
+    if proc.poll() is not None:
+        raise RuntimeError(f"{' '.join(args[1:4])} exited with {proc.returncode}:\n" + "".join(lines[-40:]))
+    return proc, lines
+
+
+def descendants(proc: subprocess.Popen) -> list[psutil.Process]:
+    try:
+        return psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def said(stack_or_lines, text: str) -> bool:
+    lines = stack_or_lines.lines if isinstance(stack_or_lines, Stack) else stack_or_lines
+    return any(text in line for line in list(lines))
+
+
+def kill_all(procs, pids=()) -> None:
+    """Kill these processes (None entries skipped), their descendants, and other pids: workers an agent
+    adopted are not its children, and by design outlive it."""
+    family = [c for proc in procs if proc is not None for c in descendants(proc)]
+    family += [psutil.Process(pid) for pid in pids if alive(pid)]
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    for leftover in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            leftover.kill()

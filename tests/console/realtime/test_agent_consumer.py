@@ -105,3 +105,24 @@ async def test_reports_update_gpu_memory_and_acks_are_recorded(token):
     gpu = await database_sync_to_async(Gpu.objects.get)(host__name="h1", index=0)
     assert gpu.used_bytes == 5 * GiB
     await comm.disconnect()
+
+
+async def test_a_second_link_supersedes_the_first_and_the_old_ones_close_changes_nothing(token):
+    """The probe: a second websocket with a host's token, once closed, took the host offline and the real
+    agent's replicas moved. Each hello opens a new link epoch; the older link is closed by the console, and
+    its close leaves the host connected."""
+    first, _ = await connect(token)
+    await first.send_to(text_data=json.dumps(hello()))
+    assert json.loads(await first.receive_from(timeout=5))["type"] == "desired_state"
+    second, _ = await connect(token)
+    await second.send_to(text_data=json.dumps(hello()))
+    assert json.loads(await second.receive_from(timeout=5))["type"] == "desired_state"
+    closed = await first.receive_output(timeout=5)
+    assert closed == {"type": "websocket.close", "code": 4409}
+    await first.disconnect()
+    await second.send_to(text_data=json.dumps({"type": "ack", "generation": 0}))  # the live link still works
+    host = await database_sync_to_async(Host.objects.get)(name="h1")
+    assert host.connected and host.link_epoch == 2
+    await second.disconnect()
+    await database_sync_to_async(host.refresh_from_db)()
+    assert host.lifecycle == "unknown"  # the current link's close: unknown, its replicas kept, not gone

@@ -77,10 +77,10 @@ async def test_a_value_out_of_range_gets_an_error_and_the_link_stays_open(token,
 
 
 async def test_a_failure_while_applying_a_message_is_logged_and_answered(token, monkeypatch, caplog):
-    def broken(host, message):
+    def broken(reports):
         raise DatabaseError("disk I/O error")
 
-    monkeypatch.setattr(intake, "apply_report", broken)
+    monkeypatch.setattr(intake, "_apply_reports", broken)
     comm = await linked(token)
     with caplog.at_level(logging.ERROR, logger="modelgrid.realtime"):
         await comm.send_to(text_data=json.dumps(report()))
@@ -126,7 +126,7 @@ async def test_the_largest_values_in_bounds_are_stored(token):
     assert (gpu.total_bytes, gpu.own_bytes) == (BIG, BIG)
     replica = await database_sync_to_async(Replica.objects.get)(pk=replica_id)
     assert (replica.pid, replica.host_bytes, replica.observed_state) == (SMALL, BIG, "sleeping")
-    assert replica.adapter_stats[0]["nbytes"] == BIG and len(replica.reason) == 4000
+    assert replica.adapter_stats[0]["nbytes"] == BIG and len(replica.observed_reason) == 4000
     host = await database_sync_to_async(Host.objects.get)(name="h1")
     assert host.ram_free_bytes == BIG and host.serving["chat"]["requests"] == BIG
     await comm.disconnect()

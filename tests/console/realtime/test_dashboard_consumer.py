@@ -51,3 +51,40 @@ async def test_it_pushes_the_grid_now_and_again_when_the_fleet_changes():
     second = await comm.receive_from(timeout=5)
     assert "gpu-box" in second and "simulated" in second
     await comm.disconnect()
+
+
+async def test_it_pushes_the_page_its_browser_is_viewing():
+    """The page's websocket URL carries its query string: each push is that page of that search, not page 1."""
+    cookie = await database_sync_to_async(session_cookie)()
+
+    def add_hosts(names):
+        for name in names:
+            Host.objects.create(name=name, connected=name.startswith("east"))
+
+    await database_sync_to_async(add_hosts)(["east-1", "east-2", "west-1"])
+    comm = WebsocketCommunicator(application, "/ws/dashboard/?q=east&state=connected&dq=nothing",
+                                 headers=[HOST, ORIGIN, (b"cookie", cookie)])
+    connected, _ = await comm.connect()
+    assert connected
+    first = await comm.receive_from(timeout=5)
+    assert 'data-host="east-1"' in first and 'data-host="east-2"' in first and 'data-host="west-1"' not in first
+    assert 'id="fleet-summary"' in first and "<b>2</b> connected" in first  # the summary is the whole fleet's
+
+    await database_sync_to_async(add_hosts)(["east-3", "west-2"])
+    await refresh_dashboards()
+    second = await comm.receive_from(timeout=5)
+    assert 'data-host="east-3"' in second and 'data-host="west-2"' not in second
+    assert "<strong>1–3</strong> of 3 hosts" in second
+    await comm.disconnect()
+
+
+async def test_an_odd_query_string_shows_the_first_page_with_a_note():
+    cookie = await database_sync_to_async(session_cookie)()
+    comm = WebsocketCommunicator(application, "/ws/dashboard/?page=%00x&state=%00",
+                                 headers=[HOST, ORIGIN, (b"cookie", cookie)])
+    connected, _ = await comm.connect()
+    assert connected
+    html = await comm.receive_from(timeout=5)
+    assert "page “?x” is not a page number; showing page 1" in html and "No hosts yet" in html
+    assert "state “?” is not a host state" in html and "\x00" not in html
+    await comm.disconnect()

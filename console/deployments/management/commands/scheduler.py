@@ -8,7 +8,8 @@ from console.deployments.loop import scheduler_loop
 
 
 class Command(BaseCommand):
-    help = "Run the scheduler loop alone (when the console runs under its own ASGI server)."
+    help = ("Take part in the scheduler election and run the scheduler loop while leading (when the console runs "
+            "under its own ASGI server). Any number may run: exactly one leads; the others take over when it dies.")
 
     def handle(self, **options):
         asyncio.run(self._run())
@@ -19,4 +20,5 @@ class Command(BaseCommand):
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         self.stdout.write("scheduler loop running; Ctrl-C stops it")
+        self.stdout.flush()
         await scheduler_loop(stop, settings.MODELGRID_SCHEDULER_INTERVAL)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
+import psutil
 import uvicorn
 from django.conf import settings
 from django.core.management import call_command
@@ -28,6 +31,10 @@ AGENT_STOP_TIMEOUT = 7.0
 SCHEDULER_STOP_TIMEOUT = 0.5  # after the server and the agent: to end its pass, then to take a cancel
 EXIT_GRACE = 1.0
 SHUTDOWN_DEADLINE = 9.5
+# The local agent's token, kept in the data dir (0600) across restarts: a `kill -9` of `up` leaves no one to
+# stop the agent it started, and a rotated token would refuse that agent forever if it ever outlived `up`.
+LOCAL_AGENT_TOKEN_FILE = "local-agent.token"
+PR_SET_PDEATHSIG = 1
 
 
 class _Server(uvicorn.Server):
@@ -63,6 +70,44 @@ class _ExitDeadline:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def local_agent_token(name: str, data_dir: Path) -> str:
+    """The local agent's token: the one kept in the data dir while it still authenticates as `name`, else a new
+    one (issued, rotating any other, and kept there, readable by its owner only)."""
+    path = Path(data_dir) / LOCAL_AGENT_TOKEN_FILE
+    with contextlib.suppress(FileNotFoundError):
+        kept = path.read_text().strip()
+        row = AgentCredential.authenticate(kept) if kept else None
+        if row is not None and row.host_name == name:
+            return kept
+    token = AgentCredential.issue(name)[1]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".new")
+    with contextlib.suppress(FileNotFoundError):
+        partial.unlink()  # left by a crash: O_EXCL below must create the file with our mode
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.replace(partial, path)  # a crash leaves the old token or the new one, never half of one
+    return token
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """For the local agent's preexec_fn: the kernel sends it SIGTERM when `up` dies, even by SIGKILL, so it stops
+    its workers instead of living on as an orphan (PR_SET_PDEATHSIG, Linux; elsewhere a no-op). The signal fires
+    when the thread that forked it ends: asyncio forks on the event loop's thread, the main thread, which lives
+    as long as `up`. libc is loaded here, before the fork; the child runs only prctl and getppid before exec."""
+    if sys.platform != "linux":
+        return lambda: None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def in_child() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:  # `up` died before prctl: nothing would signal us
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
 
 
 def _loop_factory():
@@ -115,7 +160,7 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         call_command("ensureadmin")
         settings.MODEL_STORE.mkdir(parents=True, exist_ok=True)
-        token = None if opts["no_agent"] else AgentCredential.issue(opts["agent_name"])[1]
+        token = None if opts["no_agent"] else local_agent_token(opts["agent_name"], settings.DATA_DIR)
         connections.close_all()  # from here on the DB is used from the async loop's worker thread
         self._agent_pid: int | None = None
         self._deadline = _ExitDeadline(before_exit=self._kill_agent)
@@ -127,10 +172,18 @@ class Command(BaseCommand):
             raise
 
     def _kill_agent(self) -> None:
-        # Its workers die with it (PR_SET_PDEATHSIG), so nothing of the fleet outlives `up`.
-        if self._agent_pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self._agent_pid, signal.SIGKILL)
+        # The agent and its workers: killed, an agent cannot stop them, and a replica worker that outlives its agent
+        # waits for another to adopt it (--orphan-timeout). Nothing of the embedded fleet outlives `up`.
+        if self._agent_pid is None:
+            return
+        children: list[psutil.Process] = []
+        with contextlib.suppress(psutil.Error):
+            children = psutil.Process(self._agent_pid).children(recursive=True)  # listed while they are its own
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._agent_pid, signal.SIGKILL)
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
 
     async def _serve(self, opts, sock: socket.socket, agent_token: str | None) -> None:
         from console.asgi import application
@@ -191,11 +244,15 @@ class Command(BaseCommand):
         """Run the local agent as a child process; restart it if it dies; stop it on shutdown."""
         env = os.environ | {"MODELGRID_AGENT_TOKEN": token}
         cmd = [sys.executable, "-m", "agent", "run", "--console", url.rstrip("/"), "--name", opts["agent_name"],
-               "--gpus", opts["gpus"], "--listen", f"{opts['host']}:0"]
+               "--gpus", opts["gpus"], "--listen", f"{opts['host']}:0",
+               # Nothing of the embedded fleet outlives `up`: no worker waits for an agent to adopt it.
+               "--stop-workers-on-exit"]
         if opts.get("sleep_budget"):
             cmd += ["--sleep-budget", opts["sleep_budget"]]
         while not stop.is_set():
-            proc = await asyncio.create_subprocess_exec(*cmd, env=env)
+            # preexec_fn runs Python between fork and exec, which is unsafe only if it touches locks another
+            # thread held at the fork; prctl through a preloaded ctypes function touches none.
+            proc = await asyncio.create_subprocess_exec(*cmd, env=env, preexec_fn=_die_with_parent(os.getpid()))
             self._agent_pid = proc.pid
             waiter = asyncio.create_task(proc.wait())
             stopper = asyncio.create_task(stop.wait())

@@ -1,0 +1,576 @@
+"""Fleet benchmark: one real console (`manage.py up --no-agent`) against N simulated agents (bench/fleet_sim.py)
+speaking the real protocol from this process. Prints one table per fleet size. No assertions on timings.
+
+    .venv/bin/python bench/fleet.py --quick                          # 20 hosts, 100 replicas, about a minute
+    .venv/bin/python bench/fleet.py --hosts 100 --replicas 1000      # the issue's first row (PostgreSQL + Redis)
+    .venv/bin/python bench/fleet.py --hosts 100 300 --replicas-per-host 10 --profile
+    .venv/bin/python bench/fleet.py --sqlite --quick                 # SQLite and the in-memory channel layer
+
+Per fleet size: a fresh data dir and (default) a fresh PostgreSQL database with the Redis channel layer
+(DATABASE_URL / REDIS_URL, default the local ones), agent tokens issued in one `manage.py shell`, one tiny
+model registered, the fleet connected, then deployments of 1 replica each (`--replicas-per-deployment`)
+created through the REST API. Columns:
+
+* all ready after last create: from the last POST /deployments answering to the fleet running exactly what
+  was asked: every replica ready on one host and nothing else starting, loading or left behind by a move (the
+  simulated agents know when each replica they run became ready); "not converged" past --timeout.
+* console shows all ready: from the last create to the console's database showing every replica observed ready
+  (polled every second, same deadline): the agents' view above plus the console's intake backlog.
+* console CPU: the console process tree over --steady seconds after convergence (or after the timeout),
+  in % of one core; PostgreSQL's backends for its database beside it.
+* push -> ack p99 (PostgreSQL only): for each generation the scheduler gives a host, from the moment its
+  commit becomes visible to the moment the console has recorded an ack of it. Both moments come from a
+  trigger on fleet_host installed in the benchmark's own database (pg_notify, delivered at commit).
+* falsely offline: hosts the console marked not connected while their simulated agent's link was up; taken
+  away: ready replicas the console told an agent to stop although nothing was deleted (moves).
+* GET / and GET /api/v1/deployments?page=1: median of 3 after the steady window, with the fleet running.
+
+--profile runs the console under a sampling profiler (a thread reading sys._current_frames(), started by a
+generated sitecustomize.py) and prints where its threads spent their time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+
+from bench.fleet_sim import GIB, SimFleet, SimSpec  # noqa: E402
+from bench.harness import median, percentile, print_table, running_stack, say  # noqa: E402
+
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+PROFILE_ENV = "MODELGRID_FLEET_PROFILE"
+PROFILE_WRITE_S = 2.0  # how stale a phase boundary in the profile may be
+
+
+# -- the console side ----------------------------------------------------------------------------------------
+
+
+def write_model(path: Path) -> Path:
+    """A tiny Llama directory (config.json + safetensors, written with numpy) the console can register."""
+    from safetensors.numpy import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    hidden, vocab = 16, 32
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden, "vocab_size": vocab,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 2 * hidden,
+        "max_position_embeddings": 256}))
+    save_file({"model.embed_tokens.weight": np.zeros((vocab, hidden), np.float32),
+               "model.layers.0.mlp.up_proj.weight": np.zeros((2 * hidden, hidden), np.float32)},
+              str(path / "model.safetensors"))
+    return path
+
+
+def issue_tokens(stack, hosts: int) -> dict[str, str]:
+    """Agent tokens for sim-0000.. in one Django process (AgentCredential.issue), as {host: token}."""
+    code = ("import json; from console.fleet.models import AgentCredential as C; "
+            f"names = [f'sim-{{i:04d}}' for i in range({hosts})]; "
+            "print(json.dumps({n: C.issue(n)[1] for n in names}))")
+    return json.loads(stack.manage("shell", "-c", code).splitlines()[-1])
+
+
+def login(url: str, password: str) -> httpx.Client:
+    """A client signed in as the admin (the pages need a session)."""
+    from tests.e2e.stack import ADMIN_PASSWORD
+
+    client = httpx.Client(base_url=url.rstrip("/"), timeout=120, follow_redirects=True)
+    client.get("/accounts/login/")
+    r = client.post("/accounts/login/", data={"username": "admin", "password": password or ADMIN_PASSWORD,
+                                              "csrfmiddlewaretoken": client.cookies.get("csrftoken", "")})
+    if "sessionid" not in client.cookies:
+        raise RuntimeError(f"cannot sign in as admin: HTTP {r.status_code}")
+    return client
+
+
+@dataclass
+class HostEvent:
+    at: float  # time.monotonic() of this process
+    host: str
+    generation: int
+    acked: int
+    connected: bool
+
+
+class HostWatch:
+    """Every change of a host row's generation, acked generation or connected flag, timed in this process.
+    PostgreSQL: a trigger's pg_notify, delivered at commit. SQLite: polling the file every 0.2 s."""
+
+    TRIGGER = """
+    CREATE OR REPLACE FUNCTION fleet_bench_notify() RETURNS trigger AS $$
+    BEGIN
+      IF NEW.generation IS DISTINCT FROM OLD.generation OR NEW.acked_generation IS DISTINCT FROM OLD.acked_generation
+         OR NEW.connected IS DISTINCT FROM OLD.connected THEN
+        PERFORM pg_notify('fleet_bench', concat_ws(' ', NEW.name, NEW.generation, NEW.acked_generation, NEW.connected));
+      END IF;
+      RETURN NEW;
+    END $$ LANGUAGE plpgsql;
+    DROP TRIGGER IF EXISTS fleet_bench_notify ON fleet_host;
+    CREATE TRIGGER fleet_bench_notify AFTER UPDATE ON fleet_host FOR EACH ROW EXECUTE FUNCTION fleet_bench_notify();
+    """
+
+    def __init__(self, env: dict) -> None:
+        self.events: list[HostEvent] = []
+        self.database_url = env.get("DATABASE_URL", "")
+        self.sqlite = Path(env["MODELGRID_DATA_DIR"]) / "modelgrid.sqlite3"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="host-watch")
+
+    @property
+    def precise(self) -> bool:
+        return self.database_url.startswith("postgres")
+
+    def start(self) -> None:
+        if self.precise:
+            import psycopg
+
+            with psycopg.connect(self.database_url, autocommit=True) as conn:
+                conn.execute(self.TRIGGER)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        if self.precise:
+            import psycopg
+
+            with psycopg.connect(self.database_url, autocommit=True) as conn:
+                conn.execute("LISTEN fleet_bench")
+                while not self._stop.is_set():
+                    for note in conn.notifies(timeout=0.5):
+                        name, gen, acked, connected = note.payload.split(" ")
+                        self.events.append(HostEvent(time.monotonic(), name, int(gen), int(acked), connected == "t"))
+        else:
+            import sqlite3
+
+            last: dict[str, tuple] = {}
+            conn = sqlite3.connect(f"file:{self.sqlite}?mode=ro", uri=True, timeout=5)
+            while not self._stop.wait(0.2):
+                with contextlib.suppress(sqlite3.OperationalError):
+                    for row in conn.execute("SELECT name, generation, acked_generation, connected FROM fleet_host"):
+                        if last.get(row[0]) != row[1:]:
+                            last[row[0]] = row[1:]
+                            self.events.append(HostEvent(time.monotonic(), row[0], row[1], row[2], bool(row[3])))
+
+    def push_to_ack(self, since: float) -> tuple[list[float], int]:
+        """Seconds from each generation's commit to the commit of an ack covering it, for generations
+        committed after `since`; and how many were never acknowledged."""
+        pending: dict[str, dict[int, float]] = collections.defaultdict(dict)
+        seen: dict[str, int] = {}
+        latencies = []
+        for e in list(self.events):
+            if e.generation > seen.get(e.host, -1):
+                seen[e.host] = e.generation
+                if e.at >= since:
+                    pending[e.host][e.generation] = e.at
+            for g in [g for g in pending[e.host] if g <= e.acked]:
+                latencies.append(e.at - pending[e.host].pop(g))
+        return latencies, sum(len(p) for p in pending.values())
+
+
+def console_ready(env: dict) -> int:
+    """Replicas the console's database shows as observed ready (what the API and the pages would show)."""
+    query = "SELECT count(*) FROM deployments_replica WHERE observed_state = 'ready'"
+    url = env.get("DATABASE_URL", "")
+    if url.startswith("postgres"):
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            return conn.execute(query).fetchone()[0]
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(f"file:{Path(env['MODELGRID_DATA_DIR']) / 'modelgrid.sqlite3'}?mode=ro",
+                                            uri=True, timeout=5)) as conn:
+        return conn.execute(query).fetchone()[0]
+
+
+def cpu_seconds(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def postgres_cpu_seconds() -> float | None:
+    """CPU seconds of the local PostgreSQL cluster: its live processes plus what the postmaster has reaped (the
+    console opens a backend per request, conn_max_age=0, so most backends are gone before a window ends).
+    Every database's share: other work on this machine counts too. None where no postgres process is seen."""
+    total, seen = 0.0, False
+    for p in psutil.process_iter(["username", "ppid"]):
+        if p.info["username"] != "postgres":
+            continue
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system
+            seen = True
+            if p.info["ppid"] == 1 or p.parent() is None or p.parent().username() != "postgres":
+                total += t.children_user + t.children_system
+    return total if seen else None
+
+
+def console_procs(stack) -> list[psutil.Process]:
+    return [psutil.Process(stack.proc.pid), *stack.descendants()]
+
+
+# -- the profile ---------------------------------------------------------------------------------------------
+
+# Leaf Python frames of a thread that waits for work. With uvloop the event loop itself is C, so an idle loop's
+# leaf is asyncio's Runner.run; a thread pool's idle worker waits in _worker.
+IDLE_LEAVES = {("selectors.py", "select"), ("thread.py", "_worker"), ("threading.py", "wait"),
+               ("runners.py", "run"), ("queues.py", "get"), ("threading.py", "_wait_for_tstate_lock")}
+
+
+def start_sampler(out: str, interval: float = 0.01) -> None:
+    """In the console process (from the generated sitecustomize): sample every thread's Python stack every
+    `interval` s and write the counts of busy stacks to `out` every PROFILE_WRITE_S (os._exit at shutdown
+    skips atexit, so the file is kept current instead)."""
+    threading.Thread(target=_sample_forever, args=(out, interval), daemon=True, name="fleet-sampler").start()
+
+
+def _sample_forever(out: str, interval: float) -> None:
+    me = threading.get_ident()
+    names = {}
+    stacks: collections.Counter[str] = collections.Counter()
+    busy: collections.Counter[str] = collections.Counter()
+    ticks = 0
+    written = time.monotonic()
+    while True:
+        time.sleep(interval)
+        ticks += 1
+        if ticks % 100 == 1:
+            names = {t.ident: t.name for t in threading.enumerate()}
+        for ident, frame in sys._current_frames().items():
+            if ident == me:
+                continue
+            code = frame.f_code
+            if (Path(code.co_filename).name, code.co_name) in IDLE_LEAVES:
+                continue
+            parts = []
+            while frame is not None:
+                parts.append(f"{_short(frame.f_code.co_filename)}:{frame.f_code.co_name}")
+                frame = frame.f_back
+            thread = names.get(ident, str(ident)).replace("MainThread", "main (event loop)")
+            busy[thread] += 1
+            stacks[thread + ";" + ";".join(reversed(parts))] += 1
+        if time.monotonic() - written > PROFILE_WRITE_S:
+            written = time.monotonic()
+            with open(out + ".tmp", "w") as f:
+                json.dump({"interval": interval, "ticks": ticks, "busy": busy, "stacks": stacks}, f)
+            os.replace(out + ".tmp", out)
+
+
+def _short(filename: str) -> str:
+    for marker in ("/site-packages/", f"{ROOT}/", "/lib/python3"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return filename
+
+
+def profile_env(tmp: Path, out: Path) -> dict:
+    """Environment that makes `manage.py up` start the sampler (and only `up`, not `manage.py shell`)."""
+    site = tmp / "profile-site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        f"if os.environ.get({PROFILE_ENV!r}) and 'up' in sys.argv:\n"
+        "    import bench.fleet\n"
+        f"    bench.fleet.start_sampler(os.environ[{PROFILE_ENV!r}])\n")
+    return {"PYTHONPATH": f"{site}:{ROOT}", PROFILE_ENV: str(out)}
+
+
+def read_profile(path: Path | None) -> dict | None:
+    """The sampler's latest counts (written every 5 s), or None."""
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads(path.read_text()) if path is not None else None
+    return None
+
+
+def profile_between(before: dict | None, after: dict | None) -> dict | None:
+    """The samples taken between two readings of the profile file."""
+    if after is None:
+        return None
+    before = before or {"ticks": 0, "busy": {}, "stacks": {}}
+    diff = {k: collections.Counter(after[k]) - collections.Counter(before[k]) for k in ("busy", "stacks")}
+    return {"interval": after["interval"], "ticks": after["ticks"] - before["ticks"], **diff}
+
+
+def print_profile(data: dict | None, title: str, top: int = 20) -> None:
+    if not data or not data["ticks"]:
+        print(f"\n({title}: no profile samples)")
+        return
+    seconds = data["ticks"] * data["interval"]
+    rows = [{"thread": t, "busy samples": n, "busy % of wall": 100 * n / data["ticks"]}
+            for t, n in sorted(data["busy"].items(), key=lambda kv: -kv[1])[:8]]
+    print_table(f"{title}: busy samples per console thread over {seconds:.0f} s", rows,
+                ("ThreadPoolExecutor-0_0 is (normally) the one thread Channels runs every database_sync_to_async "
+                 "call in (thread_sensitive). 'Busy' is wall time with Python frames on the stack beyond an idle "
+                 "wait: it includes waiting for PostgreSQL inside psycopg and waiting for the GIL.",))
+    inclusive: collections.Counter[str] = collections.Counter()
+    entry: collections.Counter[str] = collections.Counter()
+    leaf: collections.Counter[str] = collections.Counter()
+    total = 0
+    for stack, n in data["stacks"].items():
+        thread, *frames = stack.split(";")
+        total += n
+        ours = [f for f in frames if f.startswith(("console/", "agent/"))]
+        for f in set(ours):
+            inclusive[f] += n
+        if ours:
+            entry[f"{thread}: {ours[0]}"] += n
+        leaf[frames[-1] if frames else "?"] += n
+    for name, counter in (("entry point (first project frame)", entry), ("inclusive, project functions", inclusive),
+                          ("self (leaf frame)", leaf)):
+        rows = [{"where": k, "samples": n, "% of busy": 100 * n / max(total, 1)}
+                for k, n in counter.most_common(top)]
+        print_table(f"{title}: {name}", rows)
+
+
+# -- one fleet size ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    hosts: int
+    replicas: int
+    row: dict = field(default_factory=dict)
+    profile: Path | None = None
+    phases: dict[str, dict | None] = field(default_factory=dict)  # phase -> the samples taken during it
+
+
+async def create_deployments(url: str, token: str, count: int, per: int, concurrency: int) -> tuple[float, float]:
+    """POST count deployments (per replicas each); returns (first POST sent, last POST answered) monotonic."""
+    names = iter(range(count))
+    first = time.monotonic()
+    last = first
+    async with httpx.AsyncClient(base_url=url.rstrip("/") + "/api/v1", timeout=300,
+                                 headers={"Authorization": f"Bearer {token}"}) as api:
+        async def worker() -> None:
+            nonlocal last
+            for i in names:
+                r = await api.post("/deployments", json={"name": f"fleet-{i:05d}", "model": "tiny", "replicas": per})
+                if r.status_code != 201:
+                    raise RuntimeError(f"POST /deployments fleet-{i:05d}: {r.status_code} {r.text[:300]}")
+                last = time.monotonic()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return first, last
+
+
+def time_get(client: httpx.Client, path: str, runs: int = 3) -> float:
+    took = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        r = client.get(path)
+        took.append(time.perf_counter() - began)
+        if r.status_code != 200:
+            raise RuntimeError(f"GET {path}: HTTP {r.status_code}")
+    return median(took)
+
+
+async def measure(stack, fleet: SimFleet, watch: HostWatch, args, run: Run) -> None:
+    row = run.row
+    total = run.replicas
+    deployments = total // args.replicas_per_deployment
+    began = time.monotonic()
+    if not await fleet.wait_for(lambda: fleet.connected() == run.hosts, args.timeout):
+        raise RuntimeError(f"only {fleet.connected()} of {run.hosts} agents connected in {args.timeout:.0f} s")
+    row["all connected"] = f"{time.monotonic() - began:.1f} s"
+    say(f"{run.hosts} agents connected in {time.monotonic() - began:.1f} s; creating {deployments} deployments")
+    await asyncio.sleep(3)  # their first reports land before the deployments do
+    cpu_before = cpu_seconds(console_procs(stack))
+    p0 = read_profile(run.profile)
+    first, last = await create_deployments(stack.url, stack.token, deployments, args.replicas_per_deployment,
+                                           args.create_concurrency)
+    row["create (POSTs)"] = f"{last - first:.1f} s"
+    say(f"created {deployments} deployments in {last - first:.1f} s")
+    deadline = last + args.timeout
+    next_note = time.monotonic()
+    def settled() -> bool:  # every replica ready on exactly one host, nothing else running (no move in flight)
+        return len(fleet.ready()) == total and fleet.states() == {"ready": total}
+
+    while time.monotonic() < deadline and not settled():
+        if time.monotonic() >= next_note:
+            say(f"{len(fleet.ready())}/{total} ready; replicas by state {fleet.states()}; "
+                f"{fleet.connected()}/{run.hosts} connected")
+            next_note += 10
+        await asyncio.sleep(0.2)
+    ready = fleet.ready()
+    converged = settled()
+    # The console's own view lags the agents' by its intake backlog: wait (same deadline) until it shows them.
+    seen = 0
+    while converged and time.monotonic() < deadline:
+        if (seen := await asyncio.to_thread(console_ready, stack.env)) >= total:
+            break
+        await asyncio.sleep(1)
+    row["console shows all ready"] = (f"{time.monotonic() - last:.1f} s" if converged and seen >= total
+                                      else f"no ({seen}/{total})")
+    converge_end = time.monotonic()
+    run.phases["creating and converging"] = profile_between(p0, read_profile(run.profile))
+    row["all ready after last create"] = (f"{max(ready.values()) - last:.1f} s" if converged
+                                          else f"not converged ({len(ready)}/{total} in {args.timeout:.0f} s)")
+    if converged:
+        row["after first create"] = f"{max(ready.values()) - first:.1f} s"
+    busy = cpu_seconds(console_procs(stack)) - cpu_before
+    row["console CPU while converging"] = f"{100 * busy / (converge_end - first):.0f}%"
+    say(row["all ready after last create"] + f"; measuring steady CPU for {args.steady:.0f} s")
+    await asyncio.sleep(3)  # the last statuses' effects
+    console, me = console_procs(stack), psutil.Process()
+    pg = not args.sqlite
+    c0, b0, s0, t0 = cpu_seconds(console), pg and postgres_cpu_seconds(), cpu_seconds([me]), time.monotonic()
+    p2 = read_profile(run.profile)
+    await asyncio.sleep(args.steady)
+    c1, b1, s1, t1 = cpu_seconds(console), pg and postgres_cpu_seconds(), cpu_seconds([me]), time.monotonic()
+    run.phases["steady" if converged else "after the timeout"] = profile_between(p2, read_profile(run.profile))
+    # Others' work on this machine skews every timing here: say how busy it was.
+    row[f"load avg ({os.cpu_count()} cores)"] = f"{os.getloadavg()[0]:.1f}"
+    row["steady console CPU"] = f"{100 * (c1 - c0) / (t1 - t0):.0f}%" + ("" if converged else " (not converged)")
+    if b0 is not None and b1 is not None and pg:
+        row["postgres CPU"] = f"{100 * (b1 - b0) / (t1 - t0):.0f}%"
+    row["simulator CPU"] = f"{100 * (s1 - s0) / (t1 - t0):.0f}%"
+    if watch.precise:
+        latencies, never = watch.push_to_ack(since=first)
+        row["push -> ack p50 / p99"] = (f"{1000 * percentile(latencies, 0.5):.0f} / "
+                                        f"{1000 * percentile(latencies, 0.99):.0f} ms")
+        row["generations not acked"] = never
+    acks = [acked - received for a in fleet.agents.values() for _, received, acked in a.metrics.acks]
+    row["agent apply p99"] = f"{1000 * percentile(acks, 0.99):.1f} ms"
+    row["falsely offline"] = falsely_offline(watch, fleet)
+    row["link losses"] = sum(a.metrics.link_losses for a in fleet.agents.values())
+    reasons = sum((a.metrics.loss_reasons for a in fleet.agents.values()), collections.Counter())
+    if reasons:
+        say("link losses by reason: " + ", ".join(f"{why}: {n}" for why, n in reasons.most_common()))
+    row["taken away"] = sum(a.metrics.taken_away for a in fleet.agents.values())
+    errors = [e for a in fleet.agents.values() for e in a.metrics.errors]
+    row["console errors"] = len(errors)
+    if errors:
+        say(f"console error replies, first: {errors[0]!r}")
+    api = stack.api()
+    api.timeout = httpx.Timeout(300)
+    p4 = read_profile(run.profile)
+    row["GET /api/v1/deployments?page=1"] = f"{1000 * time_get(api, '/deployments?page=1'):.0f} ms"
+    with contextlib.closing(login(stack.url, stack.env.get("MODELGRID_ADMIN_PASSWORD", ""))) as browser:
+        row["GET /"] = f"{1000 * time_get(browser, '/'):.0f} ms"
+    await asyncio.sleep(PROFILE_WRITE_S + 0.5)
+    run.phases["the page and API GETs"] = profile_between(p4, read_profile(run.profile))
+
+
+def falsely_offline(watch: HostWatch, fleet: SimFleet) -> int:
+    """Hosts the console marked not connected at a moment their agent's link had been up for over a second."""
+    hosts = set()
+    for e in list(watch.events):
+        agent = fleet.agents.get(e.host)
+        if e.connected or agent is None:
+            continue
+        m = agent.metrics
+        around_a_loss = any(lo - 1 <= e.at <= hi + 1 for lo, hi in m.offline)
+        linked = m.connected_since is not None and m.connected_since < e.at - 1
+        if linked and not around_a_loss:
+            hosts.add(e.host)
+    return len(hosts)
+
+
+def run_one(args, hosts: int, replicas: int, tmp: Path) -> Run:
+    run = Run(hosts, replicas, {"fleet": f"{hosts} x {args.gpus_per_host} GPUs", "replicas": f"{replicas:,}"})
+    data_dir = tmp / f"console-{hosts}"
+    env = {"MODELGRID_STRATEGY": args.strategy}
+    if args.profile:
+        run.profile = tmp / f"profile-{hosts}.json"
+        env |= profile_env(tmp, run.profile)
+    with running_stack(data_dir, gpus="sim:1x1GiB", args=("--no-agent",), **env) as stack:
+        r = stack.api().post("/models", json={"name": "tiny", "path": str(write_model(tmp / "tiny"))})
+        if r.status_code != 201:
+            raise RuntimeError(f"POST /models: {r.status_code} {r.text}")
+        say(f"registered tiny ({r.json().get('estimate_bytes', '?')} bytes estimated); issuing {hosts} agent tokens")
+        tokens = issue_tokens(stack, hosts)
+        watch = HostWatch(stack.env)
+        watch.start()
+        spec = SimSpec(gpus=args.gpus_per_host, gpu_bytes=int(args.gpu_gib * GIB),
+                       report_interval=args.report_interval, load_s=args.load_s, seed=hosts)
+
+        async def go() -> None:
+            async with SimFleet(stack.url, tokens, spec, args.connect_concurrency) as fleet:
+                await measure(stack, fleet, watch, args, run)
+
+        try:
+            asyncio.run(go())
+        except Exception as e:  # a failed size still prints what it measured
+            run.row["error"] = f"{type(e).__name__}: {e}"[:200]
+            say(f"{hosts} hosts: {run.row['error']}")
+        finally:
+            watch.stop()
+    for phase, samples in run.phases.items() if args.profile else ():
+        print_profile(samples, f"Console profile, {hosts} hosts, {phase}")
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", type=int, nargs="+", default=[100], help="fleet sizes, one table row each")
+    parser.add_argument("--gpus-per-host", type=int, default=8)
+    parser.add_argument("--gpu-gib", type=float, default=80.0, help="memory of each simulated GPU")
+    parser.add_argument("--replicas", type=int, help="replicas in all (default 10 per host)")
+    parser.add_argument("--replicas-per-host", type=int, default=10)
+    parser.add_argument("--replicas-per-deployment", type=int, default=1)
+    parser.add_argument("--report-interval", type=float, default=2.0)
+    parser.add_argument("--load-s", type=float, default=1.0, help="modelled load time of a replica")
+    parser.add_argument("--strategy", default="balance",
+                        help="MODELGRID_STRATEGY; balance spreads the tiny replicas over every host")
+    parser.add_argument("--timeout", type=float, default=300.0, help="give up waiting after this many seconds")
+    parser.add_argument("--steady", type=float, default=30.0, help="seconds of steady CPU measurement")
+    parser.add_argument("--connect-concurrency", type=int, default=50)
+    parser.add_argument("--create-concurrency", type=int, default=4)
+    parser.add_argument("--sqlite", action="store_true", help="SQLite and the in-memory channel layer")
+    parser.add_argument("--profile", action="store_true", help="sample the console's stacks and print the profile")
+    parser.add_argument("--quick", action="store_true", help="20 hosts, 100 replicas, short waits")
+    args = parser.parse_args()
+    if args.quick:
+        args.hosts, args.replicas, args.timeout, args.steady = [20], 100, 60.0, 10.0
+    for name in ("hosts", "gpus_per_host", "replicas_per_host", "replicas_per_deployment", "connect_concurrency",
+                 "create_concurrency"):
+        values = getattr(args, name)
+        if any(v < 1 for v in (values if isinstance(values, list) else [values])):
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.sqlite:
+        for name in ("DATABASE_URL", "REDIS_URL"):
+            os.environ.pop(name, None)
+    else:
+        os.environ.setdefault("DATABASE_URL", DEFAULT_DATABASE_URL)
+        os.environ.setdefault("REDIS_URL", DEFAULT_REDIS_URL)
+    database = "SQLite, in-memory channel layer" if args.sqlite else "PostgreSQL, Redis channel layer"
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fleet-") as tmp:
+        for hosts in args.hosts:
+            replicas = args.replicas or hosts * args.replicas_per_host
+            if replicas % args.replicas_per_deployment:
+                parser.error("--replicas must be a multiple of --replicas-per-deployment")
+            run = run_one(args, hosts, replicas, Path(tmp))
+            rows.append(run.row)
+            print_table(f"Fleet: {hosts} simulated hosts ({database}; reports every {args.report_interval:g} s; "
+                        f"load {args.load_s:g} s; strategy {args.strategy})", [run.row])
+    if len(rows) > 1:
+        print_table(f"Fleet, all sizes ({database})", rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Agent messages from every link of this console process, applied together: a link hands its message over
+and waits; a single task takes whatever arrived during one tick and applies it in one transaction
+(console.fleet.intake.apply_batch). Each link still sees its own messages applied in order before it reads
+the next, and a thousand agents cost one database round per tick instead of one transaction each."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from console.fleet import intake
+from console.realtime.notify import refresh_dashboards, refresh_gateways
+
+log = logging.getLogger("modelgrid.realtime")
+
+
+class Batcher:
+    def __init__(self, tick: float) -> None:
+        self.tick = tick
+        self._pending: list[tuple[intake.Item, asyncio.Future]] = []
+        self._task: asyncio.Task | None = None
+
+    async def submit(self, item: intake.Item) -> intake.Outcome:
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((item, future))
+        if self._task is None or self._task.done():  # the task ends when idle: nothing outlives the loop
+            self._task = asyncio.create_task(self._run(), name="agent-intake")
+        return await future
+
+    async def _run(self) -> None:
+        while self._pending:
+            await asyncio.sleep(self.tick)  # let the tick's other messages arrive
+            batch, self._pending = self._pending, []
+            try:
+                outcomes = await database_sync_to_async(intake.apply_batch)([item for item, _ in batch])
+            except Exception as e:  # a lone message that failed (a batch retries its items one by one)
+                kinds = ", ".join(sorted({getattr(item.message, "type", "close") for item, _ in batch}))
+                log.exception("applying agent messages (%s) failed", kinds)
+                outcomes = [intake.Outcome(error=f"the console could not apply this {kinds} "
+                                                 f"({type(e).__name__}); its log has the details")] * len(batch)
+            for (_, future), outcome in zip(batch, outcomes, strict=True):
+                if not future.done():  # its link may have gone meanwhile
+                    future.set_result(outcome)
+            if any(o.ready for o in outcomes):
+                await refresh_gateways()  # a replica that became ready takes the requests waiting for it
+            if any(o.observed for o in outcomes):
+                await refresh_dashboards()
+
+
+_batchers: dict[asyncio.AbstractEventLoop, Batcher] = {}
+
+
+def batcher() -> Batcher:
+    """This event loop's batcher (one per process in production; tests run a loop per test)."""
+    loop = asyncio.get_running_loop()
+    found = _batchers.get(loop)
+    if found is None:
+        for stale in [lp for lp in _batchers if lp.is_closed()]:
+            del _batchers[stale]
+        found = _batchers[loop] = Batcher(settings.MODELGRID_INTAKE_TICK_SECONDS)
+    return found

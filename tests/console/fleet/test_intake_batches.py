@@ -1,0 +1,82 @@
+"""Agent messages are applied in batches: the statements a tick costs do not grow with the number of hosts,
+and a steady scheduler pass rebuilds no host's desired state."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from agent.protocol import Ack, GpuInfo, HostReport, ReplicaStatus
+from console.deployments.models import Deployment, Replica
+from console.deployments.reconcile import reconcile_once
+from console.fleet.intake import Item, apply_batch
+from console.fleet.models import Gpu, Host
+
+pytestmark = pytest.mark.django_db
+GiB = 1024**3
+
+
+def fleet(n: int, model, first: int = 0) -> list[tuple[Host, list[Replica]]]:
+    out = []
+    for i in range(first, first + n):
+        h = Host.objects.create(name=f"b{i}", endpoint="http://127.0.0.1:9", connected=True, last_seen=timezone.now())
+        for g in range(2):
+            Gpu.objects.create(host=h, index=g, uuid=f"SIM-{i}-{g}", name="sim", total_bytes=24 * GiB, simulated=True)
+        dep = Deployment.objects.create(name=f"d{i}", model=model, estimates={})
+        out.append((h, [Replica.objects.create(deployment=dep, index=k, host=h) for k in range(2)]))
+    return out
+
+
+def report(i: int, replicas: list[Replica], used: int) -> HostReport:
+    gpus = [GpuInfo(index=g, uuid=f"SIM-{i}-{g}", name="sim", total_bytes=24 * GiB, used_bytes=used, simulated=True)
+            for g in range(2)]
+    return HostReport(gpus=gpus, replicas=[ReplicaStatus(replica_id=r.pk, state="ready", pid=100 + k)
+                                           for k, r in enumerate(replicas)])
+
+
+def tick_queries(hosts, used: int) -> int:
+    items = [Item(h.pk, h.name, report(int(h.name[1:]), rs, used)) for h, rs in hosts]
+    with CaptureQueriesContext(connection) as ctx:
+        outcomes = apply_batch(items)
+    assert all(o.error is None for o in outcomes)
+    return len(ctx.captured_queries)
+
+
+def test_a_ticks_statements_do_not_grow_with_the_hosts(model):
+    few, many = fleet(3, model), fleet(37, model, first=3)
+    assert tick_queries(few, 1 * GiB) == tick_queries(many, 1 * GiB)
+    assert Gpu.objects.filter(used_bytes=1 * GiB).count() == 2 * 40
+    assert Replica.objects.filter(observed_state="ready", pid__isnull=False).count() == 2 * 40
+
+
+def test_a_batch_applies_each_hosts_messages_to_its_own_rows_only(model, host):
+    (h, replicas), = fleet(1, model)
+    theirs = Replica.objects.create(deployment=Deployment.objects.get(name="d0"), index=5, host=host)
+    outcomes = apply_batch([
+        Item(h.pk, h.name, ReplicaStatus(replica_id=replicas[0].pk, state="loading", loaded_bytes=5)),
+        Item(h.pk, h.name, ReplicaStatus(replica_id=theirs.pk, state="failed", reason="not yours")),
+        Item(h.pk, h.name, Ack(generation=7)),  # never sent: refused, the rest still applied
+        Item(h.pk, h.name, ReplicaStatus(replica_id=replicas[0].pk, state="ready", pid=42)),
+    ])
+    assert outcomes[2].error and "generation 7" in outcomes[2].error
+    assert [o.error for o in (outcomes[0], outcomes[1], outcomes[3])] == [None, None, None]
+    assert outcomes[3].observed and not outcomes[1].observed
+    theirs.refresh_from_db()
+    assert theirs.observed_state == "pending" and theirs.observed_reason == ""
+    mine = Replica.objects.get(pk=replicas[0].pk)
+    assert (mine.observed_state, mine.pid, mine.loaded_bytes) == ("ready", 42, 5)  # in order, the last wins
+
+
+def test_a_steady_pass_rebuilds_no_desired_state(host, model):
+    from console.deployments.services import create_deployment
+
+    for name in ("a", "b", "c"):
+        create_deployment(name, "tiny")
+    reconcile_once()
+    reconcile_once()
+    with CaptureQueriesContext(connection) as ctx:
+        result = reconcile_once()
+    assert result.changed_hosts == ()
+    # Building a desired state reads replicas joined with their deployment's model: a steady pass never does.
+    assert not any('FROM "deployments_replica"' in q["sql"] and 'INNER JOIN "catalog_model"' in q["sql"]
+                   for q in ctx.captured_queries)
