@@ -38,17 +38,19 @@ def refresh_observations(now: datetime) -> bool:
             if figures.get("p95_ms") is not None:
                 p95[name] = max(p95.get(name, 0.0), float(figures["p95_ms"]))
     changed = False
-    for dep in Deployment.objects.all():
-        seen = gateway_figures(dep.gateway_stats, now.timestamp())
+    for dep in Deployment.objects.values("pk", "name", "gateway_stats", "slo_latency_ms", "violating", "status_since",
+                                         "traffic_rps", "observed_p95_ms"):
+        name = dep["name"]
+        seen = gateway_figures(dep["gateway_stats"], now.timestamp())
         if seen is not None:
-            rate[dep.name], observed = seen
+            rate[name], observed = seen
         else:
-            observed = p95.get(dep.name)
-        violating = bool(dep.slo_latency_ms and observed is not None and observed > dep.slo_latency_ms)
-        update = {"traffic_rps": round(rate.get(dep.name, 0.0), 3), "observed_p95_ms": observed}
-        if violating != dep.violating or dep.status_since is None:
+            observed = p95.get(name)
+        violating = bool(dep["slo_latency_ms"] and observed is not None and observed > dep["slo_latency_ms"])
+        update = {"traffic_rps": round(rate.get(name, 0.0), 3), "observed_p95_ms": observed}
+        if violating != dep["violating"] or dep["status_since"] is None:
             update |= {"violating": violating, "status_since": now}
-        if any(getattr(dep, k) != v for k, v in update.items()):
-            Deployment.objects.filter(pk=dep.pk).update(**update)
+        if any(dep[k] != v for k, v in update.items()):
+            Deployment.objects.filter(pk=dep["pk"]).update(**update)
             changed |= "violating" in update
     return changed

@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Prefetch
 from django.utils import timezone
 
 from console.catalog.memory import Reservation, corrections, deployment_estimates, reservation
@@ -21,10 +21,18 @@ from console.catalog.models import DeviceKind
 from console.deployments.desired import bump_generations
 from console.deployments.models import Deployment, DeploymentState, Replica
 from console.deployments.observed import refresh_observations
-from console.deployments.snapshot import deployment_spec, gpu_id, gpu_specs, host_specs, live_demand, replica_specs
+from console.deployments.snapshot import (
+    GpuRow,
+    deployment_spec,
+    gpu_names,
+    gpu_specs,
+    host_specs,
+    live_demand,
+    replica_specs,
+)
 from console.errors import Invalid
 from console.fleet.intake import lapse_leases
-from console.fleet.models import Gpu, Host
+from console.fleet.models import Host
 from console.scheduler import PlanInput, PlannedReplica, Settings, plan
 
 log = logging.getLogger("modelgrid.scheduler")
@@ -38,10 +46,38 @@ class PassResult:
     actions: tuple[str, ...] = ()  # the scheduler's actions that changed a replica (place, wake, ...)
 
 
-def fleet_device_kind(gpus: dict[str, Gpu]) -> str:
+def fleet_device_kind(gpus: dict[str, GpuRow]) -> str:
     """Where replicas will run: "cpu" when every schedulable GPU is simulated (workers then run on the
     host's CPU and measure CPU memory), else "cuda"."""
     return DeviceKind.CPU if gpus and all(g.simulated for g in gpus.values()) else DeviceKind.CUDA
+
+
+@dataclass
+class _Rows:
+    """What a pass reads, once and without per-row queries: every replica row by deployment, each replica's
+    GPUs (primary keys and scheduler names) and every host's name."""
+
+    by_deployment: dict[int, list[Replica]]
+    gpus_of: dict[int, list[int]]  # replica pk -> GPU pks
+    gpu_ids: dict[int, list[str]]  # replica pk -> sorted "host/index"
+    host_names: dict[int, str]
+    host_ids: dict[str, int]
+
+    @classmethod
+    def read(cls) -> _Rows:
+        by_deployment: dict[int, list[Replica]] = {}
+        for r in Replica.objects.order_by("deployment_id", "index").only(*_PASS_FIELDS):
+            by_deployment.setdefault(r.deployment_id, []).append(r)
+        names = gpu_names()
+        gpus_of: dict[int, list[int]] = {}
+        for replica_id, gpu in Replica.gpus.through.objects.values_list("replica_id", "gpu_id"):
+            gpus_of.setdefault(replica_id, []).append(gpu)
+        gpu_ids = {r: sorted(names[g] for g in gs) for r, gs in gpus_of.items()}
+        host_names = dict(Host.objects.values_list("pk", "name"))
+        return cls(by_deployment, gpus_of, gpu_ids, host_names, {n: pk for pk, n in host_names.items()})
+
+    def all(self) -> list[Replica]:
+        return [r for rows in self.by_deployment.values() for r in rows]
 
 
 def _reservations(deployments: list[Deployment], device: str) -> tuple[dict[int, Reservation], dict[int, str]]:
@@ -63,25 +99,25 @@ def _reservations(deployments: list[Deployment], device: str) -> tuple[dict[int,
 def _plan_and_apply(now: datetime, actions: list[str], touched: set[int]) -> bool:
     """Plan every deployment on the schedulable GPUs and write the outcome onto the replica rows; `touched`
     collects the hosts whose replicas changed (their desired state is rebuilt)."""
-    # The GPUs' hosts are joined, not prefetched: Django prefetches a foreign key with a tuple IN, which
-    # SQLite spells as one OR per host and refuses beyond a thousand hosts.
-    gpus_with_hosts = Prefetch("gpus", queryset=Gpu.objects.select_related("host"))
-    deployments = list(Deployment.objects.select_related("model").prefetch_related(
-        "adapters", Prefetch("replica_set", queryset=Replica.objects.select_related("host").prefetch_related(
-            gpus_with_hosts))))
-    specs, gpus = gpu_specs(settings.MODELGRID_GPU_BUFFER_BYTES)
+    # Plain reads, a handful of queries whatever the fleet's size: model instances only for deployments and
+    # replica rows (the ones the pass may write), no prefetching (a queryset per row costs more than the rows).
+    # (A deployment's model is read only when its estimates must be rebuilt; the gateway's figures are folded
+    # in by refresh_observations.)
+    deployments = list(Deployment.objects.defer("gateway_stats"))
+    rows = _Rows.read()
+    specs, gpus = gpu_specs(settings.MODELGRID_GPU_BUFFER_BYTES, rows.all(), rows.gpus_of)
     device = fleet_device_kind(gpus)
     needs, problems = _reservations(deployments, device)
     changed = False
     for dep in deployments:
         if dep.pk in problems:
-            changed |= _ensure_rows(dep, problems[dep.pk])
+            changed |= _ensure_rows(dep, rows.by_deployment.get(dep.pk, []), problems[dep.pk])
     planned = [d for d in deployments if d.pk in needs]
     request = PlanInput(
         gpus=tuple(specs),
         deployments=tuple(deployment_spec(d, needs[d.pk].bytes, now.timestamp(),
                                           settings.MODELGRID_DEMAND_STALE_SECONDS) for d in planned),
-        replicas=replica_specs(planned),
+        replicas=replica_specs(planned, rows.by_deployment, rows.gpu_ids, rows.host_names),
         hosts=host_specs(),
         strategy=settings.MODELGRID_STRATEGY,
         buffer_bytes=settings.MODELGRID_GPU_BUFFER_BYTES,
@@ -102,16 +138,16 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int]) -> boo
             dep.save(update_fields=["replicas", "last_scale_at"])
             changed = True
     planned_rows: dict[str, set[int]] = {}
-    rows = {dep.pk: {r.index: r for r in dep.replica_set.all()} for dep in planned}
+    indexed = {dep.pk: {r.index: r for r in rows.by_deployment.get(dep.pk, ())} for dep in planned}
     for p in result.replicas:
         dep = by_name[p.deployment]
         planned_rows.setdefault(p.deployment, set()).add(p.index)
-        if _apply(dep, rows[dep.pk], p, gpus, needs[dep.pk], device, now, touched):
+        if _apply(dep, indexed[dep.pk], p, gpus, needs[dep.pk], device, now, touched, rows):
             changed = True
             if p.action != "keep":
                 actions.append(p.action)
     for dep in planned:  # rows the plan no longer mentions: scaled away
-        gone = [r for r in dep.replica_set.all() if r.index not in planned_rows.get(dep.name, set())]
+        gone = [r for r in indexed[dep.pk].values() if r.index not in planned_rows.get(dep.name, set())]
         if gone:
             touched.update(r.host_id for r in gone if r.host_id)
             Replica.objects.filter(pk__in=[r.pk for r in gone]).delete()
@@ -137,9 +173,9 @@ def _answer_demand(deployments: list[Deployment], outcomes: dict, now: datetime)
     return changed
 
 
-def _ensure_rows(dep: Deployment, reason: str) -> bool:
+def _ensure_rows(dep: Deployment, existing: list[Replica], reason: str) -> bool:
     """A deployment the scheduler cannot plan: its replicas wait unplaced, saying why."""
-    rows = {r.index: r for r in dep.replica_set.all()}
+    rows = {r.index: r for r in existing}
     changed = False
     for index in range(dep.replicas):
         row = rows.get(index) or Replica(deployment=dep, index=index)
@@ -155,10 +191,11 @@ _PLANNED = ("host_id", "desired_state", "reserved_bytes", "reservation", "reason
             "ready_since")
 _OBSERVED = ("observed_state", "measured_bytes", "pid")
 _DESIRED = {"host", "desired_state", "reserved_bytes", "mps_percentage"}  # what a host's desired state shows
+_PASS_FIELDS = ("deployment_id", "index", "last_request_at", *_PLANNED, *_OBSERVED)  # what a pass reads of a row
 
 
-def _apply(dep: Deployment, rows: dict[int, Replica], p: PlannedReplica, gpus: dict[str, Gpu],
-           need: Reservation, device: str, now: datetime, touched: set[int]) -> bool:
+def _apply(dep: Deployment, rows: dict[int, Replica], p: PlannedReplica, gpus: dict[str, GpuRow],
+           need: Reservation, device: str, now: datetime, touched: set[int], read: _Rows) -> bool:
     """Write one planned replica onto its row (created if new); True if anything changed. Only the fields
     that changed are written, so a steady pass writes nothing and never overwrites what intake just stored."""
     row = rows.get(p.index)
@@ -171,9 +208,9 @@ def _apply(dep: Deployment, rows: dict[int, Replica], p: PlannedReplica, gpus: d
     if row is None:
         row = Replica(deployment=dep, index=p.index)
     before = {f: getattr(row, f) for f in _PLANNED + _OBSERVED}
-    had = _gpu_ids(row)
+    had = read.gpu_ids.get(row.pk, []) if row.pk else []
     row.reason, row.action, row.mps_percentage = p.reason, p.action, p.mps_percentage
-    placement: list[Gpu] = []
+    placement: list[GpuRow] = []
     if p.state == "ready" and p.gpus:
         placement = [gpus[g] for g in p.gpus]
         moved = row.host_id != placement[0].host_id or had != list(p.gpus)
@@ -187,13 +224,13 @@ def _apply(dep: Deployment, rows: dict[int, Replica], p: PlannedReplica, gpus: d
             row.reserved_bytes = p.reserved_bytes
             row.reservation = {"device": device, "estimated_bytes": need.estimated_bytes,
                                "factor": need.correction.factor, "calibrated_from": need.correction.samples}
-        row.host, row.desired_state = placement[0].host, "preloaded" if dep.standby else "ready"
+        row.host_id, row.desired_state = placement[0].host_id, "preloaded" if dep.standby else "ready"
     elif p.state == "sleeping":
-        if p.host and (row.host is None or row.host.name != p.host):
-            row.host = Host.objects.get(name=p.host)
+        if p.host:
+            row.host_id = read.host_ids[p.host]
         row.desired_state, row.reserved_bytes = "sleeping", 0
     else:  # stopped but still wanted (preempted without room to sleep), or refused: waits unplaced
-        row.host, row.desired_state, row.reserved_bytes, row.reservation = None, "ready", 0, {}
+        row.host_id, row.desired_state, row.reserved_bytes, row.reservation = None, "ready", 0, {}
         row.observed_state, row.pid = "pending", None
     changed = [f.removesuffix("_id") for f in _PLANNED + _OBSERVED if getattr(row, f) != before[f]]
     created = row.pk is None
@@ -201,18 +238,14 @@ def _apply(dep: Deployment, rows: dict[int, Replica], p: PlannedReplica, gpus: d
         row.save()
     elif changed:
         row.save(update_fields=changed)
-    regpu = sorted(gpu_id(g) for g in placement) != had
+    regpu = sorted(g.id for g in placement) != had
     if regpu:
-        row.gpus.set(placement)
+        row.gpus.set([g.pk for g in placement])
     if (created or changed) and p.action != "keep":
         log.info("%s %s#%d: %s", p.action, dep.name, p.index, p.reason)
     if created or regpu or set(changed) & _DESIRED:
         touched.update(h for h in (host_before, row.host_id) if h)
     return created or bool(changed) or regpu
-
-
-def _gpu_ids(row: Replica) -> list[str]:
-    return sorted(gpu_id(g) for g in row.gpus.all()) if row.pk else []
 
 
 def derive_state(replicas: list[Replica]) -> tuple[str, str]:
@@ -247,13 +280,28 @@ def derive_state(replicas: list[Replica]) -> tuple[str, str]:
     return DeploymentState.PENDING, "waiting for an agent to start the replica"
 
 
+class _StateRow(NamedTuple):
+    """What derive_state reads of a replica row."""
+
+    index: int
+    host_id: int | None
+    desired_state: str
+    observed_state: str
+    reason: str
+    observed_reason: str
+
+
 def _refresh_deployment_states() -> bool:
     changed = False
-    for dep in Deployment.objects.prefetch_related("replica_set"):
-        state, reason = derive_state(list(dep.replica_set.all()))
-        if (dep.state, dep.reason) != (state, reason):
+    replicas: dict[int, list[_StateRow]] = {}
+    for dep_id, *fields in Replica.objects.order_by("deployment_id", "index").values_list(
+            "deployment_id", *_StateRow._fields):
+        replicas.setdefault(dep_id, []).append(_StateRow(*fields))
+    for pk, state_was, reason_was in Deployment.objects.values_list("pk", "state", "reason"):
+        state, reason = derive_state(replicas.get(pk, []))
+        if (state_was, reason_was) != (state, reason):
             # An update, not a save: a deployment deleted since it was read is no error.
-            changed |= bool(Deployment.objects.filter(pk=dep.pk).update(state=state, reason=reason))
+            changed |= bool(Deployment.objects.filter(pk=pk).update(state=state, reason=reason))
     return changed
 
 

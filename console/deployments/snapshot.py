@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from django.db.models import Prefetch, Q
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db.models import Q
 
 from console.deployments.models import Deployment, Replica
-from console.fleet.labels import gpu_labels
+from console.fleet.labels import labels_of
 from console.fleet.models import Gpu, Host
 from console.scheduler import Deployment as DeploymentSpec
 from console.scheduler import Gpu as GpuSpec
@@ -13,8 +16,24 @@ from console.scheduler import Host as HostSpec
 from console.scheduler import Replica as ReplicaSpec
 
 
+@dataclass(frozen=True)
+class GpuRow:
+    """A schedulable GPU as the pass writes placements onto it (a plain row, not a model instance)."""
+
+    pk: int
+    id: str  # "host/index", the scheduler's name for it
+    host_id: int
+    simulated: bool
+
+
 def gpu_id(gpu: Gpu) -> str:
     return f"{gpu.host.name}/{gpu.index}"
+
+
+def gpu_names() -> dict[int, str]:
+    """Every GPU's scheduler name by primary key (a replica's GPUs may be on a host that is gone)."""
+    return {pk: f"{host}/{index}" for pk, host, index in Gpu.objects.order_by().values_list("pk", "host__name",
+                                                                                              "index")}
 
 
 def schedulable_hosts():
@@ -23,35 +42,37 @@ def schedulable_hosts():
     return Host.objects.filter(Q(connected=True) | Q(unknown_since__isnull=False, evicted_at=None))
 
 
-def gpu_specs(buffer_bytes: int = 0) -> tuple[list[GpuSpec], dict[str, Gpu]]:
-    """Schedulable GPUs, with the memory other processes use on them."""
-    gpus = list(
-        Gpu.objects.filter(host__in=schedulable_hosts())
-        .select_related("host")
-        .prefetch_related(Prefetch("replicas", queryset=Replica.objects.only(
-            "measured_bytes", "observed_state", "reserved_bytes", "host_id").prefetch_related("gpus")))
-    )
+def gpu_specs(buffer_bytes: int, replicas: Iterable[Replica], gpus_of: dict[int, list[int]]
+              ) -> tuple[list[GpuSpec], dict[str, GpuRow]]:
+    """Schedulable GPUs, with the memory other processes use on them. `replicas` are every replica row and
+    `gpus_of` their GPUs' primary keys (the pass reads both once)."""
+    on_gpu: dict[int, list[Replica]] = {}
+    for r in replicas:
+        for g in gpus_of.get(r.pk, ()):
+            on_gpu.setdefault(g, []).append(r)
+    rows = (Gpu.objects.filter(host__in=schedulable_hosts())
+            .values_list("pk", "index", "name", "total_bytes", "used_bytes", "own_bytes", "simulated", "host_id",
+                         "host__name", "host__connected", "host__labels"))
     specs, by_id = [], {}
-    for gpu in gpus:
-        if gpu.host.connected:
+    for pk, index, name, total, used, own, simulated, host_id, host, connected, labels in rows:
+        here = on_gpu.get(pk, ())
+        if connected:
             # What our own workers hold is ours, the rest of the reading is foreign. The agent says what its
             # workers hold, draining and loading ones included (their rows may already point elsewhere); an
             # agent that does not say is credited with what its ready replicas here measured. A reading
             # never replaces a reservation: reservations come from the replica rows alone.
-            if gpu.own_bytes is not None:
-                ours = gpu.own_bytes
-            else:
-                ours = sum(r.measured_bytes or 0 for r in gpu.replicas.all() if r.observed_state == "ready")
-            foreign = max(gpu.used_bytes - ours, 0)
+            ours = own if own is not None else sum(r.measured_bytes or 0 for r in here
+                                                   if r.observed_state == "ready")
+            foreign = max(used - ours, 0)
         else:
             # Cordoned: an unknown host keeps what it has and takes nothing new, so the plan sees its GPUs
             # exactly full (whatever its replicas do not reserve counts as taken).
-            reserved = sum(-(-r.reserved_bytes // max(len(r.gpus.all()), 1)) for r in gpu.replicas.all()
-                           if r.host_id == gpu.host_id)
-            foreign = max(gpu.total_bytes - reserved - buffer_bytes, 0)
-        specs.append(GpuSpec(id=gpu_id(gpu), host=gpu.host.name, total_bytes=gpu.total_bytes,
-                             used_bytes=foreign, labels=gpu_labels(gpu)))
-        by_id[gpu_id(gpu)] = gpu
+            reserved = sum(-(-r.reserved_bytes // max(len(gpus_of[r.pk]), 1)) for r in here if r.host_id == host_id)
+            foreign = max(total - reserved - buffer_bytes, 0)
+        gid = f"{host}/{index}"
+        specs.append(GpuSpec(id=gid, host=host, total_bytes=total, used_bytes=foreign,
+                             labels=labels_of(name, labels)))
+        by_id[gid] = GpuRow(pk, gid, host_id, simulated)
     return specs, by_id
 
 
@@ -101,18 +122,19 @@ def deployment_spec(dep: Deployment, replica_bytes: int, now: float = 0.0, deman
     )
 
 
-def replica_specs(deployments: list[Deployment]) -> tuple[ReplicaSpec, ...]:
+def replica_specs(deployments: list[Deployment], rows: dict[int, list[Replica]], gpu_ids: dict[int, list[str]],
+                  host_names: dict[int, str]) -> tuple[ReplicaSpec, ...]:
     """Replicas that exist: ready ones with their GPUs (the plan moves those whose GPUs are gone or
-    full), sleeping ones on their host. Rows without a host are not placed yet."""
+    full), sleeping ones on their host. Rows without a host are not placed yet. `rows` are each deployment's
+    replica rows, `gpu_ids` each replica's GPUs by scheduler name."""
     specs = []
     for dep in deployments:
-        for r in dep.replica_set.all():
+        for r in rows.get(dep.pk, ()):
             used, since = _unix(r.last_request_at), _unix(r.ready_since)
-            if r.desired_state == "sleeping" and r.host is not None:
-                specs.append(ReplicaSpec(dep.name, r.index, (), 0, "sleeping", r.host.name,
+            if r.desired_state == "sleeping" and r.host_id is not None:
+                specs.append(ReplicaSpec(dep.name, r.index, (), 0, "sleeping", host_names[r.host_id],
                                          last_request_at=used, ready_since=since))
             elif r.host_id is not None:  # ready or preloaded (standby): either holds its GPUs
-                ids = tuple(sorted(gpu_id(g) for g in r.gpus.all()))
-                specs.append(ReplicaSpec(dep.name, r.index, ids, r.reserved_bytes, "ready",
-                                         last_request_at=used, ready_since=since))
+                specs.append(ReplicaSpec(dep.name, r.index, tuple(gpu_ids.get(r.pk, ())), r.reserved_bytes,
+                                         "ready", last_request_at=used, ready_since=since))
     return tuple(specs)

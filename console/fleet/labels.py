@@ -20,5 +20,9 @@ def product_label(name: str) -> str:
 
 
 def gpu_labels(gpu) -> dict[str, str]:
+    return labels_of(gpu.name, gpu.host.labels)
+
+
+def labels_of(gpu_name: str, host_labels: dict | None) -> dict[str, str]:
     """Host labels (set with the agent's --label, or in the admin) win over the derived `gpu` label."""
-    return {"gpu": product_label(gpu.name), **(gpu.host.labels or {})}
+    return {"gpu": product_label(gpu_name), **(host_labels or {})}
