@@ -186,6 +186,31 @@ class HostWatch:
                 latencies.append(e.at - pending[e.host].pop(g))
         return latencies, sum(len(p) for p in pending.values())
 
+    def legs(self, since: float, agents) -> tuple[list[float], list[float]]:
+        """push -> ack split in two: seconds from a generation's commit to its agent receiving it, and from the
+        agent queueing its ack to the commit of that ack (`agents`: the simulated agents, by host name)."""
+        committed: dict[tuple[str, int], float] = {}
+        acked: dict[str, list[tuple[float, int]]] = collections.defaultdict(list)
+        seen: dict[str, tuple[int, int]] = {}
+        for e in list(self.events):
+            before = seen.get(e.host, (-1, -1))
+            if e.generation > before[0]:
+                committed.setdefault((e.host, e.generation), e.at)
+            if e.acked > before[1]:
+                acked[e.host].append((e.at, e.acked))
+            seen[e.host] = (max(before[0], e.generation), max(before[1], e.acked))
+        to_agent, to_commit = [], []
+        for name, agent in agents.items():
+            for generation, received, queued in agent.metrics.acks:
+                at = committed.get((name, generation))
+                if at is None or at < since:
+                    continue
+                to_agent.append(received - at)
+                done = next((t for t, g in acked[name] if g >= generation and t >= queued), None)
+                if done is not None:
+                    to_commit.append(done - queued)
+        return to_agent, to_commit
+
 
 def console_ready(env: dict) -> int:
     """Replicas the console's database shows as observed ready (what the API and the pages would show)."""
@@ -453,6 +478,12 @@ async def measure(stack, fleet: SimFleet, watch: HostWatch, args, run: Run) -> N
         row["push -> ack p50 / p99"] = (f"{1000 * percentile(latencies, 0.5):.0f} / "
                                         f"{1000 * percentile(latencies, 0.99):.0f} ms")
         row["generations not acked"] = never
+        to_agent, to_commit = watch.legs(first, fleet.agents)
+        if to_agent and to_commit:
+            row["commit -> agent p50 / p99"] = (f"{1000 * percentile(to_agent, 0.5):.0f} / "
+                                                f"{1000 * percentile(to_agent, 0.99):.0f} ms")
+            row["ack -> commit p50 / p99"] = (f"{1000 * percentile(to_commit, 0.5):.0f} / "
+                                              f"{1000 * percentile(to_commit, 0.99):.0f} ms")
     acks = [acked - received for a in fleet.agents.values() for _, received, acked in a.metrics.acks]
     row["agent apply p99"] = f"{1000 * percentile(acks, 0.99):.1f} ms"
     row["falsely offline"] = falsely_offline(watch, fleet)

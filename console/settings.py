@@ -271,7 +271,7 @@ MODELGRID_EVICTION_RATE = _at_least("MODELGRID_EVICTION_RATE", envfloat("MODELGR
 MODELGRID_RECONNECT_GRACE_SECONDS = _at_least("MODELGRID_RECONNECT_GRACE_SECONDS",
                                               envfloat("MODELGRID_RECONNECT_GRACE_SECONDS", 30.0), 0.0)
 # Agent messages are applied in batches: one transaction per tick for every link of this console process.
-MODELGRID_INTAKE_TICK_SECONDS = envfloat("MODELGRID_INTAKE_TICK_SECONDS", 0.05)
+MODELGRID_INTAKE_TICK_SECONDS = envfloat("MODELGRID_INTAKE_TICK_SECONDS", 0.02)
 # Browsers' live dashboards are re-rendered at most this often, however busy the fleet.
 MODELGRID_DASHBOARD_REFRESH_SECONDS = envfloat("MODELGRID_DASHBOARD_REFRESH_SECONDS", 1.0)
 # Scheduler leader election (console/deployments/leader.py): a console that does not lead tries again this often.

@@ -19,10 +19,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
-from django.db import connection
 
+from console.dbthreads import own_thread
 from console.gateway import bookkeeping
 from console.gateway.auth import Caller, TokenCache, lookup
 from console.gateway.fleet import DeploymentView, FleetView, ReplicaView, load_fleet
@@ -37,13 +36,6 @@ IDLE_REFRESH_S = 1.0  # the snapshot's age at most when nothing is waiting (even
 WAITING_REFRESH_S = 0.05  # while requests wait for a replica: how soon a ready one is seen without an event
 FLUSH_S = 0.5  # bookkeeping written this often
 SUSPECT_S = 10.0  # a replica that refused a connection is avoided this long unless it reports anew
-
-
-def _db(fn):
-    # On PostgreSQL, gateway reads and writes use their own threads and connections, so they never queue
-    # behind a scheduler pass on Channels' single sync thread. SQLite takes one writer at a time anyway
-    # (and an in-memory test database refuses concurrent connections), so there they share that thread.
-    return database_sync_to_async(fn, thread_sensitive=connection.vendor == "sqlite")
 
 
 @dataclass(frozen=True)
@@ -88,7 +80,7 @@ class Gateway:
         self.settings = settings or GatewaySettings.from_django()
         self.metrics = metrics
         self.fleet = FleetView()
-        self.tokens = TokenCache(_db(lookup))
+        self.tokens = TokenCache(own_thread(lookup))
         self.outstanding: dict[int, int] = {}  # replica id -> requests in flight through this process
         self.per_token: dict[str, int] = {}
         self.per_deployment: dict[str, int] = {}
@@ -143,7 +135,7 @@ class Gateway:
 
     async def refresh(self) -> None:
         began = time.monotonic()
-        self.fleet = await _db(load_fleet)()
+        self.fleet = await own_thread(load_fleet)()
         ready = {r.id for d in self.fleet.deployments.values() for r in d.ready}
         # A suspect that the fleet no longer lists as ready will be routable once it reports ready again.
         for rid in [r for r, t in self.suspects.items() if r not in ready or began - t > SUSPECT_S]:
@@ -189,7 +181,7 @@ class Gateway:
         demand = {name: len(ws) for name, ws in self.waiters.items()}
         busy = {rid for rid, n in self.outstanding.items() if n}
         batch = self.book.drain(demand, busy, time.time())
-        await _db(bookkeeping.write)(batch)
+        await own_thread(bookkeeping.write)(batch)
 
     # --- admission ----------------------------------------------------------------------------------
 
@@ -277,7 +269,7 @@ class Gateway:
 
     async def _announce_demand(self, name: str) -> None:
         try:
-            await _db(bookkeeping.announce_demand)(name, len(self.waiters.get(name, ())) or 1)
+            await own_thread(bookkeeping.announce_demand)(name, len(self.waiters.get(name, ())) or 1)
             self._demand_written[name] = time.monotonic()
             layer = get_channel_layer()
             if layer is not None:
@@ -290,7 +282,7 @@ class Gateway:
             return  # new requests came while this was scheduled
         self._demand_written.pop(name, None)
         with contextlib.suppress(Exception):
-            await _db(bookkeeping.withdraw_demand)(name)
+            await own_thread(bookkeeping.withdraw_demand)(name)
 
     def _release(self, loaded_at: float) -> None:
         """Hand waiting requests a deployment that became ready (higher tiers, then arrival order), or the

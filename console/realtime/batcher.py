@@ -1,7 +1,8 @@
-"""Agent messages from every link of this console process, applied together: a link hands its message over
-and waits; a single task takes whatever arrived during one tick and applies it in one transaction
-(console.fleet.intake.apply_batch). Each link still sees its own messages applied in order before it reads
-the next, and a thousand agents cost one database round per tick instead of one transaction each."""
+"""Agent messages from every link of this console process, applied together: a link hands its messages over
+(without waiting for each to be applied before reading the next); a single task takes whatever arrived during
+one tick and applies it in one transaction (console.fleet.intake.apply_batch). Batches are applied one after
+another in arrival order, so each link's messages still apply in the order it sent them, and a thousand agents
+cost one database round per tick instead of one transaction each."""
 
 from __future__ import annotations
 
@@ -21,18 +22,29 @@ class Batcher:
     def __init__(self, tick: float) -> None:
         self.tick = tick
         self._pending: list[tuple[intake.Item, asyncio.Future]] = []
+        self._oldest = 0.0  # loop time the oldest pending message arrived
         self._task: asyncio.Task | None = None
 
-    async def submit(self, item: intake.Item) -> intake.Outcome:
-        future = asyncio.get_running_loop().create_future()
+    def enqueue(self, item: intake.Item) -> asyncio.Future:
+        """Hand `item` over; the future gets its outcome once its batch is committed."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if not self._pending:
+            self._oldest = loop.time()
         self._pending.append((item, future))
         if self._task is None or self._task.done():  # the task ends when idle: nothing outlives the loop
-            self._task = asyncio.create_task(self._run(), name="agent-intake")
-        return await future
+            self._task = loop.create_task(self._run(), name="agent-intake")
+        return future
+
+    async def submit(self, item: intake.Item) -> intake.Outcome:
+        return await self.enqueue(item)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._pending:
-            await asyncio.sleep(self.tick)  # let the tick's other messages arrive
+            # The tick counts from the oldest waiting message: what arrived while the last batch was being
+            # applied has waited long enough already.
+            await asyncio.sleep(max(0.0, self._oldest + self.tick - loop.time()))
             batch, self._pending = self._pending, []
             try:
                 outcomes = await database_sync_to_async(intake.apply_batch)([item for item, _ in batch])

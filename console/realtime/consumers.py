@@ -3,6 +3,7 @@ dashboard (session auth, origin-checked)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from channels.db import database_sync_to_async
@@ -21,6 +22,7 @@ from agent.protocol import (
     dump,
     parse_agent_message,
 )
+from console.dbthreads import own_thread
 from console.deployments.desired import desired_state
 from console.fleet import intake
 from console.fleet.models import AgentCredential, Host
@@ -47,6 +49,9 @@ def _validation_summary(error: ValidationError) -> str:
     return f"invalid message: {where}: {first['msg']} ({error.error_count()} error(s))"
 
 
+IN_FLIGHT = 32  # an agent link's messages handed to the batcher and not yet applied; more waits
+
+
 class AgentConsumer(AsyncWebsocketConsumer):
     """One connected agent. The first message must be a hello; then reports, statuses, acks. Each hello opens
     a new link epoch for its host: an older link of the same host is closed, and its close changes nothing."""
@@ -54,6 +59,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
     host: Host | None = None
     credential: AgentCredential | None = None
     epoch: int = 0
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_flight = asyncio.Semaphore(IN_FLIGHT)
+        self._replies: set[asyncio.Task] = set()
+        self._last: asyncio.Future | None = None  # the link's latest message handed to the batcher
 
     async def connect(self):
         token = bearer_token(self.scope)
@@ -84,12 +95,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         raw = text_data if text_data is not None else bytes_data
         if raw is None or len(raw) > MAX_MESSAGE_BYTES:
-            await self.reply_error("message missing or larger than 1 MiB")
+            await self._reply_in_order("message missing or larger than 1 MiB")
             return
         try:
             message = parse_agent_message(raw)
         except ValidationError as e:
-            await self.reply_error(_validation_summary(e))
+            await self._reply_in_order(_validation_summary(e))
             return
         try:
             await self._apply(message)
@@ -103,13 +114,35 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def _apply(self, message: Hello | HostReport | ReplicaStatus | Ack) -> None:
         # Private: channel-layer events dispatch to public methods by name, and none may reach this one.
         if isinstance(message, Hello):
+            await self._drained()
             await self.on_hello(message)
         elif self.host is None:
             await self.reply_error(f"send a hello first (got {message.type})")
         else:
-            outcome = await batcher().submit(intake.Item(self.host.pk, self.host.name, message))
-            if outcome.error:
-                await self.reply_error(outcome.error)
+            # Handed over without waiting for it to be applied: the next message is read at once (an ack is
+            # not held up behind a report's batch). The batcher keeps the link's order; a bound on messages in
+            # flight keeps a link that outruns the database from queueing without limit.
+            await self._in_flight.acquire()
+            applied = batcher().enqueue(intake.Item(self.host.pk, self.host.name, message))
+            applied.add_done_callback(self._applied)
+            self._last = applied
+
+    async def _drained(self) -> None:
+        """Until the link's messages handed to the batcher are applied: what the batcher never sees (a hello,
+        a refusal) then happens in the order the agent sent it."""
+        if self._last is not None and not self._last.done():
+            await asyncio.wait([self._last])
+
+    async def _reply_in_order(self, reason: str) -> None:
+        await self._drained()
+        await self.reply_error(reason)
+
+    def _applied(self, applied) -> None:
+        self._in_flight.release()
+        if not applied.cancelled() and applied.result().error:
+            task = asyncio.ensure_future(self.reply_error(applied.result().error))
+            self._replies.add(task)  # held until done, or it could be collected mid-send
+            task.add_done_callback(self._replies.discard)
 
     def _name(self) -> str:
         return self.host.name if self.host else (self.credential.host_name if self.credential else "?")
@@ -148,7 +181,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def desired_push(self, event):
         """Channel-layer event: send this host's desired state, as the scheduler stored it, whole."""
-        state = await database_sync_to_async(desired_state)(self.host)
+        state = await own_thread(desired_state)(self.host)  # a read: it need not wait for a pass
         await self.send(text_data=dump(state))
 
 

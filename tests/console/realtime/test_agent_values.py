@@ -130,3 +130,33 @@ async def test_the_largest_values_in_bounds_are_stored(token):
     host = await database_sync_to_async(Host.objects.get)(name="h1")
     assert host.ram_free_bytes == BIG and host.serving["chat"]["requests"] == BIG
     await comm.disconnect()
+
+
+async def test_a_link_reads_its_next_message_before_the_last_is_applied_and_keeps_their_order(token, monkeypatch,
+                                                                                              settings):
+    # An ack sent right after a report joins the report's batch instead of waiting for the report to be
+    # applied first (a link used to hand over one message at a time), and is applied after it.
+    settings.MODELGRID_INTAKE_TICK_SECONDS = 0.3
+    from console.realtime import batcher
+
+    batcher._batchers.clear()  # a batcher with this tick
+    batches = []
+    apply = intake.apply_batch
+
+    def recorded(items):
+        batches.append([item.message.type for item in items])
+        return apply(items)
+
+    monkeypatch.setattr(intake, "apply_batch", recorded)
+    comm = await linked(token)
+    await database_sync_to_async(Host.objects.filter(name="h1").update)(generation=2)
+    await comm.send_to(text_data=json.dumps(report(gpus=[GPU | {"used_bytes": 5}])))
+    await comm.send_to(text_data=json.dumps({"type": "ack", "generation": 2}))
+    await comm.send_to(text_data=json.dumps({"type": "ack"}))  # refused at once, answered after the two
+    reply = json.loads(await comm.receive_from(timeout=5))
+    assert reply["type"] == "error" and "generation" in reply["reason"]
+    assert batches == [["report", "ack"]]
+    host = await database_sync_to_async(Host.objects.get)(name="h1")
+    assert host.acked_generation == 2
+    assert await database_sync_to_async(lambda: Gpu.objects.get(host__name="h1").used_bytes)() == 5
+    await comm.disconnect()
