@@ -548,6 +548,10 @@ def run_one(args, hosts: int, replicas: int, tmp: Path) -> Run:
         except Exception as e:  # a failed size still prints what it measured
             run.row["error"] = f"{type(e).__name__}: {e}"[:200]
             say(f"{hosts} hosts: {run.row['error']}")
+            errors = [i for i, line in enumerate(stack.lines) if line.startswith("Traceback")]
+            if errors:  # the console's side of it (its INFO lines interleave with the traceback)
+                tail = [line for line in stack.lines[errors[-1]:] if " INFO " not in line]
+                say("the console's last traceback:\n" + "".join(tail[:60]))
         finally:
             watch.stop()
     for phase, samples in run.phases.items() if args.profile else ():

@@ -137,9 +137,11 @@ TEMPLATES = [
 def _database() -> dict:
     url = envstr("DATABASE_URL")
     if url:
-        # Connections are kept (and checked before reuse) rather than opened per call: on a busy fleet
-        # a new PostgreSQL connection per agent message and per pass was a fifth of the console's time.
-        return dj_database_url.parse(url, conn_max_age=envint("MODELGRID_DB_CONN_MAX_AGE", 60),
+        # Opened per call by default. Kept connections (MODELGRID_DB_CONN_MAX_AGE seconds) save a fifth of the
+        # console's time on a busy fleet, but under ASGI Django serves each request on a thread of its own, and
+        # each such thread's kept connection outlives it: 1,000 hosts' worth of API calls exhausted PostgreSQL's
+        # max_connections ("too many clients") within 30 s.
+        return dj_database_url.parse(url, conn_max_age=envint("MODELGRID_DB_CONN_MAX_AGE", 0),
                                      conn_health_checks=True)
     _private_dir(DATA_DIR)
     name = DATA_DIR / "modelgrid.sqlite3"
