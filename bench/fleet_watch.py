@@ -1,0 +1,123 @@
+"""The fleet benchmark's view of the console's host rows: every change of a host's generation, acked generation
+or connected flag, timed in the benchmark's process (bench/fleet.py)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class HostEvent:
+    at: float  # time.monotonic() of this process
+    host: str
+    generation: int
+    acked: int
+    connected: bool
+
+
+class HostWatch:
+    """Every change of a host row's generation, acked generation or connected flag, timed in this process.
+    PostgreSQL: a trigger's pg_notify, delivered at commit. SQLite: polling the file every 0.2 s."""
+
+    TRIGGER = """
+    CREATE OR REPLACE FUNCTION fleet_bench_notify() RETURNS trigger AS $$
+    BEGIN
+      IF NEW.generation IS DISTINCT FROM OLD.generation OR NEW.acked_generation IS DISTINCT FROM OLD.acked_generation
+         OR NEW.connected IS DISTINCT FROM OLD.connected THEN
+        PERFORM pg_notify('fleet_bench', concat_ws(' ', NEW.name, NEW.generation, NEW.acked_generation, NEW.connected));
+      END IF;
+      RETURN NEW;
+    END $$ LANGUAGE plpgsql;
+    DROP TRIGGER IF EXISTS fleet_bench_notify ON fleet_host;
+    CREATE TRIGGER fleet_bench_notify AFTER UPDATE ON fleet_host FOR EACH ROW EXECUTE FUNCTION fleet_bench_notify();
+    """
+
+    def __init__(self, env: dict) -> None:
+        self.events: list[HostEvent] = []
+        self.database_url = env.get("DATABASE_URL", "")
+        self.sqlite = Path(env["MODELGRID_DATA_DIR"]) / "modelgrid.sqlite3"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="host-watch")
+
+    @property
+    def precise(self) -> bool:
+        return self.database_url.startswith("postgres")
+
+    def start(self) -> None:
+        if self.precise:
+            import psycopg
+
+            with psycopg.connect(self.database_url, autocommit=True) as conn:
+                conn.execute(self.TRIGGER)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        if self.precise:
+            import psycopg
+
+            with psycopg.connect(self.database_url, autocommit=True) as conn:
+                conn.execute("LISTEN fleet_bench")
+                while not self._stop.is_set():
+                    for note in conn.notifies(timeout=0.5):
+                        name, gen, acked, connected = note.payload.split(" ")
+                        self.events.append(HostEvent(time.monotonic(), name, int(gen), int(acked), connected == "t"))
+        else:
+            import sqlite3
+
+            last: dict[str, tuple] = {}
+            conn = sqlite3.connect(f"file:{self.sqlite}?mode=ro", uri=True, timeout=5)
+            while not self._stop.wait(0.2):
+                with contextlib.suppress(sqlite3.OperationalError):
+                    for row in conn.execute("SELECT name, generation, acked_generation, connected FROM fleet_host"):
+                        if last.get(row[0]) != row[1:]:
+                            last[row[0]] = row[1:]
+                            self.events.append(HostEvent(time.monotonic(), row[0], row[1], row[2], bool(row[3])))
+
+    def push_to_ack(self, since: float) -> tuple[list[float], int]:
+        """Seconds from each generation's commit to the commit of an ack covering it, for generations
+        committed after `since`; and how many were never acknowledged."""
+        pending: dict[str, dict[int, float]] = collections.defaultdict(dict)
+        seen: dict[str, int] = {}
+        latencies = []
+        for e in list(self.events):
+            if e.generation > seen.get(e.host, -1):
+                seen[e.host] = e.generation
+                if e.at >= since:
+                    pending[e.host][e.generation] = e.at
+            for g in [g for g in pending[e.host] if g <= e.acked]:
+                latencies.append(e.at - pending[e.host].pop(g))
+        return latencies, sum(len(p) for p in pending.values())
+
+    def legs(self, since: float, agents) -> tuple[list[float], list[float]]:
+        """push -> ack split in two: seconds from a generation's commit to its agent receiving it, and from the
+        agent queueing its ack to the commit of that ack (`agents`: the simulated agents, by host name)."""
+        committed: dict[tuple[str, int], float] = {}
+        acked: dict[str, list[tuple[float, int]]] = collections.defaultdict(list)
+        seen: dict[str, tuple[int, int]] = {}
+        for e in list(self.events):
+            before = seen.get(e.host, (-1, -1))
+            if e.generation > before[0]:
+                committed.setdefault((e.host, e.generation), e.at)
+            if e.acked > before[1]:
+                acked[e.host].append((e.at, e.acked))
+            seen[e.host] = (max(before[0], e.generation), max(before[1], e.acked))
+        to_agent, to_commit = [], []
+        for name, agent in agents.items():
+            for generation, received, queued in agent.metrics.acks:
+                at = committed.get((name, generation))
+                if at is None or at < since:
+                    continue
+                to_agent.append(received - at)
+                done = next((t for t, g in acked[name] if g >= generation and t >= queued), None)
+                if done is not None:
+                    to_commit.append(done - queued)
+        return to_agent, to_commit
