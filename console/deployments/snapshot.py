@@ -26,13 +26,14 @@ class GpuRow:
     simulated: bool
 
 
-def gpu_id(gpu: Gpu) -> str:
-    return f"{gpu.host.name}/{gpu.index}"
+def gpu_id(host: str, index: int) -> str:
+    """The scheduler's name for a GPU."""
+    return f"{host}/{index}"
 
 
 def gpu_names() -> dict[int, str]:
     """Every GPU's scheduler name by primary key (a replica's GPUs may be on a host that is gone)."""
-    return {pk: f"{host}/{index}" for pk, host, index in Gpu.objects.order_by().values_list("pk", "host__name",
+    return {pk: gpu_id(host, index) for pk, host, index in Gpu.objects.order_by().values_list("pk", "host__name",
                                                                                               "index")}
 
 
@@ -69,7 +70,7 @@ def gpu_specs(buffer_bytes: int, replicas: Iterable[Replica], gpus_of: dict[int,
             # exactly full (whatever its replicas do not reserve counts as taken).
             reserved = sum(-(-r.reserved_bytes // max(len(gpus_of[r.pk]), 1)) for r in here if r.host_id == host_id)
             foreign = max(total - reserved - buffer_bytes, 0)
-        gid = f"{host}/{index}"
+        gid = gpu_id(host, index)
         specs.append(GpuSpec(id=gid, host=host, total_bytes=total, used_bytes=foreign,
                              labels=labels_of(name, labels)))
         by_id[gid] = GpuRow(pk, gid, host_id, simulated)
