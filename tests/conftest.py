@@ -80,3 +80,17 @@ def api(client, api_token):
             return client.delete(url, **self.auth)
 
     return Api()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's, and then the connection pool (PostgreSQL) closed before the test database is dropped:
+    its idle connections would otherwise keep that database 'accessed by other users'."""
+    yield
+    from django.db import connections
+
+    with django_db_blocker.unblock():
+        for conn in connections.all():
+            if getattr(conn, "pool", None) is not None:
+                conn.close()
+                conn.close_pool()
