@@ -9,6 +9,8 @@ calibration) scales what later admissions reserve.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,32 @@ MAX_BATCH = 4096
 MAX_SEQ = 1 << 20
 
 
+ESTIMATE_TTL_S = 10.0
+_ESTIMATES_KEPT = 1024
+_estimates: dict[tuple, tuple[float, Estimate]] = {}
+_estimates_lock = threading.Lock()
+
+
+def _estimate(path: str, dtype: str | None, batch: int, seq: int | None, device: str,
+              adapter_pool_bytes: int = 0) -> Estimate:
+    """agent.artifacts.estimate under the model roots, each answer kept for ESTIMATE_TTL_S seconds: it reads the
+    model's files (resolving every path component safely), and a thousand deployments of one model created in a
+    minute, or a thousand of its replicas becoming ready, would read them a thousand times. Only those two use
+    it; registration and the scheduler read the files afresh. Errors are not kept."""
+    key = (path, dtype, batch, seq, device, adapter_pool_bytes)
+    now = time.monotonic()
+    kept = _estimates.get(key)
+    if kept is not None and now - kept[0] < ESTIMATE_TTL_S:
+        return kept[1]
+    est = estimate(path, dtype=dtype, batch=batch, seq=seq, device=device, adapter_pool_bytes=adapter_pool_bytes,
+                   roots=settings.MODEL_ROOTS)
+    with _estimates_lock:
+        if len(_estimates) >= _ESTIMATES_KEPT:
+            _estimates.clear()  # a crude bound: one re-read per key afterwards
+        _estimates[key] = (now, est)
+    return est
+
+
 def estimate_path(
     path: str,
     dtype: str | None = None,
@@ -38,12 +66,16 @@ def estimate_path(
     seq: int | None = None,
     device: str = DeviceKind.CUDA,
     adapter_pool_bytes: int = 0,
+    recent: bool = False,
 ) -> Estimate:
-    """The estimator on a path, with its errors (file and field named) as Invalid (HTTP 422)."""
+    """The estimator on a path, with its errors (file and field named) as Invalid (HTTP 422). With `recent`, an
+    answer up to ESTIMATE_TTL_S old will do (creating deployments in bulk); else the files are read now."""
     if not path:
         raise Invalid("path is empty: give a model directory, a config.json or a .safetensors file", field="path")
     check_shape(batch, seq)
     try:
+        if recent:
+            return _estimate(path, dtype, batch, seq, device, adapter_pool_bytes)
         return estimate(path, dtype=dtype, batch=batch, seq=seq, device=device, adapter_pool_bytes=adapter_pool_bytes,
                         roots=settings.MODEL_ROOTS)
     except ArtifactError as e:
@@ -93,11 +125,11 @@ def serving_dtype(model: Model, dtype: str | None) -> str:
 
 
 def settings_estimates(model: Model, dtype: str, batch: int, seq: int | None,
-                       adapter_pool_bytes: int = 0) -> dict[str, dict]:
+                       adapter_pool_bytes: int = 0, recent: bool = False) -> dict[str, dict]:
     """The breakdown of one replica at these settings for each device kind, before calibration."""
     check_shape(batch, seq)
     return {
-        kind: estimate_path(model.path, dtype, batch, seq, kind, adapter_pool_bytes).as_dict()
+        kind: estimate_path(model.path, dtype, batch, seq, kind, adapter_pool_bytes, recent).as_dict()
         for kind in DeviceKind.values
     }
 
@@ -146,8 +178,7 @@ def record_load(host_name: str, replica_id: int, measurement: Measurement, pid: 
     deployment = replica.deployment
     model = deployment.model
     try:
-        est = estimate(model.path, dtype=deployment.dtype or None, batch=measurement.batch, seq=measurement.seq,
-                       device=measurement.device, roots=settings.MODEL_ROOTS)
+        est = _estimate(model.path, deployment.dtype or None, measurement.batch, measurement.seq, measurement.device)
     except ArtifactError as e:
         log.warning("cannot calibrate from %s: its model is no longer readable (%s)", key, e)
         return None

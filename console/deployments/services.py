@@ -42,7 +42,7 @@ def create_deployment(
     chosen = policy.validate_policy(policy.merged(policy.creation_defaults(changes), changes))
     dtype = serving_dtype(model_row, dtype)
     check_seq(model_row, seq)
-    estimates = settings_estimates(model_row, dtype, batch, seq)
+    estimates = settings_estimates(model_row, dtype, batch, seq, recent=True)  # many creates, one read
     try:
         with transaction.atomic():
             refuse_taken_name(name, "deployment")
@@ -199,7 +199,7 @@ class _BulkLookups:
 
     def estimates(self, model: Model, dtype: str, batch: int, seq: int | None) -> dict:
         return self._once(self._estimates, (model.name, dtype, batch, seq),
-                          lambda: settings_estimates(model, dtype, batch, seq))
+                          lambda: settings_estimates(model, dtype, batch, seq, recent=True))
 
 
 def _checked_deployment(item: dict[str, Any], lookups: _BulkLookups) -> Deployment:

@@ -109,3 +109,20 @@ def test_a_model_whose_directory_vanished_is_not_placed_and_says_why(host, model
     replica = Replica.objects.get()
     assert replica.host is None
     assert replica.reason.startswith("cannot estimate its memory:") and "no config.json" in replica.reason
+
+
+def test_creating_deployments_of_one_model_reads_its_files_once_the_scheduler_reads_them_afresh(
+        host, model, model_dir, monkeypatch):
+    from console.catalog import memory
+
+    reads = []
+    real = memory.estimate
+    monkeypatch.setattr(memory, "estimate", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    monkeypatch.setattr(memory, "_estimates", {})
+    create_deployment("one", "tiny")
+    per_create = len(reads)  # one read per device kind
+    create_deployment("two", "tiny")
+    assert per_create > 0 and len(reads) == per_create  # the second create reused the first's answers
+    Deployment.objects.update(estimates={})  # the pass rebuilds them: from the files, now
+    reconcile_once()
+    assert len(reads) > per_create
