@@ -41,6 +41,7 @@ from agent.protocol import (
     dump,
     parse_console_message,
 )
+from agent.protocol.reports import Reporter
 from agent.replicas import Replicas, ReplicaSettings
 from agent.restarts import RestartBackoff
 from agent.serving import make_app, start_server
@@ -54,10 +55,6 @@ log = logging.getLogger(__name__)
 
 WS_PATH = "/ws/agent/"
 _FLUSH_ON_EXIT_S = 1.0
-# Periodic reports carry only the GPUs and replicas whose reading changed since the last report; every
-# FULL_REPORT_EVERY-th one (and the first on each connection, and those around a worker's state change) is
-# whole, so a console that missed something is resynced within a minute.
-FULL_REPORT_EVERY = 15
 
 
 @dataclass(frozen=True)
@@ -116,7 +113,7 @@ class Agent:
         self.listening = asyncio.Event()
         self.applied_generation: int | None = None
         self._outbox: asyncio.Queue[str] | None = None
-        self._reported: dict[tuple[str, int], str] = {}  # what the console was last told of each GPU and replica
+        self._reporter = Reporter()  # what the console was last told: reports carry what changed since
         self._stop = asyncio.Event()
         self._mps: MpsControl | None = None
         self.metrics = Metrics(CollectorRegistry())  # its own registry: /metrics shows this agent only
@@ -236,9 +233,9 @@ class Agent:
         # A new connection may face a console restored from a backup, whose generations restart:
         # staleness is judged within one connection (messages cannot cross connections).
         self.applied_generation = None
-        self._reported = {}
+        self._reporter.reset()
         self._post(self._hello())
-        self._post(self._report())
+        self._post(self._report())  # whole: the first on a link
         tasks = [asyncio.create_task(self._send_loop(ws, outbox)), asyncio.create_task(self._report_loop())]
         try:
             async for message in ws:
@@ -265,11 +262,9 @@ class Agent:
             await ws.close()
 
     async def _report_loop(self) -> None:
-        sent = 0
         while True:
             await asyncio.sleep(self.config.report_interval)
-            sent += 1
-            self._post(self._report(full=sent % FULL_REPORT_EVERY == 0))
+            self._post(self._report())
             self.replicas.refresh_adapters()  # their counts reach the console with the next report
 
     async def _flush(self) -> None:
@@ -333,10 +328,9 @@ class Agent:
             gpus=self.gpus(),
         )
 
-    def _report(self, full: bool = True) -> HostReport:
-        """GPUs, replicas (every one, or with `full` False only those whose reading changed since the last
-        report), how each deployment was served lately (the scheduler's SLO input), and the room left for
-        sleeping replicas."""
+    def _report(self) -> HostReport:
+        """What changed since the last report (agent/protocol/reports.py) of: GPUs, replicas, how each deployment
+        was served lately (the scheduler's SLO input), and the room left for sleeping replicas."""
         gpus = self.gpus()
         handles = self.supervisor.handles()
         self.metrics.set_gpus(gpus)
@@ -351,17 +345,7 @@ class Agent:
             for d in self.metrics.snapshot().deployments
         ]
         statuses = [h.status() for h in handles]
-        return HostReport(gpus=self._changed("gpu", gpus, full), replicas=self._changed("replica", statuses, full),
-                          serving=serving, ram_free_bytes=self.replicas.sleep_room())
-
-    def _changed(self, kind: str, items: list, full: bool) -> list:
-        out = []
-        for item in items:
-            key, text = (kind, item.index if kind == "gpu" else item.replica_id), item.model_dump_json()
-            if full or self._reported.get(key) != text:
-                out.append(item)
-                self._reported[key] = text
-        return out
+        return self._reporter.report(gpus, statuses, serving, self.replicas.sleep_room())
 
 
 def _endpoint(host: str, port: int) -> str:

@@ -1,12 +1,13 @@
 """Simulated agents: many hosts in one asyncio process, speaking the real agent protocol to a real console.
 
-A `SimAgent` is one host with N simulated GPUs. It talks like agent/daemon.py (same websocket path, bearer
-token, hello then a report, a full report every `report_interval`, a report plus a replica_status on every
-replica state change, an ack naming the generation once a desired state is applied, stale generations
-ignored) and converges with the real agent's own diff (agent.converge.plan_convergence). Workers are not
-processes: a start goes starting -> loading -> ready after modelled times, sleeps and wakes take modelled
-times, and a load can be made to fail. `SimFleet` runs many of them with bounded connect concurrency and
-the real agent's reconnect backoff, and keeps per-agent metrics for benchmarks (bench/fleet.py) and tests.
+A `SimAgent` is one host with N simulated GPUs. It talks like agent/daemon.py: same websocket path, bearer
+token, hello then a report, a report every `report_interval` (what changed, whole now and then: the real
+agent's agent.protocol.reports.Reporter), a report plus a replica_status on every replica state change, an
+ack naming the generation once a desired state is applied, stale generations ignored. It converges with the
+real agent's own diff (agent.converge.plan_convergence). Workers are not processes: a start goes starting ->
+loading -> ready after modelled times, sleeps and wakes take modelled times, and a load can be made to fail.
+`SimFleet` runs many of them with bounded connect concurrency and the real agent's reconnect backoff, and
+keeps per-agent metrics for benchmarks (bench/fleet.py) and tests.
 
 No Django and no pytest here: tests import this as `bench.fleet_sim`.
 """
@@ -44,6 +45,7 @@ from agent.protocol import (
     dump,
     parse_console_message,
 )
+from agent.protocol.reports import Reporter
 from agent.workers.spec import WorkerSpec
 
 GIB = 1 << 30
@@ -121,6 +123,7 @@ class SimAgent:
         self.metrics = AgentMetrics()
         self._rng = random.Random(spec.seed * 1_000_003 + zlib.crc32(name.encode()))
         self._outbox: asyncio.Queue[str] | None = None
+        self._reporter = Reporter()  # what this link was last told: reports carry what changed since
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._muted_until = 0.0
         self._lost_at: float | None = None
@@ -206,6 +209,7 @@ class SimAgent:
         self.metrics.connected_since = None
 
     async def _greet(self) -> None:
+        self._reporter.reset()
         await self._ws.send_str(dump(self._hello()))
         await self._ws.send_str(dump(self._report()))
 
@@ -384,8 +388,7 @@ class SimAgent:
                      endpoint=f"http://{self.name}.sim.invalid:9000", gpus=self.gpus())
 
     def _report(self) -> HostReport:
-        return HostReport(gpus=self.gpus(), replicas=[self._status(r) for r in self.replicas.values()],
-                          ram_free_bytes=64 * GIB)
+        return self._reporter.report(self.gpus(), [self._status(r) for r in self.replicas.values()], [], 64 * GIB)
 
 
 def _spec(desired: DesiredReplica) -> WorkerSpec:

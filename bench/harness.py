@@ -80,6 +80,9 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, inter
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+CONSOLE_SCHEDULER_INTERVAL = "5"  # console/settings.py's default (tests/e2e/stack.py sets a faster one for tests)
+
+
 @contextlib.contextmanager
 def running_stack(data_dir: Path, gpus: str, args: tuple[str, ...] = (), **env: str) -> Iterator[Stack]:
     """tests/e2e/stack.py's `manage.py up` (free loopback port, own data dir, an API token) at the default
@@ -88,7 +91,7 @@ def running_stack(data_dir: Path, gpus: str, args: tuple[str, ...] = (), **env: 
     began = time.monotonic()
     say(f"starting: manage.py up --gpus {gpus} {' '.join(args)}")
     stack, drop_db = start(data_dir, gpus, timeout=START_TIMEOUT_S, args=args,
-                           **({"MODELGRID_SCHEDULER_INTERVAL": "0.5",
+                           **({"MODELGRID_SCHEDULER_INTERVAL": CONSOLE_SCHEDULER_INTERVAL,
                                "MODELGRID_MODEL_ROOTS": str(data_dir.parent)} | env))
     say(f"up at {stack.url} in {time.monotonic() - began:.1f} s")
     try:

@@ -169,7 +169,9 @@ class HostReport(_Message):
     type: Literal["report"] = "report"
     gpus: list[GpuInfo] = Field(max_length=MAX_GPUS)
     replicas: list[ReplicaStatus] = Field(default=[], max_length=MAX_ITEMS)
-    serving: list[DeploymentServing] = Field(default=[], max_length=MAX_ITEMS)
+    # A report lists the GPUs and replicas whose reading changed (all of them in a full one, see
+    # agent/protocol/reports.py); None in these two says "as in my last report".
+    serving: list[DeploymentServing] | None = Field(default=[], max_length=MAX_ITEMS)
     ram_free_bytes: Count | None = None  # room left in the sleep budget
 
 

@@ -1,5 +1,6 @@
-"""The scheduler loop: while this process leads the scheduler, run a reconcile pass, push changed hosts, refresh
-dashboards, repeat; while another leads, try again every MODELGRID_LEADER_RETRY_SECONDS."""
+"""The scheduler loop: while this process leads the scheduler, run a reconcile pass whenever something changed (and
+every MODELGRID_SCHEDULER_INTERVAL seconds), push changed hosts, refresh dashboards; while another leads, try
+again every MODELGRID_LEADER_RETRY_SECONDS."""
 
 from __future__ import annotations
 
@@ -25,8 +26,6 @@ PASS_REST = 2.0
 async def run_pass(fence: Callable[[], None] | None = None) -> bool:
     """One unit of work; returns whether anything changed. `fence` aborts the pass (NotLeader) before it writes."""
     began = time.perf_counter()
-    # On Channels' one database thread, with the agent links' intake and the API: run beside them, a pass
-    # (replicas, then hosts) and a request or an intake batch (hosts, then replicas) deadlock on PostgreSQL.
     result = await database_sync_to_async(reconcile_once)(fence)
     METRICS.pass_seconds.observe(time.perf_counter() - began)
     for action in result.actions:
@@ -58,31 +57,64 @@ async def _follow(elector: Elector, stop: asyncio.Event, retry: float, announce:
 
 
 async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
-    """Passes every `interval` seconds, or sooner when a deployment changes (wake_scheduler), until `stop` or
-    until this process no longer leads. Only the leader listens for wake-ups: followers would let them pile up."""
+    """Passes until `stop` or until this process no longer leads: one as soon as something wakes the scheduler
+    (a deployment changed, an agent reported a change: wake_scheduler), one after any pass that changed
+    something (to see it through), and one every `interval` seconds regardless (the clock's own events: leases
+    lapsing, idle replicas, demand going stale). Only the leader listens for wake-ups: followers would let them
+    pile up."""
     layer = get_channel_layer()
     inbox = await layer.new_channel("scheduler.")
     await layer.group_add(SCHEDULER_GROUP, inbox)
-    stopping = asyncio.create_task(stop.wait())
+    woken = asyncio.Event()
+    listening = asyncio.create_task(_listen(layer, inbox, woken))
+    loop = asyncio.get_running_loop()
+    ended, rest = float("-inf"), 0.0
     try:
         while not stop.is_set():
-            began = time.monotonic()
+            await _wait(ended + interval - loop.time(), woken, stop)
+            # A big fleet's pass takes long: the next begins no sooner than PASS_REST times as long after, so
+            # passes use at most a third of the database thread however many wake-ups arrive meanwhile (they
+            # are all answered by that one pass).
+            await _wait(ended + rest - loop.time(), stop)
+            if stop.is_set():
+                break
+            woken.clear()
+            began = loop.time()
             try:
-                await run_pass(elector.fence)
+                changed = await run_pass(elector.fence)
             except NotLeader as e:
                 log.warning("no longer leading the scheduler: %s", e)
                 return
             except Exception:  # one bad pass must not end the loop; the next pass retries
                 log.exception("scheduler pass failed")
-            # A big fleet's pass takes long: the loop rests PASS_REST times as long before its next tick, so
-            # passes use at most a third of a core however large the fleet (a wake-up still comes at once).
-            rest = max(interval, PASS_REST * (time.monotonic() - began))
-            woken = asyncio.create_task(layer.receive(inbox))
-            await asyncio.wait({woken, stopping}, timeout=rest, return_when=asyncio.FIRST_COMPLETED)
-            woken.cancel()
+                changed = False
+            ended = loop.time()
+            rest = PASS_REST * (ended - began)
+            if changed:
+                woken.set()
     finally:
-        stopping.cancel()
+        listening.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listening
         await layer.group_discard(SCHEDULER_GROUP, inbox)
+
+
+async def _listen(layer, inbox: str, woken: asyncio.Event) -> None:
+    while True:
+        await layer.receive(inbox)
+        woken.set()
+
+
+async def _wait(timeout: float, *events: asyncio.Event) -> None:
+    """Until one of `events` is set, or `timeout` seconds have passed."""
+    if timeout <= 0 or any(e.is_set() for e in events):
+        return
+    waits = {asyncio.ensure_future(e.wait()) for e in events}
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 async def scheduler_loop(stop: asyncio.Event, interval: float, elector: Elector | None = None,

@@ -139,7 +139,8 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int]) -> boo
             changed = True
     planned_rows: dict[str, set[int]] = {}
     indexed = {dep.pk: {r.index: r for r in rows.by_deployment.get(dep.pk, ())} for dep in planned}
-    for p in result.replicas:
+    # Rows are written in primary-key order (new ones last), as intake writes them: see console/fleet/intake.py.
+    for p in sorted(result.replicas, key=lambda p: _pk_of(indexed[by_name[p.deployment].pk].get(p.index))):
         dep = by_name[p.deployment]
         planned_rows.setdefault(p.deployment, set()).add(p.index)
         if _apply(dep, indexed[dep.pk], p, gpus, needs[dep.pk], device, now, touched, rows):
@@ -154,6 +155,10 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int]) -> boo
             changed = True
     changed |= _answer_demand(deployments, {d.deployment: d for d in result.demands}, now)
     return changed
+
+
+def _pk_of(row: Replica | None) -> float:
+    return row.pk if row is not None and row.pk is not None else math.inf
 
 
 def _answer_demand(deployments: list[Deployment], outcomes: dict, now: datetime) -> bool:
@@ -349,11 +354,16 @@ def reconcile_once(fence: Callable[[], None] | None = None) -> PassResult:
     now = timezone.now()
     actions: list[str] = []
     touched: set[int] = set()
+    # Leases and evictions first, in a transaction of their own: it locks host rows, and the pass proper must
+    # take replica rows before host rows (the order intake takes them in).
     with transaction.atomic():
         if fence is not None:
             fence()
-        changed = _host_lifecycle(now)
-        changed |= refresh_observations(now)
+        lifecycle = _host_lifecycle(now)
+    with transaction.atomic():
+        if fence is not None:
+            fence()
+        changed = lifecycle | refresh_observations(now)
         changed |= _plan_and_apply(now, actions, touched)
         changed |= _refresh_deployment_states()
         # Desired states are rebuilt for the hosts this pass changed (and those marked stale); every host's

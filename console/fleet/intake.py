@@ -49,6 +49,7 @@ class Outcome:
     error: str | None = None  # why the message was refused (the link hears it); None: applied
     observed: bool = False  # a replica's observed state changed: gateways and dashboards want to know
     ready: bool = False  # a replica's status that may free requests waiting at a gateway
+    news: bool = False  # something the scheduler plans with changed (it is woken for a pass)
 
 
 def register_hello(credential: AgentCredential, hello: Hello) -> tuple[Host, int]:
@@ -121,51 +122,69 @@ def _apply(items: list[Item]) -> list[Outcome]:
             statuses.append((i, item.host_id, m))
         elif isinstance(m, Ack):
             acks.append((i, item.host_id, m))
-    if renewed:
-        Host.objects.filter(pk__in=renewed).update(last_seen=now, connected=True, unknown_since=None,
-                                                   evicted_at=None)
-    for host_id, epoch in closed.items():
-        # A superseded link's close is not news: the host lives on through its newest link.
-        Host.objects.filter(pk=host_id, link_epoch=epoch, connected=True).update(connected=False, unknown_since=now)
-    if reports:
-        _apply_reports(reports)
+    # Lock order, replica rows before host rows and each by primary key, as a scheduler pass takes them
+    # (console/deployments/reconcile.py): a batch and a pass can then run at once without deadlocking.
     observed = _apply_statuses(items, statuses) if statuses else set()
-    for i, host_id, ack in acks:
+    news: set[int] = set()  # hosts whose news the scheduler should see
+    if renewed:
+        # The lease. A host that was unknown is back: news (which of this batch's hosts it was does not matter,
+        # the scheduler looks at them all); a host that was connected only lives on.
+        if Host.objects.filter(pk__in=renewed, connected=False).update(connected=True, unknown_since=None,
+                                                                       evicted_at=None):
+            news |= renewed
+        Host.objects.filter(pk__in=renewed).update(last_seen=now)
+    for host_id, epoch in sorted(closed.items()):
+        # A superseded link's close is not news: the host lives on through its newest link.
+        if Host.objects.filter(pk=host_id, link_epoch=epoch, connected=True).update(connected=False,
+                                                                                   unknown_since=now):
+            news.add(host_id)
+    if reports:
+        news |= _apply_reports(reports)
+    for i, host_id, ack in sorted(acks, key=lambda a: a[1]):
         outcomes[i] = Outcome(error=_apply_ack(host_id, items[i].host_name, ack))
     for i, item in enumerate(items):
         if outcomes[i] is None:
             m = item.message
             ready = i in observed and (isinstance(m, HostReport) or not (m.loaded_bytes and m.state == "loading"))
-            outcomes[i] = Outcome(observed=i in observed, ready=ready)
+            outcomes[i] = Outcome(observed=i in observed, ready=ready, news=i in observed or item.host_id in news)
+        elif item.host_id in news:
+            outcomes[i] = Outcome(error=outcomes[i].error, news=True)
     return outcomes  # type: ignore[return-value]
 
 
-def _apply_reports(reports: dict[int, HostReport]) -> None:
+def _apply_reports(reports: dict[int, HostReport]) -> set[int]:
+    """Hosts' serving figures and sleep room (where a report gives them: None is "as before") and GPU readings
+    (those a report lists); returns the hosts where any of them changed. A quiet host's report lists nothing
+    and costs no query here."""
+    news = {h: r for h, r in reports.items() if r.serving is not None or r.ram_free_bytes is not None}
     # An agent speaks only for the deployments it runs: figures for one with no replica on its host are
     # dropped, so no agent token can steer another host's scaling.
     here: dict[int, set[str]] = {}
-    for host_id, name in Replica.objects.filter(host_id__in=reports).values_list(
-            "host_id", "deployment__name").distinct():
-        here.setdefault(host_id, set()).add(name)
-    hosts = list(Host.objects.filter(pk__in=reports).only("pk", "serving", "ram_free_bytes"))
+    if any(r.serving for r in news.values()):
+        for host_id, name in Replica.objects.filter(host_id__in=news).values_list(
+                "host_id", "deployment__name").distinct():
+            here.setdefault(host_id, set()).add(name)
     changed = []
-    for host in hosts:
-        report = reports[host.pk]
-        serving = {s.deployment: s.model_dump(exclude={"deployment"}) for s in report.serving
-                   if s.deployment in here.get(host.pk, ())}
-        if (host.serving, host.ram_free_bytes) != (serving, report.ram_free_bytes):
-            host.serving, host.ram_free_bytes = serving, report.ram_free_bytes
+    for host in Host.objects.filter(pk__in=news).only("pk", "serving", "ram_free_bytes") if news else ():
+        report = news[host.pk]
+        serving = host.serving if report.serving is None else {
+            s.deployment: s.model_dump(exclude={"deployment"}) for s in report.serving
+            if s.deployment in here.get(host.pk, ())}
+        ram = host.ram_free_bytes if report.ram_free_bytes is None else report.ram_free_bytes
+        if (host.serving, host.ram_free_bytes) != (serving, ram):
+            host.serving, host.ram_free_bytes = serving, ram
             changed.append(host)
     if changed:
-        Host.objects.bulk_update(changed, ["serving", "ram_free_bytes"])
-    _sync_gpus({host_id: r.gpus for host_id, r in reports.items()})
+        Host.objects.bulk_update(sorted(changed, key=lambda h: h.pk), ["serving", "ram_free_bytes"])
+    listed = {host_id: r.gpus for host_id, r in reports.items() if r.gpus}
+    return {h.pk for h in changed} | (_sync_gpus(listed) if listed else set())
 
 
 _GPU_FIELDS = ("uuid", "name", "total_bytes", "used_bytes", "own_bytes", "utilization", "simulated")
 
 
-def _sync_gpus(gpus_by_host: dict[int, list[GpuInfo]], prune: bool = False) -> None:
-    """Write the GPUs' readings; only rows whose reading moved are written."""
+def _sync_gpus(gpus_by_host: dict[int, list[GpuInfo]], prune: bool = False) -> set[int]:
+    """Write the GPUs' readings; only rows whose reading moved are written. Returns the hosts of those."""
     rows = {(g.host_id, g.index): g for g in Gpu.objects.filter(host_id__in=gpus_by_host)}
     create, update = [], []
     for host_id, gpus in gpus_by_host.items():
@@ -185,6 +204,7 @@ def _sync_gpus(gpus_by_host: dict[int, list[GpuInfo]], prune: bool = False) -> N
     if prune:
         for host_id, gpus in gpus_by_host.items():
             Gpu.objects.filter(host_id=host_id).exclude(index__in=[g.index for g in gpus]).delete()
+    return {g.host_id for g in create + update}
 
 
 _STATUS_FIELDS = ("observed_state", "pid", "measured_bytes", "loaded_bytes", "loading_total_bytes", "host_bytes",
@@ -230,7 +250,7 @@ def _apply_statuses(items: list[Item], statuses: list[tuple[int, int, ReplicaSta
         if status.state == "ready" and status.measurement is not None:
             loads[f"{status.replica_id}/{status.pid}/{items[i].host_name}"[:200]] = (items[i].host_name, status)
     if changed:
-        Replica.objects.bulk_update(list(changed.values()), _STATUS_FIELDS)
+        Replica.objects.bulk_update(sorted(changed.values(), key=lambda r: r.pk), _STATUS_FIELDS)
     # Every status of a ready worker carries its measurement; one query finds the loads not yet kept.
     if loads:
         kept = set(MemorySample.objects.filter(load_key__in=loads).values_list("load_key", flat=True))

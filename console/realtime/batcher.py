@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 
+from console.dbthreads import own_thread
 from console.fleet import intake
-from console.realtime.notify import refresh_dashboards, refresh_gateways
+from console.realtime.notify import refresh_dashboards, refresh_gateways, wake_scheduler_async
 
 log = logging.getLogger("modelgrid.realtime")
 
@@ -47,7 +47,8 @@ class Batcher:
             await asyncio.sleep(max(0.0, self._oldest + self.tick - loop.time()))
             batch, self._pending = self._pending, []
             try:
-                outcomes = await database_sync_to_async(intake.apply_batch)([item for item, _ in batch])
+                # Its own thread (PostgreSQL): a batch never waits for a scheduler pass to finish its turn.
+                outcomes = await own_thread(intake.apply_batch)([item for item, _ in batch])
             except Exception as e:  # a lone message that failed (a batch retries its items one by one)
                 kinds = ", ".join(sorted({getattr(item.message, "type", "close") for item, _ in batch}))
                 log.exception("applying agent messages (%s) failed", kinds)
@@ -56,6 +57,8 @@ class Batcher:
             for (_, future), outcome in zip(batch, outcomes, strict=True):
                 if not future.done():  # its link may have gone meanwhile
                     future.set_result(outcome)
+            if any(o.news for o in outcomes):
+                await wake_scheduler_async()  # the scheduler plans with what changed, now rather than at its tick
             if any(o.ready for o in outcomes):
                 await refresh_gateways()  # a replica that became ready takes the requests waiting for it
             if any(o.observed for o in outcomes):

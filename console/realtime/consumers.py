@@ -28,7 +28,13 @@ from console.fleet import intake
 from console.fleet.models import AgentCredential, Host
 from console.fleet.views import grid_context
 from console.realtime.batcher import batcher
-from console.realtime.notify import DASHBOARD_GROUP, host_group, refresh_dashboards, refresh_gateways
+from console.realtime.notify import (
+    DASHBOARD_GROUP,
+    host_group,
+    refresh_dashboards,
+    refresh_gateways,
+    wake_scheduler_async,
+)
 
 log = logging.getLogger("modelgrid.realtime")
 MAX_MESSAGE_BYTES = 1 << 20
@@ -170,6 +176,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         log.info("agent %s connected from %s with %d GPU(s) (link epoch %d)", hello.host, hello.endpoint,
                  len(hello.gpus), self.epoch)
         await self.desired_push({})
+        await wake_scheduler_async()  # a host (back) with its GPUs: room the scheduler may plan with
         await refresh_dashboards()
 
     async def link_superseded(self, event):

@@ -66,6 +66,11 @@ async def _send_dashboard_update() -> None:
     await get_channel_layer().group_send(DASHBOARD_GROUP, {"type": "dashboard.update"})
 
 
+async def wake_scheduler_async() -> None:
+    """Ask the scheduler leader (in whichever console process) for a pass now instead of at its next tick."""
+    await get_channel_layer().group_send(SCHEDULER_GROUP, {"type": "scheduler.wake"})
+
+
 def wake_scheduler() -> None:
-    """Ask the scheduler loop for a pass now instead of at its next tick (sync callers)."""
-    async_to_sync(get_channel_layer().group_send)(SCHEDULER_GROUP, {"type": "scheduler.wake"})
+    """wake_scheduler_async for sync callers."""
+    async_to_sync(wake_scheduler_async)()

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from agent.artifacts import read_safetensors_header
-from agent.daemon import FULL_REPORT_EVERY, Agent, AgentConfig, websocket_url
+from agent.daemon import Agent, AgentConfig, websocket_url
 from agent.gpus import SimulatedBackend
 from agent.protocol import (
     Ack,
@@ -24,6 +24,7 @@ from agent.protocol import (
     dump,
     parse_agent_message,
 )
+from agent.protocol.reports import FULL_REPORT_EVERY
 from agent.workers.demo_models import build_tiny_llama
 from tests.agent.test_cpu_workers import build_wide_vocab_llama
 
@@ -480,5 +481,8 @@ async def test_periodic_reports_carry_only_what_changed_with_a_full_one_now_and_
     first = await console.expect(HostReport)
     assert [g.index for g in first.gpus] == [0, 1]  # the first on a link is whole
     quiet = [await console.expect(HostReport) for _ in range(FULL_REPORT_EVERY - 1)]
-    assert all(r.gpus == [] and r.replicas == [] for r in quiet)  # nothing changed: nothing listed
-    assert [g.index for g in (await console.expect(HostReport)).gpus] == [0, 1]  # the periodic resync
+    assert first.serving == [] and first.ram_free_bytes is not None
+    # Nothing changed: nothing listed, and serving and the sleep room are "as before" (None).
+    assert all(r.gpus == [] and r.replicas == [] and r.serving is None and r.ram_free_bytes is None for r in quiet)
+    resync = await console.expect(HostReport)  # the periodic resync
+    assert [g.index for g in resync.gpus] == [0, 1] and resync.serving == [] and resync.ram_free_bytes is not None

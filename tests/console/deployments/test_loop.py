@@ -18,6 +18,12 @@ def setup_fleet_and_model(model_dir):
     register_model("tiny", str(model_dir))
 
 
+async def placed_on_h1() -> None:
+    async with asyncio.timeout(10):
+        while not await database_sync_to_async(Replica.objects.filter(host__name="h1").exists)():
+            await asyncio.sleep(0.05)
+
+
 async def test_a_new_deployment_wakes_the_loop_instead_of_waiting_for_the_next_tick(model_dir):
     await database_sync_to_async(setup_fleet_and_model)(model_dir)
     stop = asyncio.Event()
@@ -25,9 +31,31 @@ async def test_a_new_deployment_wakes_the_loop_instead_of_waiting_for_the_next_t
     try:
         await asyncio.sleep(0.3)  # the first pass has run; the loop now waits
         await database_sync_to_async(create_deployment)("chat", "tiny")
-        async with asyncio.timeout(10):
-            while not await database_sync_to_async(Replica.objects.filter(host__name="h1").exists)():
-                await asyncio.sleep(0.05)
+        await placed_on_h1()
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 10)
+
+
+async def test_an_agents_report_that_frees_memory_wakes_the_loop(model_dir):
+    from agent.protocol import GpuInfo, HostReport
+    from console.fleet.intake import Item
+    from console.realtime.batcher import batcher
+
+    await database_sync_to_async(setup_fleet_and_model)(model_dir)
+    # Something else fills the GPU: the deployment waits unplaced.
+    await database_sync_to_async(Gpu.objects.filter(index=0).update)(used_bytes=1 << 34)
+    await database_sync_to_async(create_deployment)("chat", "tiny")
+    host = await database_sync_to_async(Host.objects.get)(name="h1")
+    stop = asyncio.Event()
+    loop = asyncio.create_task(scheduler_loop(stop, interval=60))  # a tick would come far too late
+    try:
+        await asyncio.sleep(0.5)  # the first pass found no room; the loop now waits
+        assert not await database_sync_to_async(Replica.objects.filter(host__name="h1").exists)()
+        freed = GpuInfo(index=0, uuid="SIM-0", name="sim", total_bytes=1 << 34, used_bytes=0, simulated=True)
+        outcome = await batcher().submit(Item(host.pk, host.name, HostReport(gpus=[freed])))
+        assert outcome.news
+        await placed_on_h1()
     finally:
         stop.set()
         await asyncio.wait_for(loop, 10)

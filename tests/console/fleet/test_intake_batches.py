@@ -80,3 +80,26 @@ def test_a_steady_pass_rebuilds_no_desired_state(host, model):
     # Building a desired state reads replicas joined with their deployment's model: a steady pass never does.
     assert not any('FROM "deployments_replica"' in q["sql"] and 'INNER JOIN "catalog_model"' in q["sql"]
                    for q in ctx.captured_queries)
+
+
+def test_a_quiet_report_renews_the_lease_and_keeps_what_it_leaves_out(model):
+    (h, replicas), = fleet(1, model)
+    tick_queries([(h, replicas)], 1 * GiB)  # the first report on the link: whole
+    Host.objects.filter(pk=h.pk).update(serving={"d0": {"requests": 3}}, ram_free_bytes=5 * GiB,
+                                        last_seen=timezone.now() - timezone.timedelta(seconds=30))
+    quiet = HostReport(gpus=[], replicas=[], serving=None, ram_free_bytes=None)  # "nothing changed"
+    with CaptureQueriesContext(connection) as ctx:
+        (outcome,) = apply_batch([Item(h.pk, h.name, quiet)])
+    assert outcome.error is None and not outcome.observed and not outcome.news  # the scheduler sleeps on
+    statements = [q["sql"] for q in ctx.captured_queries if q["sql"].startswith(("UPDATE", "INSERT", "SELECT"))]
+    assert statements and all(q.startswith('UPDATE "fleet_host"') for q in statements)  # the lease, nothing else
+    h.refresh_from_db()
+    assert (h.serving, h.ram_free_bytes) == ({"d0": {"requests": 3}}, 5 * GiB)
+    assert timezone.now() - h.last_seen < timezone.timedelta(seconds=5)
+    assert Gpu.objects.filter(host=h, used_bytes=1 * GiB).count() == 2  # the GPUs' last readings stay
+
+    # An explicit empty list and a number are news: the host served nothing lately and has that much room.
+    (outcome,) = apply_batch([Item(h.pk, h.name, HostReport(gpus=[], serving=[], ram_free_bytes=GiB))])
+    assert outcome.news
+    h.refresh_from_db()
+    assert (h.serving, h.ram_free_bytes) == ({}, GiB)
