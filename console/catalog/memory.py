@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
 
 from agent.artifacts import ArtifactError, Estimate, canonical_dtype, estimate
 from agent.artifacts.config import read_config
@@ -165,40 +164,60 @@ def reservation(estimates: dict[str, dict], device: str, by_family: dict[str, Co
     return Reservation(corr.apply(est["total_bytes"]), est["total_bytes"], corr)
 
 
-def record_load(host_name: str, replica_id: int, measurement: Measurement, pid: int | None) -> MemorySample | None:
-    """Keep one load's estimate and measurement (once per worker) and recalibrate its family; None if
-    it was already kept or the artifact can no longer be read. Every status of a ready worker carries its
-    measurement, so the cheap check comes first."""
-    # The replica's id is unique across hosts; the host name (up to 200 characters) only helps a reader,
-    # so it goes last and is cut to the column.
-    key = f"{replica_id}/{pid}/{host_name}"[:200]
-    if MemorySample.objects.filter(load_key=key).exists():
-        return None
-    replica = Replica.objects.select_related("deployment__model").get(pk=replica_id)
-    deployment = replica.deployment
-    model = deployment.model
-    try:
-        est = _estimate(model.path, deployment.dtype or None, measurement.batch, measurement.seq, measurement.device)
-    except ArtifactError as e:
-        log.warning("cannot calibrate from %s: its model is no longer readable (%s)", key, e)
-        return None
-    before = current_correction(est.family, measurement.device)
-    try:
-        with transaction.atomic():
-            sample = MemorySample.objects.create(
-                load_key=key, model=model, deployment=deployment.name, family=est.family,
-                architecture=est.architecture, device=measurement.device, dtype=est.dtype,
-                batch=measurement.batch, seq=measurement.seq, estimated_bytes=est.total_bytes,
-                calibrated_bytes=before.apply(est.total_bytes), measured_bytes=measurement.total_bytes,
-                estimate=est.as_dict(), measurement=measurement.model_dump(),
-            )
-    except IntegrityError:  # a concurrent report of the same load got there first
-        return None
-    recalibrate(est.family, measurement.device)
-    err = error_fraction(sample.estimated_bytes, sample.measured_bytes)
-    log.info("load %s: estimated %d, measured %d bytes (error %+.1f%%)", key, sample.estimated_bytes,
-             sample.measured_bytes, 100 * err if err is not None else 0)
-    return sample
+@dataclass(frozen=True)
+class Load:
+    """A ready worker's measurement, as its agent reported it."""
+
+    host_name: str
+    replica_id: int
+    measurement: Measurement
+    pid: int | None
+
+    @property
+    def key(self) -> str:
+        # The replica's id is unique across hosts; the host name (up to 200 characters) only helps a reader,
+        # so it goes last and is cut to the column.
+        return f"{self.replica_id}/{self.pid}/{self.host_name}"[:200]
+
+
+def record_loads(loads: list[Load]) -> list[MemorySample]:
+    """Keep each load's estimate and measurement (once per worker) and recalibrate the families they belong
+    to, once each; returns the samples kept. Every status of a ready worker carries its measurement: those
+    already kept cost one query for the lot, and a thousand replicas becoming ready at once a handful."""
+    kept = set(MemorySample.objects.filter(load_key__in=[ld.key for ld in loads]).values_list("load_key", flat=True))
+    new = {ld.key: ld for ld in loads if ld.key not in kept}  # one per worker, the last status's figures
+    if not new:
+        return []
+    replicas = Replica.objects.select_related("deployment__model").in_bulk([ld.replica_id for ld in new.values()])
+    by_device: dict[str, dict[str, Correction]] = {}
+    samples = []
+    for key, ld in new.items():
+        replica, m = replicas.get(ld.replica_id), ld.measurement
+        if replica is None:
+            continue  # deleted meanwhile
+        deployment, model = replica.deployment, replica.deployment.model
+        try:
+            est = _estimate(model.path, deployment.dtype or None, m.batch, m.seq, m.device)
+        except ArtifactError as e:
+            log.warning("cannot calibrate from %s: its model is no longer readable (%s)", key, e)
+            continue
+        if m.device not in by_device:
+            by_device[m.device] = corrections(m.device)
+        before = by_device[m.device].get(est.family, NONE)
+        samples.append(MemorySample(
+            load_key=key, model=model, deployment=deployment.name, family=est.family,
+            architecture=est.architecture, device=m.device, dtype=est.dtype, batch=m.batch, seq=m.seq,
+            estimated_bytes=est.total_bytes, calibrated_bytes=before.apply(est.total_bytes),
+            measured_bytes=m.total_bytes, estimate=est.as_dict(), measurement=m.model_dump()))
+    # A concurrent report of the same load may get there first: its row stands, this one is dropped.
+    MemorySample.objects.bulk_create(samples, ignore_conflicts=True)
+    for family, device in sorted({(sm.family, sm.device) for sm in samples}):
+        recalibrate(family, device)
+    for sm in samples:
+        err = error_fraction(sm.estimated_bytes, sm.measured_bytes)
+        log.info("load %s: estimated %d, measured %d bytes (error %+.1f%%)", sm.load_key, sm.estimated_bytes,
+                 sm.measured_bytes, 100 * err if err is not None else 0)
+    return samples
 
 
 def recalibrate(family: str, device: str) -> Correction:

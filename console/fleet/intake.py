@@ -16,8 +16,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from agent.protocol import Ack, GpuInfo, Hello, HostReport, ReplicaStatus
-from console.catalog.memory import record_load
-from console.catalog.models import MemorySample
+from console.catalog.memory import Load, record_loads
 from console.deployments.models import Replica
 from console.fleet.models import AgentCredential, Gpu, Host
 
@@ -236,7 +235,7 @@ def _apply_statuses(items: list[Item], statuses: list[tuple[int, int, ReplicaSta
     rows = {r.pk: r for r in Replica.objects.filter(wanted).only("pk", "host_id", *_STATUS_FIELDS)}
     changed: dict[int, Replica] = {}
     observed: set[int] = set()
-    loads: dict[str, tuple[str, ReplicaStatus]] = {}
+    loads: list[Load] = []
     for i, host_id, status in statuses:
         row = rows.get(status.replica_id)
         if row is None or row.host_id != host_id:
@@ -248,15 +247,11 @@ def _apply_statuses(items: list[Item], statuses: list[tuple[int, int, ReplicaSta
                 changed[row.pk] = row
                 observed.add(i)
         if status.state == "ready" and status.measurement is not None:
-            loads[f"{status.replica_id}/{status.pid}/{items[i].host_name}"[:200]] = (items[i].host_name, status)
+            loads.append(Load(items[i].host_name, status.replica_id, status.measurement, status.pid))
     if changed:
         Replica.objects.bulk_update(sorted(changed.values(), key=lambda r: r.pk), _STATUS_FIELDS)
-    # Every status of a ready worker carries its measurement; one query finds the loads not yet kept.
     if loads:
-        kept = set(MemorySample.objects.filter(load_key__in=loads).values_list("load_key", flat=True))
-        for key, (host_name, status) in loads.items():
-            if key not in kept:
-                record_load(host_name, status.replica_id, status.measurement, status.pid)
+        record_loads(loads)
     return observed
 
 

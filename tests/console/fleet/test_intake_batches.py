@@ -103,3 +103,27 @@ def test_a_quiet_report_renews_the_lease_and_keeps_what_it_leaves_out(model):
     assert outcome.news
     h.refresh_from_db()
     assert (h.serving, h.ram_free_bytes) == ({}, GiB)
+
+
+def loads_queries(hosts) -> int:
+    from agent.protocol import Measurement
+
+    def ready(r, k):
+        m = Measurement(device="cpu", batch=1, seq=2048, weights_bytes=4096, peak_bytes=GiB, total_bytes=GiB)
+        return ReplicaStatus(replica_id=r.pk, state="ready", pid=500 + k, measured_bytes=GiB, measurement=m)
+
+    items = [Item(h.pk, h.name, ready(r, k)) for h, rs in hosts for k, r in enumerate(rs)]
+    with CaptureQueriesContext(connection) as ctx:
+        assert all(o.error is None for o in apply_batch(items))
+    return len(ctx.captured_queries)
+
+
+def test_replicas_becoming_ready_together_are_kept_as_loads_in_statements_that_do_not_grow_with_them(model):
+    from console.catalog.models import MemorySample
+
+    few, many = fleet(2, model), fleet(20, model, first=2)
+    assert loads_queries(few) == loads_queries(many)
+    assert MemorySample.objects.count() == 2 * 22  # one per worker
+    assert not MemorySample.objects.filter(estimated_bytes=0).exists()  # each beside the model's estimate
+    loads_queries(many)  # the same workers again: nothing new kept
+    assert MemorySample.objects.count() == 2 * 22
