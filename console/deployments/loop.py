@@ -15,7 +15,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from console.deployments.leader import Elector, NotLeader, current_leader
-from console.deployments.reconcile import reconcile_once, start_leading
+from console.deployments.reconcile import PassResult, reconcile_once, start_leading
 from console.gateway.metrics import METRICS
 from console.realtime.notify import SCHEDULER_GROUP, push_desired, refresh_dashboards, refresh_gateways
 
@@ -23,8 +23,8 @@ log = logging.getLogger("modelgrid.scheduler")
 PASS_REST = 2.0
 
 
-async def run_pass(fence: Callable[[], None] | None = None) -> bool:
-    """One unit of work; returns whether anything changed. `fence` aborts the pass (NotLeader) before it writes."""
+async def run_pass(fence: Callable[[], None] | None = None) -> PassResult:
+    """One unit of work. `fence` aborts the pass (NotLeader) before it writes."""
     began = time.perf_counter()
     result = await database_sync_to_async(reconcile_once)(fence)
     METRICS.pass_seconds.observe(time.perf_counter() - began)
@@ -35,7 +35,7 @@ async def run_pass(fence: Callable[[], None] | None = None) -> bool:
     if result.changed:
         await refresh_gateways()  # demand answers and placements: waiting requests learn of them now
         await refresh_dashboards()
-    return result.changed
+    return result
 
 
 def _who_leads() -> str:
@@ -72,25 +72,25 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
     try:
         while not stop.is_set():
             await _wait(ended + interval - loop.time(), woken, stop)
-            # A big fleet's pass takes long: the next begins no sooner than PASS_REST times as long after, so
-            # passes use at most a third of the database thread however many wake-ups arrive meanwhile (they
-            # are all answered by that one pass).
+            # A big fleet's pass takes long: the next begins no sooner than PASS_REST times its CPU time after,
+            # so passes use at most a third of a core however many wake-ups arrive meanwhile (they are all
+            # answered by that one pass).
             await _wait(ended + rest - loop.time(), stop)
             if stop.is_set():
                 break
             woken.clear()
-            began = loop.time()
             try:
-                changed = await run_pass(elector.fence)
+                result = await run_pass(elector.fence)
             except NotLeader as e:
                 log.warning("no longer leading the scheduler: %s", e)
                 return
             except Exception:  # one bad pass must not end the loop; the next pass retries
                 log.exception("scheduler pass failed")
-                changed = False
-            ended = loop.time()
-            rest = PASS_REST * (ended - began)
-            if changed:
+                result = PassResult(changed_hosts=(), changed=False)
+            # By its CPU time: a pass slowed by a busy process (waiting for the GIL, for rows intake holds) cost
+            # the database thread little, and resting for its wall time would only delay the next one.
+            ended, rest = loop.time(), PASS_REST * result.cpu_s
+            if result.changed:
                 woken.set()
     finally:
         listening.cancel()

@@ -127,3 +127,17 @@ def test_replicas_becoming_ready_together_are_kept_as_loads_in_statements_that_d
     assert not MemorySample.objects.filter(estimated_bytes=0).exists()  # each beside the model's estimate
     loads_queries(many)  # the same workers again: nothing new kept
     assert MemorySample.objects.count() == 2 * 22
+
+
+def test_a_pass_creates_the_rows_of_new_deployments_together(host, model):
+    from console.deployments.services import create_deployment
+
+    for k in range(12):
+        create_deployment(f"n{k}", "tiny", replicas=2)
+    with CaptureQueriesContext(connection) as ctx:
+        reconcile_once()
+    inserts = [q["sql"] for q in ctx.captured_queries if q["sql"].startswith("INSERT")]
+    assert sum('"deployments_replica"' in q.split("(")[0] for q in inserts) == 1  # all 24 rows, one statement
+    assert sum('"deployments_replica_gpus"' in q.split("(")[0] for q in inserts) == 1  # and their GPUs
+    placed = Replica.objects.filter(deployment__name__startswith="n", host=host)
+    assert placed.count() == 24 and all(r.gpus.count() == 1 for r in placed)
