@@ -443,6 +443,9 @@ def run_one(args, hosts: int, replicas: int, tmp: Path) -> Run:
                 say("the console's last traceback:\n" + "".join(tail[:60]))
         finally:
             watch.stop()
+            if args.console_log:
+                Path(args.console_log).write_text("".join(stack.lines))
+                say(f"the console's output: {args.console_log}")
     for phase, samples in run.phases.items() if args.profile else ():
         print_profile(samples, f"Console profile, {hosts} hosts, {phase}")
     return run
@@ -465,6 +468,7 @@ def main() -> None:
     parser.add_argument("--connect-concurrency", type=int, default=50)
     parser.add_argument("--create-concurrency", type=int, default=4)
     parser.add_argument("--sqlite", action="store_true", help="SQLite and the in-memory channel layer")
+    parser.add_argument("--console-log", metavar="PATH", help="write the console's output here (the last size's)")
     parser.add_argument("--profile", action="store_true", help="sample the console's stacks and print the profile")
     parser.add_argument("--quick", action="store_true", help="20 hosts, 100 replicas, short waits")
     args = parser.parse_args()

@@ -19,8 +19,9 @@ def host_group(host_id: int) -> str:
 
 async def push_desired(host_ids) -> None:
     layer = get_channel_layer()
-    for host_id in host_ids:
-        await layer.group_send(host_group(host_id), {"type": "desired.push"})
+    # At once, not one after another: a pass that changed a hundred hosts would otherwise hold the last one's
+    # push behind ninety-nine round trips to the channel layer.
+    await asyncio.gather(*(layer.group_send(host_group(h), {"type": "desired.push"}) for h in host_ids))
 
 
 async def refresh_gateways() -> None:
