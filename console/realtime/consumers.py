@@ -89,7 +89,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code):
         if self.host is not None:
-            await self.channel_layer.group_discard(host_group(self.host.pk), self.channel_name)
+            try:
+                await self.channel_layer.group_discard(host_group(self.host.pk), self.channel_name)
+            except Exception as e:  # the channel layer is down: its group entry expires on its own
+                log.warning("agent %s: cannot leave its host's group (%s: %s)", self.host.name, type(e).__name__, e)
             # Through the batcher: ordered after this link's last messages, and a no-op if a newer link of
             # the host took over. The host becomes unknown (its lease lapsed early), never gone: its replicas
             # stay where they are until the eviction timeout.
@@ -171,8 +174,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close(code=4403)
             return
         group = host_group(self.host.pk)
-        await self.channel_layer.group_send(group, {"type": "link.superseded", "epoch": self.epoch})
-        await self.channel_layer.group_add(group, self.channel_name)
+        try:
+            await self.channel_layer.group_send(group, {"type": "link.superseded", "epoch": self.epoch})
+            await self.channel_layer.group_add(group, self.channel_name)
+        except Exception as e:
+            # Outside its host's group the link would never hear a desired state: end it, and the agent
+            # reconnects (the channel layer is down, say Redis restarting).
+            log.warning("agent %s: cannot join its host's group (%s: %s); closing the link", hello.host,
+                        type(e).__name__, e)
+            await self.close(code=1011)
+            return
         log.info("agent %s connected from %s with %d GPU(s) (link epoch %d)", hello.host, hello.endpoint,
                  len(hello.gpus), self.epoch)
         await self.desired_push({})

@@ -1,8 +1,13 @@
-"""Channel-layer event names and group names in one place; events never carry agent input."""
+"""Channel-layer event names and group names in one place; events never carry agent input.
+
+Every notification here is best effort: with the channel layer down (Redis restarting) it is logged and lost,
+never raised into what triggered it (a committed API change, an applied intake batch). What it would have
+told is repaired by the next scheduler pass, dashboard refresh or agent reconnect."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -13,19 +18,28 @@ SCHEDULER_GROUP = "scheduler"
 GATEWAY_GROUP = "gateway"  # every console process's gateway: refresh the fleet snapshot now
 
 
+log = logging.getLogger("modelgrid.realtime")
+
+
 def host_group(host_id: int) -> str:
     return f"agent.host.{host_id}"
 
 
+async def _send(group: str, event: str) -> None:
+    try:
+        await get_channel_layer().group_send(group, {"type": event})
+    except Exception as e:
+        log.warning("channel layer: %s to %s lost (%s: %s)", event, group, type(e).__name__, e)
+
+
 async def push_desired(host_ids) -> None:
-    layer = get_channel_layer()
     # At once, not one after another: a pass that changed a hundred hosts would otherwise hold the last one's
     # push behind ninety-nine round trips to the channel layer.
-    await asyncio.gather(*(layer.group_send(host_group(h), {"type": "desired.push"}) for h in host_ids))
+    await asyncio.gather(*(_send(host_group(h), "desired.push") for h in host_ids))
 
 
 async def refresh_gateways() -> None:
-    await get_channel_layer().group_send(GATEWAY_GROUP, {"type": "gateway.refresh"})
+    await _send(GATEWAY_GROUP, "gateway.refresh")
 
 
 class _Throttle:
@@ -64,12 +78,12 @@ async def _later(throttle: _Throttle, wait: float) -> None:
 
 
 async def _send_dashboard_update() -> None:
-    await get_channel_layer().group_send(DASHBOARD_GROUP, {"type": "dashboard.update"})
+    await _send(DASHBOARD_GROUP, "dashboard.update")
 
 
 async def wake_scheduler_async() -> None:
     """Ask the scheduler leader (in whichever console process) for a pass now instead of at its next tick."""
-    await get_channel_layer().group_send(SCHEDULER_GROUP, {"type": "scheduler.wake"})
+    await _send(SCHEDULER_GROUP, "scheduler.wake")
 
 
 def wake_scheduler() -> None:

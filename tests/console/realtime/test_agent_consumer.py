@@ -126,3 +126,40 @@ async def test_a_second_link_supersedes_the_first_and_the_old_ones_close_changes
     await second.disconnect()
     await database_sync_to_async(host.refresh_from_db)()
     assert host.lifecycle == "unknown"  # the current link's close: unknown, its replicas kept, not gone
+
+
+async def test_a_hello_the_channel_layer_cannot_take_ends_the_link_so_the_agent_reconnects(token, monkeypatch):
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+
+    async def down(*args, **kwargs):
+        raise ConnectionError("Connection closed by server")  # as redis-py's, with Redis restarting
+
+    monkeypatch.setattr(type(layer), "group_add", down)
+    comm, _ = await connect(token)
+    await comm.send_to(text_data=json.dumps(hello()))
+    closed = await comm.receive_output(timeout=5)
+    # Closed (to be tried again), not left open outside its host's group where no desired state reaches it.
+    assert closed == {"type": "websocket.close", "code": 1011}
+
+
+async def test_a_committed_change_stands_when_the_channel_layer_is_down(token, monkeypatch, model_dir):
+    from channels.layers import get_channel_layer
+
+    from console.catalog.services import register_model
+    from console.deployments.models import Deployment
+    from console.deployments.services import create_deployment, update_deployment
+
+    async def down(*args, **kwargs):
+        raise ConnectionError("Connection closed by server")
+
+    monkeypatch.setattr(type(get_channel_layer()), "group_send", down)
+
+    def change():
+        register_model("tiny", str(model_dir))
+        create_deployment("chat", "tiny")  # wakes the scheduler on commit: lost, and no error
+        update_deployment("chat", {"replicas": 3})
+
+    await database_sync_to_async(change)()
+    assert await database_sync_to_async(Deployment.objects.filter(name="chat", replicas=3).exists)()
