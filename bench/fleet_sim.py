@@ -46,6 +46,7 @@ from agent.protocol import (
     parse_console_message,
 )
 from agent.protocol.reports import Reporter
+from agent.restarts import BACKOFF_MIN_S
 from agent.workers.spec import WorkerSpec
 
 GIB = 1 << 30
@@ -151,11 +152,18 @@ class SimAgent:
         self._muted_until = time.monotonic() + seconds
 
     def crash(self, replica_id: int, reason: str = "simulated worker crash") -> None:
-        """A replica's worker dies: it reports failed and stays so until the console sends a new generation."""
+        """A replica's worker dies: it reports failed and, as the real agent does (agent/replicas.py), is
+        started again as a new process after the first restart delay (a load that fails stays failed)."""
         replica = self.replicas.get(replica_id)
         if replica is not None:
             self._cancel(replica)
             self._become(replica, "failed", reason)
+            replica.task = asyncio.get_running_loop().create_task(self._restart(replica))
+
+    async def _restart(self, replica: SimReplica) -> None:
+        await asyncio.sleep(BACKOFF_MIN_S)
+        if self.replicas.get(replica.desired.id) is replica:  # not stopped or replaced meanwhile
+            self._start(replica.desired, replica.generation)
 
     # -- the link ------------------------------------------------------------------------------------------
 
