@@ -279,6 +279,8 @@ MODELGRID_RECONNECT_GRACE_SECONDS = _at_least("MODELGRID_RECONNECT_GRACE_SECONDS
                                               envfloat("MODELGRID_RECONNECT_GRACE_SECONDS", 30.0), 0.0)
 # Agent messages are applied in batches: one transaction per tick for every link of this console process.
 MODELGRID_INTAKE_TICK_SECONDS = envfloat("MODELGRID_INTAKE_TICK_SECONDS", 0.02)
+# A quiet report (nothing changed: it only renews a lease) may wait this long for its batch.
+MODELGRID_INTAKE_QUIET_TICK_SECONDS = envfloat("MODELGRID_INTAKE_QUIET_TICK_SECONDS", 0.25)
 # Browsers' live dashboards are re-rendered at most this often, however busy the fleet.
 MODELGRID_DASHBOARD_REFRESH_SECONDS = envfloat("MODELGRID_DASHBOARD_REFRESH_SECONDS", 1.0)
 # Scheduler leader election (console/deployments/leader.py): a console that does not lead tries again this often.

@@ -1,0 +1,48 @@
+"""The intake batcher: a quiet report (a lease renewal) may wait for the quiet tick; anything else brings its
+batch forward to the tick, and the quiet ones waiting go with it, in order."""
+
+import asyncio
+
+import pytest
+
+from agent.protocol import Ack, HostReport
+from console.fleet import intake
+from console.realtime.batcher import Batcher, quiet
+
+QUIET = HostReport(gpus=[], replicas=[], serving=None, ram_free_bytes=None)
+
+
+def test_only_a_report_that_lists_and_changes_nothing_is_quiet():
+    assert quiet(QUIET)
+    assert not quiet(HostReport(gpus=[]))  # serving [] and a None sleep room: says the host serves nothing
+    assert not quiet(HostReport(gpus=[], serving=None, ram_free_bytes=1))
+    assert not quiet(Ack(generation=1))
+
+
+@pytest.fixture
+def applied(monkeypatch):
+    batches = []
+
+    def apply(items):
+        batches.append([type(item.message).__name__ for item in items])
+        return [intake.Outcome() for _ in items]
+
+    monkeypatch.setattr(intake, "apply_batch", apply)
+    return batches
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_quiet_report_waits_for_the_quiet_tick_unless_something_else_comes(applied):
+    batcher = Batcher(tick=0.02, quiet_tick=30)
+    first = batcher.enqueue(intake.Item(1, "a", QUIET))
+    await asyncio.sleep(0.3)
+    assert applied == [] and not first.done()  # still waiting: it only renews a lease
+    ack = batcher.enqueue(intake.Item(2, "b", Ack(generation=1)))
+    async with asyncio.timeout(5):  # far sooner than the quiet tick
+        await asyncio.gather(first, ack)
+    assert applied == [["HostReport", "Ack"]]  # together, in arrival order
+
+    alone = batcher.enqueue(intake.Item(1, "a", HostReport(gpus=[])))  # not quiet: the short tick
+    async with asyncio.timeout(5):
+        await alone
+    assert applied[-1] == ["HostReport"]
