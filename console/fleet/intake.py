@@ -1,6 +1,6 @@
 """Apply what agents report to the database. Synchronous; the agent link's batcher
-(console/realtime/batcher.py) calls `apply_batch` through database_sync_to_async with every message its
-links received in one tick, so a thousand hosts cost a handful of bulk statements per tick, not a transaction
+(console/realtime/batcher.py) calls `apply_batch` on a thread of its own with every message its links
+received in one tick, so a thousand hosts cost a handful of bulk statements per tick, not a transaction
 per message. Agent input only ever updates rows of the agent's own host.
 
 Every message renews its host's lease (last_seen): liveness never waits on what a report says."""
@@ -71,12 +71,11 @@ def register_hello(credential: AgentCredential, hello: Hello) -> tuple[Host, int
 
 
 def apply_batch(items: list[Item]) -> list[Outcome]:
-    """Apply one tick's messages from every link in one transaction; one outcome per item, in order. Should
-    the batch fail as a whole (a database error), each item is retried alone so one bad message costs only
-    itself."""
+    """Apply one tick's messages from every link in two transactions (see _apply); one outcome per item, in
+    order. Should the batch fail (a database error), each item is retried alone so one bad message costs only
+    itself (what the batch committed before it failed is applied again, to no effect)."""
     try:
-        with transaction.atomic():
-            return _apply(items)
+        return _apply(items)
     except Exception:
         if len(items) == 1:
             raise
@@ -84,8 +83,7 @@ def apply_batch(items: list[Item]) -> list[Outcome]:
         out = []
         for item in items:
             try:
-                with transaction.atomic():
-                    out.extend(_apply([item]))
+                out.extend(_apply([item]))
             except Exception as e:
                 log.exception("agent %s: applying its %s failed", item.host_name, _kind(item.message))
                 out.append(Outcome(error=f"the console could not apply this {_kind(item.message)} "
@@ -121,10 +119,32 @@ def _apply(items: list[Item]) -> list[Outcome]:
             statuses.append((i, item.host_id, m))
         elif isinstance(m, Ack):
             acks.append((i, item.host_id, m))
-    # Lock order, replica rows before host rows and each by primary key, as a scheduler pass takes them
-    # (console/deployments/reconcile.py): a batch and a pass can then run at once without deadlocking.
-    observed = _apply_statuses(items, statuses) if statuses else set()
-    news: set[int] = set()  # hosts whose news the scheduler should see
+    # Two transactions, each locking one kind of row, so that neither can take part in a deadlock with a
+    # scheduler pass (which takes replica rows, then host rows): first the hosts (leases, GPU readings, acks),
+    # short and never waiting for a pass's replica rows, so an ack is not held up behind a pass; then the
+    # replicas, by primary key as a pass writes them. GPU readings thus land no later than the states they
+    # explain.
+    with transaction.atomic():
+        news = _apply_to_hosts(now, renewed, closed, reports)
+        for i, host_id, ack in sorted(acks, key=lambda a: a[1]):
+            outcomes[i] = Outcome(error=_apply_ack(host_id, items[i].host_name, ack))
+    with transaction.atomic():
+        observed = _apply_statuses(items, statuses) if statuses else set()
+    for i, item in enumerate(items):
+        if outcomes[i] is None:
+            m = item.message
+            ready = i in observed and (isinstance(m, HostReport) or not (m.loaded_bytes and m.state == "loading"))
+            outcomes[i] = Outcome(observed=i in observed, ready=ready, news=i in observed or item.host_id in news)
+        elif item.host_id in news:
+            outcomes[i] = Outcome(error=outcomes[i].error, news=True)
+    return outcomes  # type: ignore[return-value]
+
+
+def _apply_to_hosts(now: datetime, renewed: set[int], closed: dict[int, int],
+                    reports: dict[int, HostReport]) -> set[int]:
+    """Leases, closed links and reports' host fields and GPUs; returns the hosts whose news the scheduler should
+    see."""
+    news: set[int] = set()
     if renewed:
         # The lease. A host that was unknown is back: news (which of this batch's hosts it was does not matter,
         # the scheduler looks at them all); a host that was connected only lives on.
@@ -139,16 +159,7 @@ def _apply(items: list[Item]) -> list[Outcome]:
             news.add(host_id)
     if reports:
         news |= _apply_reports(reports)
-    for i, host_id, ack in sorted(acks, key=lambda a: a[1]):
-        outcomes[i] = Outcome(error=_apply_ack(host_id, items[i].host_name, ack))
-    for i, item in enumerate(items):
-        if outcomes[i] is None:
-            m = item.message
-            ready = i in observed and (isinstance(m, HostReport) or not (m.loaded_bytes and m.state == "loading"))
-            outcomes[i] = Outcome(observed=i in observed, ready=ready, news=i in observed or item.host_id in news)
-        elif item.host_id in news:
-            outcomes[i] = Outcome(error=outcomes[i].error, news=True)
-    return outcomes  # type: ignore[return-value]
+    return news
 
 
 def _apply_reports(reports: dict[int, HostReport]) -> set[int]:
