@@ -23,15 +23,26 @@ log = logging.getLogger("modelgrid.scheduler")
 PASS_REST = 2.0
 
 
-async def run_pass(fence: Callable[[], None] | None = None) -> PassResult:
-    """One unit of work. `fence` aborts the pass (NotLeader) before it writes."""
+RESEND_SECONDS = 10.0  # a host still behind its generation this long after its push is pushed again
+
+
+async def run_pass(fence: Callable[[], None] | None = None, pushed: dict[int, float] | None = None) -> PassResult:
+    """One unit of work. `fence` aborts the pass (NotLeader) before it writes. `pushed` (host -> when its
+    desired state was last pushed) lets a push that was lost (the channel layer failed it, the link dropped
+    it) be repaired: a host that has not acknowledged its generation RESEND_SECONDS after is pushed again."""
     began = time.perf_counter()
     result = await database_sync_to_async(reconcile_once)(fence)
     METRICS.pass_seconds.observe(time.perf_counter() - began)
     for action in result.actions:
         METRICS.actions.labels(action).inc()
-    if result.changed_hosts:
-        await push_desired(result.changed_hosts)
+    now, pushed = time.monotonic(), {} if pushed is None else pushed
+    hosts = set(result.changed_hosts) | {h for h in result.behind
+                                         if now - pushed.setdefault(h, now) >= RESEND_SECONDS}
+    if hosts:
+        await push_desired(sorted(hosts))
+        pushed.update(dict.fromkeys(hosts, now))
+    for gone in set(pushed) - set(result.behind) - hosts:  # acknowledged: nothing to repair
+        del pushed[gone]
     if result.changed:
         await refresh_gateways()  # demand answers and placements: waiting requests learn of them now
         await refresh_dashboards()
@@ -66,6 +77,7 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
     inbox = await layer.new_channel("scheduler.")
     await layer.group_add(SCHEDULER_GROUP, inbox)
     woken = asyncio.Event()
+    pushed: dict[int, float] = {}  # host -> when its desired state was last pushed (while not acknowledged)
     listening = asyncio.create_task(_listen(layer, inbox, woken))
     loop = asyncio.get_running_loop()
     ended, rest = float("-inf"), 0.0
@@ -80,7 +92,7 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
                 break
             woken.clear()
             try:
-                result = await run_pass(elector.fence)
+                result = await run_pass(elector.fence, pushed)
             except NotLeader as e:
                 log.warning("no longer leading the scheduler: %s", e)
                 return

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from console.catalog.memory import Reservation, corrections, deployment_estimates, reservation
@@ -47,6 +48,7 @@ class PassResult:
     changed: bool  # anything at all changed (replicas created, placed, states)
     actions: tuple[str, ...] = ()  # the scheduler's actions that changed a replica (place, wake, ...)
     cpu_s: float = 0.0  # the pass's own CPU time (its wall time also counts waits for locks and the GIL)
+    behind: tuple[int, ...] = ()  # connected hosts that have not acknowledged their current generation
 
 
 def fleet_device_kind(gpus: dict[str, GpuRow]) -> str:
@@ -390,5 +392,7 @@ def reconcile_once(fence: Callable[[], None] | None = None) -> PassResult:
         hosts = bump_generations(None if sweep else touched)
     if sweep:
         _last_sweep = time.monotonic()
+    behind = tuple(Host.objects.filter(connected=True, generation__gt=F("acked_generation"))
+                   .values_list("pk", flat=True))
     return PassResult(changed_hosts=hosts, changed=changed or bool(hosts), actions=tuple(actions),
-                      cpu_s=time.thread_time() - began)
+                      cpu_s=time.thread_time() - began, behind=behind)

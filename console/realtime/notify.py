@@ -32,10 +32,19 @@ async def _send(group: str, event: str) -> None:
         log.warning("channel layer: %s to %s lost (%s: %s)", event, group, type(e).__name__, e)
 
 
+PUSHES_AT_ONCE = 16  # a thousand at once exhausted redis-py's connection pool ("Too many connections")
+
+
 async def push_desired(host_ids) -> None:
-    # At once, not one after another: a pass that changed a hundred hosts would otherwise hold the last one's
-    # push behind ninety-nine round trips to the channel layer.
-    await asyncio.gather(*(_send(host_group(h), "desired.push") for h in host_ids))
+    # Several at a time, not one after another: a pass that changed a hundred hosts would otherwise hold the
+    # last one's push behind ninety-nine round trips to the channel layer.
+    gate = asyncio.Semaphore(PUSHES_AT_ONCE)
+
+    async def push(host_id: int) -> None:
+        async with gate:
+            await _send(host_group(host_id), "desired.push")
+
+    await asyncio.gather(*(push(h) for h in host_ids))
 
 
 async def refresh_gateways() -> None:

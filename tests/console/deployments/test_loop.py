@@ -59,3 +59,29 @@ async def test_an_agents_report_that_frees_memory_wakes_the_loop(model_dir):
     finally:
         stop.set()
         await asyncio.wait_for(loop, 10)
+
+
+async def test_a_push_the_host_never_acknowledged_is_sent_again(model_dir, monkeypatch):
+    from console.deployments import loop as scheduler
+
+    await database_sync_to_async(setup_fleet_and_model)(model_dir)
+    host = await database_sync_to_async(Host.objects.get)(name="h1")
+    sent = []
+
+    async def push(host_ids):
+        sent.append(list(host_ids))
+
+    monkeypatch.setattr(scheduler, "push_desired", push)
+    await scheduler.run_pass()  # the first pass gives every host its desired state
+    generation = await database_sync_to_async(lambda: Host.objects.get(pk=host.pk).generation)()
+    await database_sync_to_async(Host.objects.filter(pk=host.pk).update)(acked_generation=generation - 1)
+    sent.clear()
+    pushed: dict[int, float] = {}
+    await scheduler.run_pass(pushed=pushed)
+    assert sent == []  # behind, but just noticed: its push may still be on its way
+    pushed[host.pk] -= scheduler.RESEND_SECONDS  # ... and that long ago
+    await scheduler.run_pass(pushed=pushed)
+    assert sent == [[host.pk]]  # lost (the channel layer failed it): sent again
+    await database_sync_to_async(Host.objects.filter(pk=host.pk).update)(acked_generation=generation)
+    await scheduler.run_pass(pushed=pushed)
+    assert sent == [[host.pk]] and pushed == {}  # acknowledged: nothing more to repair
