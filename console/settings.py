@@ -191,6 +191,9 @@ def _channel_layers() -> dict:
             # A pooled connection idle this long (cut by a firewall or Redis's `timeout`) is pinged before use
             # instead of failing the command on it.
             "health_check_interval": 3 * pop,
+            # redis-py 8 caps a pool at 100 connections and fails the command past that (MaxConnectionsError):
+            # a thousand agent links joining, leaving and being pushed to at once need more.
+            "max_connections": envint("MODELGRID_REDIS_MAX_CONNECTIONS", 1000),
             # Calls stay cancellable on Python 3.11 (see CancellableConnection): without it a websocket's
             # teardown could wait forever on a receive() that ignored its cancellation.
             "connection_class": CancellableConnection}

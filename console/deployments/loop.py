@@ -21,6 +21,7 @@ from console.realtime.notify import SCHEDULER_GROUP, push_desired, refresh_dashb
 
 log = logging.getLogger("modelgrid.scheduler")
 PASS_REST = 2.0
+IDLE_REST = 10.0  # with nothing to wake it, a pass comes no sooner than this many times the last one's CPU time
 
 
 RESEND_SECONDS = 10.0  # a host still behind its generation this long after its push is pushed again
@@ -80,10 +81,11 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
     pushed: dict[int, float] = {}  # host -> when its desired state was last pushed (while not acknowledged)
     listening = asyncio.create_task(_listen(layer, inbox, woken))
     loop = asyncio.get_running_loop()
-    ended, rest = float("-inf"), 0.0
+    ended, rest, cpu = float("-inf"), 0.0, 0.0
     try:
         while not stop.is_set():
-            await _wait(ended + interval - loop.time(), woken, stop)
+            # Unwoken, passes use at most a tenth of a core: at 1,000 hosts one costs over a second.
+            await _wait(ended + max(interval, IDLE_REST * cpu) - loop.time(), woken, stop)
             # A big fleet's pass takes long: the next begins no sooner than PASS_REST times its CPU time after,
             # so passes use at most a third of a core however many wake-ups arrive meanwhile (they are all
             # answered by that one pass).
@@ -101,7 +103,8 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
                 result = PassResult(changed_hosts=(), changed=False)
             # By its CPU time: a pass slowed by a busy process (waiting for the GIL, for rows intake holds) cost
             # the database thread little, and resting for its wall time would only delay the next one.
-            ended, rest = loop.time(), PASS_REST * result.cpu_s
+            ended, cpu = loop.time(), result.cpu_s
+            rest = PASS_REST * cpu
             if result.changed:
                 woken.set()
     finally:
