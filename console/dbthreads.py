@@ -11,7 +11,8 @@ from django.db import connection, connections
 def own_thread(fn):
     """`fn` as a coroutine function that runs on a thread of its own on PostgreSQL, so it never queues behind a
     scheduler pass on Channels' one database thread. Only for calls that cannot deadlock with a pass: reads, and
-    writes that lock replica rows before host rows, each by primary key, as a pass does (intake batches). SQLite
+    transactions that lock one kind of row, replica rows by primary key as a pass writes them (intake batches,
+    console/fleet/intake.py). SQLite
     takes one writer at a time anyway (and an in-memory test database refuses concurrent connections), so there
     every call shares that thread."""
     if connection.vendor == "sqlite":

@@ -109,7 +109,7 @@ def bump_generations(host_ids=None) -> tuple[int, ...]:
     state changed a new generation, storing what is pushed; returns their ids."""
     hosts = Host.objects.all() if host_ids is None else Host.objects.filter(Q(pk__in=list(host_ids)) |
                                                                              Q(desired_digest=""))
-    hosts = list(hosts.only("pk", "generation", "desired_digest").order_by("pk"))  # intake's lock order
+    hosts = list(hosts.only("pk", "generation", "desired_digest").order_by("pk"))  # by key, as intake locks hosts
     built = desired_by_host([h.pk for h in hosts])
     changed, stored = [], []
     for host in hosts:

@@ -37,8 +37,10 @@ async def run_pass(fence: Callable[[], None] | None = None, pushed: dict[int, fl
     for action in result.actions:
         METRICS.actions.labels(action).inc()
     now, pushed = time.monotonic(), {} if pushed is None else pushed
-    hosts = set(result.changed_hosts) | {h for h in result.behind
-                                         if now - pushed.setdefault(h, now) >= RESEND_SECONDS}
+    hosts = set(result.changed_hosts)
+    for host in result.behind:  # first seen behind now: its push may still be on its way
+        if now - pushed.setdefault(host, now) >= RESEND_SECONDS:
+            hosts.add(host)
     if hosts:
         await push_desired(sorted(hosts))
         pushed.update(dict.fromkeys(hosts, now))

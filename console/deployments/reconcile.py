@@ -374,8 +374,8 @@ def reconcile_once(fence: Callable[[], None] | None = None) -> PassResult:
     now = timezone.now()
     actions: list[str] = []
     touched: set[int] = set()
-    # Leases and evictions first, in a transaction of their own: it locks host rows, and the pass proper must
-    # take replica rows before host rows (the order intake takes them in).
+    # Leases and evictions first, in a transaction of their own: it locks host rows, and the pass proper takes
+    # replica rows before host rows, so it never holds a host row while it waits for a replica row.
     with transaction.atomic():
         if fence is not None:
             fence()

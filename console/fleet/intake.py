@@ -166,17 +166,17 @@ def _apply_reports(reports: dict[int, HostReport]) -> set[int]:
     """Hosts' serving figures and sleep room (where a report gives them: None is "as before") and GPU readings
     (those a report lists); returns the hosts where any of them changed. A quiet host's report lists nothing
     and costs no query here."""
-    news = {h: r for h, r in reports.items() if r.serving is not None or r.ram_free_bytes is not None}
+    given = {h: r for h, r in reports.items() if r.serving is not None or r.ram_free_bytes is not None}
     # An agent speaks only for the deployments it runs: figures for one with no replica on its host are
     # dropped, so no agent token can steer another host's scaling.
     here: dict[int, set[str]] = {}
-    if any(r.serving for r in news.values()):
-        for host_id, name in Replica.objects.filter(host_id__in=news).values_list(
+    if any(r.serving for r in given.values()):
+        for host_id, name in Replica.objects.filter(host_id__in=given).values_list(
                 "host_id", "deployment__name").distinct():
             here.setdefault(host_id, set()).add(name)
     changed = []
-    for host in Host.objects.filter(pk__in=news).only("pk", "serving", "ram_free_bytes") if news else ():
-        report = news[host.pk]
+    for host in Host.objects.filter(pk__in=given).only("pk", "serving", "ram_free_bytes") if given else ():
+        report = given[host.pk]
         serving = host.serving if report.serving is None else {
             s.deployment: s.model_dump(exclude={"deployment"}) for s in report.serving
             if s.deployment in here.get(host.pk, ())}
