@@ -3,7 +3,8 @@ the desired state the console sends.
 
 Message flow on each connection: agent sends hello, then a report; then a report every
 `report_interval` seconds and a replica_status on every worker state change (and, throttled, on
-loading progress); the console sends desired_state (answered by an ack once applied) or error.
+loading progress); the console sends desired_state (answered by an ack once applied), logs_request (answered
+by logs: the tail of a replica's worker log, agent.workers.logs) or error.
 The replicas themselves (converging, restarts, sleep budget, wakes) are agent.replicas. Each desired
 state that is not stale also carries the gateway secret, the one bearer token the inference server accepts
 (agent.serving.auth); it is kept in memory only, across reconnects, and replaced by each newer one.
@@ -38,6 +39,8 @@ from agent.protocol import (
     GpuInfo,
     Hello,
     HostReport,
+    LogsReply,
+    LogsRequest,
     dump,
     parse_console_message,
 )
@@ -293,6 +296,22 @@ class Agent:
                 return
             if applied:
                 self._post(Ack(generation=message.generation))
+        elif isinstance(message, LogsRequest):
+            self._post(await self.logs(message))
+
+    async def logs(self, request: LogsRequest) -> LogsReply:
+        """The tail of a replica's worker log, or an error that says why there is none."""
+        replica_id = request.replica_id
+        reply = {"request_id": request.request_id, "replica_id": replica_id}
+        try:
+            lines = await asyncio.to_thread(self.supervisor.logs.tail, replica_id, request.tail)
+        except Exception as e:  # a disk error, or a bug: said, and the link stays up
+            log.warning("cannot read the log of replica %d", replica_id, exc_info=not isinstance(e, OSError))
+            return LogsReply(**reply, error=f"cannot read the log of replica {replica_id} on {self.config.name}: {e}")
+        if lines is None and self.supervisor.get(replica_id) is None:
+            return LogsReply(**reply, error=f"replica {replica_id} has no worker on {self.config.name} and left no "
+                             "log there")
+        return LogsReply(**reply, lines=lines or [])  # a worker that has not written yet: no lines
 
     async def apply(self, desired: DesiredState) -> bool:
         """Take its gateway secret and converge the workers to `desired`; False (and nothing done, the secret
@@ -335,6 +354,7 @@ class Agent:
         handles = self.supervisor.handles()
         self.metrics.set_gpus(gpus)
         self.metrics.set_replicas([replica_snapshot(h) for h in handles])
+        self.metrics.set_failures(self.backoff.totals())
         serving = [
             DeploymentServing(
                 deployment=d.deployment, requests=d.requests, request_rate=d.request_rate,

@@ -166,6 +166,7 @@ class Metrics:
         self._in_flight: dict[str, int] = {}
         self._replicas: tuple[ReplicaSnapshot, ...] = ()
         self._gpus: tuple[GpuInfo, ...] = ()
+        self._failures: dict[int, int] = {}  # replica id -> its workers that failed since this agent started
         registry.register(_SnapshotCollector(self))
 
     def request_started(self, deployment: str) -> None:
@@ -214,6 +215,10 @@ class Metrics:
         """Replace the replica figures; the replicas not named are gone from the next scrape."""
         self._replicas = tuple(replicas)
 
+    def set_failures(self, failures: dict[int, int]) -> None:
+        """Replace the count of failed workers per replica id (the agent's restart bookkeeping)."""
+        self._failures = dict(failures)
+
     def render(self) -> bytes:
         """The text exposition format for GET /metrics (content type CONTENT_TYPE)."""
         return generate_latest(self.registry)
@@ -249,7 +254,7 @@ class Metrics:
 
     def _families(self) -> Iterator[Metric]:
         yield from _gpu_families(self._gpus)
-        yield from _replica_families(self._replicas)
+        yield from _replica_families(self._replicas, self._failures)
         depth = GaugeMetricFamily(
             "modelgrid_queue_depth", "Requests waiting or running, by deployment.", labels=["deployment"]
         )
@@ -273,16 +278,20 @@ def _gpu_families(gpus: tuple[GpuInfo, ...]) -> Iterator[Metric]:
     used = GaugeMetricFamily("modelgrid_gpu_memory_used_bytes", "GPU memory in use, by every process.", labels=labels)
     total = GaugeMetricFamily("modelgrid_gpu_memory_total_bytes", "GPU memory in all.", labels=labels)
     busy = GaugeMetricFamily("modelgrid_gpu_utilization_ratio", "Share of time the GPU was busy (0-1).", labels=labels)
+    foreign = GaugeMetricFamily("modelgrid_gpu_memory_foreign_bytes", "GPU memory in use by processes that are not "
+                                "this agent's workers.", labels=labels)
     for gpu in gpus:
         values = [str(gpu.index), gpu.name]
         used.add_metric(values, gpu.used_bytes)
         total.add_metric(values, gpu.total_bytes)
         if gpu.utilization is not None:  # simulated GPUs have no utilisation to report
             busy.add_metric(values, gpu.utilization / 100)
-    yield from (used, total, busy)
+        if gpu.own_bytes is not None:
+            foreign.add_metric(values, max(gpu.used_bytes - gpu.own_bytes, 0))
+    yield from (used, total, busy, foreign)
 
 
-def _replica_families(replicas: tuple[ReplicaSnapshot, ...]) -> Iterator[Metric]:
+def _replica_families(replicas: tuple[ReplicaSnapshot, ...], failed: dict[int, int]) -> Iterator[Metric]:
     labels = ["deployment", "replica"]
     state = GaugeMetricFamily(
         "modelgrid_replica_state", "1 for the state each replica is in, 0 for the others.", labels=[*labels, "state"]
@@ -296,6 +305,9 @@ def _replica_families(replicas: tuple[ReplicaSnapshot, ...]) -> Iterator[Metric]
     running = GaugeMetricFamily("modelgrid_running_sequences", "Generations decoding now.", labels=labels)
     waiting = GaugeMetricFamily("modelgrid_waiting_sequences", "Generations waiting for their prefill.", labels=labels)
     kv = GaugeMetricFamily("modelgrid_kv_cache_bytes", "Bytes held by running generations' KV caches.", labels=labels)
+    # 0 included: a counter that first appears at 1 hides its first increase from rate() and increase().
+    failures = CounterMetricFamily("modelgrid_replica_failures", "Worker processes of the replica that crashed, "
+                                   "hung or failed to load (each restarted with backoff).", labels=labels)
     for replica in replicas:
         values = [replica.deployment, str(replica.replica_id)]
         known = REPLICA_STATES if replica.state in REPLICA_STATES else (*REPLICA_STATES, replica.state)
@@ -313,7 +325,8 @@ def _replica_families(replicas: tuple[ReplicaSnapshot, ...]) -> Iterator[Metric]
         running.add_metric(values, replica.running_sequences)
         waiting.add_metric(values, replica.waiting_sequences)
         kv.add_metric(values, replica.kv_cache_bytes)
-    yield from (state, load, wake, hits, misses, evictions, loaded, running, waiting, kv)
+        failures.add_metric(values, failed.get(replica.replica_id, 0))
+    yield from (state, load, wake, hits, misses, evictions, loaded, running, waiting, kv, failures)
 
 
 def _is_error(status: int) -> bool:

@@ -39,6 +39,8 @@ from agent.protocol import (
     GpuInfo,
     Hello,
     HostReport,
+    LogsReply,
+    LogsRequest,
     Measurement,
     ReplicaStatus,
     SleepWake,
@@ -263,6 +265,11 @@ class SimAgent:
             return
         if isinstance(message, ErrorReply):
             self.metrics.errors.append(message.reason)
+            return
+        if isinstance(message, LogsRequest):
+            self._post(LogsReply(request_id=message.request_id, replica_id=message.replica_id,
+                                 error=f"{self.name} is a simulated host (bench/fleet_sim.py): its replicas have no "
+                                 "worker processes, so no logs"))
             return
         received = time.monotonic()
         if self.applied_generation is not None and message.generation < self.applied_generation:

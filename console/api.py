@@ -11,12 +11,16 @@ from ninja.parser import Parser
 from ninja.security import django_auth
 
 from console.accounts.auth import BearerToken
+from console.alerts.api import router as alerts_router
 from console.catalog.api import adapter_router, estimate_router
 from console.catalog.api import router as catalog_router
 from console.deployments.api import plan_router
 from console.deployments.api import router as deployments_router
 from console.errors import DomainError, pydantic_items
+from console.events.api import router as events_router
 from console.fleet.api import router as fleet_router
+from console.series.api import deployment_router as deployment_series_router
+from console.series.api import host_router as host_series_router
 
 
 class BodyRefused(Exception):
@@ -79,6 +83,11 @@ api.add_router("/deployments", deployments_router, tags=["deployments"])
 api.add_router("/adapters", adapter_router, tags=["adapters"])
 api.add_router("/estimate", estimate_router, tags=["models"])
 api.add_router("/plan", plan_router, tags=["deployments"])
+api.add_router("/events", events_router, tags=["events"])
+api.add_router("/alerts", alerts_router, tags=["events"])
+# Series live under their objects' paths (/deployments/{name}/series, /hosts/{name}/series).
+api.add_router("/deployments", deployment_series_router, tags=["deployments"])
+api.add_router("/hosts", host_series_router, tags=["fleet"])
 
 
 log = logging.getLogger("modelgrid.api")

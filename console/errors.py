@@ -44,6 +44,27 @@ class Conflict(DomainError):
     type = "conflict"
 
 
+class Unavailable(DomainError):
+    """What the request needs cannot be reached now (a host whose agent is not connected); later it may be."""
+
+    status = 503
+    type = "unavailable"
+
+
+class AgentRefused(DomainError):
+    """An agent answered with an error of its own; the message passes its words on."""
+
+    status = 502
+    type = "agent_error"
+
+
+class AgentTimeout(DomainError):
+    """An agent did not answer in time."""
+
+    status = 504
+    type = "timeout"
+
+
 def pydantic_items(errors: list[dict], prefix: tuple[str, ...] = ()) -> list[dict]:
     """pydantic's error dicts as the API's items: pydantic's words with the refused value (a short scalar
     only: the input may be a whole hostile body), a rule of ours (a ValueError) as written."""

@@ -99,6 +99,9 @@ INSTALLED_APPS = [
     "console.catalog",
     "console.deployments",
     "console.realtime",
+    "console.events",
+    "console.series",
+    "console.alerts",
 ]
 
 MIDDLEWARE = [
@@ -302,3 +305,19 @@ MODELGRID_IDLE_GRACE_SECONDS = envfloat("MODELGRID_IDLE_GRACE_SECONDS", 2.0)
 MODELGRID_MIN_RESIDENCY_SECONDS = envfloat("MODELGRID_MIN_RESIDENCY_SECONDS", 5.0)
 # Waiting requests renew their demand every second; a count older than this is stale (its console is gone).
 MODELGRID_DEMAND_STALE_SECONDS = envfloat("MODELGRID_DEMAND_STALE_SECONDS", 5.0)
+
+# The event timeline (console/events): the same event within this window is folded into one row with a count;
+# events are kept this many days, and no more than this many rows (the oldest go first).
+MODELGRID_EVENTS_FOLD_SECONDS = _at_least("MODELGRID_EVENTS_FOLD_SECONDS",
+                                          envfloat("MODELGRID_EVENTS_FOLD_SECONDS", 600.0), 0.0)
+MODELGRID_EVENTS_RETENTION_DAYS = _at_least("MODELGRID_EVENTS_RETENTION_DAYS",
+                                            envfloat("MODELGRID_EVENTS_RETENTION_DAYS", 14.0), 0.01)
+MODELGRID_EVENTS_MAX_ROWS = int(_at_least("MODELGRID_EVENTS_MAX_ROWS",
+                                          envint("MODELGRID_EVENTS_MAX_ROWS", 200_000), 100))
+
+# Charts over time (console/series/store.py): 10-second points are kept this long, 5-minute points this long.
+MODELGRID_SERIES_FINE_RETENTION_SECONDS = _at_least("MODELGRID_SERIES_FINE_RETENTION_SECONDS",
+                                                    envfloat("MODELGRID_SERIES_FINE_RETENTION_SECONDS", 86400.0), 600.0)
+MODELGRID_SERIES_COARSE_RETENTION_SECONDS = _at_least("MODELGRID_SERIES_COARSE_RETENTION_SECONDS",
+                                                      envfloat("MODELGRID_SERIES_COARSE_RETENTION_SECONDS",
+                                                               30 * 86400.0), 3600.0)

@@ -2,10 +2,13 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from console.alerts import views as alerts
 from console.api import api
 from console.catalog import views as catalog
 from console.deployments import views as deployments
+from console.events import views as events
 from console.fleet import views as fleet
+from console.series import views as series
 
 urlpatterns = [
     path("", fleet.dashboard, name="dashboard"),
@@ -15,10 +18,18 @@ urlpatterns = [
     path("models/<str:name>/deploy/", catalog.deploy, name="model-deploy"),
     path("deployments/<str:name>/", deployments.deployment_page, name="deployment"),
     path("deployments/<str:name>/status/", deployments.status, name="deployment-status"),
+    path("deployments/<str:name>/logs/", deployments.replica_log, name="deployment-logs"),
     path("deployments/<str:name>/policy/", deployments.update_policy, name="deployment-policy"),
     path("deployments/<str:name>/delete/", deployments.delete, name="deployment-delete"),
+    path("deployments/<str:name>/charts/", series.deployment_charts, name="deployment-charts"),
+    path("fleet/charts/", series.fleet_charts, name="fleet-charts"),
+    path("hosts/<str:name>/charts/", series.host_charts, name="host-charts"),
     path("deployments/<str:name>/adapters/", deployments.register_adapter, name="adapter-register"),
     path("adapters/<str:adapter>/delete/", deployments.delete_adapter, name="adapter-delete"),
+    path("events/", events.events_page, name="events"),
+    path("alerts/banner/", alerts.banner, name="alerts-banner"),
+    path("events/recent/", events.recent, name="events-recent"),
+    path("hosts/<str:name>/", fleet.host_page, name="host"),
     path("api/v1/", api.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

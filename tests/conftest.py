@@ -76,6 +76,9 @@ def api(client, api_token):
         def post(self, url, body):
             return client.post(url, data=json.dumps(body), content_type="application/json", **self.auth)
 
+        def patch(self, url, body):
+            return client.patch(url, data=json.dumps(body), content_type="application/json", **self.auth)
+
         def delete(self, url):
             return client.delete(url, **self.auth)
 

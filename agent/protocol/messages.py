@@ -1,5 +1,5 @@
-"""Message types. Agent -> console: hello, report, replica_status, ack. Console -> agent:
-desired_state, error. Every message is one JSON object on the websocket."""
+"""Message types. Agent -> console: hello, report, replica_status, ack, logs. Console -> agent:
+desired_state, error, logs_request. Every message is one JSON object on the websocket."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ MAX_NAME = 200  # host, GPU and deployment names (Host.name, Gpu.name)
 MAX_TEXT = 4000  # free text (reasons): longer is cut, not refused, so a long error never loses a status
 MAX_GPUS = 1024  # per host, or per replica's gang
 MAX_ITEMS = 10_000  # replicas, deployments or adapters in one message (the 1 MiB message cap comes first)
+MAX_LOG_LINES = 1000  # lines of a worker log in one logs reply
+MAX_LOG_LINE = 1000  # characters of one log line: longer is cut
 
 Count = Annotated[int, Field(ge=0, le=BIG)]
 Small = Annotated[int, Field(ge=0, le=SMALL)]
@@ -55,12 +57,12 @@ def _text(limit: int) -> object:
     return Annotated[str, StringConstraints(max_length=limit), AfterValidator(_no_nul)]
 
 
-def _clip(value: object) -> object:
+def _clip(value: object, limit: int = MAX_TEXT) -> object:
     # Free text from an agent (an exception's message, adapters refused) is cut to MAX_TEXT and loses NULs.
     if isinstance(value, str):
         value = value.replace("\x00", "")
-        if len(value) > MAX_TEXT:
-            value = value[: MAX_TEXT - 1] + "…"
+        if len(value) > limit:
+            value = value[: limit - 1] + "…"
     return value
 
 
@@ -69,6 +71,8 @@ Uuid = _text(100)  # Gpu.uuid
 Version = _text(50)  # Host.agent_version
 Endpoint = _text(300)  # Host.endpoint
 Text = Annotated[_text(MAX_TEXT), BeforeValidator(_clip)]
+LogLine = Annotated[_text(MAX_LOG_LINE), BeforeValidator(lambda value: _clip(value, MAX_LOG_LINE))]
+RequestId = Annotated[_text(64), Field(min_length=1)]
 
 
 class _Message(BaseModel):
@@ -180,6 +184,16 @@ class Ack(_Message):
     generation: Count
 
 
+class LogsReply(_Message):
+    """The answer to a logs_request: the tail of the replica's worker log, or why there is none."""
+
+    type: Literal["logs"] = "logs"
+    request_id: RequestId
+    replica_id: Id
+    lines: list[LogLine] = Field(default=[], max_length=MAX_LOG_LINES)  # oldest first
+    error: Text = ""  # non-empty: no lines, and this says why
+
+
 # What the console sends is bounded the same way: it comes from the same columns.
 class DesiredAdapter(_Message):
     name: Name
@@ -221,19 +235,28 @@ class ErrorReply(_Message):
     reason: str
 
 
-AgentMessage = Annotated[Hello | HostReport | ReplicaStatus | Ack, Field(discriminator="type")]
-ConsoleMessage = Annotated[DesiredState | ErrorReply, Field(discriminator="type")]
+class LogsRequest(_Message):
+    """Ask for the last `tail` lines a replica's workers wrote; answered by a logs reply with the same request_id."""
+
+    type: Literal["logs_request"] = "logs_request"
+    request_id: RequestId
+    replica_id: Id
+    tail: int = Field(default=100, ge=1, le=MAX_LOG_LINES)
+
+
+AgentMessage = Annotated[Hello | HostReport | ReplicaStatus | Ack | LogsReply, Field(discriminator="type")]
+ConsoleMessage = Annotated[DesiredState | ErrorReply | LogsRequest, Field(discriminator="type")]
 
 _agent_adapter: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)
 _console_adapter: TypeAdapter[ConsoleMessage] = TypeAdapter(ConsoleMessage)
 
 
-def parse_agent_message(text: str | bytes) -> Hello | HostReport | ReplicaStatus | Ack:
+def parse_agent_message(text: str | bytes) -> Hello | HostReport | ReplicaStatus | Ack | LogsReply:
     """Validate one JSON message from an agent; raises pydantic.ValidationError."""
     return _agent_adapter.validate_json(text)
 
 
-def parse_console_message(text: str | bytes) -> DesiredState | ErrorReply:
+def parse_console_message(text: str | bytes) -> DesiredState | ErrorReply | LogsRequest:
     """Validate one JSON message from the console; raises pydantic.ValidationError."""
     return _console_adapter.validate_json(text)
 

@@ -103,10 +103,10 @@ class WorkerHandle:
         """The worker's batcher after its last step."""
         return self.link.engine_stats
 
-    def start(self, spare: Spare | None = None, attach: Attach | None = None) -> None:
-        """Adopt `spare`, or spawn a worker cold (with `attach`, one that outlives this agent); call from the
-        event loop that will watch it."""
-        self.link.start(self.spec, spare, attach)
+    def start(self, spare: Spare | None = None, attach: Attach | None = None, log_path: str | None = None) -> None:
+        """Adopt `spare`, or spawn a worker cold (with `attach`, one that outlives this agent; with `log_path`, one
+        that writes its output there); call from the event loop that will watch it."""
+        self.link.start(self.spec, spare, attach, log_path)
         self._set("starting")
 
     def adopt(self, process: Any, conn: Any, description: Description, socket_path: str) -> None:

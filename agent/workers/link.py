@@ -116,12 +116,14 @@ class WorkerLink:
         """Generations started and not yet ended."""
         return len(self._streams)
 
-    def start(self, spec: WorkerSpec, spare: Spare | None = None, attach: Attach | None = None) -> None:
+    def start(self, spec: WorkerSpec, spare: Spare | None = None, attach: Attach | None = None,
+              log_path: str | None = None) -> None:
         """Adopt `spare`, or spawn a worker cold (OSError when no process can be made), and send it its replica;
-        with `attach`, the worker outlives this agent. Call from the event loop that will watch it."""
+        with `attach`, the worker outlives this agent; with `log_path`, it writes its output there. Call from the
+        event loop that will watch it."""
         self._loop = asyncio.get_running_loop()
         self.socket_path = attach.socket_path if attach is not None else None
-        load = Load(spec, attach)
+        load = Load(spec, attach, log_path)
         if spare is not None:
             try:
                 spare.conn.send(load)

@@ -38,10 +38,15 @@ class Attach:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """The replica a worker loads. Without `attach` the worker dies with its agent (as a spare always does)."""
+    """The replica a worker loads. Without `attach` the worker dies with its agent (as a spare always does); with
+    `log_path` it writes its output there (agent.workers.logs).
+
+    Only the agent that spawned a worker sends it a Load (an adopted worker gets none), so both run the same code
+    and a field added here at the end needs no WORKER_PROTOCOL bump."""
 
     spec: WorkerSpec
     attach: Attach | None = None
+    log_path: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

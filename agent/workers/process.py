@@ -8,7 +8,8 @@ Every worker first waits for Load: a warm spare imports the runtime meanwhile, a
 environment, thread counts and MPS share, must be in place before torch is imported). Until it has a replica
 it dies with its agent (PR_SET_PDEATHSIG). A Load that carries `attach` makes it a replica worker that outlives
 its agent: it listens on its socket in the agent's state directory and, once its agent is gone, keeps its model
-and waits there for the next agent up to its orphan timeout (agent.workers.channel), then exits.
+and waits there for the next agent up to its orphan timeout (agent.workers.channel), then exits. A Load that
+carries `log_path` sends all it writes from then on, fds 1 and 2, to its replica's log (agent.workers.logs).
 
 What crosses the connection is agent.workers.messages. Worker -> agent: Loading, Progress, then Ready or Failed;
 a Reply or a Refusal to each Command, whose `kind` is "input" (the caller's fault), "oom" (out of memory; the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import logging
 import os
 import signal
@@ -31,7 +33,7 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
-from agent.workers import limits
+from agent.workers import limits, logs
 from agent.workers.channel import DETACHED, WorkerChannel
 from agent.workers.errors import describe_error
 from agent.workers.generation_spec import PromptError
@@ -75,7 +77,9 @@ def main(conn: Connection, agent_pid: int | None = None, spare: bool = False) ->
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    # Warnings too: a replica's output is its own log (agent.workers.logs), and transformers words some load
+    # failures only in a warning ("For details look at the above report!": which keys mismatched, and how).
+    os.environ["TRANSFORMERS_VERBOSITY"] = "warning"
     channel = WorkerChannel(conn)
     channel.start()
     try:
@@ -90,7 +94,11 @@ def _load_and_serve(channel: WorkerChannel, spare: bool) -> None:
     if load is None:
         return
     spec = load.spec
+    if load.log_path is not None:
+        _write_to(load.log_path)
     _log_as(str(spec.replica_id))
+    log.info("worker pid %d for replica %d (%s) on %s", os.getpid(), spec.replica_id,
+             spec.deployment or spec.model_path, spec.device)
     if load.attach is not None:
         _outlive_agent(channel, spec, load.attach)
     limits.before_cuda(spec)  # nothing has touched CUDA yet, in a spare either
@@ -143,6 +151,16 @@ def _outlive_agent(channel: WorkerChannel, spec: WorkerSpec, attach: Attach) -> 
         log.warning("cannot listen on %s (%s): this worker ends with its agent", attach.socket_path, e)
         return
     _set_parent_death_signal(0)
+
+
+def _write_to(log_path: str) -> None:
+    """Send everything this worker writes (Python and C alike) to its replica's log, from here on."""
+    try:
+        logs.redirect_output(log_path)
+    except OSError as e:
+        log.warning("cannot write to %s (%s): this worker's output goes to its agent's", log_path, e)
+        return
+    faulthandler.enable()  # a crash in C code (SIGSEGV, SIGABRT) leaves the Python stack in the log
 
 
 def _log_as(name: str) -> None:

@@ -9,7 +9,9 @@ heard before they go on. A replica's commands are in agent.workers.handle; what 
 is in agent.workers.errors (both re-exported here).
 
 With a state directory (agent.workers.rendezvous), replica workers outlive the agent: `detach_all()` leaves them
-running, and the next agent's `adopt_all()` finds them by their sockets and takes them over as they are.
+running, and the next agent's `adopt_all()` finds them by their sockets and takes them over as they are. Each
+replica's workers write their output to its log (agent.workers.logs: in the state directory, else a temporary
+one), which the supervisor keeps rotated and pruned while it has replicas.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from agent.workers.errors import (
 from agent.workers.handle import DEFAULT_STOP_TIMEOUT, Changed, WorkerHandle, WorkerState
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from agent.workers.link import LinkEvent
+from agent.workers.logs import CHECK_INTERVAL, ReplicaLogs
 from agent.workers.messages import WORKER_PROTOCOL, Describe, Description, Progress, Stop
 from agent.workers.processes import AdoptedProcess
 from agent.workers.rendezvous import HANDSHAKE_TIMEOUT, WorkerDirectory, WorkerSocket, connect
@@ -77,7 +80,9 @@ class Supervisor:
         self._handles: dict[int, WorkerHandle] = {}
         self.events: asyncio.Queue[LinkEvent | Changed] = asyncio.Queue()
         self._consumer: asyncio.Task | None = None
+        self._log_keeper: asyncio.Task | None = None
         self.spares = SparePool(warm_spares, stop_timeout)
+        self.logs = ReplicaLogs(directory.root / "logs" if directory is not None else None)
 
     def start_spares(self) -> None:
         """Spawn the warm spares; call from the running event loop (spares need it to be watched)."""
@@ -95,7 +100,7 @@ class Supervisor:
         self._handles[spec.replica_id] = handle
         try:
             attach = self.directory.attach_for(spec.replica_id) if self.directory is not None else None
-            handle.start(self.spares.take(), attach)
+            handle.start(self.spares.take(), attach, self.logs.for_worker(spec.replica_id))
         except OSError as e:  # no process could be made (fd or process limits): report it as the reason
             handle.fail_without_start(f"cannot start a worker process: {e}")
         self.settle()
@@ -112,6 +117,7 @@ class Supervisor:
     def _new(self, spec: WorkerSpec) -> WorkerHandle:
         if self._consumer is None:
             self._consumer = asyncio.get_running_loop().create_task(self._consume(), name="modelgrid-replica-events")
+            self._log_keeper = asyncio.get_running_loop().create_task(self._keep_logs(), name="modelgrid-worker-logs")
         interval, timeout = self._heartbeat
         return WorkerHandle(spec, self.events, interval, timeout)
 
@@ -145,13 +151,23 @@ class Supervisor:
         await asyncio.gather(self.spares.close(), *(self.stop(replica_id) for replica_id in list(self._handles)))
         self.settle()
         await self._stop_consumer()
+        self.logs.close()  # a temporary directory's logs go with the workers that wrote them
 
     async def _stop_consumer(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            consumer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await consumer
+        tasks, self._consumer, self._log_keeper = (self._consumer, self._log_keeper), None, None
+        for task in tasks:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _keep_logs(self) -> None:
+        while True:
+            await asyncio.sleep(CHECK_INTERVAL)
+            try:
+                await asyncio.to_thread(self.logs.upkeep, set(self._handles))
+            except OSError as e:  # a full or read-only disk: the workers' own writes fail quietly too
+                log.warning("cannot rotate or prune the worker logs: %s", e)
 
     async def detach_all(self) -> None:
         """Stop the spares but leave every replica worker running with its model, for the next agent to adopt

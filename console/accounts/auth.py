@@ -22,7 +22,19 @@ class BearerToken(HttpBearer):
             # Raising ends the auth chain: a script that sent a token meant it, even with a session cookie.
             raise AuthorizationError(message=INFERENCE_ONLY)
         request.user = row.user
+        request.api_token = row  # who acted, for the timeline (actor_of)
         return row.user
+
+
+def actor_of(request) -> str:
+    """Who made a request, as the timeline names them: "token NAME (USER)" or "user NAME"."""
+    token = getattr(request, "api_token", None)
+    if token is not None:
+        return f"token {token.name} ({token.user.get_username()})"
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        return f"user {user.get_username()}"
+    return "anonymous"
 
 
 def token_scope(token: str) -> tuple[AbstractBaseUser, str] | None:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 from console.accounts.tokens import hash_token, matches, new_token, token_prefix
@@ -51,10 +51,17 @@ class ApiToken(HashedToken):
         return f"{self.user} / {self.name} ({self.prefix}…)"
 
     @classmethod
-    def issue(cls, user, name: str = "cli", scope: str = Scope.ALL) -> tuple[ApiToken, str]:
-        """Create a token for `user`; returns the row and the plaintext, which is never stored."""
+    def issue(cls, user, name: str = "cli", scope: str = Scope.ALL, actor: str = "") -> tuple[ApiToken, str]:
+        """Create a token for `user`; returns the row and the plaintext, which is never stored. `actor`: who
+        asked, for the timeline."""
+        from console.events.record import Note, record
+
         token, fields = cls.new_secret("api")
-        return cls.objects.create(user=user, name=name, scope=scope, **fields), token
+        with transaction.atomic():
+            row = cls.objects.create(user=user, name=name, scope=scope, **fields)
+            record([Note(f"token/{user.get_username()}/{name}", "TokenCreated", f"API token {row.prefix}… "
+                         f"with scope {scope} for user {user.get_username()}", actor=actor)])
+        return row, token
 
     @classmethod
     def authenticate(cls, token: str) -> ApiToken | None:

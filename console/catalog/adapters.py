@@ -16,10 +16,11 @@ from console.catalog.memory import deployment_estimates
 from console.catalog.models import Adapter
 from console.catalog.services import can_be_name, validate_name
 from console.errors import Conflict, Invalid, NotFound
+from console.events.record import Note, record
 from console.realtime.notify import wake_scheduler
 
 
-def register_adapter(name: str, deployment: str, path: str, pinned: bool = False) -> Adapter:
+def register_adapter(name: str, deployment: str, path: str, pinned: bool = False, actor: str = "") -> Adapter:
     """Read, check and store an adapter for `deployment`; refreshes the deployment's memory estimate."""
     from console.deployments.services import get_deployment, refuse_taken_name  # deployments depends on catalog
 
@@ -42,6 +43,8 @@ def register_adapter(name: str, deployment: str, path: str, pinned: bool = False
                 modules=len(adapter.modules), parameters=adapter.parameters, nbytes=fit.nbytes, pinned=pinned,
             )
             _refresh_pool(dep)
+            record([Note(f"adapter/{name}", "Registered", f"LoRA rank {row.rank} for deployment {dep.name} from "
+                         f"{row.path}{' (pinned)' if pinned else ''}", actor=actor, deployment=dep.name)])
             transaction.on_commit(wake_scheduler)
             return row
     except IntegrityError:
@@ -57,12 +60,14 @@ def get_adapter(name: str) -> Adapter:
     raise NotFound(f"no adapter named {name!r}")
 
 
-def delete_adapter(name: str) -> None:
+def delete_adapter(name: str, actor: str = "") -> None:
     adapter = get_adapter(name)
     with transaction.atomic():
         dep = adapter.deployment
         adapter.delete()
         _refresh_pool(dep)
+        record([Note(f"adapter/{name}", "Deleted", f"removed from deployment {dep.name}", actor=actor,
+                     deployment=dep.name)])
         transaction.on_commit(wake_scheduler)
 
 

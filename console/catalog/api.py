@@ -1,6 +1,7 @@
 from django.http import HttpResponse
 from ninja import Query, Router, Status
 
+from console.accounts.auth import actor_of
 from console.catalog import adapters, memory, services
 from console.catalog.models import Adapter, Model
 from console.catalog.schemas import AdapterIn, AdapterOut, ErrorOut, EstimateIn, EstimateOut, ModelIn, ModelOut
@@ -22,7 +23,7 @@ def list_models(request, response: HttpResponse, query: Query[ListQuery]):
 
 @router.post("", response={201: ModelOut, 409: ErrorOut, 422: ErrorOut}, summary="Register a model directory")
 def register_model(request, body: ModelIn):
-    return Status(201, services.register_model(body.name, body.path))
+    return Status(201, services.register_model(body.name, body.path, actor=actor_of(request)))
 
 
 @router.get("/{name}", response={200: ModelOut, 404: ErrorOut})
@@ -32,7 +33,7 @@ def get_model(request, name: str):
 
 @router.delete("/{name}", response={204: None, 404: ErrorOut, 409: ErrorOut})
 def delete_model(request, name: str):
-    services.delete_model(name)
+    services.delete_model(name, actor=actor_of(request))
     return Status(204, None)
 
 
@@ -56,7 +57,8 @@ def list_adapters(request, response: HttpResponse, query: Query[ListQuery]):
 @adapter_router.post("", response={201: AdapterOut, 409: ErrorOut, 422: ErrorOut},
                      summary="Register a LoRA adapter on a deployment (checked against its base model)")
 def register_adapter(request, body: AdapterIn):
-    return Status(201, adapters.register_adapter(body.name, body.deployment, body.path, body.pinned))
+    return Status(201, adapters.register_adapter(body.name, body.deployment, body.path, body.pinned,
+                                                 actor=actor_of(request)))
 
 
 @adapter_router.get("/{name}", response={200: AdapterOut, 404: ErrorOut})
@@ -66,5 +68,5 @@ def get_adapter(request, name: str):
 
 @adapter_router.delete("/{name}", response={204: None, 404: ErrorOut})
 def delete_adapter(request, name: str):
-    adapters.delete_adapter(name)
+    adapters.delete_adapter(name, actor=actor_of(request))
     return Status(204, None)

@@ -12,6 +12,7 @@ from django.db import IntegrityError, transaction
 from agent.artifacts import ArtifactError, estimate_model, inspect_model_dir
 from console.catalog.models import NAME_VALIDATOR, Model
 from console.errors import Conflict, DomainError, Invalid, NotFound
+from console.events.record import Note, record
 
 
 def validate_name(name: str, what: str) -> None:
@@ -21,8 +22,9 @@ def validate_name(name: str, what: str) -> None:
         raise Invalid(f"{what} name {name!r} is not valid: {e.messages[0]}", field="name") from None
 
 
-def register_model(name: str, path: str) -> Model:
-    """Read the artifact at `path`, estimate it and store it as `name`; nothing stored on error."""
+def register_model(name: str, path: str, actor: str = "") -> Model:
+    """Read the artifact at `path`, estimate it and store it as `name`; nothing stored on error. `actor` (who
+    asked) goes on the timeline."""
     validate_name(name, "model")
     if not path:
         raise Invalid("path is empty: give the directory that holds config.json and *.safetensors", field="path")
@@ -33,7 +35,7 @@ def register_model(name: str, path: str) -> Model:
         raise Invalid(str(e), field="path") from None
     try:
         with transaction.atomic():
-            return Model.objects.create(
+            model = Model.objects.create(
                 name=name,
                 path=str(artifact.path),
                 architecture=artifact.architecture,
@@ -45,6 +47,9 @@ def register_model(name: str, path: str) -> Model:
                 estimate_bytes=estimate.total_bytes,
                 estimate=estimate.as_dict(),
             )
+            record([Note(f"model/{name}", "Registered", f"{artifact.architecture} from {artifact.path}: "
+                         f"{artifact.parameters:,} parameters, {artifact.stored_dtype}", actor=actor)])
+            return model
     except IntegrityError:
         raise Conflict(f"a model named {name!r} is already registered", field="name") from None
 
@@ -68,12 +73,14 @@ def get_model(name: str, missing: type[DomainError] = NotFound) -> Model:
                   field="model" if missing is Invalid else None)
 
 
-def delete_model(name: str) -> None:
+def delete_model(name: str, actor: str = "") -> None:
     model = get_model(name)
     users = list(model.deployments.values_list("name", flat=True))
     if users:
         raise Conflict(f"model {name!r} is used by deployment(s) {', '.join(users)}; delete those first")
-    model.delete()
+    with transaction.atomic():
+        model.delete()
+        record([Note(f"model/{name}", "Deleted", f"unregistered (its files stay at {model.path})", actor=actor)])
 
 
 @dataclass(frozen=True)

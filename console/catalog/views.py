@@ -6,6 +6,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from console.accounts.auth import actor_of
 from console.catalog import memory, services
 from console.catalog.calibration import error_fraction
 from console.catalog.models import Calibration, MemorySample, Model
@@ -59,7 +60,7 @@ def estimate_preview(request):
 def register(request):
     name, path = request.POST.get("name", "").strip(), request.POST.get("path", "").strip()
     try:
-        model = services.register_model(name, path)
+        model = services.register_model(name, path, actor=actor_of(request))
     except DomainError as e:
         messages.error(request, f"Not registered: {e}")
     else:
@@ -84,7 +85,7 @@ def deploy(request, name: str):
         policy = {"priority": form.get("priority") or "standard"} | ({} if replicas is None else {"replicas": replicas})
         dep = create_deployment(dep_name, name, dtype=form.get("dtype") or None,
                                 batch=whole_number(form.get("batch"), "batch") or 1,
-                                seq=whole_number(form.get("seq"), "seq"), **policy)
+                                seq=whole_number(form.get("seq"), "seq"), actor=actor_of(request), **policy)
     except DomainError as e:
         messages.error(request, f"Not deployed: {e}")
         return redirect("models")

@@ -1,6 +1,7 @@
 from django.http import HttpResponse
-from ninja import Body, Query, Router, Status
+from ninja import Body, Path, Query, Router, Status
 
+from console.accounts.auth import actor_of
 from console.catalog.schemas import ErrorOut
 from console.deployments import services
 from console.deployments.models import Deployment
@@ -11,8 +12,11 @@ from console.deployments.schemas import (
     DeploymentListQuery,
     DeploymentOut,
     DeploymentPatch,
+    ReplicaLogsOut,
+    ReplicaLogsQuery,
 )
 from console.errors import Invalid
+from console.fleet.logs import replica_logs
 from console.pagination import name_search, paginate, set_page_headers
 from console.scheduler.dryrun import PlanInputError, run_dry_plan
 
@@ -35,7 +39,7 @@ def list_deployments(request, response: HttpResponse, query: Query[DeploymentLis
 def create_deployment(request, body: DeploymentIn):
     policy = body.dict(include=set(services.POLICY_FIELDS), exclude_unset=True)
     dep = services.create_deployment(body.name, body.model, dtype=body.dtype, batch=body.batch, seq=body.seq,
-                                     **policy)
+                                     actor=actor_of(request), **policy)
     return Status(201, deployment_data(dep))
 
 
@@ -44,7 +48,7 @@ def create_deployment(request, body: DeploymentIn):
 def create_deployments(request, body: DeploymentBulkIn):
     items = [d.dict(include=SERVING_SHAPE) | d.dict(include=set(services.POLICY_FIELDS), exclude_unset=True)
              for d in body.deployments]
-    created = services.create_deployments(items)
+    created = services.create_deployments(items, actor=actor_of(request))
     order = {d.name: i for i, d in enumerate(created)}
     rows = deployments_data(listed(Deployment.objects.filter(name__in=order)))
     return Status(201, sorted(rows, key=lambda d: order[d["name"]]))
@@ -77,13 +81,26 @@ def get_deployment(request, name: str):
 @router.patch("/{name}", response={200: DeploymentOut, 404: ErrorOut, 422: ErrorOut},
               summary="Change a deployment's replicas, priority, SLO or placement constraints")
 def update_deployment(request, name: str, body: DeploymentPatch):
-    return deployment_data(services.update_deployment(name, body.dict(exclude_unset=True)))
+    return deployment_data(services.update_deployment(name, body.dict(exclude_unset=True), actor=actor_of(request)))
 
 
 @router.delete("/{name}", response={204: None, 404: ErrorOut})
 def delete_deployment(request, name: str):
-    services.delete_deployment(name)
+    services.delete_deployment(name, actor=actor_of(request))
     return Status(204, None)
+
+
+# Async: the answer waits up to 5 s for the replica's agent, which a sync view would spend holding the one thread
+# that every sync view shares under ASGI. Auth still works: ninja runs the sync authenticators in a thread.
+@router.get("/{name}/replicas/{index}/logs",
+            response={200: ReplicaLogsOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut, 502: ErrorOut, 503: ErrorOut,
+                      504: ErrorOut},
+            summary="The last lines a replica's workers wrote (stdout and stderr), read from its host's agent")
+async def get_replica_logs(request, name: str, query: Query[ReplicaLogsQuery],
+                           index: int = Path(..., ge=0, le=2**31 - 1)):
+    """404: no such deployment or replica (`index` as in the deployment's `replicas`); 409: not placed on a host;
+    503: its host's agent is not connected; 502: the agent refused (its words); 504: the agent did not answer."""
+    return {"lines": await replica_logs(name, index, query.tail)}
 
 
 plan_router = Router()

@@ -13,7 +13,11 @@ from collections.abc import Callable
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import transaction
 
+from console.alerts.webhooks import deliver
+from console.chores import CHORE_SECONDS, run_chores
+from console.dbthreads import own_thread
 from console.deployments.leader import Elector, NotLeader, current_leader
 from console.deployments.reconcile import PassResult, reconcile_once, start_leading
 from console.gateway.metrics import METRICS
@@ -36,6 +40,10 @@ async def run_pass(fence: Callable[[], None] | None = None, pushed: dict[int, fl
     METRICS.pass_seconds.observe(time.perf_counter() - began)
     for action in result.actions:
         METRICS.actions.labels(action).inc()
+    for tier in result.refused:
+        METRICS.refused.labels(tier).inc()
+    for tier in result.preempted:
+        METRICS.preemptions.labels(tier).inc()
     now, pushed = time.monotonic(), {} if pushed is None else pushed
     hosts = set(result.changed_hosts)
     for host in result.behind:  # first seen behind now: its push may still be on its way
@@ -84,6 +92,7 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
     listening = asyncio.create_task(_listen(layer, inbox, woken))
     loop = asyncio.get_running_loop()
     ended, rest, cpu = float("-inf"), 0.0, 0.0
+    chores = asyncio.create_task(_chore_loop(elector, stop))
     try:
         while not stop.is_set():
             # Unwoken, passes use at most a tenth of a core: at 1,000 hosts one costs over a second.
@@ -110,10 +119,35 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
             if result.changed:
                 woken.set()
     finally:
-        listening.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await listening
+        for task in (listening, chores):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await layer.group_discard(SCHEDULER_GROUP, inbox)
+
+
+async def _chore_loop(elector: Elector, stop: asyncio.Event) -> None:
+    """The leader's chores (console/chores.py) every CHORE_SECONDS, each after a check that it still leads."""
+    while not stop.is_set():
+        try:
+            # A thread of its own on PostgreSQL: chores take a while at fleet scale, and must not hold up intake
+            # and requests on Channels' one database thread. They write only their own rows (series, alerts,
+            # events), so they cannot deadlock with a pass.
+            await own_thread(_fenced_chores)(elector)
+            await deliver(own_thread)
+        except NotLeader:
+            return
+        except Exception:
+            log.exception("chores failed")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), CHORE_SECONDS)
+
+
+def _fenced_chores(elector: Elector) -> None:
+    # The fence in a transaction of its own: chores may take a while, and a pass's fence waits for its row.
+    with transaction.atomic():
+        elector.fence()
+    run_chores()
 
 
 async def _listen(layer, inbox: str, woken: asyncio.Event) -> None:

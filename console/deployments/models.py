@@ -29,6 +29,8 @@ class DeploymentState(models.TextChoices):
     PENDING = "pending"
     LOADING = "loading"
     READY = "ready"
+    ASLEEP = "asleep"  # nothing on a GPU, replicas asleep in host memory: a request wakes one
+    IDLE = "idle"  # scaled to zero with nothing in memory: a request places one
     DEGRADED = "degraded"
     FAILED = "failed"
     UNSCHEDULABLE = "unschedulable"

@@ -24,6 +24,21 @@ def gateway_figures(stats: dict, now: float) -> tuple[float, float | None] | Non
     return rate, max(p95s) if p95s else None
 
 
+def gateway_detail(stats: dict, now: float) -> dict | None:
+    """Every figure of the console processes that reported lately, folded as above: rates and errors/s
+    summed, p50, p95 and queue wait the worst process's (None where none saw a request); None when none did."""
+    fresh = [s for s in (stats or {}).values() if now - float(s.get("at", 0)) <= GATEWAY_FRESH_S]
+    if not fresh:
+        return None
+
+    def worst(key: str) -> float | None:
+        seen = [float(s[key]) for s in fresh if s.get(key) is not None]
+        return max(seen) if seen else None
+    rates = [(float(s.get("request_rate") or 0.0), float(s.get("error_rate") or 0.0)) for s in fresh]
+    return {"request_rate": sum(r for r, _ in rates), "errors": sum(r * e for r, e in rates),
+            "p50_ms": worst("p50_ms"), "p95_ms": worst("p95_ms"), "queue_ms": worst("queue_ms")}
+
+
 def refresh_observations(now: datetime) -> bool:
     """Aggregate connected hosts' serving figures per deployment; True if one entered or left its SLO
     (a rate or latency that merely moved is stored without counting as a change worth a refresh).

@@ -32,6 +32,7 @@ from console.deployments.snapshot import (
     replica_specs,
 )
 from console.errors import Invalid
+from console.events.record import Note, deployment_object, host_object, record, replica_object
 from console.fleet.intake import lapse_leases
 from console.fleet.models import Host
 from console.scheduler import PlanInput, PlannedReplica, Settings, plan
@@ -47,8 +48,11 @@ class PassResult:
     changed_hosts: tuple[int, ...]  # host ids whose desired state got a new generation
     changed: bool  # anything at all changed (replicas created, placed, states)
     actions: tuple[str, ...] = ()  # the scheduler's actions that changed a replica (place, wake, ...)
+    events: int = 0  # events this pass appended to the timeline
     cpu_s: float = 0.0  # the pass's own CPU time (its wall time also counts waits for locks and the GIL)
     behind: tuple[int, ...] = ()  # connected hosts that have not acknowledged their current generation
+    refused: tuple[str, ...] = ()  # the tier of each replica that became refused a place (scaled to zero is no refusal)
+    preempted: tuple[str, ...] = ()  # the tier of each replica this pass preempted
 
 
 def fleet_device_kind(gpus: dict[str, GpuRow]) -> str:
@@ -107,9 +111,11 @@ def _reservations(deployments: list[Deployment], device: str) -> tuple[dict[int,
     return needs, problems
 
 
-def _plan_and_apply(now: datetime, actions: list[str], touched: set[int]) -> bool:
+def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbacks: list[tuple[str, str]],
+                    notes: list[Note]) -> bool:
     """Plan every deployment on the schedulable GPUs and write the outcome onto the replica rows; `touched`
-    collects the hosts whose replicas changed (their desired state is rebuilt)."""
+    collects the hosts whose replicas changed (their desired state is rebuilt), `setbacks` (action, tier) of each
+    replica that became refused or preempted, `notes` the events of what changed."""
     # Plain reads, a handful of queries whatever the fleet's size: model instances only for deployments and
     # replica rows (the ones the pass may write), no prefetching (a queryset per row costs more than the rows).
     # (A deployment's model is read only when its estimates must be rebuilt; the gateway's figures are folded
@@ -122,7 +128,10 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int]) -> boo
     changed = False
     for dep in deployments:
         if dep.pk in problems:
-            changed |= _ensure_rows(dep, rows.by_deployment.get(dep.pk, []), problems[dep.pk])
+            if _ensure_rows(dep, rows.by_deployment.get(dep.pk, []), problems[dep.pk]):
+                changed = True
+                notes.append(Note(deployment_object(dep.name), "CannotEstimate", problems[dep.pk], warning=True,
+                                  actor="scheduler", deployment=dep.name))
     planned = [d for d in deployments if d.pk in needs]
     request = PlanInput(
         gpus=tuple(specs),
@@ -145,6 +154,8 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int]) -> boo
         dep = by_name[decision.deployment]
         if decision.target != dep.replicas:
             log.info("scale %s from %d to %d: %s", dep.name, dep.replicas, decision.target, decision.reason)
+            notes.append(Note(deployment_object(dep.name), "Scaled", f"scaled from {dep.replicas} to "
+                              f"{decision.target} replicas: {decision.reason}", actor="scheduler", deployment=dep.name))
             dep.replicas, dep.last_scale_at = decision.target, now
             dep.save(update_fields=["replicas", "last_scale_at"])
             changed = True
@@ -155,10 +166,13 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int]) -> boo
     for p in sorted(result.replicas, key=lambda p: _pk_of(indexed[by_name[p.deployment].pk].get(p.index))):
         dep = by_name[p.deployment]
         planned_rows.setdefault(p.deployment, set()).add(p.index)
-        if _apply(dep, indexed[dep.pk], p, gpus, needs[dep.pk], device, now, touched, rows, born):
+        was = getattr(indexed[dep.pk].get(p.index), "action", "")
+        if _apply(dep, indexed[dep.pk], p, gpus, needs[dep.pk], device, now, touched, rows, born, notes):
             changed = True
             if p.action != "keep":
                 actions.append(p.action)
+            if p.action in ("refuse", "preempt") and p.action != was and "scaled to zero" not in p.reason:
+                setbacks.append((p.action, dep.priority))
     if born:  # new rows in two statements, however many deployments were created since the last pass
         Replica.objects.bulk_create([row for row, _ in born])
         through = Replica.gpus.through
@@ -217,7 +231,7 @@ _PASS_FIELDS = ("deployment_id", "index", "last_request_at", *_PLANNED, *_OBSERV
 
 def _apply(dep: Deployment, rows: dict[int, Replica], p: PlannedReplica, gpus: dict[str, GpuRow],
            need: Reservation, device: str, now: datetime, touched: set[int], read: _Rows,
-           born: list[tuple[Replica, list[int]]]) -> bool:
+           born: list[tuple[Replica, list[int]]], notes: list[Note]) -> bool:
     """Write one planned replica onto its row (a new row goes to `born`, with its GPUs' keys, for the caller to
     create); True if anything changed. Only the fields that changed are written, so a steady pass writes
     nothing and never overwrites what intake just stored."""
@@ -267,9 +281,17 @@ def _apply(dep: Deployment, rows: dict[int, Replica], p: PlannedReplica, gpus: d
             row.gpus.set([g.pk for g in placement])
     if (created or changed) and p.action != "keep":
         log.info("%s %s#%d: %s", p.action, dep.name, p.index, p.reason)
+        host = read.host_names.get(row.host_id or host_before, "")
+        notes.append(Note(replica_object(dep.name, p.index), ACTION_REASONS.get(p.action, p.action.title()), p.reason,
+                          warning=p.action in ("preempt", "refuse"), actor="scheduler", deployment=dep.name, host=host))
     if created or regpu or set(changed) & _DESIRED:
         touched.update(h for h in (host_before, row.host_id) if h)
     return created or bool(changed) or regpu
+
+
+# The timeline's reason code for each of the scheduler's actions.
+ACTION_REASONS = {"place": "Placed", "move": "Moved", "wake": "Woken", "sleep": "Slept", "preempt": "Preempted",
+                  "stop": "Stopped", "refuse": "Refused"}
 
 
 def derive_state(replicas: list[Replica]) -> tuple[str, str]:
@@ -281,7 +303,8 @@ def derive_state(replicas: list[Replica]) -> tuple[str, str]:
     if unplaced and all("scaled to zero" in r.reason for r in unplaced) and len(unplaced) == len(serving):
         asleep = len(replicas) - len(serving)
         where = f"{asleep} asleep in host memory, " if asleep else ""
-        return DeploymentState.READY, f"scaled to zero ({where}{len(unplaced)} stopped); a request brings one back"
+        state = DeploymentState.ASLEEP if asleep else DeploymentState.IDLE
+        return state, f"scaled to zero ({where}{len(unplaced)} stopped); a request brings one back"
     if unplaced and unplaced[0].reason:
         if len(unplaced) == len(replicas):
             return DeploymentState.UNSCHEDULABLE, unplaced[0].reason
@@ -298,7 +321,7 @@ def derive_state(replicas: list[Replica]) -> tuple[str, str]:
     if states and all(s == "ready" for s in states):
         return DeploymentState.READY, f"{asleep} replica(s) asleep in host memory" if asleep else ""
     if not serving:
-        return DeploymentState.READY, f"all {asleep} replica(s) asleep in host memory; a request wakes one"
+        return DeploymentState.ASLEEP, f"all {asleep} replica(s) asleep in host memory; a request wakes one"
     if "loading" in states or "starting" in states:
         return DeploymentState.LOADING, "loading weights"
     return DeploymentState.PENDING, "waiting for an agent to start the replica"
@@ -340,7 +363,7 @@ def start_leading() -> None:
     _leading_since, _last_sweep = time.monotonic(), float("-inf")
 
 
-def _host_lifecycle(now: datetime) -> bool:
+def _host_lifecycle(now: datetime, notes: list[Note]) -> bool:
     """Lapse the leases of silent hosts (they become unknown) and evict hosts unknown for longer than the
     eviction timeout, oldest first, at most a share of the fleet per minute (their replicas are then
     re-placed). Nothing lapses during the reconnect grace after this process began leading: a console
@@ -349,7 +372,12 @@ def _host_lifecycle(now: datetime) -> bool:
         start_leading()
     if time.monotonic() - _leading_since < settings.MODELGRID_RECONNECT_GRACE_SECONDS:
         return False
-    changed = bool(lapse_leases(now, settings.MODELGRID_HOST_LEASE_SECONDS))
+    lapsed = lapse_leases(now, settings.MODELGRID_HOST_LEASE_SECONDS)
+    lease = settings.MODELGRID_HOST_LEASE_SECONDS
+    notes.extend(Note(host_object(name), "Unknown", f"no word from its agent for {lease:g} s: its lease lapsed; it "
+                      "keeps its replicas but gets no new ones", warning=True, actor="console", host=name)
+                 for name in lapsed)
+    changed = bool(lapsed)
     overdue = Host.objects.filter(connected=False, evicted_at=None, unknown_since__isnull=False,
                                   unknown_since__lte=now - timedelta(seconds=settings.MODELGRID_EVICTION_SECONDS))
     if not overdue.exists():
@@ -363,6 +391,8 @@ def _host_lifecycle(now: datetime) -> bool:
     for _, name in chosen:
         log.warning("host %s: unknown for over %g s; its replicas are re-placed", name,
                     settings.MODELGRID_EVICTION_SECONDS)
+        notes.append(Note(host_object(name), "Evicted", f"unknown for over {settings.MODELGRID_EVICTION_SECONDS:g} s:"
+                          " its replicas are placed elsewhere", warning=True, actor="console", host=name))
     return True
 
 
@@ -373,26 +403,37 @@ def reconcile_once(fence: Callable[[], None] | None = None) -> PassResult:
     began = time.thread_time()
     now = timezone.now()
     actions: list[str] = []
+    setbacks: list[tuple[str, str]] = []
     touched: set[int] = set()
+    notes: list[Note] = []
     # Leases and evictions first, in a transaction of their own: it locks host rows, and the pass proper takes
     # replica rows before host rows, so it never holds a host row while it waits for a replica row.
     with transaction.atomic():
         if fence is not None:
             fence()
-        lifecycle = _host_lifecycle(now)
+        lifecycle = _host_lifecycle(now, notes)
+        record(notes, now)
+    events = len(notes)
+    notes.clear()
     with transaction.atomic():
         if fence is not None:
             fence()
         changed = lifecycle | refresh_observations(now)
-        changed |= _plan_and_apply(now, actions, touched)
+        changed |= _plan_and_apply(now, actions, touched, setbacks, notes)
         changed |= _refresh_deployment_states()
         # Desired states are rebuilt for the hosts this pass changed (and those marked stale); every host's
         # now and then, so that nothing depends on this bookkeeping being perfect.
         sweep = time.monotonic() - _last_sweep >= DESIRED_SWEEP_SECONDS
         hosts = bump_generations(None if sweep else touched)
+        # Events last: every writer takes event rows after the rows it changes (intake: hosts, then events), so
+        # no lock order can cross.
+        record(notes, now)
+        events += len(notes)
     if sweep:
         _last_sweep = time.monotonic()
     behind = tuple(Host.objects.filter(connected=True, generation__gt=F("acked_generation"))
                    .values_list("pk", flat=True))
     return PassResult(changed_hosts=hosts, changed=changed or bool(hosts), actions=tuple(actions),
-                      cpu_s=time.thread_time() - began, behind=behind)
+                      cpu_s=time.thread_time() - began, behind=behind, events=events,
+                      refused=tuple(t for a, t in setbacks if a == "refuse"),
+                      preempted=tuple(t for a, t in setbacks if a == "preempt"))

@@ -161,7 +161,16 @@ class DeploymentOut(Schema):
 
 MAX_BULK = 1000
 # console.deployments.models.DeploymentState (the schemas stay free of the ORM).
-DeploymentState = Literal["pending", "loading", "ready", "degraded", "failed", "unschedulable"]
+DeploymentState = Literal["pending", "loading", "ready", "asleep", "idle", "degraded", "failed", "unschedulable"]
+
+
+class ReplicaLogsQuery(Schema):
+    tail: int = Field(100, ge=1, le=1000, description="how many of the last lines, 1 to 1,000")
+
+
+class ReplicaLogsOut(Schema):
+    lines: list[str] = Field(description="the last lines the replica's workers wrote (stdout and stderr, every "
+                             "worker of the replica in turn), oldest first; each at most 1,000 characters")
 
 
 class DeploymentListQuery(ListQuery):

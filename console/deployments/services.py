@@ -15,6 +15,7 @@ from console.deployments.desired import mark_stale
 from console.deployments.models import Deployment
 from console.deployments.schemas import MAX_BULK
 from console.errors import Conflict, DomainError, Invalid, NotFound, describe
+from console.events.record import Note, deployment_object, record
 from console.fleet.models import Host
 from console.realtime.notify import wake_scheduler
 
@@ -29,11 +30,13 @@ def create_deployment(
     dtype: str | None = None,
     batch: int = 1,
     seq: int | None = None,
+    actor: str = "",
     **changes: Any,
 ) -> Deployment:
     """Record a deployment and its memory estimate at its serving settings; nothing stored on error.
 
-    `changes` takes the POLICY_FIELDS given; min/max replicas default to `replicas` (a fixed count)."""
+    `changes` takes the POLICY_FIELDS given; min/max replicas default to `replicas` (a fixed count). `actor`
+    (who asked: a user, a token) goes on the timeline, as in the other changes here."""
     validate_name(name, "deployment")
     unknown = set(changes) - set(POLICY_FIELDS)
     if unknown:
@@ -50,13 +53,14 @@ def create_deployment(
                 name=name, model=model_row, dtype=dtype, batch=batch, seq=seq, estimates=estimates,
                 **chosen.model_dump(),
             )
+            record([_created(deployment, actor)])
             transaction.on_commit(wake_scheduler)
             return deployment
     except IntegrityError:
         raise Conflict(f"a deployment named {name!r} already exists", field="name") from None
 
 
-def update_deployment(name: str, changes: dict[str, Any]) -> Deployment:
+def update_deployment(name: str, changes: dict[str, Any], actor: str = "") -> Deployment:
     """Change a deployment's policy (replica counts, priority, SLO, placement constraints); nothing is
     stored when any change is refused. The next scheduler pass acts on it."""
     unknown = set(changes) - set(POLICY_FIELDS)
@@ -72,6 +76,10 @@ def update_deployment(name: str, changes: dict[str, Any]) -> Deployment:
             setattr(deployment, field, chosen[field])
         if fields:
             deployment.save(update_fields=fields)
+            from console.deployments.policy_form import describe_changes  # the words the form's message uses
+
+            record([Note(deployment_object(name), "PolicyChanged", "; ".join(describe_changes(current, deployment)),
+                         actor=actor, deployment=name)])
             mark_stale(deployment)
             transaction.on_commit(wake_scheduler)
     return deployment
@@ -121,19 +129,22 @@ def get_deployment(name: str, missing: type[DomainError] = NotFound) -> Deployme
     raise missing(f"no deployment named {name!r}", field="deployment" if missing is Invalid else None)
 
 
-def delete_deployment(name: str) -> None:
+def delete_deployment(name: str, actor: str = "") -> None:
     """Delete the deployment and its replicas; the next scheduler pass tells the agents to stop them."""
     with transaction.atomic():
         deployment = get_deployment(name)
         # Its rows go with it, so the pass would not see which hosts ran it: they are marked stale, after the
         # delete (replicas first, then hosts: the order a scheduler pass takes its row locks in).
         hosts = list(Host.objects.filter(replicas__deployment=deployment).values_list("pk", flat=True))
+        replicas = deployment.replica_set.count()
         deployment.delete()
         Host.objects.filter(pk__in=hosts).update(desired_digest="")
+        record([Note(deployment_object(name), "Deleted", f"deleted with its {replicas} replica(s); their workers "
+                     "are stopped", actor=actor, deployment=name)])
     transaction.on_commit(wake_scheduler)
 
 
-def create_deployments(items: list[dict[str, Any]]) -> list[Deployment]:
+def create_deployments(items: list[dict[str, Any]], actor: str = "") -> list[Deployment]:
     """Record many deployments at once, all or none. Each item is create_deployment()'s arguments as a dict
     (`name`, `model`, `dtype`, `batch`, `seq` and the POLICY_FIELDS given) and is checked as it checks one;
     every refused item is reported, its errors located at its index (["body", "deployments", 3, "name"]).
@@ -163,6 +174,7 @@ def create_deployments(items: list[dict[str, Any]]) -> list[Deployment]:
                 raise Conflict(message, errors=[{"loc": ["body", "deployments", first_index[name], "name"],
                                                  "msg": message, "type": Conflict.type}])
             created = Deployment.objects.bulk_create(rows)
+            record([_created(d, actor) for d in created])
             transaction.on_commit(wake_scheduler)
             return created
     except IntegrityError:
@@ -234,3 +246,9 @@ def _taken_names(names: list) -> dict[str, str]:
         taken[n] = (f"an adapter is already named {n!r}; deployments and adapters share one namespace (a request's "
                     "model field names either)")
     return taken
+
+
+def _created(d: Deployment, actor: str) -> Note:
+    replicas = str(d.min_replicas) if d.min_replicas == d.max_replicas else f"{d.min_replicas}-{d.max_replicas}"
+    return Note(deployment_object(d.name), "Created", f"deploys model {d.model.name} ({d.dtype}, batch {d.batch}): "
+                f"{replicas} replica(s), priority {d.priority}", actor=actor, deployment=d.name)

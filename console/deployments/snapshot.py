@@ -9,7 +9,7 @@ from django.db.models import Q
 
 from console.deployments.models import Deployment, Replica
 from console.fleet.labels import labels_of
-from console.fleet.models import Gpu, Host
+from console.fleet.models import Gpu, Host, foreign_bytes
 from console.scheduler import Deployment as DeploymentSpec
 from console.scheduler import Gpu as GpuSpec
 from console.scheduler import Host as HostSpec
@@ -62,9 +62,8 @@ def gpu_specs(buffer_bytes: int, replicas: Iterable[Replica], gpus_of: dict[int,
             # workers hold, draining and loading ones included (their rows may already point elsewhere); an
             # agent that does not say is credited with what its ready replicas here measured. A reading
             # never replaces a reservation: reservations come from the replica rows alone.
-            ours = own if own is not None else sum(r.measured_bytes or 0 for r in here
-                                                   if r.observed_state == "ready")
-            foreign = max(used - ours, 0)
+            foreign = foreign_bytes(used, own, sum(r.measured_bytes or 0 for r in here if r.observed_state == "ready")
+                                    if own is None else 0)
         else:
             # Cordoned: an unknown host keeps what it has and takes nothing new, so the plan sees its GPUs
             # exactly full (whatever its replicas do not reserve counts as taken).

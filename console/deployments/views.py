@@ -3,16 +3,19 @@ from __future__ import annotations
 from functools import wraps
 from urllib.parse import urlencode
 
+from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render, resolve_url
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST, require_safe
 from django_htmx.http import HttpResponseClientRedirect
 
+from console.accounts.auth import actor_of
 from console.catalog import adapters
 from console.deployments import services
 from console.deployments.models import Deployment, Priority, Profile
@@ -25,10 +28,13 @@ from console.deployments.policy_form import (
 )
 from console.deployments.presenters import deployment_page_data
 from console.errors import DomainError, NotFound
+from console.fleet.logs import replica_logs
 
 PAGE = "deployments/detail.html"
 STATUS = "deployments/_status.html"
 POLICY = "deployments/_policy.html"
+LOG_TAIL = "deployments/_log_tail.html"
+LOG_LINES = 200  # the page's tail of a replica's log
 # htmx stops polling when a poll answers 286 (the deployment was deleted meanwhile).
 STOP_POLLING = 286
 PROFILES = [(Profile.UNKNOWN, "unknown"), (Profile.COMPUTE, "compute-bound"), (Profile.MEMORY, "memory-bound"),
@@ -39,6 +45,15 @@ def login_required_htmx(view):
     """login_required; but an htmx request without a session (signed out in another tab) sends the whole
     browser to the login page, instead of having the login form swapped into a fragment."""
     guarded = login_required(view)
+    if iscoroutinefunction(view):
+        @wraps(view)
+        async def async_wrapper(request, *args, **kwargs):
+            if request.htmx and not (await request.auser()).is_authenticated:
+                back = request.htmx.current_url_abs_path or request.get_full_path()
+                return HttpResponseClientRedirect(f"{resolve_url(settings.LOGIN_URL)}?{urlencode({'next': back})}")
+            return await guarded(request, *args, **kwargs)
+
+        return async_wrapper
 
     @wraps(view)
     def wrapper(request, *args, **kwargs):
@@ -96,6 +111,24 @@ def status(request, name: str):
 
 
 @login_required_htmx
+@require_safe
+async def replica_log(request, name: str):
+    """The worker logs card's tail: the last lines of the replica chosen (?replica=INDEX), or the refusal that says
+    why there are none; polled by the page every 2 s. Async: it waits up to 5 s for the replica's agent."""
+    try:
+        index = int(request.GET.get("replica", "0"))
+    except ValueError:
+        index = -1  # no replica has it: refused below like any other index that does not exist
+    try:
+        lines, error = await replica_logs(name, index, LOG_LINES), ""
+    except DomainError as e:
+        if isinstance(e, NotFound) and not await sync_to_async(Deployment.objects.filter(name=name).exists)():
+            return HttpResponse(render_to_string("deployments/_gone.html", {"name": name}), status=STOP_POLLING)
+        lines, error = [], str(e)
+    return HttpResponse(render_to_string(LOG_TAIL, {"lines": lines, "error": error, "index": index}))
+
+
+@login_required_htmx
 @require_POST
 def update_policy(request, name: str):
     """Save the policy form. htmx: the card again, with the outcome inside it (and the status refreshed
@@ -103,7 +136,7 @@ def update_policy(request, name: str):
     dep = _deployment(name)
     before = stored_policy(dep)
     try:
-        dep = services.update_deployment(name, parse_policy_form(request.POST))
+        dep = services.update_deployment(name, parse_policy_form(request.POST), actor=actor_of(request))
     except DomainError as e:
         error, error_field, saved = str(e), (e.fields or [None])[0], None
     else:
@@ -127,7 +160,7 @@ def update_policy(request, name: str):
 @login_required
 @require_POST
 def delete(request, name: str):
-    services.delete_deployment(name)
+    services.delete_deployment(name, actor=actor_of(request))
     messages.success(request, f"Deployment {name} deleted; its workers are being stopped.")
     return redirect("dashboard")
 
@@ -138,7 +171,7 @@ def register_adapter(request, name: str):
     form = request.POST
     try:
         adapter = adapters.register_adapter(form.get("name", "").strip(), name, form.get("path", "").strip(),
-                                            pinned=bool(form.get("pinned")))
+                                            pinned=bool(form.get("pinned")), actor=actor_of(request))
     except DomainError as e:
         messages.error(request, f"Adapter not added: {e}")
     else:
@@ -150,6 +183,6 @@ def register_adapter(request, name: str):
 @require_POST
 def delete_adapter(request, adapter: str):
     deployment = adapters.get_adapter(adapter).deployment.name
-    adapters.delete_adapter(adapter)
+    adapters.delete_adapter(adapter, actor=actor_of(request))
     messages.success(request, f"Adapter {adapter} removed.")
     return redirect("deployment", deployment)

@@ -18,6 +18,8 @@ from django.utils import timezone
 from agent.protocol import Ack, GpuInfo, Hello, HostReport, ReplicaStatus
 from console.catalog.memory import Load, record_loads
 from console.deployments.models import Replica
+from console.events.record import Note, host_object, record
+from console.fleet.events import replica_notes
 from console.fleet.models import AgentCredential, Gpu, Host
 
 log = logging.getLogger("modelgrid.fleet")
@@ -67,6 +69,9 @@ def register_hello(credential: AgentCredential, hello: Hello) -> tuple[Host, int
         Host.objects.filter(pk=host.pk).update(link_epoch=F("link_epoch") + 1)
         host.refresh_from_db(fields=["link_epoch"])
         _sync_gpus({host.pk: hello.gpus}, prune=True)
+        record([Note(host_object(host.name), "Connected", f"agent {hello.agent_version or '(no version)'} connected "
+                     f"with {len(hello.gpus)} GPU(s), serving at {hello.endpoint or 'no endpoint'} (link epoch "
+                     f"{host.link_epoch})", actor=f"agent {host.name}", host=host.name)])
     return host, host.link_epoch
 
 
@@ -125,7 +130,9 @@ def _apply(items: list[Item]) -> list[Outcome]:
     # replicas, by primary key as a pass writes them. GPU readings thus land no later than the states they
     # explain.
     with transaction.atomic():
-        news = _apply_to_hosts(now, renewed, closed, reports)
+        notes: list[Note] = []
+        news = _apply_to_hosts(now, renewed, closed, reports, notes)
+        record(notes, now)
         for i, host_id, ack in sorted(acks, key=lambda a: a[1]):
             outcomes[i] = Outcome(error=_apply_ack(host_id, items[i].host_name, ack))
     with transaction.atomic():
@@ -141,22 +148,30 @@ def _apply(items: list[Item]) -> list[Outcome]:
 
 
 def _apply_to_hosts(now: datetime, renewed: set[int], closed: dict[int, int],
-                    reports: dict[int, HostReport]) -> set[int]:
+                    reports: dict[int, HostReport], notes: list[Note]) -> set[int]:
     """Leases, closed links and reports' host fields and GPUs; returns the hosts whose news the scheduler should
-    see."""
+    see. Hosts that came back or went unknown are told in `notes`."""
     news: set[int] = set()
     if renewed:
         # The lease. A host that was unknown is back: news (which of this batch's hosts it was does not matter,
         # the scheduler looks at them all); a host that was connected only lives on.
-        if Host.objects.filter(pk__in=renewed, connected=False).update(connected=True, unknown_since=None,
-                                                                       evicted_at=None):
+        # (unknown_since is cleared apart, so the hosts that came back can be named: the rare case pays for it.)
+        if Host.objects.filter(pk__in=renewed, connected=False).update(connected=True, evicted_at=None):
             news |= renewed
+            back = Host.objects.filter(pk__in=renewed, unknown_since__isnull=False)
+            notes.extend(Note(host_object(name), "Reconnected", "its agent spoke again: the lease is renewed",
+                              actor=f"agent {name}", host=name) for name in back.values_list("name", flat=True))
+            back.update(unknown_since=None)
         Host.objects.filter(pk__in=renewed).update(last_seen=now)
     for host_id, epoch in sorted(closed.items()):
         # A superseded link's close is not news: the host lives on through its newest link.
         if Host.objects.filter(pk=host_id, link_epoch=epoch, connected=True).update(connected=False,
                                                                                    unknown_since=now):
             news.add(host_id)
+            name = Host.objects.filter(pk=host_id).values_list("name", flat=True).first() or "?"
+            notes.append(Note(host_object(name), "Disconnected", "its agent's link closed: the host is unknown and "
+                              "keeps its replicas until the eviction timeout", warning=True, actor="console",
+                              host=name))
     if reports:
         news |= _apply_reports(reports)
     return news
@@ -247,11 +262,14 @@ def _apply_statuses(items: list[Item], statuses: list[tuple[int, int, ReplicaSta
     changed: dict[int, Replica] = {}
     observed: set[int] = set()
     loads: list[Load] = []
+    transitions: list[tuple[int, str, str, ReplicaStatus]] = []  # (replica, host, state before, status)
     for i, host_id, status in statuses:
         row = rows.get(status.replica_id)
         if row is None or row.host_id != host_id:
             log.debug("host %s reported unknown replica %s", items[i].host_name, status.replica_id)
             continue
+        if status.state != row.observed_state:
+            transitions.append((row.pk, items[i].host_name, row.observed_state, status))
         for f, v in _status_fields(status).items():
             if getattr(row, f) != v:
                 setattr(row, f, v)
@@ -263,6 +281,8 @@ def _apply_statuses(items: list[Item], statuses: list[tuple[int, int, ReplicaSta
         Replica.objects.bulk_update(sorted(changed.values(), key=lambda r: r.pk), _STATUS_FIELDS)
     if loads:
         record_loads(loads)
+    if transitions:
+        record(replica_notes(transitions))
     return observed
 
 
@@ -283,7 +303,12 @@ def apply_one(host: Host, message: HostReport | ReplicaStatus | Ack) -> Outcome:
     return apply_batch([Item(host.pk, host.name, message)])[0]
 
 
-def lapse_leases(now: datetime, lease_s: float) -> int:
-    """Hosts whose agent said nothing for a lease become unknown; returns how many."""
-    cutoff = now - timedelta(seconds=lease_s)
-    return Host.objects.filter(connected=True, last_seen__lt=cutoff).update(connected=False, unknown_since=now)
+def lapse_leases(now: datetime, lease_s: float) -> list[str]:
+    """Hosts whose agent said nothing for a lease become unknown; returns their names."""
+    silent = Host.objects.filter(connected=True, last_seen__lt=now - timedelta(seconds=lease_s))
+    lapsed = dict(silent.values_list("pk", "name"))
+    # The filter again: one that spoke up since the read keeps its lease (and is not named).
+    if lapsed and silent.filter(pk__in=lapsed).update(connected=False, unknown_since=now) < len(lapsed):
+        return list(Host.objects.filter(pk__in=lapsed, connected=False, unknown_since=now)
+                    .values_list("name", flat=True))
+    return list(lapsed.values())

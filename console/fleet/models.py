@@ -4,7 +4,7 @@ import hashlib
 import hmac
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 
 from console.accounts.models import HashedToken
 
@@ -84,6 +84,13 @@ class Gpu(models.Model):
         return max(self.total_bytes - self.used_bytes, 0)
 
 
+def foreign_bytes(used: int, own: int | None, measured: int) -> int:
+    """What other processes hold on a GPU: its reading less what ModelGrid's own workers hold. The agent says
+    that (`own`: loading, serving, draining and waking workers alike, whatever replica rows point here now);
+    for an agent that does not, `measured` stands in: what the replicas placed here measured."""
+    return max(used - (own if own is not None else measured), 0)
+
+
 class AgentCredential(HashedToken):
     """The token an agent presents for one host name."""
 
@@ -93,10 +100,16 @@ class AgentCredential(HashedToken):
         return f"agent {self.host_name} ({self.prefix}…)"
 
     @classmethod
-    def issue(cls, host_name: str) -> tuple[AgentCredential, str]:
-        """Create or rotate the credential for `host_name`; returns the plaintext once."""
+    def issue(cls, host_name: str, actor: str = "") -> tuple[AgentCredential, str]:
+        """Create or rotate the credential for `host_name`; returns the plaintext once. `actor`: who asked."""
+        from console.events.record import Note, host_object, record
+
         token, fields = cls.new_secret("agent")
-        row, _ = cls.objects.update_or_create(host_name=host_name, defaults=fields)
+        with transaction.atomic():
+            row, created = cls.objects.update_or_create(host_name=host_name, defaults=fields)
+            record([Note(host_object(host_name), "TokenCreated" if created else "TokenRotated",
+                         f"agent token {row.prefix}… {'issued' if created else 'issued, replacing the one before'}",
+                         actor=actor, host=host_name)])
         return row, token
 
     @classmethod

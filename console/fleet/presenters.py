@@ -91,6 +91,7 @@ def _gpu(g) -> dict:
         "labels": gpu_labels(g),
         "total_bytes": g.total_bytes,
         "used_bytes": g.used_bytes,
+        "own_bytes": g.own_bytes,
         "free_bytes": g.free_bytes,
         "reserved_bytes": reserved,
         "utilization": g.utilization,

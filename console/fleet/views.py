@@ -8,13 +8,14 @@ from functools import cache
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import QueryDict
+from django.http import Http404, QueryDict
 from django.shortcuts import render
 from django.urls import reverse
+from django.views.decorators.http import require_safe
 
 from console.deployments.models import Deployment, DeploymentState
 from console.deployments.presenters import deployment_row, heading_for, load_progress
-from console.fleet.models import Host
+from console.fleet.models import Host, foreign_bytes
 from console.fleet.presenters import HOST_STATES, fleet, fleet_summary, in_state
 from console.fleet.templatetags.units import gib
 from console.pagination import MAX_QUERY, name_search, page_number, page_within, pager, query_string, shown
@@ -49,8 +50,7 @@ def _segments(gpu: dict) -> dict:
                              "toward": toward, "tooltip": _tooltip(r, progress, toward),
                              "labelled": width >= _label_percent(r["deployment"]),
                              "url": deployment_url(r["deployment"])})
-    ours = sum(r["measured_bytes"] or 0 for r in gpu["replicas"])
-    foreign = max(gpu["used_bytes"] - ours, 0)
+    foreign = foreign_bytes(gpu["used_bytes"], gpu["own_bytes"], sum(r["measured_bytes"] or 0 for r in gpu["replicas"]))
     return gpu | {
         "segments": segments,
         "foreign_bytes": foreign,
@@ -205,6 +205,16 @@ def grid_context(query: QueryDict | dict | None = None) -> dict:
         "deployment_pager": pager(dep_page, query, "dpage"),
         "deployments_clear_url": _with(query, drop=DEPLOYMENT_PARAMS) + "#deployments",
     }
+
+
+@login_required
+@require_safe
+def host_page(request, name: str):
+    """One host: its GPUs and replicas as on the dashboard, its charts and its recent events."""
+    hosts = fleet(Host.objects.filter(name=name))
+    if not hosts:
+        raise Http404(f"no host named {name!r}")
+    return render(request, "fleet/host.html", {"host": _host_view(hosts[0])})
 
 
 @login_required

@@ -15,11 +15,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from console import __version__
+from console.dbthreads import own_thread
 from console.deployments.serving import SERVING_HINTS
 from console.gateway.auth import Caller, bearer
 from console.gateway.core import Gateway, Refused
 from console.gateway.errors import NO_TOKEN, OPENAI, V2, Family
 from console.gateway.fleet import DeploymentView
+from console.gateway.fleet_metrics import scrape
 from console.gateway.metrics import CONTENT_TYPE
 from console.gateway.proxy import proxy, resolve
 
@@ -103,7 +105,8 @@ async def _model_ready(gw: Gateway, request: Request) -> Response:
 
 
 async def _metrics(gw: Gateway, request: Request) -> Response:
-    return Response(gw.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+    # Read and rendered off the loop: at 10,000 deployments the body is tens of thousands of lines.
+    return Response(await own_thread(scrape)(gw.metrics), headers={"Content-Type": CONTENT_TYPE})
 
 
 async def _live(request: Request) -> Response:

@@ -1,6 +1,7 @@
 """What the gateway tells the scheduler, through the database: requests waiting for a replica (demand),
 when each replica and deployment last had a request (idle grace, LRU, scale to zero), and what clients saw
-(request rate and p95 latency with queueing included: the SLO loop's input).
+(request rate and p95 latency with queueing included: the SLO loop's input; the p95 wait for a ready
+replica, for the charts).
 
 `Book` collects on the event loop (cheap, in memory); `drain` hands a batch to `write`, which runs in a
 worker thread. Each console process writes its own traffic figures under its own key, so several
@@ -43,7 +44,7 @@ class Book:
         self.process = process
         self._replicas: set[int] = set()
         self._deployments: set[str] = set()
-        self._samples: dict[str, deque] = {}  # deployment -> (unix time, seconds, ok) in the window
+        self._samples: dict[str, deque] = {}  # deployment -> (unix time, seconds, ok, queued s) in the window
         self._demand_renewed: dict[str, float] = {}
         self._stats_at = 0.0
 
@@ -51,9 +52,9 @@ class Book:
         self._replicas.add(replica_id)
         self._deployments.add(deployment)
 
-    def observe(self, deployment: str, seconds: float, status: int, now: float) -> None:
+    def observe(self, deployment: str, seconds: float, status: int, now: float, queue_s: float = 0.0) -> None:
         samples = self._samples.setdefault(deployment, deque())
-        samples.append((now, seconds, status < 500 or status == 503))
+        samples.append((now, seconds, status < 500 or status == 503, queue_s))
         self._deployments.add(deployment)
 
     def drain(self, demand: dict[str, int], busy: set[int], now: float) -> Batch:
@@ -78,7 +79,7 @@ class Book:
             if not samples:
                 del self._samples[name]
                 out[name] = {"requests": 0, "request_rate": 0.0, "error_rate": 0.0, "p50_ms": None,
-                             "p95_ms": None, "at": now}
+                             "p95_ms": None, "queue_ms": None, "at": now}
                 continue
             latencies = sorted(s[1] for s in samples)
             errors = sum(1 for s in samples if not s[2])
@@ -87,10 +88,15 @@ class Book:
                 "request_rate": round(len(samples) / WINDOW_S, 3),
                 "error_rate": round(errors / len(samples), 4),
                 "p50_ms": round(1000 * latencies[len(latencies) // 2], 3),
-                "p95_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))], 3),
+                "p95_ms": round(1000 * _p95(latencies), 3),
+                "queue_ms": round(1000 * _p95(sorted(s[3] for s in samples)), 3),
                 "at": now,
             }
         return out
+
+
+def _p95(ordered: list[float]) -> float:
+    return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
 
 
 def write(batch: Batch) -> None:

@@ -345,4 +345,6 @@ class Gateway:
         self.metrics.requests.labels(*labels, str(status)).inc()
         self.metrics.latency.labels(*labels).observe(seconds)
         self.metrics.queue.labels(*labels).observe(queue_s)
-        self.book.observe(deployment, seconds, status, time.time())
+        dep = self.fleet.deployments.get(deployment)
+        self.metrics.slo(deployment, dep.slo_latency_ms if dep else None, status, seconds)
+        self.book.observe(deployment, seconds, status, time.time(), queue_s)

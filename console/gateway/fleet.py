@@ -34,6 +34,7 @@ class DeploymentView:
     demand_status: str = ""  # the scheduler's answer to waiting requests: served | waiting | refused
     demand_reason: str = ""
     created: int = 0
+    slo_latency_ms: int | None = None  # its p95 latency target
 
 
 @dataclass(frozen=True)
@@ -73,5 +74,6 @@ def load_fleet() -> FleetView:
         deployments[dep.name] = DeploymentView(
             name=dep.name, tier=dep.priority, rank=TIER_RANK.get(dep.priority, len(TIER_RANK)),
             task=dep.model.task, serving=serving_state(replicas, dep.standby), ready=ready, adapters=names,
-            demand_status=dep.demand_status, demand_reason=dep.demand_reason, created=int(dep.created.timestamp()))
+            demand_status=dep.demand_status, demand_reason=dep.demand_reason, created=int(dep.created.timestamp()),
+            slo_latency_ms=dep.slo_latency_ms)
     return FleetView(deployments, adapters, loaded=True)

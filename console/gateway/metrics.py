@@ -1,14 +1,21 @@
 """The console's Prometheus metrics: what the gateway saw of each request, and what the scheduler did.
 
-One registry per console process (prometheus_client's habit); /metrics renders it on each scrape."""
+One registry per console process (prometheus_client's habit); /metrics renders it on each scrape, together
+with the fleet's figures read from the database at that moment (console/gateway/fleet_metrics.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# A deployment's slo_latency_ms is a p95 target: 95% of its requests are to meet it, so 5% is its error budget.
+SLO_OBJECTIVE = 0.95
 
 
 class ConsoleMetrics:
@@ -37,9 +44,41 @@ class ConsoleMetrics:
                                       buckets=LATENCY_BUCKETS, registry=self.registry)
         self.actions = Counter("modelgrid_scheduler_actions", "Scheduler decisions that changed a replica "
                                "(place, move, wake, preempt, sleep, stop)", ("action",), registry=self.registry)
+        self.refused = Counter("modelgrid_scheduler_placements_refused", "Replicas the scheduler refused a place "
+                               "(counted when one becomes refused; scaling to zero is no refusal), by the "
+                               "deployment's tier", ("tier",), registry=self.registry)
+        self.preemptions = Counter("modelgrid_scheduler_preemptions", "Replicas preempted to make room for a "
+                                   "higher tier, by the preempted deployment's tier", ("tier",), registry=self.registry)
+        self.slo_requests = Counter("modelgrid_gateway_slo_requests", "Requests to deployments with an SLO: met "
+                                    "(no 5xx or 429, within slo_latency_ms, waiting included) or missed",
+                                    ("deployment", "outcome"), registry=self.registry)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def slo(self, deployment: str, target_ms: int | None, status: int, seconds: float) -> None:
+        """Count one request against its deployment's SLO (none without a target)."""
+        if target_ms:
+            self.slo_requests.labels(deployment, slo_outcome(target_ms, status, seconds)).inc()
+
+    def render(self, *fresh: Collector) -> bytes:
+        """The registry and `fresh` collectors (read for this scrape) in the text format."""
+        return generate_latest(_Together(self.registry, fresh))
+
+
+def slo_outcome(target_ms: int, status: int, seconds: float) -> str:
+    """`met` for an answer within the target without a server-side error (5xx) or a refusal for capacity (429),
+    else `missed`."""
+    return "met" if status < 500 and status != 429 and seconds * 1000 <= target_ms else "missed"
+
+
+class _Together:
+    """Several collectors as one, for generate_latest (a registry would keep the per-scrape ones forever)."""
+
+    def __init__(self, registry: CollectorRegistry, fresh: tuple[Collector, ...]) -> None:
+        self.registry, self.fresh = registry, fresh
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.registry.collect()
+        for collector in self.fresh:
+            yield from collector.collect()
 
 
 METRICS = ConsoleMetrics()

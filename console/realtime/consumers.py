@@ -18,6 +18,8 @@ from agent.protocol import (
     ErrorReply,
     Hello,
     HostReport,
+    LogsReply,
+    LogsRequest,
     ReplicaStatus,
     dump,
     parse_agent_message,
@@ -25,6 +27,7 @@ from agent.protocol import (
 from console.dbthreads import own_thread
 from console.deployments.desired import desired_state
 from console.fleet import intake
+from console.fleet.logs import LOGS_REPLY
 from console.fleet.models import AgentCredential, Host
 from console.fleet.views import grid_context
 from console.realtime.batcher import batcher
@@ -56,11 +59,14 @@ def _validation_summary(error: ValidationError) -> str:
 
 
 IN_FLIGHT = 32  # an agent link's messages handed to the batcher and not yet applied; more waits
+LOG_REQUESTS = 64  # logs requests one link may have waiting for its agent's answer; more are refused at once
+LOG_REQUEST_TTL = 30.0  # seconds a logs request is remembered (its caller waits far less: console/fleet/logs.py)
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
-    """One connected agent. The first message must be a hello; then reports, statuses, acks. Each hello opens
-    a new link epoch for its host: an older link of the same host is closed, and its close changes nothing."""
+    """One connected agent. The first message must be a hello; then reports, statuses, acks, and answers to the
+    logs requests this link sent it. Each hello opens a new link epoch for its host: an older link of the same
+    host is closed, and its close changes nothing."""
 
     host: Host | None = None
     credential: AgentCredential | None = None
@@ -71,6 +77,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self._in_flight = asyncio.Semaphore(IN_FLIGHT)
         self._replies: set[asyncio.Task] = set()
         self._last: asyncio.Future | None = None  # the link's latest message handed to the batcher
+        # Logs requests sent to the agent and not answered: request id -> (reply channel, replica id, expiry).
+        self._log_requests: dict[str, tuple[str, int, float]] = {}
 
     async def connect(self):
         token = bearer_token(self.scope)
@@ -127,6 +135,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.on_hello(message)
         elif self.host is None:
             await self.reply_error(f"send a hello first (got {message.type})")
+        elif isinstance(message, LogsReply):
+            await self._answer_logs(message)  # an answer to one caller, nothing to store: not through the batcher
         else:
             # Handed over without waiting for it to be applied: the next message is read at once (an ack is
             # not held up behind a report's batch). The batcher keeps the link's order; a bound on messages in
@@ -196,6 +206,41 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.warning("agent %s: link epoch %d superseded by epoch %d; closing the old link", self.host.name,
                         self.epoch, event["epoch"])
             await self.close(code=4409)
+
+    async def logs_request(self, event):
+        """Channel-layer event (console/fleet/logs.py): ask this link's agent for a replica's log; its answer goes to
+        the event's reply channel."""
+        loop = asyncio.get_running_loop()
+        self._log_requests = {k: v for k, v in self._log_requests.items() if v[2] > loop.time()}
+        if len(self._log_requests) >= LOG_REQUESTS:
+            await self._deliver_logs(event["reply_channel"], event["request_id"], [], busy=(
+                f"the link to the agent on {self.host.name} already has {LOG_REQUESTS} logs requests waiting for "
+                "an answer; try again in a few seconds"))
+            return
+        request = LogsRequest(request_id=event["request_id"], replica_id=event["replica_id"], tail=event["tail"])
+        self._log_requests[request.request_id] = (event["reply_channel"], request.replica_id,
+                                                  loop.time() + LOG_REQUEST_TTL)
+        await self.send(text_data=dump(request))
+
+    async def _answer_logs(self, reply: LogsReply) -> None:
+        # Only an answer to a request this link sent is passed on, and only to the channel that asked: an agent
+        # names neither the channel nor the event type, so it cannot write anywhere else.
+        asked = self._log_requests.get(reply.request_id)
+        if asked is None or asked[1] != reply.replica_id:
+            log.warning("agent %s: dropped a logs reply to no request of this link (request id %r, replica %d)",
+                        self._name(), reply.request_id, reply.replica_id)
+            return
+        del self._log_requests[reply.request_id]
+        await self._deliver_logs(asked[0], reply.request_id, reply.lines, reply.error)
+
+    async def _deliver_logs(self, channel: str, request_id: str, lines: list[str], error: str = "",
+                            busy: str = "") -> None:
+        # `error` is the agent's word; `busy` the console's own refusal, the request never having reached the agent.
+        try:
+            await self.channel_layer.send(channel, {"type": LOGS_REPLY, "request_id": request_id, "lines": lines,
+                                                    "error": error, "busy": busy})
+        except Exception as e:  # the channel layer is down: the caller times out and says so
+            log.warning("agent %s: cannot pass a logs reply on (%s: %s)", self._name(), type(e).__name__, e)
 
     async def desired_push(self, event):
         """Channel-layer event: send this host's desired state, as the scheduler stored it, whole."""

@@ -3,7 +3,9 @@
 Run as the agent runs a worker (`python -m tests.agent.fake_worker <descriptor> <agent pid> spare|cold`: point
 agent.workers.processes.WORKER_COMMAND here). It "loads" in milliseconds, measures 1500 bytes, and answers a
 forward with logits that all hold its own pid, so a test sees which process served a request. Each load appends
-"<replica id> <pid>" to the file named by MODELGRID_FAKE_LOADS, if set, so a test can count reloads.
+"<replica id> <pid>" to the file named by MODELGRID_FAKE_LOADS, if set, so a test can count reloads. It writes a
+line to stdout (print) and one straight to fd 2 (as C code does) while it loads, and one to stdout per forward; a
+model directory holding a file `fail-load` makes the load fail with that file's text.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +48,7 @@ class FakeModel:
         if self.asleep:
             raise RuntimeError("the model is asleep: wake it before inference")
         ids = inputs["input_ids"]
+        print(f"fake worker {os.getpid()}: forward of {ids.shape[0]} row(s)")
         return {"logits": np.full((*ids.shape, WIDTH), os.getpid(), dtype=np.float32)}
 
     def sleep(self, _payload: Any = None) -> dict[str, Any]:
@@ -61,6 +65,11 @@ class FakeModel:
 
 def load(spec: Any, progress: Any, artifact: Any = None) -> FakeModel:
     progress(0, 1000)
+    print(f"fake worker {os.getpid()}: loading {spec.model_path}")
+    os.write(2, f"fake worker {os.getpid()}: written to fd 2, as C code does\n".encode())
+    failure = Path(spec.model_path) / "fail-load"
+    if failure.exists():
+        raise ValueError(failure.read_text())
     if os.environ.get("MODELGRID_FAKE_LOADS"):
         with open(os.environ["MODELGRID_FAKE_LOADS"], "a") as f:
             f.write(f"{spec.replica_id} {os.getpid()}\n")

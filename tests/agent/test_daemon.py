@@ -27,6 +27,7 @@ from agent.protocol import (
 from agent.protocol.reports import FULL_REPORT_EVERY
 from agent.workers.demo_models import build_tiny_llama
 from tests.agent.test_cpu_workers import build_wide_vocab_llama
+from tests.waiting import until
 
 TOKEN = "mg_agent_right"
 GATEWAY_SECRET = "mg_gateway_right"
@@ -247,6 +248,10 @@ async def test_a_crashed_worker_is_reported_and_restarted(console, run_agent, tm
     again = await console.expect(ReplicaStatus, replica_id=7, state="ready", timeout=60)
     assert again.pid != first.pid and psutil.pid_exists(again.pid)
     assert agent.backoff.failures(7) == 0  # a ready worker ends the run of failures
+    # ... but not the count Prometheus sees, which the next report hands to the metrics.
+    labels = {"deployment": "chat", "replica": "7"}
+    await until(lambda: agent.metrics.registry.get_sample_value("modelgrid_replica_failures_total", labels) == 1,
+                10, "the failure counted in the metrics")
 
 
 async def test_a_replica_that_cannot_load_is_reported_failed_and_retried_only_on_a_new_generation(

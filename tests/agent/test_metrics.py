@@ -132,3 +132,27 @@ def test_two_instances_never_share_a_registry():
     assert second.registry.get_sample_value(
         "modelgrid_requests_total", {"deployment": "chat", "adapter": "", "status": "200"}
     ) is None
+
+
+def test_foreign_gpu_memory_is_what_the_agents_own_workers_do_not_hold(metrics):
+    metrics.set_gpus([
+        GpuInfo(index=0, uuid="GPU-0", name="H100", total_bytes=80, used_bytes=50, simulated=False, own_bytes=30),
+        GpuInfo(index=1, uuid="GPU-1", name="H100", total_bytes=80, used_bytes=50, simulated=False),
+    ])
+    assert value(metrics, "modelgrid_gpu_memory_foreign_bytes", gpu="0", name="H100") == 20
+    # An agent that cannot tell its own memory apart says nothing rather than calling all of it foreign.
+    assert value(metrics, "modelgrid_gpu_memory_foreign_bytes", gpu="1", name="H100") is None
+
+
+def test_replica_failures_are_a_counter_from_zero_that_leaves_with_the_replica(metrics):
+    metrics.set_failures({2: 3, 9: 1})
+    metrics.set_replicas([ReplicaSnapshot("chat", 1, "ready"), ReplicaSnapshot("chat", 2, "failed")])
+    assert value(metrics, "modelgrid_replica_failures_total", deployment="chat", replica="1") == 0
+    assert value(metrics, "modelgrid_replica_failures_total", deployment="chat", replica="2") == 3
+    # A scrape refreshes the replicas from their handles: the count stays.
+    metrics.set_replicas([ReplicaSnapshot("chat", 2, "loading")])
+    assert value(metrics, "modelgrid_replica_failures_total", deployment="chat", replica="2") == 3
+    metrics.set_replicas([ReplicaSnapshot("chat", 1, "ready")])
+    assert value(metrics, "modelgrid_replica_failures_total", deployment="chat", replica="2") is None
+    assert "replica=\"9\"" not in metrics.render().decode()  # a replica with no handle has no series
+

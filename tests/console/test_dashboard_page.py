@@ -49,7 +49,8 @@ def test_a_segment_tooltip_has_the_mps_share_and_the_schedulers_reason(html):
 
 def test_each_host_lists_its_labels_its_sleep_room_and_what_sleeps_there(html):
     host_a = element(html, '<article class="host card" data-host="gpu-a">', "</article>")
-    assert '<h2>gpu-a</h2>' in host_a and ">zone=eu-1</span>" in host_a and ">gpu=h100</span>" in host_a
+    assert '<h2><a href="/hosts/gpu-a/">gpu-a</a></h2>' in host_a
+    assert ">zone=eu-1</span>" in host_a and ">gpu=h100</span>" in host_a
     assert "Host RAM for sleeping replicas:</span> <strong>41.00 GiB</strong> free" in host_a
     assert 'data-asleep="nightly-batch#0">nightly-batch#0 8.00 GiB</a>' in host_a
     host_b = element(html, '<article class="host card" data-host="gpu-b">', "</article>")
@@ -213,3 +214,13 @@ def test_the_dashboards_queries_do_not_grow_with_the_fleet(user_client, model_di
     with CaptureQueriesContext(connection) as large:
         user_client.get("/")
     assert len(large.captured_queries) == len(small.captured_queries) <= 25
+
+
+def test_a_draining_worker_of_our_own_is_never_shown_as_other_processes(user_client, host):
+    # The agent says its own workers hold 10 GiB on this GPU (a replica moved away and still draining here);
+    # no replica row points at the GPU any more, so only own_bytes can tell that memory is ModelGrid's.
+    from console.fleet.models import Gpu
+    Gpu.objects.filter(host=host).update(used_bytes=12 << 30, own_bytes=10 << 30)
+    page = user_client.get("/").content.decode()
+    assert "used by processes ModelGrid does not own: 2.00 GiB" in page
+    assert "other processes <span class=\"muted\">2.00 GiB</span>" in page

@@ -35,7 +35,7 @@ def test_a_preempted_replica_sleeps_in_host_memory_and_wakes_in_place(tiny_llama
         assert asleep["gpus"] == [] and ("asleep in" in asleep["reason"] or "sleeping in" in asleep["reason"])
         preempted = [line for line in stack.lines if "preempt bulk#0" in line]
         assert preempted and "vital#0" in preempted[0]  # the pass that put it to sleep said who and why
-        assert api.get("/deployments/bulk").json()["state"] == "ready"  # asleep is where the console wants it
+        assert api.get("/deployments/bulk").json()["state"] == "asleep"  # where the console wants it, and says so
 
         assert api.delete("/deployments/vital").status_code == 204
         awake = wait_for(in_state(api, "bulk", "ready"), timeout=60, what="bulk to wake")

@@ -101,7 +101,7 @@ def test_an_idle_scale_to_zero_deployment_leaves_its_gpu_and_says_so(host, model
     assert replica.host is None  # the host reports no RAM for sleeping replicas: stopped
     assert "scaled to zero" in replica.reason and "idle_timeout_s 30" in replica.reason
     dep = Deployment.objects.get()
-    assert dep.state == "ready" and "scaled to zero" in dep.reason
+    assert dep.state == "idle" and "scaled to zero" in dep.reason
     waiting("rare")  # the next request brings it back
     reconcile_once()
     replica.refresh_from_db()

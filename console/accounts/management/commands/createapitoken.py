@@ -2,6 +2,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from console.accounts.models import ApiToken, Scope
+from console.events.record import command_actor
 
 
 class Command(BaseCommand):
@@ -23,7 +24,7 @@ class Command(BaseCommand):
             user.set_unusable_password()
             user.save()
             self.stderr.write(f"created user {username} (no password: API access only)")
-        _, token = ApiToken.issue(user, name, scope=scope)
+        _, token = ApiToken.issue(user, name, scope=scope, actor=command_actor("createapitoken"))
         if scope != Scope.ALL:
             self.stderr.write(f"scope {scope}: this token may only call the inference gateway (/v1, /v2)")
         self.stdout.write(token)

@@ -21,6 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from console.deployments.loop import scheduler_loop
+from console.events.record import command_actor
 from console.fleet.models import AgentCredential
 
 # Shutdown (SIGTERM or Ctrl-C) ends the process within SHUTDOWN_DEADLINE seconds, whatever is stuck: in-flight
@@ -81,7 +82,7 @@ def local_agent_token(name: str, data_dir: Path) -> str:
         row = AgentCredential.authenticate(kept) if kept else None
         if row is not None and row.host_name == name:
             return kept
-    token = AgentCredential.issue(name)[1]
+    token = AgentCredential.issue(name, actor=command_actor("up"))[1]
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".new")
     with contextlib.suppress(FileNotFoundError):

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand
 
+from console.events.record import command_actor
 from console.fleet.models import AgentCredential
 
 
@@ -10,5 +11,5 @@ class Command(BaseCommand):
         parser.add_argument("hostname")
 
     def handle(self, hostname, **options):
-        _, token = AgentCredential.issue(hostname)
+        _, token = AgentCredential.issue(hostname, actor=command_actor("createagenttoken"))
         self.stdout.write(token)

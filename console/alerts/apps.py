@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class AlertsConfig(AppConfig):
+    name = "console.alerts"
+    label = "alerts"

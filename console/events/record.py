@@ -1,0 +1,111 @@
+"""Writing the timeline: `record` appends events, folding repeats into the row they repeat (one row with a count,
+as Kubernetes does, so a replica failing every minute is one line that counts, not a thousand); `prune` keeps it
+within its retention and its row cap. Both are synchronous and run inside the caller's transaction, so an event
+is committed exactly when the change it tells of is."""
+
+from __future__ import annotations
+
+import getpass
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import F
+from django.utils import timezone
+
+from console.events.models import Event, EventType
+
+_CHUNK = 500  # objects per lookup of foldable rows: far below every backend's limit on query parameters
+
+
+@dataclass(frozen=True)
+class Note:
+    """An event to record. `deployment` and `host` name what it concerns besides its object."""
+
+    object: str
+    reason: str
+    message: str
+    warning: bool = False
+    actor: str = ""
+    deployment: str = ""
+    host: str = ""
+    key: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.object, self._type, self.reason, self.message, self.actor))
+
+    @property
+    def _type(self) -> str:
+        return EventType.WARNING if self.warning else EventType.NORMAL
+
+
+def deployment_object(name: str) -> str:
+    return f"deployment/{name}"
+
+
+def replica_object(deployment: str, index: int) -> str:
+    return f"replica/{deployment}#{index}"
+
+
+def host_object(name: str) -> str:
+    return f"host/{name}"
+
+
+def command_actor(command: str) -> str:
+    """A management command as an actor: `manage.py COMMAND` and the account that ran it."""
+    try:
+        who = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        who = f"uid {os.getuid()}"
+    return f"manage.py {command} ({who})"
+
+
+def record(notes: Iterable[Note], now: datetime | None = None) -> int:
+    """Append `notes` to the timeline, each folded into the same event seen within the fold window if there is
+    one; returns how many rows were appended."""
+    now = now or timezone.now()
+    counts: dict[tuple, int] = {}
+    first: dict[tuple, Note] = {}
+    for note in notes:
+        counts[note.key] = counts.get(note.key, 0) + 1
+        first.setdefault(note.key, note)
+    if not counts:
+        return 0
+    folded = _foldable(first.values(), now - timedelta(seconds=settings.MODELGRID_EVENTS_FOLD_SECONDS))
+    for key, pk in sorted(folded.items(), key=lambda kv: kv[1]):  # in key order, as every writer takes them
+        Event.objects.filter(pk=pk).update(count=F("count") + counts[key], last_seen=now)
+    new = [Event(object=n.object, deployment=n.deployment, host=n.host, type=n._type, reason=n.reason,
+                 message=n.message, actor=n.actor, count=counts[k], first_seen=now, last_seen=now)
+           for k, n in first.items() if k not in folded]
+    Event.objects.bulk_create(new)
+    return len(new)
+
+
+def _foldable(notes: Iterable[Note], since: datetime) -> dict[tuple, int]:
+    """The newest event within the window per note's key: key -> its primary key."""
+    wanted = {n.key for n in notes}
+    objects = sorted({k[0] for k in wanted})
+    found: dict[tuple, int] = {}
+    for i in range(0, len(objects), _CHUNK):
+        rows = (Event.objects.filter(object__in=objects[i:i + _CHUNK], last_seen__gte=since)
+                .values_list("pk", "object", "type", "reason", "message", "actor").order_by("pk"))
+        for pk, *key in rows:
+            if tuple(key) in wanted:
+                found[tuple(key)] = pk  # the newest wins: rows come oldest first
+    return found
+
+
+def prune(now: datetime | None = None) -> int:
+    """Drop events older than the retention, then the oldest beyond the row cap; returns how many went."""
+    now = now or timezone.now()
+    kept_from = now - timedelta(days=settings.MODELGRID_EVENTS_RETENTION_DAYS)
+    gone, _ = Event.objects.filter(last_seen__lt=kept_from).delete()
+    cap = settings.MODELGRID_EVENTS_MAX_ROWS
+    # The row at the cap, newest first: it and everything older goes (one indexed read, one delete).
+    edge = Event.objects.order_by("-last_seen", "-id").values_list("last_seen", "id")[cap:cap + 1].first()
+    if edge is not None:
+        extra, _ = Event.objects.filter(last_seen__lte=edge[0]).exclude(last_seen=edge[0], id__gt=edge[1]).delete()
+        gone += extra
+    return gone

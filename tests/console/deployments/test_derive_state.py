@@ -1,0 +1,34 @@
+"""A deployment's state says what its replicas are: one whose replicas all sleep in host memory reads `asleep`,
+one scaled to zero with nothing in memory `idle`, never `ready`."""
+
+from console.deployments.reconcile import _StateRow, derive_state
+
+ZERO = "idle for 312 s (idle_timeout_s 300): scaled to zero; a request places it"
+
+
+def row(index, desired, observed, host=1, reason="", observed_reason=""):
+    return _StateRow(index, host, desired, observed, reason, observed_reason)
+
+
+def test_it_reads_asleep_when_every_replica_sleeps_in_host_memory():
+    state, reason = derive_state([row(0, "sleeping", "sleeping"), row(1, "sleeping", "sleeping")])
+    assert state == "asleep"
+    assert reason == "all 2 replica(s) asleep in host memory; a request wakes one"
+
+
+def test_it_reads_asleep_when_scaled_to_zero_with_a_replica_still_in_host_memory():
+    state, reason = derive_state([row(0, "sleeping", "sleeping"), row(1, "ready", "pending", host=None, reason=ZERO)])
+    assert state == "asleep"
+    assert reason.startswith("scaled to zero (1 asleep in host memory, 1 stopped)")
+
+
+def test_it_reads_idle_when_scaled_to_zero_with_nothing_in_memory():
+    state, reason = derive_state([row(0, "ready", "pending", host=None, reason=ZERO)])
+    assert state == "idle"
+    assert reason == "scaled to zero (1 stopped); a request brings one back"
+
+
+def test_it_reads_ready_when_one_replica_serves_and_another_sleeps():
+    state, reason = derive_state([row(0, "ready", "ready"), row(1, "sleeping", "sleeping")])
+    assert state == "ready"
+    assert reason == "1 replica(s) asleep in host memory"

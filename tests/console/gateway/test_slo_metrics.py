@@ -1,0 +1,62 @@
+"""Requests counted against their deployment's SLO: met within the target without a server-side error, else
+missed; deployments without a target are not counted."""
+
+from __future__ import annotations
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from console.catalog.services import register_model
+from console.deployments.services import create_deployment
+from console.fleet.models import AgentCredential, Host
+from console.gateway.metrics import slo_outcome
+from tests.console.gateway.test_gateway import INFER, FakeAgent, _client, _gateway, _ready_replica, _token
+
+
+@pytest.mark.parametrize(("status", "seconds", "outcome"), [
+    (200, 0.2, "met"),  # at the target exactly
+    (200, 0.201, "missed"),
+    (404, 0.01, "met"),  # the client's mistake, answered in time
+    (429, 0.01, "missed"),  # turned away for capacity
+    (502, 0.01, "missed"),
+    (503, 0.01, "missed"),
+])
+def test_an_answer_meets_the_slo_in_time_and_without_a_server_side_error(status, seconds, outcome):
+    assert slo_outcome(200, status, seconds) == outcome
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_gateway_counts_met_and_missed_requests_per_deployment_with_a_target(model_dir):
+    credential, _ = await sync_to_async(AgentCredential.issue)("h1")
+    agent = FakeAgent(credential.gateway_secret, "h1")
+    endpoint = await agent.start()
+
+    def rows() -> str:
+        live = Host.objects.create(name="h1", endpoint=endpoint, connected=True)
+        dead = Host.objects.create(name="h2", endpoint="http://127.0.0.1:9", connected=True)  # nothing listens
+        AgentCredential.issue("h2")
+        register_model("tiny", str(model_dir))
+        # A target far beyond any loopback answer: "met" must not depend on how busy the machine is.
+        _ready_replica(create_deployment("chat", "tiny", slo_latency_ms=60_000), 0, live)
+        _ready_replica(create_deployment("broken", "tiny", slo_latency_ms=60_000), 0, dead)
+        _ready_replica(create_deployment("loose", "tiny"), 0, live)
+        return _token()
+
+    token = await sync_to_async(rows)()
+    gateway = _gateway()
+    try:
+        async with _client(gateway, token) as client:
+            for name in ("chat", "chat", "broken", "loose"):
+                await client.post(f"/v2/models/{name}/infer", json=INFER)
+    finally:
+        await gateway.close()
+        await agent.runner.cleanup()
+    registry = gateway.metrics.registry
+
+    def count(deployment: str, outcome: str) -> float | None:
+        return registry.get_sample_value("modelgrid_gateway_slo_requests_total",
+                                         {"deployment": deployment, "outcome": outcome})
+
+    assert (count("chat", "met"), count("chat", "missed")) == (2, None)
+    assert (count("broken", "met"), count("broken", "missed")) == (None, 1)  # 502: no replica could be reached
+    assert (count("loose", "met"), count("loose", "missed")) == (None, None)

@@ -1,0 +1,31 @@
+"""The scheduler leader's chores: each runs every round, and one that fails neither stops the others nor the
+loop."""
+
+import pytest
+from django.utils import timezone
+
+from console import chores
+from console.events.models import Event
+from console.events.record import Note, record
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_failing_chore_is_logged_and_the_others_still_run(monkeypatch, caplog):
+    ran = []
+
+    def broken(now):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(chores, "_chores", lambda: [("broken", broken), ("fine", ran.append)])
+    chores.run_chores()
+    assert len(ran) == 1
+    assert "chore broken failed" in caplog.text and "disk full" in caplog.text
+
+
+def test_the_real_chores_prune_the_timeline(settings):
+    settings.MODELGRID_EVENTS_RETENTION_DAYS = 1
+    record([Note("host/old", "Connected", "hello")], timezone.now() - timezone.timedelta(days=3))
+    record([Note("host/new", "Connected", "hello")])
+    chores.run_chores()
+    assert list(Event.objects.values_list("object", flat=True)) == ["host/new"]

@@ -1,0 +1,43 @@
+"""The deployment page's Worker logs card in headless Chromium: a replica that fails to load shows the worker's
+own error in the live tail, and choosing a replica that is not there shows why in words."""
+
+import os
+
+import pytest
+from playwright.async_api import async_playwright, expect
+
+from tests.e2e.stack import ADMIN_PASSWORD, wait_for
+from tests.e2e.test_dashboard_browser import ARGS, CHROMIUM
+from tests.e2e.test_worker_logs import mismatched
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.db_stack]
+
+
+async def test_the_log_tail_of_a_replica_that_failed_shows_the_workers_error(stack, tiny_llama, tmp_path):
+    api = stack.api()
+    path = mismatched(tiny_llama, tmp_path / "wide-mlp-page")
+    assert api.post("/models", json={"name": "wide-mlp-page", "path": str(path)}).status_code == 201
+    assert api.post("/deployments", json={"name": "broken-page", "model": "wide-mlp-page"}).status_code == 201
+    try:
+        wait_for(lambda: any(r["state"] == "failed" for r in api.get("/deployments/broken-page").json()["replicas"]),
+                 timeout=120, what="broken-page's replica to fail to load")
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+            page = await browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(20_000)
+            try:
+                await page.goto(stack.url + "deployments/broken-page/")
+                await page.fill("input[name=username]", "admin")
+                await page.fill("input[name=password]", ADMIN_PASSWORD)
+                await page.click("button[type=submit]")
+                card = page.locator("#worker-logs")
+                await expect(card.locator("h2")).to_contain_text("Worker logs")
+                lines = card.locator(".log-lines")
+                await expect(lines).to_contain_text(f"cannot load {path}")
+                await expect(lines).to_contain_text("RuntimeError: You set `ignore_mismatched_sizes` to `False`")
+                if os.environ.get("MODELGRID_SCREENSHOTS"):
+                    await card.screenshot(path=os.path.join(os.environ["MODELGRID_SCREENSHOTS"], "worker-logs.png"))
+            finally:
+                await browser.close()
+    finally:
+        assert api.delete("/deployments/broken-page").status_code == 204
