@@ -36,14 +36,16 @@ def replica_notes(transitions: list[tuple[int, str, str, ReplicaStatus]]) -> lis
 def _told(before: str, status: ReplicaStatus, reservation: dict) -> tuple[str, str, bool] | None:
     """(reason code, message, warning) for one state change; None for one not worth a line."""
     state, why = status.state, status.reason
-    pid = f" (pid {status.pid})" if status.pid else ""
+    # No pids in the words: a worker restarted again and again is one line that counts, not one line a restart.
     if state == "failed":
         code = "OutOfMemory" if _OOM.search(why) else "HeartbeatTimeout" if _HEARTBEAT.search(why) else "Failed"
         return code, why or "its worker failed and its agent gave no reason", True
     if state == "starting":
         if before == "failed":
-            return "Restarted", f"its agent restarted the worker after its failure (with backoff){pid}", False
-        return "Starting", f"worker process started{pid}", False
+            return "Restarted", "its agent started the worker again after its failure (with backoff)", False
+        if before == "stopped":
+            return "Restarted", "its agent started the worker again", False
+        return "Starting", "worker process started", False
     if state == "loading":
         total = f": {gib(status.total_bytes)} of weights" if status.total_bytes else ""
         return "Loading", f"loading weights{total}", False
@@ -54,6 +56,8 @@ def _told(before: str, status: ReplicaStatus, reservation: dict) -> tuple[str, s
     if state == "sleeping":
         return "Asleep", _swap("asleep in host memory", status), False
     if state == "stopped":
+        if before == "failed":
+            return None  # a failed worker's process ending: its failure was the news
         return "Exited", f"worker stopped{': ' + why if why else ''}", False
     return None
 

@@ -66,7 +66,7 @@ def test_agent_reports_become_replica_events_with_measurements_and_the_workers_e
     assert told["Loading"][0] == "loading weights: 3.00 GiB of weights"
     assert told["Ready"][0].startswith("loaded: measured ") and "(error +100.0%) in 0.25 s" in told["Ready"][0]
     assert told["OutOfMemory"] == ("CUDA out of memory. Tried to allocate 2.00 GiB", "replica/chat#0")
-    assert told["Restarted"][0].endswith("(pid 43)")
+    assert told["Restarted"][0] == "its agent started the worker again after its failure (with backoff)"
     # The same status again is no news.
     apply_one(host, ReplicaStatus(replica_id=r.pk, state="starting", pid=43))
     assert Event.objects.filter(reason="Restarted").get().count == 1
