@@ -1,11 +1,15 @@
 from django.contrib import admin
 
 from console.alerts.models import Alert, AlertRule, WebhookDelivery
+from console.events.admin import AuditedAdmin
 
 
 @admin.register(AlertRule)
-class AlertRuleAdmin(admin.ModelAdmin):
+class AlertRuleAdmin(AuditedAdmin):
     list_display = ("kind", "enabled", "window_s", "threshold", "webhook_url")
+
+    def audit_object(self, obj):
+        return f"alert/{obj.kind}", ""
 
 
 @admin.register(Alert)

@@ -1,12 +1,16 @@
 from django.contrib import admin
 
 from console.catalog.models import Calibration, MemorySample, Model
+from console.events.admin import AuditedAdmin
 
 
 @admin.register(Model)
-class ModelAdmin(admin.ModelAdmin):
+class ModelAdmin(AuditedAdmin):
     list_display = ("name", "architecture", "task", "parameters", "weights_bytes", "estimate_bytes")
     search_fields = ("name", "architecture")
+
+    def audit_object(self, obj):
+        return f"model/{obj.name}", ""
 
 
 @admin.register(MemorySample)

@@ -1,6 +1,7 @@
 from django.contrib import admin
 
 from console.deployments.models import Deployment, Replica
+from console.events.admin import AuditedAdmin
 
 
 class ReplicaInline(admin.TabularInline):
@@ -11,10 +12,13 @@ class ReplicaInline(admin.TabularInline):
 
 
 @admin.register(Deployment)
-class DeploymentAdmin(admin.ModelAdmin):
+class DeploymentAdmin(AuditedAdmin):
     list_display = ("name", "model", "replicas", "priority", "state", "reason")
     list_filter = ("state", "priority")
     inlines = [ReplicaInline]
+
+    def audit_object(self, obj):
+        return f"deployment/{obj.name}", obj.name
 
 
 @admin.register(Replica)

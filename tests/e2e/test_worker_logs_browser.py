@@ -30,6 +30,12 @@ async def test_the_log_tail_of_a_replica_that_failed_shows_the_workers_error(sta
                 await page.fill("input[name=username]", "admin")
                 await page.fill("input[name=password]", ADMIN_PASSWORD)
                 await page.click("button[type=submit]")
+                # The replica says why it failed in the worker's own words (its agent's, not the scheduler's) ...
+                await expect(page.locator("#replicas .observed-reason")).to_contain_text(
+                    "RuntimeError: You set `ignore_mismatched_sizes` to `False`")
+                await expect(page.locator("#events tr.event[data-reason=Failed] .message").first).to_contain_text(
+                    "RuntimeError: You set `ignore_mismatched_sizes` to `False`")
+                # ... and its log tail has the traceback and what transformers reported before it.
                 card = page.locator("#worker-logs")
                 await expect(card.locator("h2")).to_contain_text("Worker logs")
                 lines = card.locator(".log-lines")

@@ -1,0 +1,42 @@
+"""Changes made in the Django admin are told on the timeline like anyone's, with who made them."""
+
+from types import SimpleNamespace
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.test import RequestFactory
+
+from console.deployments.models import Deployment
+from console.deployments.services import create_deployment
+from console.events.models import Event
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def request_by_root():
+    request = RequestFactory().post("/admin/")
+    request.user = get_user_model().objects.create_superuser("root", password="a-long-password")
+    return request
+
+
+def test_a_policy_change_in_the_admin_says_who_and_before_and_after(model, request_by_root):
+    dep = create_deployment("chat", "tiny")
+    dep.priority = "critical"
+    form = SimpleNamespace(changed_data=["priority"], initial={"priority": "standard"},
+                           cleaned_data={"priority": "critical"})
+    admin.site._registry[Deployment].save_model(request_by_root, dep, form, change=True)
+    e = Event.objects.get(reason="Changed")
+    assert (e.object, e.deployment, e.actor) == ("deployment/chat", "chat", "user root (admin)")
+    assert e.message == "priority 'standard' → 'critical'"
+    assert Deployment.objects.get(name="chat").priority == "critical"
+
+
+def test_a_save_that_changed_nothing_tells_nothing_and_a_delete_does(model, request_by_root):
+    dep = create_deployment("chat", "tiny")
+    registered = admin.site._registry[Deployment]
+    registered.save_model(request_by_root, dep, SimpleNamespace(changed_data=[], initial={}, cleaned_data={}), True)
+    assert not Event.objects.filter(reason="Changed").exists()
+    registered.delete_model(request_by_root, dep)
+    assert Event.objects.get(reason="Deleted", actor="user root (admin)").object == "deployment/chat"
