@@ -33,7 +33,8 @@ def passes(stack) -> float:
 @pytest.fixture
 def preempted(tiny_llama, tmp_path):
     """One simulated GPU with room for one tiny Llama replica: `bulk` (batch) served traffic, then `vital`
-    (critical) took its GPU; dozens of passes have run since."""
+    (critical) took its GPU; fifty passes have run since (the stack passes every 0.2 s: at the default
+    MODELGRID_SCHEDULER_INTERVAL of 5 s that is four minutes of passes)."""
     stack, drop_db = start(tmp_path / "data", gpus="sim:1x3MiB")
     try:
         api = stack.api()
