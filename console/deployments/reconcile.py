@@ -421,14 +421,15 @@ def reconcile_once(fence: Callable[[], None] | None = None) -> PassResult:
         changed = lifecycle | refresh_observations(now)
         changed |= _plan_and_apply(now, actions, touched, setbacks, notes)
         changed |= _refresh_deployment_states()
+        # The pass's events before the host rows below, which intake's acks and leases wait for until this
+        # commits. (No lock order can cross there: the event rows a pass folds into are its own, since a fold
+        # matches the actor, and intake's are the agents'.)
+        record(notes, now)
+        events += len(notes)
         # Desired states are rebuilt for the hosts this pass changed (and those marked stale); every host's
         # now and then, so that nothing depends on this bookkeeping being perfect.
         sweep = time.monotonic() - _last_sweep >= DESIRED_SWEEP_SECONDS
         hosts = bump_generations(None if sweep else touched)
-        # Events last: every writer takes event rows after the rows it changes (intake: hosts, then events), so
-        # no lock order can cross.
-        record(notes, now)
-        events += len(notes)
     if sweep:
         _last_sweep = time.monotonic()
     behind = tuple(Host.objects.filter(connected=True, generation__gt=F("acked_generation"))
