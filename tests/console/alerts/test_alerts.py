@@ -157,3 +157,26 @@ def test_a_replica_failing_repeatedly_and_a_silent_host_fire(host):
     evaluate(timezone.now())
     fired = dict(Alert.objects.filter(resolved_at=None).values_list("object", "rule__kind"))
     assert fired == {"replica/chat#0": "replica_failing", "host/h1": "host_offline"}
+
+
+def test_foreign_memory_growing_on_a_host_fires_from_its_recorded_series(host, settings):
+    from console.fleet.models import Gpu
+    from console.series.sampler import sample
+
+    GiB = 1 << 30
+    t0 = timezone.now() - timedelta(minutes=5)
+    for minute, used in ((0, GiB), (2, GiB), (4, 3 * GiB)):  # another process takes 2 GiB more
+        Gpu.objects.filter(host=host, index=0).update(used_bytes=used, own_bytes=0)
+        sample(t0 + timedelta(minutes=minute))
+    evaluate(timezone.now())
+    (alert,) = Alert.objects.filter(resolved_at=None)
+    assert (alert.rule.kind, alert.object) == ("foreign_memory_growing", "host/h1")
+    assert alert.message.startswith("memory used by processes ModelGrid does not own grew by 2.00 GiB in 10 min")
+
+
+def test_hosts_without_foreign_memory_are_not_read(host, django_assert_max_num_queries):
+    from console.alerts.evaluate import firing
+
+    rule = next(r for r in AlertRule.in_force() if r.kind == "foreign_memory_growing")
+    with django_assert_max_num_queries(1):
+        assert firing(rule, timezone.now()) == {}
