@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
 from console.accounts.tokens import hash_token, matches, new_token, token_prefix
+
+LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
 class HashedToken(models.Model):
@@ -26,11 +30,16 @@ class HashedToken(models.Model):
 
     @classmethod
     def find(cls, token: str, rows: models.QuerySet | None = None):
-        """The row `token` belongs to (marking it used), or None."""
+        """The row `token` belongs to (marking it used: to the minute), or None."""
         rows = cls.objects.all() if rows is None else rows
         for row in rows.filter(prefix=token_prefix(token)):
             if matches(token, row.token_hash):
-                cls.objects.filter(pk=row.pk).update(last_used=timezone.now())
+                now = timezone.now()
+                # A write per request cost a script creating a thousand deployments a thousand UPDATEs; "last
+                # used" is for people deciding which tokens to revoke, and a minute is close enough for that.
+                if row.last_used is None or now - row.last_used >= LAST_USED_RESOLUTION:
+                    cls.objects.filter(pk=row.pk).update(last_used=now)
+                    row.last_used = now
                 return row
         return None
 

@@ -33,29 +33,34 @@ MAX_SEQ = 1 << 20
 
 
 ESTIMATE_TTL_S = 10.0
-_ESTIMATES_KEPT = 1024
-_estimates: dict[tuple, tuple[float, Estimate]] = {}
-_estimates_lock = threading.Lock()
+_KEPT = 1024
+_kept: dict[tuple, tuple[float, object]] = {}
+_kept_lock = threading.Lock()
+
+
+def _recently(key: tuple, compute):
+    """`compute()`, or its answer for `key` from up to ESTIMATE_TTL_S ago: reading a model's files resolves every
+    path component safely, and a thousand deployments of one model created in a minute, or a thousand of its
+    replicas becoming ready, would read them a thousand times. Errors are not kept."""
+    now = time.monotonic()
+    kept = _kept.get(key)
+    if kept is not None and now - kept[0] < ESTIMATE_TTL_S:
+        return kept[1]
+    answer = compute()
+    with _kept_lock:
+        if len(_kept) >= _KEPT:
+            _kept.clear()  # a crude bound: one re-read per key afterwards
+        _kept[key] = (now, answer)
+    return answer
 
 
 def _estimate(path: str, dtype: str | None, batch: int, seq: int | None, device: str,
               adapter_pool_bytes: int = 0) -> Estimate:
-    """agent.artifacts.estimate under the model roots, each answer kept for ESTIMATE_TTL_S seconds: it reads the
-    model's files (resolving every path component safely), and a thousand deployments of one model created in a
-    minute, or a thousand of its replicas becoming ready, would read them a thousand times. Only those two use
-    it; registration and the scheduler read the files afresh. Errors are not kept."""
-    key = (path, dtype, batch, seq, device, adapter_pool_bytes)
-    now = time.monotonic()
-    kept = _estimates.get(key)
-    if kept is not None and now - kept[0] < ESTIMATE_TTL_S:
-        return kept[1]
-    est = estimate(path, dtype=dtype, batch=batch, seq=seq, device=device, adapter_pool_bytes=adapter_pool_bytes,
-                   roots=settings.MODEL_ROOTS)
-    with _estimates_lock:
-        if len(_estimates) >= _ESTIMATES_KEPT:
-            _estimates.clear()  # a crude bound: one re-read per key afterwards
-        _estimates[key] = (now, est)
-    return est
+    """agent.artifacts.estimate under the model roots, an answer up to ESTIMATE_TTL_S old (see _recently). Only
+    creating deployments and recording loads use it; registration and the scheduler read the files afresh."""
+    return _recently(("estimate", path, dtype, batch, seq, device, adapter_pool_bytes), lambda: estimate(
+        path, dtype=dtype, batch=batch, seq=seq, device=device, adapter_pool_bytes=adapter_pool_bytes,
+        roots=settings.MODEL_ROOTS))
 
 
 def estimate_path(
@@ -103,10 +108,14 @@ def check_shape(batch: int, seq: int | None) -> None:
         raise Invalid(f"seq must be between 1 and {MAX_SEQ}, got {seq}", field="seq")
 
 
-def model_positions(model: Model) -> int | None:
-    """The positions a registered model's config declares (None: no fixed limit, or a vision model)."""
-    try:
+def model_positions(model: Model, recent: bool = False) -> int | None:
+    """The positions a registered model's config declares (None: no fixed limit, or a vision model); with `recent`,
+    an answer up to ESTIMATE_TTL_S old will do (creating deployments)."""
+    def read() -> int | None:
         return read_config(Path(model.path) / "config.json", settings.MODEL_ROOTS).positions()
+
+    try:
+        return _recently(("positions", model.path), read) if recent else read()
     except ArtifactError as e:
         raise Invalid(str(e), field="model") from None
 

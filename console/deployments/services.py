@@ -91,7 +91,9 @@ def stored_policy(deployment: Deployment) -> dict[str, Any]:
 
 def check_seq(model: Model, seq: int | None) -> None:
     """A sequence length the model can hold: at most its positions (when its config declares them)."""
-    limit = model_positions(model)
+    if seq is None:
+        return  # the model's default shape: nothing to check, nothing to read
+    limit = model_positions(model, recent=True)
     if seq is not None and limit is not None and seq > limit:
         raise Invalid(f"seq {seq} is above the {limit} positions model {model.name!r} can hold", field="seq")
 

@@ -41,3 +41,18 @@ def test_issuing_an_agent_token_again_revokes_the_old_one():
     _, second = AgentCredential.issue("h1")
     assert AgentCredential.authenticate(first) is None
     assert AgentCredential.authenticate(second).host_name == "h1"
+
+
+def test_a_token_is_marked_used_to_the_minute_without_a_write_per_request(django_assert_num_queries):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    row, token = ApiToken.issue(get_user_model().objects.create_user("ann"))
+    ApiToken.authenticate(token)
+    first = ApiToken.objects.get().last_used
+    with django_assert_num_queries(1):  # the lookup only: used less than a minute ago
+        assert ApiToken.authenticate(token) == row
+    ApiToken.objects.update(last_used=timezone.now() - timedelta(minutes=2))
+    ApiToken.authenticate(token)
+    assert ApiToken.objects.get().last_used >= first

@@ -118,7 +118,7 @@ def test_creating_deployments_of_one_model_reads_its_files_once_the_scheduler_re
     reads = []
     real = memory.estimate
     monkeypatch.setattr(memory, "estimate", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
-    monkeypatch.setattr(memory, "_estimates", {})
+    monkeypatch.setattr(memory, "_kept", {})
     create_deployment("one", "tiny")
     per_create = len(reads)  # one read per device kind
     create_deployment("two", "tiny")
@@ -126,3 +126,16 @@ def test_creating_deployments_of_one_model_reads_its_files_once_the_scheduler_re
     Deployment.objects.update(estimates={})  # the pass rebuilds them: from the files, now
     reconcile_once()
     assert len(reads) > per_create
+
+
+def test_creating_deployments_with_a_sequence_length_reads_the_models_positions_once(host, model, monkeypatch):
+    from console.catalog import memory
+
+    reads = []
+    real = memory.read_config
+    monkeypatch.setattr(memory, "read_config", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    monkeypatch.setattr(memory, "_kept", {})
+    create_deployment("one", "tiny", seq=64)
+    create_deployment("two", "tiny", seq=64)
+    create_deployment("three", "tiny")  # the model's default sequence: nothing to check
+    assert len(reads) == 1
