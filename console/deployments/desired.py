@@ -84,12 +84,18 @@ def popular_adapters(dep, pool_bytes: int) -> dict[str, float]:
     return hints
 
 
+def gateway_secret(host: Host) -> str:
+    """The secret the host's agent's inference port accepts (only the console's gateway knows it); read afresh,
+    so a rotated token's secret is what the next push carries."""
+    credential = AgentCredential.objects.filter(host_name=host.name).first()
+    return credential.gateway_secret if credential is not None else ""
+
+
 def desired_state(host: Host) -> DesiredState:
     """The desired state a host was last given (stored at its generation by the scheduler pass), with the
-    secret its agent's inference port accepts (only the console's gateway knows it)."""
+    secret its agent's inference port accepts."""
     row = Host.objects.filter(pk=host.pk).values("generation", "desired_digest", "desired__replicas").first()
-    credential = AgentCredential.objects.filter(host_name=host.name).first()
-    secret = credential.gateway_secret if credential is not None else ""
+    secret = gateway_secret(host)
     if row is None or not row["desired_digest"] or row["desired__replicas"] is None:
         # Marked stale, or never stored: built now (the next pass stores it under a new generation).
         return DesiredState(generation=row["generation"] if row else 0, gateway_secret=secret,
@@ -104,14 +110,16 @@ def mark_stale(deployment) -> None:
     Host.objects.filter(replicas__deployment=deployment).update(desired_digest="")
 
 
-def bump_generations(host_ids=None) -> tuple[int, ...]:
+def bump_generations(host_ids=None) -> dict[int, tuple[int, list[dict]]]:
     """Rebuild the desired state of these hosts (None: every host, plus any marked stale) and give each whose
-    state changed a new generation, storing what is pushed; returns their ids."""
+    state changed a new generation, storing what is pushed; returns, per host that got one, its generation and
+    its desired replicas as stored (the push sends them without reading them back)."""
     hosts = Host.objects.all() if host_ids is None else Host.objects.filter(Q(pk__in=list(host_ids)) |
                                                                              Q(desired_digest=""))
     hosts = list(hosts.only("pk", "generation", "desired_digest").order_by("pk"))  # by key, as intake locks hosts
     built = desired_by_host([h.pk for h in hosts])
-    changed, stored = [], []
+    changed: dict[int, tuple[int, list[dict]]] = {}
+    stored = []
     for host in hosts:
         replicas = [r.model_dump(mode="json") for r in built[host.pk]]
         digest = hashlib.sha256(json.dumps(replicas, sort_keys=True).encode()).hexdigest()
@@ -121,9 +129,9 @@ def bump_generations(host_ids=None) -> tuple[int, ...]:
                 desired_digest=digest, generation=host.generation + 1
             )
             if updated:
-                changed.append(host.pk)
+                changed[host.pk] = (host.generation + 1, replicas)
                 stored.append(HostDesired(host_id=host.pk, replicas=replicas))
     if stored:
         HostDesired.objects.bulk_create(stored, update_conflicts=True, unique_fields=["host"],
                                         update_fields=["replicas"])
-    return tuple(changed)
+    return changed

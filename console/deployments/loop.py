@@ -50,7 +50,7 @@ async def run_pass(fence: Callable[[], None] | None = None, pushed: dict[int, fl
         if now - pushed.setdefault(host, now) >= RESEND_SECONDS:
             hosts.add(host)
     if hosts:
-        await push_desired(sorted(hosts))
+        await push_desired(sorted(hosts), result.states)
         pushed.update(dict.fromkeys(hosts, now))
     for gone in set(pushed) - set(result.behind) - hosts:  # acknowledged: nothing to repair
         del pushed[gone]

@@ -8,7 +8,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
@@ -49,6 +49,8 @@ class PassResult:
     changed: bool  # anything at all changed (replicas created, placed, states)
     actions: tuple[str, ...] = ()  # the scheduler's actions that changed a replica (place, wake, ...)
     events: int = 0  # events this pass appended to the timeline
+    # Per changed host, its new generation and desired replicas, for the push to send as they are.
+    states: dict[int, tuple[int, list[dict]]] = field(default_factory=dict, compare=False, repr=False)
     cpu_s: float = 0.0  # the pass's own CPU time (its wall time also counts waits for locks and the GIL)
     behind: tuple[int, ...] = ()  # connected hosts that have not acknowledged their current generation
     refused: tuple[str, ...] = ()  # the tier of each replica that became refused a place (scaled to zero is no refusal)
@@ -429,12 +431,13 @@ def reconcile_once(fence: Callable[[], None] | None = None) -> PassResult:
         # Desired states are rebuilt for the hosts this pass changed (and those marked stale); every host's
         # now and then, so that nothing depends on this bookkeeping being perfect.
         sweep = time.monotonic() - _last_sweep >= DESIRED_SWEEP_SECONDS
-        hosts = bump_generations(None if sweep else touched)
+        states = bump_generations(None if sweep else touched)
+        hosts = tuple(states)
     if sweep:
         _last_sweep = time.monotonic()
     behind = tuple(Host.objects.filter(connected=True, generation__gt=F("acked_generation"))
                    .values_list("pk", flat=True))
     return PassResult(changed_hosts=hosts, changed=changed or bool(hosts), actions=tuple(actions),
-                      cpu_s=time.thread_time() - began, behind=behind, events=events,
+                      cpu_s=time.thread_time() - began, behind=behind, events=events, states=states,
                       refused=tuple(t for a, t in setbacks if a == "refuse"),
                       preempted=tuple(t for a, t in setbacks if a == "preempt"))

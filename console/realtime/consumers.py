@@ -4,6 +4,7 @@ dashboard (session auth, origin-checked)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 from channels.db import database_sync_to_async
@@ -25,7 +26,7 @@ from agent.protocol import (
     parse_agent_message,
 )
 from console.dbthreads import own_thread
-from console.deployments.desired import desired_state
+from console.deployments.desired import desired_state, gateway_secret
 from console.fleet import intake
 from console.fleet.logs import LOGS_REPLY
 from console.fleet.models import AgentCredential, Host
@@ -79,6 +80,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self._last: asyncio.Future | None = None  # the link's latest message handed to the batcher
         # Logs requests sent to the agent and not answered: request id -> (reply channel, replica id, expiry).
         self._log_requests: dict[str, tuple[str, int, float]] = {}
+        self._sent_generation = -1  # the newest desired state this link sent its agent
 
     async def connect(self):
         token = bearer_token(self.scope)
@@ -243,9 +245,21 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.warning("agent %s: cannot pass a logs reply on (%s: %s)", self._name(), type(e).__name__, e)
 
     async def desired_push(self, event):
-        """Channel-layer event: send this host's desired state, as the scheduler stored it, whole."""
-        state = await own_thread(desired_state)(self.host)  # a read: it need not wait for a pass
-        await self.send(text_data=dump(state))
+        """Channel-layer event: send this host's desired state, whole: the one the event carries (as the pass
+        built it: no read of it), else the one stored. A push older than one this link sent is dropped."""
+        if "replicas" in event:
+            if event["generation"] <= self._sent_generation:
+                return
+            secret = await own_thread(gateway_secret)(self.host)
+            # The replicas are the pass's own dump of DesiredReplica models: sent as they are, not validated again.
+            text = json.dumps({"type": "desired_state", "generation": event["generation"],
+                               "replicas": event["replicas"], "gateway_secret": secret}, separators=(",", ":"))
+            generation = event["generation"]
+        else:
+            state = await own_thread(desired_state)(self.host)  # a read: it need not wait for a pass
+            text, generation = dump(state), state.generation
+        self._sent_generation = max(self._sent_generation, generation)
+        await self.send(text_data=text)
 
 
 class DashboardConsumer(AsyncWebsocketConsumer):

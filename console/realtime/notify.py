@@ -25,9 +25,9 @@ def host_group(host_id: int) -> str:
     return f"agent.host.{host_id}"
 
 
-async def _send(group: str, event: str) -> None:
+async def _send(group: str, event: str, **fields) -> None:
     try:
-        await get_channel_layer().group_send(group, {"type": event})
+        await get_channel_layer().group_send(group, {"type": event, **fields})
     except Exception as e:
         log.warning("channel layer: %s to %s lost (%s: %s)", event, group, type(e).__name__, e)
 
@@ -35,14 +35,21 @@ async def _send(group: str, event: str) -> None:
 PUSHES_AT_ONCE = 16  # a thousand at once exhausted redis-py's connection pool ("Too many connections")
 
 
-async def push_desired(host_ids) -> None:
+async def push_desired(host_ids, states: dict[int, tuple[int, list[dict]]] | None = None) -> None:
+    """Tell each host's link to send its desired state: the one in `states` (generation, replicas), as the pass
+    built it, else the one stored (read by the link)."""
     # Several at a time, not one after another: a pass that changed a hundred hosts would otherwise hold the
     # last one's push behind ninety-nine round trips to the channel layer.
     gate = asyncio.Semaphore(PUSHES_AT_ONCE)
+    states = states or {}
 
     async def push(host_id: int) -> None:
         async with gate:
-            await _send(host_group(host_id), "desired.push")
+            if host_id in states:
+                generation, replicas = states[host_id]
+                await _send(host_group(host_id), "desired.push", generation=generation, replicas=replicas)
+            else:
+                await _send(host_group(host_id), "desired.push")
 
     await asyncio.gather(*(push(h) for h in host_ids))
 

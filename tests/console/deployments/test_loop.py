@@ -68,7 +68,7 @@ async def test_a_push_the_host_never_acknowledged_is_sent_again(model_dir, monke
     host = await database_sync_to_async(Host.objects.get)(name="h1")
     sent = []
 
-    async def push(host_ids):
+    async def push(host_ids, states=None):
         sent.append(list(host_ids))
 
     monkeypatch.setattr(scheduler, "push_desired", push)

@@ -163,3 +163,39 @@ async def test_a_committed_change_stands_when_the_channel_layer_is_down(token, m
 
     await database_sync_to_async(change)()
     assert await database_sync_to_async(Deployment.objects.filter(name="chat", replicas=3).exists)()
+
+
+async def test_a_push_carrying_the_passs_state_is_sent_as_it_is_and_an_older_one_is_dropped(token, model,
+                                                                                           monkeypatch):
+    """The pass's own desired state goes out without being read back; the secret is read afresh (a rotated token's
+    secret is what the next push carries); a push of a generation older than one already sent is dropped."""
+    from channels.layers import get_channel_layer
+
+    from console.deployments.reconcile import reconcile_once
+    from console.deployments.services import create_deployment
+    from console.realtime.notify import host_group, push_desired
+
+    comm, _ = await connect(token)
+    await comm.send_to(text_data=json.dumps(hello()))
+    await comm.receive_from(timeout=5)
+    host = await database_sync_to_async(Host.objects.get)(name="h1")
+    await database_sync_to_async(create_deployment)("chat", "tiny")
+    result = await database_sync_to_async(reconcile_once)()
+    assert result.changed_hosts == (host.pk,)
+    generation, replicas = result.states[host.pk]
+    from console.realtime import consumers
+
+    def no_read(host):
+        raise AssertionError("the pass's state was read back")
+
+    monkeypatch.setattr(consumers, "desired_state", no_read)
+    await push_desired([host.pk], result.states)
+    sent = json.loads(await comm.receive_from(timeout=5))
+    assert sent == {"type": "desired_state", "generation": generation, "replicas": replicas,
+                    "gateway_secret": (await database_sync_to_async(AgentCredential.objects.get)(host_name="h1"))
+                    .gateway_secret}
+    assert [r["deployment"] for r in sent["replicas"]] == ["chat"]
+    await get_channel_layer().group_send(host_group(host.pk), {"type": "desired.push", "generation": generation - 1,
+                                                               "replicas": []})
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.disconnect()
