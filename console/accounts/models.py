@@ -69,7 +69,7 @@ class ApiToken(HashedToken):
         with transaction.atomic():
             row = cls.objects.create(user=user, name=name, scope=scope, **fields)
             record([Note(f"token/{user.get_username()}/{name}", "TokenCreated", f"API token {row.prefix}… "
-                         f"with scope {scope} for user {user.get_username()}", actor=actor)])
+                         f"with scope {scope} for user {user.get_username()}", actor=actor, folds=False)])
         return row, token
 
     @classmethod

@@ -80,5 +80,6 @@ def update_rule(request, kind: str, body: RulePatch):
             for f, v in changes.items():
                 setattr(rule, f, v)
             rule.save(update_fields=list(changes))
-            record([Note(f"alert/{kind}", "AlertRuleChanged", "; ".join(said), actor=actor_of(request))])
+            record([Note(f"alert/{kind}", "AlertRuleChanged", "; ".join(said), actor=actor_of(request),
+                         folds=False)])
     return _rule(rule)

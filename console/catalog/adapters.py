@@ -44,7 +44,7 @@ def register_adapter(name: str, deployment: str, path: str, pinned: bool = False
             )
             _refresh_pool(dep)
             record([Note(f"adapter/{name}", "Registered", f"LoRA rank {row.rank} for deployment {dep.name} from "
-                         f"{row.path}{' (pinned)' if pinned else ''}", actor=actor, deployment=dep.name)])
+                         f"{row.path}{' (pinned)' if pinned else ''}", actor=actor, deployment=dep.name, folds=False)])
             transaction.on_commit(wake_scheduler)
             return row
     except IntegrityError:
@@ -67,7 +67,7 @@ def delete_adapter(name: str, actor: str = "") -> None:
         adapter.delete()
         _refresh_pool(dep)
         record([Note(f"adapter/{name}", "Deleted", f"removed from deployment {dep.name}", actor=actor,
-                     deployment=dep.name)])
+                     deployment=dep.name, folds=False)])
         transaction.on_commit(wake_scheduler)
 
 

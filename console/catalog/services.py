@@ -48,7 +48,7 @@ def register_model(name: str, path: str, actor: str = "") -> Model:
                 estimate=estimate.as_dict(),
             )
             record([Note(f"model/{name}", "Registered", f"{artifact.architecture} from {artifact.path}: "
-                         f"{artifact.parameters:,} parameters, {artifact.stored_dtype}", actor=actor)])
+                         f"{artifact.parameters:,} parameters, {artifact.stored_dtype}", actor=actor, folds=False)])
             return model
     except IntegrityError:
         raise Conflict(f"a model named {name!r} is already registered", field="name") from None
@@ -80,7 +80,8 @@ def delete_model(name: str, actor: str = "") -> None:
         raise Conflict(f"model {name!r} is used by deployment(s) {', '.join(users)}; delete those first")
     with transaction.atomic():
         model.delete()
-        record([Note(f"model/{name}", "Deleted", f"unregistered (its files stay at {model.path})", actor=actor)])
+        record([Note(f"model/{name}", "Deleted", f"unregistered (its files stay at {model.path})", actor=actor,
+                     folds=False)])
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ def create_deployment(request, body: DeploymentIn):
     policy = body.dict(include=set(services.POLICY_FIELDS), exclude_unset=True)
     dep = services.create_deployment(body.name, body.model, dtype=body.dtype, batch=body.batch, seq=body.seq,
                                      actor=actor_of(request), **policy)
-    return Status(201, deployment_data(dep))
+    return Status(201, deployment_data(dep, fresh=True))
 
 
 @router.post("/bulk", response={201: list[DeploymentOut], 409: ErrorOut, 422: ErrorOut},

@@ -211,6 +211,18 @@ class Elector:
         if stored != self.epoch:
             raise NotLeader(f"epoch {self.epoch} was superseded (the database holds epoch {stored})")
 
+    def check(self) -> None:
+        """fence() without holding the epoch's row: for work beside the passes (the chores) that must not wait
+        behind a pass's transaction, and writes only rows of its own, where one round from a leader deposed a
+        moment ago does no harm."""
+        if self.epoch is None:
+            raise NotLeader("this process is not the scheduler leader")
+        if not self.lock.held():
+            raise NotLeader(f"lost the scheduler lock (epoch {self.epoch})")
+        stored = _stored_epoch(for_update=False)
+        if stored != self.epoch:
+            raise NotLeader(f"epoch {self.epoch} was superseded (the database holds epoch {stored})")
+
     def step_down(self) -> None:
         """Stop leading and free the lock (safe to call when not leading)."""
         self.epoch = None

@@ -102,10 +102,11 @@ def deployments_data(deployments) -> list[dict]:
     return [deployment_data(d, d.listed_replicas) for d in deployments]
 
 
-def deployment_data(dep: Deployment, replicas: list[Replica] | None = None) -> dict:
+def deployment_data(dep: Deployment, replicas: list[Replica] | None = None, fresh: bool = False) -> dict:
     """A deployment with its replicas and adapters (the API's DeploymentOut); `replicas` as read by
-    replica_rows() when the caller has them already."""
-    replicas = replica_rows(dep) if replicas is None else replicas
+    replica_rows() when the caller has them already. `fresh`: just created, so it has neither (nothing is read:
+    a script creating thousands of deployments paid two queries a create for two empty lists)."""
+    replicas = [] if fresh else replica_rows(dep) if replicas is None else replicas
     return {
         "name": dep.name,
         "model": dep.model.name,
@@ -136,7 +137,7 @@ def deployment_data(dep: Deployment, replicas: list[Replica] | None = None) -> d
         "batch": dep.batch,
         "seq": dep.seq,
         "estimates": dep.estimates,
-        "adapters": adapter_usage(dep, replicas),
+        "adapters": [] if fresh else adapter_usage(dep, replicas),
         "state": dep.state,
         "reason": dep.reason,
         "created": dep.created,

@@ -79,7 +79,7 @@ def update_deployment(name: str, changes: dict[str, Any], actor: str = "") -> De
             from console.deployments.policy_form import describe_changes  # the words the form's message uses
 
             record([Note(deployment_object(name), "PolicyChanged", "; ".join(describe_changes(current, deployment)),
-                         actor=actor, deployment=name)])
+                         actor=actor, deployment=name, folds=False)])
             mark_stale(deployment)
             transaction.on_commit(wake_scheduler)
     return deployment
@@ -142,7 +142,7 @@ def delete_deployment(name: str, actor: str = "") -> None:
         deployment.delete()
         Host.objects.filter(pk__in=hosts).update(desired_digest="")
         record([Note(deployment_object(name), "Deleted", f"deleted with its {replicas} replica(s); their workers "
-                     "are stopped", actor=actor, deployment=name)])
+                     "are stopped", actor=actor, deployment=name, folds=False)])
     transaction.on_commit(wake_scheduler)
 
 
@@ -253,4 +253,4 @@ def _taken_names(names: list) -> dict[str, str]:
 def _created(d: Deployment, actor: str) -> Note:
     replicas = str(d.min_replicas) if d.min_replicas == d.max_replicas else f"{d.min_replicas}-{d.max_replicas}"
     return Note(deployment_object(d.name), "Created", f"deploys model {d.model.name} ({d.dtype}, batch {d.batch}): "
-                f"{replicas} replica(s), priority {d.priority}", actor=actor, deployment=d.name)
+                f"{replicas} replica(s), priority {d.priority}", actor=actor, deployment=d.name, folds=False)

@@ -49,4 +49,5 @@ class AuditedAdmin(admin.ModelAdmin):
 
     def _tell(self, request, obj, reason: str, words: str) -> None:
         key, deployment = self.audit_object(obj)
-        record([Note(key, reason, words, actor=f"{actor_of(request)} (admin)", deployment=deployment)])
+        record([Note(key, reason, words, actor=f"{actor_of(request)} (admin)", deployment=deployment,
+                     folds=False)])

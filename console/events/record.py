@@ -31,6 +31,8 @@ class Note:
     actor: str = ""
     deployment: str = ""
     host: str = ""
+    # What a person or token did is told once each time: never folded (and no lookup of rows to fold into).
+    folds: bool = True
     key: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -73,12 +75,13 @@ def record(notes: Iterable[Note], now: datetime | None = None) -> int:
         first.setdefault(note.key, note)
     if not counts:
         return 0
-    folded = _foldable(first.values(), now - timedelta(seconds=settings.MODELGRID_EVENTS_FOLD_SECONDS))
+    folded = _foldable([n for n in first.values() if n.folds],
+                       now - timedelta(seconds=settings.MODELGRID_EVENTS_FOLD_SECONDS))
     for key, pk in sorted(folded.items(), key=lambda kv: kv[1]):  # in key order, as every writer takes them
         Event.objects.filter(pk=pk).update(count=F("count") + counts[key], last_seen=now)
     new = [Event(object=n.object, deployment=n.deployment, host=n.host, type=n._type, reason=n.reason,
-                 message=n.message, actor=n.actor, count=counts[k], first_seen=now, last_seen=now)
-           for k, n in first.items() if k not in folded]
+                 message=n.message, actor=n.actor, count=counts[k] if n.folds else 1, first_seen=now, last_seen=now)
+           for k, n in first.items() if k not in folded for _ in range(1 if n.folds else counts[k])]
     Event.objects.bulk_create(new)
     return len(new)
 

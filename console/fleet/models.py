@@ -109,7 +109,7 @@ class AgentCredential(HashedToken):
             row, created = cls.objects.update_or_create(host_name=host_name, defaults=fields)
             record([Note(host_object(host_name), "TokenCreated" if created else "TokenRotated",
                          f"agent token {row.prefix}… {'issued' if created else 'issued, replacing the one before'}",
-                         actor=actor, host=host_name)])
+                         actor=actor, host=host_name, folds=False)])
         return row, token
 
     @classmethod

@@ -85,3 +85,23 @@ async def test_a_push_the_host_never_acknowledged_is_sent_again(model_dir, monke
     await database_sync_to_async(Host.objects.filter(pk=host.pk).update)(acked_generation=generation)
     await scheduler.run_pass(pushed=pushed)
     assert sent == [[host.pk]] and pushed == {}  # acknowledged: nothing more to repair
+
+
+def test_the_chores_check_for_leadership_without_waiting_for_a_passs_row_lock(db):
+    """A pass holds the epoch's row for its whole transaction; the chores' check reads it without a lock."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from console.deployments.leader import Elector, NotLeader
+
+    elector = Elector()
+    assert elector.try_lead()
+    try:
+        with CaptureQueriesContext(connection) as ctx:
+            elector.check()
+        assert ctx.captured_queries and not any("FOR UPDATE" in q["sql"] for q in ctx.captured_queries)
+        elector.epoch += 1  # as if a successor had taken over
+        with pytest.raises(NotLeader, match="superseded"):
+            elector.check()
+    finally:
+        elector.step_down()

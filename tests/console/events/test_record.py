@@ -52,3 +52,10 @@ def test_pruning_drops_what_is_past_the_retention_then_the_oldest_past_the_cap(s
         record([Note(f"host/h{i}", "Connected", "hello")], now - timedelta(minutes=5 - i))
     assert prune(now) == 3
     assert sorted(Event.objects.values_list("object", flat=True)) == ["host/h2", "host/h3", "host/h4"]
+
+
+def test_what_a_person_did_is_told_each_time_and_never_folded():
+    change = Note("deployment/chat", "PolicyChanged", "priority standard → critical", actor="user ann", folds=False)
+    record([change])
+    record([change, change])
+    assert list(Event.objects.values_list("count", flat=True)) == [1, 1, 1]
