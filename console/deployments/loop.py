@@ -30,10 +30,10 @@ IDLE_REST = 10.0  # with nothing to wake it, a pass comes no sooner than this ma
 RESEND_SECONDS = 10.0  # a host still behind its generation this long after its push is pushed again
 
 
-async def run_pass(fence: Callable[[], None] | None = None,
-                   pushed: dict[int, tuple[float, int | None]] | None = None) -> PassResult:
-    """One unit of work. `fence` aborts the pass (NotLeader) before it writes. `pushed` (host -> when its desired
-    state was last pushed, and which generation) is the loop's memory of pushes: see _to_push."""
+async def run_pass(fence: Callable[[], None] | None = None, pushed: dict[int, float] | None = None) -> PassResult:
+    """One unit of work. `fence` aborts the pass (NotLeader) before it writes. `pushed` (host -> when its
+    desired state was last pushed) lets a push that was lost (the channel layer failed it, the link dropped
+    it) be repaired: a host that has not acknowledged its generation RESEND_SECONDS after is pushed again."""
     began = time.perf_counter()
     result = await database_sync_to_async(reconcile_once)(fence)
     METRICS.pass_seconds.observe(time.perf_counter() - began)
@@ -44,38 +44,19 @@ async def run_pass(fence: Callable[[], None] | None = None,
     for tier in result.preempted:
         METRICS.preemptions.labels(tier).inc()
     now, pushed = time.monotonic(), {} if pushed is None else pushed
-    hosts = _to_push(result, pushed, now)
+    hosts = set(result.changed_hosts)
+    for host in result.behind:  # first seen behind now: its push may still be on its way
+        if now - pushed.setdefault(host, now) >= RESEND_SECONDS:
+            hosts.add(host)
     if hosts:
         await push_desired(sorted(hosts), result.states)
-        pushed.update({h: (now, result.states[h][0] if h in result.states else None) for h in hosts})
+        pushed.update(dict.fromkeys(hosts, now))
     for gone in set(pushed) - set(result.behind) - hosts:  # acknowledged: nothing to repair
         del pushed[gone]
     if result.changed:
         await refresh_gateways()  # demand answers and placements: waiting requests learn of them now
         await refresh_dashboards()
     return result
-
-
-def _to_push(result: PassResult, pushed: dict[int, tuple[float, int | None]], now: float) -> set[int]:
-    """The hosts to push now. At most one push is in flight per host: a host whose last push is not acknowledged
-    yet gets no other until it is (then the next pass sends its newest state: a push carries the whole state, so
-    the ones in between would only have queued on the channel layer, which a busy console reads one message at a
-    time), or until RESEND_SECONDS have passed (it was lost). A host first seen behind (its push came from another
-    pass, or another process) is given RESEND_SECONDS before it is pushed again."""
-    hosts = set()
-    for host in set(result.changed_hosts) | set(result.behind):
-        last = pushed.get(host)
-        if last is None and host not in result.changed_hosts:
-            pushed[host] = (now, None)  # first seen behind now: its push may still be on its way
-            continue
-        if last is not None:
-            when, generation = last
-            acked = result.behind.get(host)  # None: not behind, everything it was sent is acknowledged
-            unanswered = acked is not None and (generation is None or acked < generation)
-            if unanswered and now - when < RESEND_SECONDS:
-                continue
-        hosts.add(host)
-    return hosts
 
 
 def _who_leads() -> str:

@@ -52,8 +52,7 @@ class PassResult:
     # Per changed host, its new generation and desired replicas, for the push to send as they are.
     states: dict[int, tuple[int, list[dict]]] = field(default_factory=dict, compare=False, repr=False)
     cpu_s: float = 0.0  # the pass's own CPU time (its wall time also counts waits for locks and the GIL)
-    # Connected hosts that have not acknowledged their current generation: host id -> the generation they acked.
-    behind: dict[int, int] = field(default_factory=dict, compare=False)
+    behind: tuple[int, ...] = ()  # connected hosts that have not acknowledged their current generation
     refused: tuple[str, ...] = ()  # the tier of each replica that became refused a place (scaled to zero is no refusal)
     preempted: tuple[str, ...] = ()  # the tier of each replica this pass preempted
 
@@ -436,8 +435,8 @@ def reconcile_once(fence: Callable[[], None] | None = None) -> PassResult:
         hosts = tuple(states)
     if sweep:
         _last_sweep = time.monotonic()
-    behind = dict(Host.objects.filter(connected=True, generation__gt=F("acked_generation"))
-                  .values_list("pk", "acked_generation"))
+    behind = tuple(Host.objects.filter(connected=True, generation__gt=F("acked_generation"))
+                   .values_list("pk", flat=True))
     return PassResult(changed_hosts=hosts, changed=changed or bool(hosts), actions=tuple(actions),
                       cpu_s=time.thread_time() - began, behind=behind, events=events, states=states,
                       refused=tuple(t for a, t in setbacks if a == "refuse"),

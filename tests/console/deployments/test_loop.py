@@ -76,44 +76,15 @@ async def test_a_push_the_host_never_acknowledged_is_sent_again(model_dir, monke
     generation = await database_sync_to_async(lambda: Host.objects.get(pk=host.pk).generation)()
     await database_sync_to_async(Host.objects.filter(pk=host.pk).update)(acked_generation=generation - 1)
     sent.clear()
-    pushed: dict[int, tuple[float, int | None]] = {}
+    pushed: dict[int, float] = {}
     await scheduler.run_pass(pushed=pushed)
     assert sent == []  # behind, but just noticed: its push may still be on its way
-    when, seen = pushed[host.pk]
-    pushed[host.pk] = (when - scheduler.RESEND_SECONDS, seen)  # ... and that long ago
+    pushed[host.pk] -= scheduler.RESEND_SECONDS  # ... and that long ago
     await scheduler.run_pass(pushed=pushed)
     assert sent == [[host.pk]]  # lost (the channel layer failed it): sent again
     await database_sync_to_async(Host.objects.filter(pk=host.pk).update)(acked_generation=generation)
     await scheduler.run_pass(pushed=pushed)
     assert sent == [[host.pk]] and pushed == {}  # acknowledged: nothing more to repair
-
-
-async def test_a_host_gets_no_other_push_while_one_is_unacknowledged_then_its_newest_state(model_dir, monkeypatch):
-    """Passes that change a host faster than it acknowledges do not queue a push each on the channel layer: one
-    push is in flight per host, and once it is acknowledged the next pass sends the newest state."""
-    from console.deployments import loop as scheduler
-
-    await database_sync_to_async(setup_fleet_and_model)(model_dir)
-    host = await database_sync_to_async(Host.objects.get)(name="h1")
-    sent = []
-
-    async def push(host_ids, states=None):
-        sent.append({h: (states or {}).get(h, (None,))[0] for h in host_ids})
-
-    monkeypatch.setattr(scheduler, "push_desired", push)
-    pushed: dict[int, tuple[float, int | None]] = {}
-    await scheduler.run_pass(pushed=pushed)
-    first = sent[-1][host.pk]
-    await database_sync_to_async(create_deployment)("chat-2", "tiny")
-    await scheduler.run_pass(pushed=pushed)  # a newer generation, but the first push is not acknowledged
-    newer = await database_sync_to_async(lambda: Host.objects.get(pk=host.pk).generation)()
-    assert newer > first and len(sent) == 1
-    await database_sync_to_async(Host.objects.filter(pk=host.pk).update)(acked_generation=first)
-    await scheduler.run_pass(pushed=pushed)  # the first is acknowledged: the newest state goes out now
-    assert len(sent) == 2 and host.pk in sent[-1]
-    await database_sync_to_async(Host.objects.filter(pk=host.pk).update)(acked_generation=newer)
-    await scheduler.run_pass(pushed=pushed)
-    assert len(sent) == 2 and pushed == {}
 
 
 def test_the_chores_check_for_leadership_without_waiting_for_a_passs_row_lock(db):
