@@ -59,46 +59,61 @@ async def refresh_gateways() -> None:
 
 
 class _Throttle:
-    """At most one dashboard refresh per interval per process, the last one never lost (trailing edge): a
-    busy fleet changes many times a second, and each refresh re-renders the page for every browser."""
+    """At most one notification of a kind per interval per process, the last one never lost (trailing edge)."""
 
     def __init__(self) -> None:
         self.last = float("-inf")
         self.scheduled: asyncio.Task | None = None
 
 
-_throttles: dict[asyncio.AbstractEventLoop, _Throttle] = {}
+_throttles: dict[tuple[asyncio.AbstractEventLoop, str], _Throttle] = {}
+
+
+async def _throttled(kind: str, interval: float, send) -> None:
+    loop = asyncio.get_running_loop()
+    throttle = _throttles.get((loop, kind))
+    if throttle is None:
+        for stale in [key for key in _throttles if key[0].is_closed()]:
+            del _throttles[stale]
+        throttle = _throttles[loop, kind] = _Throttle()
+    if throttle.scheduled is not None and not throttle.scheduled.done():
+        return  # one is already due; it tells of this change too
+    wait = throttle.last + interval - loop.time()
+    if wait <= 0:
+        throttle.last = loop.time()
+        await send()
+    else:
+        throttle.scheduled = asyncio.create_task(_later(throttle, wait, send))
+
+
+async def _later(throttle: _Throttle, wait: float, send) -> None:
+    await asyncio.sleep(wait)
+    throttle.last = asyncio.get_running_loop().time()
+    await send()
 
 
 async def refresh_dashboards() -> None:
-    loop = asyncio.get_running_loop()
-    throttle = _throttles.get(loop)
-    if throttle is None:
-        for stale in [lp for lp in _throttles if lp.is_closed()]:
-            del _throttles[stale]
-        throttle = _throttles[loop] = _Throttle()
-    if throttle.scheduled is not None and not throttle.scheduled.done():
-        return  # a refresh is already due; it will show this change too
-    wait = throttle.last + settings.MODELGRID_DASHBOARD_REFRESH_SECONDS - loop.time()
-    if wait <= 0:
-        throttle.last = loop.time()
-        await _send_dashboard_update()
-    else:
-        throttle.scheduled = asyncio.create_task(_later(throttle, wait))
-
-
-async def _later(throttle: _Throttle, wait: float) -> None:
-    await asyncio.sleep(wait)
-    throttle.last = asyncio.get_running_loop().time()
-    await _send_dashboard_update()
+    """Browsers' dashboards re-rendered: a busy fleet changes many times a second, and each refresh re-renders the
+    page for every browser, so at most once per MODELGRID_DASHBOARD_REFRESH_SECONDS."""
+    await _throttled("dashboard", settings.MODELGRID_DASHBOARD_REFRESH_SECONDS, _send_dashboard_update)
 
 
 async def _send_dashboard_update() -> None:
     await _send(DASHBOARD_GROUP, "dashboard.update")
 
 
+# A pass answers every wake-up that came before it began, and a busy console reads its channel layer one message
+# at a time: a script creating thousands of deployments woke the scheduler once per create.
+WAKE_INTERVAL = 0.1
+
+
 async def wake_scheduler_async() -> None:
-    """Ask the scheduler leader (in whichever console process) for a pass now instead of at its next tick."""
+    """Ask the scheduler leader (in whichever console process) for a pass now instead of at its next tick; at most
+    one such message per WAKE_INTERVAL from this process, the last never lost."""
+    await _throttled("scheduler", WAKE_INTERVAL, _send_wake)
+
+
+async def _send_wake() -> None:
     await _send(SCHEDULER_GROUP, "scheduler.wake")
 
 

@@ -32,3 +32,20 @@ async def test_a_burst_of_changes_costs_two_refreshes(settings):
         assert await drain(layer, channel, 0.1) == 1
     finally:
         await layer.group_discard(DASHBOARD_GROUP, channel)
+
+
+async def test_a_burst_of_creates_wakes_the_scheduler_twice_not_once_each(monkeypatch):
+    """Thousands of creates in a minute: the leader hears of them at a bounded rate, the last one never lost."""
+    from console.realtime import notify
+    from console.realtime.notify import SCHEDULER_GROUP, wake_scheduler_async
+
+    monkeypatch.setattr(notify, "WAKE_INTERVAL", 0.3)
+    layer = get_channel_layer()
+    channel = await layer.new_channel("scheduler.")
+    await layer.group_add(SCHEDULER_GROUP, channel)
+    try:
+        for _ in range(50):
+            await wake_scheduler_async()
+        assert await drain(layer, channel, 0.6) == 2  # at once, then one trailing for the rest of the burst
+    finally:
+        await layer.group_discard(SCHEDULER_GROUP, channel)
