@@ -134,9 +134,11 @@ def test_register_deploy_infer_delete_and_stop(tiny_llama, tmp_path):
 
 @contextlib.contextmanager
 def database_locked(stack):
-    """Hold the lock a request's first write needs (the bearer token's `last_used`), from another connection,
-    as a long migration or a stuck transaction would: the request's worker thread then waits inside the database
-    driver, where Python cannot interrupt it (SQLite gives up after its 20 s busy timeout, PostgreSQL never)."""
+    """Hold, from another connection, the lock a write request needs (SQLite: the database's write lock;
+    PostgreSQL: the API token table, which authentication reads), as a long migration or a stuck transaction
+    would: the request's worker thread then waits inside the database driver, where Python cannot interrupt it
+    (SQLite gives up after its 20 s busy timeout, PostgreSQL never). A plain GET is not enough on SQLite:
+    readers go on under a writer, and the token's `last_used` is written at most once a minute."""
     url = stack.env.get("DATABASE_URL", "")
     if url.startswith("postgres"):
         import psycopg
@@ -165,7 +167,8 @@ def test_sigterm_stops_up_the_agent_and_its_workers_within_10_s_while_a_request_
         assert len(worker) == 1 and worker <= {p.pid for p in family}
 
         with database_locked(stack), ThreadPoolExecutor(1) as pool:
-            stuck = pool.submit(lambda: stack.api().get("/hosts", timeout=60))
+            new_model = {"name": "stuck", "path": str(tiny_llama)}
+            stuck = pool.submit(lambda: stack.api().post("/models", json=new_model, timeout=60))
             # A request answers in milliseconds; one still unanswered after 2 s waits on the lock.
             with contextlib.suppress(TimeoutError):
                 stuck.result(timeout=2)
