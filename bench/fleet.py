@@ -5,6 +5,7 @@ speaking the real protocol from this process. Prints one table per fleet size. N
     .venv/bin/python bench/fleet.py --hosts 100 --replicas 1000      # the issue's first row (PostgreSQL + Redis)
     .venv/bin/python bench/fleet.py --hosts 100 300 --replicas-per-host 10 --profile
     .venv/bin/python bench/fleet.py --sqlite --quick                 # SQLite and the in-memory channel layer
+    .venv/bin/python bench/fleet.py --hosts 1000 --bulk 1000         # created as a script would: 1,000 per POST
 
 Per fleet size: a fresh data dir and (default) a fresh PostgreSQL database with the Redis channel layer
 (DATABASE_URL / REDIS_URL, default the local ones), agent tokens issued in one `manage.py shell`, one tiny
@@ -272,19 +273,28 @@ class Run:
     phases: dict[str, dict | None] = field(default_factory=dict)  # phase -> the samples taken during it
 
 
-async def create_deployments(url: str, token: str, count: int, per: int, concurrency: int) -> tuple[float, float]:
-    """POST count deployments (per replicas each); returns (first POST sent, last POST answered) monotonic."""
-    names = iter(range(count))
+async def create_deployments(url: str, token: str, count: int, per: int, concurrency: int,
+                             bulk: int = 0) -> tuple[float, float]:
+    """POST count deployments (per replicas each), one per request or (bulk) that many per POST /deployments/bulk;
+    returns (first POST sent, last POST answered) monotonic."""
+    size = bulk or 1
+    chunks = iter(range(0, count, size))
     first = time.monotonic()
     last = first
     async with httpx.AsyncClient(base_url=url.rstrip("/") + "/api/v1", timeout=300,
                                  headers={"Authorization": f"Bearer {token}"}) as api:
         async def worker() -> None:
             nonlocal last
-            for i in names:
-                r = await api.post("/deployments", json={"name": f"fleet-{i:05d}", "model": "tiny", "replicas": per})
+            for start in chunks:
+                items = [{"name": f"fleet-{i:05d}", "model": "tiny", "replicas": per}
+                         for i in range(start, min(start + size, count))]
+                if bulk:
+                    r = await api.post("/deployments/bulk", json={"deployments": items})
+                else:
+                    r = await api.post("/deployments", json=items[0])
                 if r.status_code != 201:
-                    raise RuntimeError(f"POST /deployments fleet-{i:05d}: {r.status_code} {r.text[:300]}")
+                    raise RuntimeError(f"POST /deployments{'/bulk' if bulk else ''} {items[0]['name']}...: "
+                                       f"{r.status_code} {r.text[:300]}")
                 last = time.monotonic()
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -315,8 +325,8 @@ async def measure(stack, fleet: SimFleet, watch: HostWatch, args, run: Run) -> N
     cpu_before = cpu_seconds(console_procs(stack))
     p0 = read_profile(run.profile)
     first, last = await create_deployments(stack.url, stack.token, deployments, args.replicas_per_deployment,
-                                           args.create_concurrency)
-    row["create (POSTs)"] = f"{last - first:.1f} s"
+                                           args.create_concurrency, args.bulk)
+    row["create (POSTs)"] = f"{last - first:.1f} s" + (f" ({args.bulk} per bulk POST)" if args.bulk else "")
     say(f"created {deployments} deployments in {last - first:.1f} s")
     deadline = last + args.timeout
     next_note = time.monotonic()
@@ -466,7 +476,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="give up waiting after this many seconds")
     parser.add_argument("--steady", type=float, default=30.0, help="seconds of steady CPU measurement")
     parser.add_argument("--connect-concurrency", type=int, default=50)
-    parser.add_argument("--create-concurrency", type=int, default=4)
+    parser.add_argument("--create-concurrency", type=int, default=4, help="POSTs in flight at once")
+    parser.add_argument("--bulk", type=int, default=0, metavar="N",
+                        help="create N deployments per POST /deployments/bulk (up to 1000) instead of one per POST")
     parser.add_argument("--sqlite", action="store_true", help="SQLite and the in-memory channel layer")
     parser.add_argument("--console-log", metavar="PATH", help="write the console's output here (the last size's)")
     parser.add_argument("--profile", action="store_true", help="sample the console's stacks and print the profile")
@@ -479,6 +491,8 @@ def main() -> None:
         values = getattr(args, name)
         if any(v < 1 for v in (values if isinstance(values, list) else [values])):
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0 <= args.bulk <= 1000:
+        parser.error("--bulk must be 0 (one deployment per POST) to 1000")
     if args.sqlite:
         for name in ("DATABASE_URL", "REDIS_URL"):
             os.environ.pop(name, None)
