@@ -110,6 +110,11 @@ class AgentCredential(HashedToken):
             record([Note(host_object(host_name), "TokenCreated" if created else "TokenRotated",
                          f"agent token {row.prefix}… {'issued' if created else 'issued, replacing the one before'}",
                          actor=actor, host=host_name, folds=False)])
+            host = Host.objects.filter(name=host_name).values_list("pk", flat=True).first()
+            if not created and host is not None:
+                from console.realtime.notify import revoke_links
+
+                transaction.on_commit(lambda: revoke_links(host))
         return row, token
 
     @classmethod

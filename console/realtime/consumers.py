@@ -26,7 +26,7 @@ from agent.protocol import (
     parse_agent_message,
 )
 from console.dbthreads import own_thread
-from console.deployments.desired import desired_state, gateway_secret
+from console.deployments.desired import desired_state
 from console.fleet import intake
 from console.fleet.logs import LOGS_REPLY
 from console.fleet.models import AgentCredential, Host
@@ -209,6 +209,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
                         self.epoch, event["epoch"])
             await self.close(code=4409)
 
+    async def link_revoked(self, event):
+        """Channel-layer event: this host's agent token was rotated (on any console process). A link that
+        authenticated with the token before ends; the agent must come back with the new one."""
+        if self.credential is None:
+            return
+        current = await own_thread(AgentCredential.objects.filter(pk=self.credential.pk,
+                                                                  token_hash=self.credential.token_hash).exists)()
+        if not current:
+            log.warning("agent %s: its token was rotated; closing the link made with the old one", self._name())
+            await self.close(code=4401)
+
     async def logs_request(self, event):
         """Channel-layer event (console/fleet/logs.py): ask this link's agent for a replica's log; its answer goes to
         the event's reply channel."""
@@ -250,7 +261,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if "replicas" in event:
             if event["generation"] <= self._sent_generation:
                 return
-            secret = await own_thread(gateway_secret)(self.host)
+            # The secret of the token this link authenticated with: a rotation ends the link (link_revoked), so
+            # it is the one the gateway reads too, and no push reads the database for it.
+            secret = self.credential.gateway_secret
             # The replicas are the pass's own dump of DesiredReplica models: sent as they are, not validated again.
             text = json.dumps({"type": "desired_state", "generation": event["generation"],
                                "replicas": event["replicas"], "gateway_secret": secret}, separators=(",", ":"))

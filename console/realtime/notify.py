@@ -54,6 +54,15 @@ async def push_desired(host_ids, states: dict[int, tuple[int, list[dict]]] | Non
     await asyncio.gather(*(push(h) for h in host_ids))
 
 
+def revoke_links(host_id: int) -> None:
+    """For sync callers (a token rotation, on commit): every console process ends the host's links made with
+    its old token."""
+    try:
+        async_to_sync(_send)(host_group(host_id), "link.revoked")
+    except RuntimeError as e:  # called on a thread running an event loop: the old link lives to its next reconnect
+        log.warning("channel layer: link.revoked to %s not sent (%s)", host_group(host_id), e)
+
+
 async def refresh_gateways() -> None:
     await _send(GATEWAY_GROUP, "gateway.refresh")
 

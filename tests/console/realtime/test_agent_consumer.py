@@ -167,8 +167,8 @@ async def test_a_committed_change_stands_when_the_channel_layer_is_down(token, m
 
 async def test_a_push_carrying_the_passs_state_is_sent_as_it_is_and_an_older_one_is_dropped(token, model,
                                                                                            monkeypatch):
-    """The pass's own desired state goes out without being read back; the secret is read afresh (a rotated token's
-    secret is what the next push carries); a push of a generation older than one already sent is dropped."""
+    """The pass's own desired state goes out without being read back, with the secret of the link's token; a push
+    of a generation older than one already sent is dropped."""
     from channels.layers import get_channel_layer
 
     from console.deployments.reconcile import reconcile_once
@@ -198,4 +198,34 @@ async def test_a_push_carrying_the_passs_state_is_sent_as_it_is_and_an_older_one
     await get_channel_layer().group_send(host_group(host.pk), {"type": "desired.push", "generation": generation - 1,
                                                                "replicas": []})
     assert await comm.receive_nothing(timeout=0.3)
+    await comm.disconnect()
+
+
+async def test_rotating_a_hosts_token_ends_its_links_and_the_new_token_gets_the_new_secret(token):
+    """A link carries the gateway secret of the token it authenticated with: once that token is rotated, the link
+    ends (its pushes would carry a secret the gateway no longer uses), and the old token is refused."""
+    old, _ = await connect(token)
+    await old.send_to(text_data=json.dumps(hello()))
+    first = json.loads(await old.receive_from(timeout=5))
+    _, new_token = await database_sync_to_async(AgentCredential.issue)("h1")
+    assert await old.receive_output(timeout=5) == {"type": "websocket.close", "code": 4401}
+    await old.disconnect()
+    assert not (await connect(token))[1]
+    comm, connected = await connect(new_token)
+    assert connected
+    await comm.send_to(text_data=json.dumps(hello()))
+    state = json.loads(await comm.receive_from(timeout=5))
+    credential = await database_sync_to_async(AgentCredential.objects.get)(host_name="h1")
+    assert state["gateway_secret"] == credential.gateway_secret != first["gateway_secret"]
+    await comm.disconnect()
+
+
+async def test_issuing_a_token_for_a_new_host_ends_no_other_hosts_link(token):
+    comm, _ = await connect(token)
+    await comm.send_to(text_data=json.dumps(hello()))
+    await comm.receive_from(timeout=5)
+    await database_sync_to_async(AgentCredential.issue)("h2")
+    assert await comm.receive_nothing(timeout=0.5)
+    await comm.send_to(text_data=json.dumps({"type": "ack", "generation": 0}))
+    assert await comm.receive_nothing(timeout=0.3)  # no error: the link still works
     await comm.disconnect()
