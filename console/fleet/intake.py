@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.utils import timezone
 
 from agent.protocol import Ack, GpuInfo, Hello, HostReport, ReplicaStatus
+from console.bulk import update_by_pk
 from console.catalog.memory import Load, record_loads
 from console.deployments.models import Replica
 from console.events.record import Note, host_object, record
@@ -200,7 +201,7 @@ def _apply_reports(reports: dict[int, HostReport]) -> set[int]:
             host.serving, host.ram_free_bytes = serving, ram
             changed.append(host)
     if changed:
-        Host.objects.bulk_update(sorted(changed, key=lambda h: h.pk), ["serving", "ram_free_bytes"])
+        update_by_pk(sorted(changed, key=lambda h: h.pk), ["serving", "ram_free_bytes"])
     listed = {host_id: r.gpus for host_id, r in reports.items() if r.gpus}
     return {h.pk for h in changed} | (_sync_gpus(listed) if listed else set())
 
@@ -225,7 +226,7 @@ def _sync_gpus(gpus_by_host: dict[int, list[GpuInfo]], prune: bool = False) -> s
     if create:
         Gpu.objects.bulk_create(create)
     if update:
-        Gpu.objects.bulk_update(update, _GPU_FIELDS)
+        update_by_pk(sorted(update, key=lambda g: g.pk), _GPU_FIELDS)
     if prune:
         for host_id, gpus in gpus_by_host.items():
             Gpu.objects.filter(host_id=host_id).exclude(index__in=[g.index for g in gpus]).delete()
@@ -255,10 +256,9 @@ def _status_fields(status: ReplicaStatus) -> dict:
 def _apply_statuses(items: list[Item], statuses: list[tuple[int, int, ReplicaStatus]]) -> set[int]:
     """Record replicas' observed states (statuses for another host's replicas are ignored); returns the
     positions of the items that changed one."""
-    wanted = Q()
-    for host_id in {h for _, h, _ in statuses}:
-        wanted |= Q(host_id=host_id, pk__in=[s.replica_id for _, h, s in statuses if h == host_id])
-    rows = {r.pk: r for r in Replica.objects.filter(wanted).only("pk", "host_id", *_STATUS_FIELDS)}
+    # By key alone (a Q per host cost more to build than the read): a row on another host is skipped below.
+    ids = {s.replica_id for _, _, s in statuses}
+    rows = {r.pk: r for r in Replica.objects.filter(pk__in=ids).only("pk", "host_id", *_STATUS_FIELDS)}
     changed: dict[int, Replica] = {}
     observed: set[int] = set()
     loads: list[Load] = []
@@ -278,7 +278,7 @@ def _apply_statuses(items: list[Item], statuses: list[tuple[int, int, ReplicaSta
         if status.state == "ready" and status.measurement is not None:
             loads.append(Load(items[i].host_name, status.replica_id, status.measurement, status.pid))
     if changed:
-        Replica.objects.bulk_update(sorted(changed.values(), key=lambda r: r.pk), _STATUS_FIELDS)
+        update_by_pk(sorted(changed.values(), key=lambda r: r.pk), _STATUS_FIELDS)
     if loads:
         record_loads(loads)
     if transitions:
