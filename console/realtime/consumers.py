@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.http import QueryDict
@@ -64,7 +65,21 @@ LOG_REQUESTS = 64  # logs requests one link may have waiting for its agent's ans
 LOG_REQUEST_TTL = 30.0  # seconds a logs request is remembered (its caller waits far less: console/fleet/logs.py)
 
 
-class AgentConsumer(AsyncWebsocketConsumer):
+class Consumer(AsyncWebsocketConsumer):
+    """Channels' consumer, less the stale-connection sweep it runs before every message it dispatches. That sweep
+    runs on Channels' one thread-sensitive database thread, so every agent message and every desired-state push
+    waited there behind the scheduler pass and everything else queued on that thread: 0.7-2.3 s at 100 hosts
+    (docs/benchmarks.md). These handlers reach the database only through database_sync_to_async and own_thread,
+    which close stale connections around each call themselves."""
+
+    async def dispatch(self, message):
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"no handler for message type {message['type']}")
+        await handler(message)
+
+
+class AgentConsumer(Consumer):
     """One connected agent. The first message must be a hello; then reports, statuses, acks, and answers to the
     logs requests this link sent it. Each hello opens a new link epoch for its host: an older link of the same
     host is closed, and its close changes nothing."""
@@ -275,7 +290,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=text)
 
 
-class DashboardConsumer(AsyncWebsocketConsumer):
+class DashboardConsumer(Consumer):
     """Pushes the re-rendered dashboard to logged-in browsers whenever the fleet changes: the page of hosts
     and deployments each browser is viewing, as its websocket URL's query string says (the page's own)."""
 

@@ -1,3 +1,4 @@
+import asyncio
 import json
 
 import pytest
@@ -228,4 +229,33 @@ async def test_issuing_a_token_for_a_new_host_ends_no_other_hosts_link(token):
     assert await comm.receive_nothing(timeout=0.5)
     await comm.send_to(text_data=json.dumps({"type": "ack", "generation": 0}))
     assert await comm.receive_nothing(timeout=0.3)  # no error: the link still works
+    await comm.disconnect()
+
+
+async def test_a_push_reaches_the_agent_while_the_database_thread_is_busy(token):
+    """Channels' consumers close stale connections on its one thread-sensitive database thread before every
+    message: a push then waited behind whatever ran there (a scheduler pass of a second or more at fleet size).
+    Here that thread is held until the push has arrived; a push that queued behind it would never arrive."""
+    import threading
+
+    from asgiref.sync import sync_to_async
+    from channels.layers import get_channel_layer
+
+    from console.realtime.notify import host_group
+
+    comm, _ = await connect(token)
+    await comm.send_to(text_data=json.dumps(hello()))
+    await comm.receive_from(timeout=5)
+    host = await database_sync_to_async(Host.objects.get)(name="h1")
+    release = threading.Event()
+    busy = asyncio.ensure_future(sync_to_async(release.wait)(10))  # the thread-sensitive thread, as a pass holds it
+    try:
+        await asyncio.sleep(0.1)
+        await get_channel_layer().group_send(host_group(host.pk), {"type": "desired.push", "generation": 7,
+                                                                   "replicas": []})
+        sent = json.loads(await comm.receive_from(timeout=5))
+        assert sent["generation"] == 7 and not busy.done()
+    finally:
+        release.set()
+        await busy
     await comm.disconnect()
