@@ -32,6 +32,7 @@ from console.fleet import intake
 from console.fleet.logs import LOGS_REPLY
 from console.fleet.models import AgentCredential, Host
 from console.fleet.views import grid_context
+from console.realtime import links
 from console.realtime.batcher import batcher
 from console.realtime.notify import (
     DASHBOARD_GROUP,
@@ -114,6 +115,7 @@ class AgentConsumer(Consumer):
 
     async def disconnect(self, code):
         if self.host is not None:
+            links.release(self.host.pk, self)
             try:
                 await self.channel_layer.group_discard(host_group(self.host.pk), self.channel_name)
             except Exception as e:  # the channel layer is down: its group entry expires on its own
@@ -211,6 +213,7 @@ class AgentConsumer(Consumer):
                         type(e).__name__, e)
             await self.close(code=1011)
             return
+        links.hold(self.host.pk, self)
         log.info("agent %s connected from %s with %d GPU(s) (link epoch %d)", hello.host, hello.endpoint,
                  len(hello.gpus), self.epoch)
         await self.desired_push({})
@@ -222,6 +225,7 @@ class AgentConsumer(Consumer):
         if self.host is not None and event["epoch"] > self.epoch:
             log.warning("agent %s: link epoch %d superseded by epoch %d; closing the old link", self.host.name,
                         self.epoch, event["epoch"])
+            links.release(self.host.pk, self)
             await self.close(code=4409)
 
     async def link_revoked(self, event):
@@ -233,6 +237,8 @@ class AgentConsumer(Consumer):
                                                                   token_hash=self.credential.token_hash).exists)()
         if not current:
             log.warning("agent %s: its token was rotated; closing the link made with the old one", self._name())
+            if self.host is not None:
+                links.release(self.host.pk, self)
             await self.close(code=4401)
 
     async def logs_request(self, event):

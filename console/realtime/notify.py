@@ -13,6 +13,8 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from console.realtime import links
+
 DASHBOARD_GROUP = "dashboard"
 SCHEDULER_GROUP = "scheduler"
 GATEWAY_GROUP = "gateway"  # every console process's gateway: refresh the fleet snapshot now
@@ -44,12 +46,18 @@ async def push_desired(host_ids, states: dict[int, tuple[int, list[dict]]] | Non
     states = states or {}
 
     async def push(host_id: int) -> None:
+        fields = {}
+        if host_id in states:
+            fields["generation"], fields["replicas"] = states[host_id]
+        link = links.held(host_id)
+        if link is not None:  # in this process: no channel layer
+            try:
+                await link.desired_push({"type": "desired.push", **fields})
+            except Exception as e:  # its socket just closed, say: the agent's reconnect gets the state anyway
+                log.warning("push to host %s's link lost (%s: %s)", host_id, type(e).__name__, e)
+            return
         async with gate:
-            if host_id in states:
-                generation, replicas = states[host_id]
-                await _send(host_group(host_id), "desired.push", generation=generation, replicas=replicas)
-            else:
-                await _send(host_group(host_id), "desired.push")
+            await _send(host_group(host_id), "desired.push", **fields)
 
     await asyncio.gather(*(push(h) for h in host_ids))
 

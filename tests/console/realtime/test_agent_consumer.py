@@ -259,3 +259,50 @@ async def test_a_push_reaches_the_agent_while_the_database_thread_is_busy(token)
         release.set()
         await busy
     await comm.disconnect()
+
+
+async def test_a_push_to_a_link_this_process_holds_skips_the_channel_layer(token, monkeypatch):
+    """A link held here gets its push handed over directly; once it has ended, the channel layer carries the push
+    (to a link another console process may hold)."""
+    from channels.layers import get_channel_layer
+
+    from console.realtime.notify import push_desired
+
+    layer = get_channel_layer()
+    sent_through_layer = []
+    group_send = type(layer).group_send
+
+    async def recording(self, group, message):
+        sent_through_layer.append((group, message["type"]))
+        await group_send(self, group, message)
+
+    monkeypatch.setattr(type(layer), "group_send", recording)
+    comm, _ = await connect(token)
+    await comm.send_to(text_data=json.dumps(hello()))
+    await comm.receive_from(timeout=5)
+    host = await database_sync_to_async(Host.objects.get)(name="h1")
+    await push_desired([host.pk], {host.pk: (3, [])})
+    assert json.loads(await comm.receive_from(timeout=5))["generation"] == 3
+    assert [m for m in sent_through_layer if m[1] == "desired.push"] == []
+    await comm.disconnect()
+    await push_desired([host.pk], {host.pk: (4, [])})
+    assert [m for m in sent_through_layer if m[1] == "desired.push"] == [(f"agent.host.{host.pk}", "desired.push")]
+
+
+async def test_a_superseded_link_here_hands_the_pushes_to_the_newer_one(token):
+    from console.realtime.notify import push_desired
+
+    first, _ = await connect(token)
+    await first.send_to(text_data=json.dumps(hello()))
+    await first.receive_from(timeout=5)
+    second, _ = await connect(token)
+    await second.send_to(text_data=json.dumps(hello()))
+    await second.receive_from(timeout=5)
+    assert await first.receive_output(timeout=5) == {"type": "websocket.close", "code": 4409}
+    host = await database_sync_to_async(Host.objects.get)(name="h1")
+    await push_desired([host.pk], {host.pk: (9, [])})
+    assert json.loads(await second.receive_from(timeout=5))["generation"] == 9
+    await first.disconnect()  # the old link's end leaves the newer one held
+    await push_desired([host.pk], {host.pk: (10, [])})
+    assert json.loads(await second.receive_from(timeout=5))["generation"] == 10
+    await second.disconnect()

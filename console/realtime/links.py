@@ -1,0 +1,47 @@
+"""The agent links this console process holds, by host: a desired-state push for one of them is handed to it
+directly instead of through the channel layer.
+
+Why: through Redis a push is a group_send of four round trips, and the receiving process then pops its messages
+one round trip at a time, so a pass that changed 100 hosts reached the last of them 0.75 s after its commit (and
+1,000 hosts many seconds), on an event loop that every agent message also needs. A link held here costs a
+function call. A host whose link is in another process (or in none) is still pushed through the channel layer;
+in the moment a newer link elsewhere supersedes one held here, a push may reach only the old link, and the new
+one then has what its hello read, or the resend of a push not acknowledged (console/deployments/loop.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+
+class Link(Protocol):
+    async def desired_push(self, event: dict) -> None: ...
+
+
+_held: dict[asyncio.AbstractEventLoop, dict[int, Link]] = {}
+
+
+def _links() -> dict[int, Link]:
+    loop = asyncio.get_running_loop()
+    found = _held.get(loop)
+    if found is None:
+        for stale in [lp for lp in _held if lp.is_closed()]:
+            del _held[stale]
+        found = _held[loop] = {}
+    return found
+
+
+def hold(host_id: int, link: Link) -> None:
+    """`link` is now this process's link of the host (its newest hello here)."""
+    _links()[host_id] = link
+
+
+def release(host_id: int, link: Link) -> None:
+    """`link` ended; a newer link of the host held here stays."""
+    links = _links()
+    if links.get(host_id) is link:
+        del links[host_id]
+
+
+def held(host_id: int) -> Link | None:
+    return _links().get(host_id)
