@@ -1,7 +1,7 @@
 """Apply what agents report to the database. Synchronous; the agent link's batcher
-(console/realtime/batcher.py) calls `apply_batch` on a thread of its own with every message its links
-received in one tick, so a thousand hosts cost a handful of bulk statements per tick, not a transaction
-per message. Agent input only ever updates rows of the agent's own host.
+(console/realtime/batcher.py) calls `apply_hosts` then `apply_replicas` on a thread of their own with every
+message its links received in one tick, so a thousand hosts cost a handful of bulk statements per tick, not a
+transaction per message. Agent input only ever updates rows of the agent's own host.
 
 Every message renews its host's lease (last_seen): liveness never waits on what a report says."""
 
@@ -77,37 +77,96 @@ def register_hello(credential: AgentCredential, hello: Hello) -> tuple[Host, int
 
 
 def apply_batch(items: list[Item]) -> list[Outcome]:
-    """Apply one tick's messages from every link in two transactions (see _apply); one outcome per item, in
-    order. Should the batch fail (a database error), each item is retried alone so one bad message costs only
-    itself (what the batch committed before it failed is applied again, to no effect)."""
+    """Apply one tick's messages from every link, both stages; one outcome per item, in order."""
+    return apply_replicas(items, apply_hosts(items))
+
+
+@dataclass
+class Staged:
+    """What apply_hosts leaves for apply_replicas."""
+
+    outcomes: list[Outcome | None]  # decided already: closes, acks, and items that failed
+    statuses: list[tuple[int, int, ReplicaStatus]]  # (item position, host, status) in arrival order
+    news: set[int]  # hosts whose news the scheduler should see
+
+
+# Two stages, each its own transaction and each locking one kind of row, so that neither can take part in a
+# deadlock with a scheduler pass (which takes replica rows, then host rows): first the hosts (leases, GPU
+# readings, acks), short and never waiting for a pass's replica rows, so an ack is not held up behind a pass;
+# then the replicas, by primary key as a pass writes them. GPU readings thus land no later than the states
+# they explain. The batcher runs the next tick's first stage while this tick's second is still being applied.
+# Should a stage fail (a database error), its items are retried one by one, so one bad message costs only
+# itself (what the batch committed before it failed is applied again, to no effect).
+
+
+def apply_hosts(items: list[Item]) -> Staged:
+    """The first stage: leases, closed links, reports' host fields and GPU readings, and acks."""
     try:
-        return _apply(items)
-    except Exception:
+        return _hosts(items)
+    except Exception as e:
         if len(items) == 1:
-            raise
+            log.exception("agent %s: applying its %s failed", items[0].host_name, _kind(items[0].message))
+            return Staged([_failed(items[0], e)], [], set())
         log.exception("applying a batch of %d agent messages failed; applying them one by one", len(items))
-        out = []
-        for item in items:
-            try:
-                out.extend(_apply([item]))
-            except Exception as e:
-                log.exception("agent %s: applying its %s failed", item.host_name, _kind(item.message))
-                out.append(Outcome(error=f"the console could not apply this {_kind(item.message)} "
-                                         f"({type(e).__name__}); its log has the details"))
-        return out
+    staged = Staged([], [], set())
+    for i, item in enumerate(items):
+        one = apply_hosts([item])
+        staged.outcomes += one.outcomes
+        staged.statuses += [(i, host, status) for _, host, status in one.statuses]
+        staged.news |= one.news
+    return staged
+
+
+def apply_replicas(items: list[Item], staged: Staged) -> list[Outcome]:
+    """The second stage: replicas' observed states (their events and loads); every item's outcome."""
+    outcomes = list(staged.outcomes)
+    try:
+        observed = _replicas(items, staged.statuses)
+    except Exception as e:
+        positions = sorted({i for i, _, _ in staged.statuses})
+        if len(positions) == 1:
+            log.exception("agent %s: applying its %s failed", items[positions[0]].host_name,
+                          _kind(items[positions[0]].message))
+            outcomes[positions[0]] = _failed(items[positions[0]], e)
+            observed = set()
+        else:
+            log.exception("applying %d agent messages' replica states failed; applying them one by one",
+                          len(positions))
+            observed = set()
+            for i in positions:
+                one = [s for s in staged.statuses if s[0] == i]
+                try:
+                    observed |= _replicas(items, one)
+                except Exception as e:
+                    log.exception("agent %s: applying its %s failed", items[i].host_name, _kind(items[i].message))
+                    outcomes[i] = _failed(items[i], e)
+    for i, item in enumerate(items):
+        if outcomes[i] is None:
+            m = item.message
+            ready = i in observed and (isinstance(m, HostReport) or not (m.loaded_bytes and m.state == "loading"))
+            outcomes[i] = Outcome(observed=i in observed, ready=ready,
+                                  news=i in observed or item.host_id in staged.news)
+        elif item.host_id in staged.news:
+            outcomes[i] = Outcome(error=outcomes[i].error, news=True)
+    return outcomes  # type: ignore[return-value]
 
 
 def _kind(message) -> str:
     return getattr(message, "type", "close")
 
 
-def _apply(items: list[Item]) -> list[Outcome]:
+def _failed(item: Item, e: Exception) -> Outcome:
+    return Outcome(error=f"the console could not apply this {_kind(item.message)} ({type(e).__name__}); "
+                         "its log has the details")
+
+
+def _hosts(items: list[Item]) -> Staged:
     now = timezone.now()
     outcomes: list[Outcome | None] = [None] * len(items)
     closed: dict[int, int] = {}  # host -> the epoch whose link closed (the last close of the tick)
     renewed: set[int] = set()
     reports: dict[int, HostReport] = {}  # the newest report per host: host fields and GPUs
-    statuses: list[tuple[int, int, ReplicaStatus]] = []  # (item position, host, status) in arrival order
+    statuses: list[tuple[int, int, ReplicaStatus]] = []
     acks: list[tuple[int, int, Ack]] = []
     for i, item in enumerate(items):
         m = item.message
@@ -125,27 +184,20 @@ def _apply(items: list[Item]) -> list[Outcome]:
             statuses.append((i, item.host_id, m))
         elif isinstance(m, Ack):
             acks.append((i, item.host_id, m))
-    # Two transactions, each locking one kind of row, so that neither can take part in a deadlock with a
-    # scheduler pass (which takes replica rows, then host rows): first the hosts (leases, GPU readings, acks),
-    # short and never waiting for a pass's replica rows, so an ack is not held up behind a pass; then the
-    # replicas, by primary key as a pass writes them. GPU readings thus land no later than the states they
-    # explain.
     with transaction.atomic():
         notes: list[Note] = []
         news = _apply_to_hosts(now, renewed, closed, reports, notes)
         record(notes, now)
         for i, host_id, ack in sorted(acks, key=lambda a: a[1]):
             outcomes[i] = Outcome(error=_apply_ack(host_id, items[i].host_name, ack))
+    return Staged(outcomes, statuses, news)
+
+
+def _replicas(items: list[Item], statuses: list[tuple[int, int, ReplicaStatus]]) -> set[int]:
+    if not statuses:
+        return set()
     with transaction.atomic():
-        observed = _apply_statuses(items, statuses) if statuses else set()
-    for i, item in enumerate(items):
-        if outcomes[i] is None:
-            m = item.message
-            ready = i in observed and (isinstance(m, HostReport) or not (m.loaded_bytes and m.state == "loading"))
-            outcomes[i] = Outcome(observed=i in observed, ready=ready, news=i in observed or item.host_id in news)
-        elif item.host_id in news:
-            outcomes[i] = Outcome(error=outcomes[i].error, news=True)
-    return outcomes  # type: ignore[return-value]
+        return _apply_statuses(items, statuses)
 
 
 def _apply_to_hosts(now: datetime, renewed: set[int], closed: dict[int, int],

@@ -1,8 +1,9 @@
 """Agent messages from every link of this console process, applied together: a link hands its messages over
 (without waiting for each to be applied before reading the next); a single task takes whatever arrived during
-one tick and applies it in one transaction (console.fleet.intake.apply_batch). Batches are applied one after
-another in arrival order, so each link's messages still apply in the order it sent them, and a thousand agents
-cost one database round per tick instead of one transaction each."""
+one tick and applies it in two stages (console/fleet/intake.py): hosts (leases, GPU readings, acks), then
+replicas' states. Each stage takes its batches one after another in arrival order, so each link's messages
+still apply in the order it sent them, and a thousand agents cost a few statements per tick instead of a
+transaction each; the next batch's hosts need not wait for the last batch's replicas."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class Batcher:
         self._due = math.inf  # loop time the pending batch is applied: a tick after its most urgent message came
         self._sooner = asyncio.Event()  # a message came that makes the batch due sooner
         self._task: asyncio.Task | None = None
+        self._replicas: asyncio.Task | None = None  # the last batch's second stage
 
     def enqueue(self, item: intake.Item) -> asyncio.Future:
         """Hand `item` over; the future gets its outcome once its batch is committed. A quiet report waits up to
@@ -67,21 +69,42 @@ class Batcher:
             batch, self._pending, self._due = self._pending, [], math.inf
             try:
                 # Its own thread (PostgreSQL): a batch never waits for a scheduler pass to finish its turn.
-                outcomes = await own_thread(intake.apply_batch)([item for item, _ in batch])
-            except Exception as e:  # a lone message that failed (a batch retries its items one by one)
-                kinds = ", ".join(sorted({getattr(item.message, "type", "close") for item, _ in batch}))
-                log.exception("applying agent messages (%s) failed", kinds)
-                outcomes = [intake.Outcome(error=f"the console could not apply this {kinds} "
-                                                 f"({type(e).__name__}); its log has the details")] * len(batch)
-            for (_, future), outcome in zip(batch, outcomes, strict=True):
-                if not future.done():  # its link may have gone meanwhile
-                    future.set_result(outcome)
-            if any(o.news for o in outcomes):
-                await wake_scheduler_async()  # the scheduler plans with what changed, now rather than at its tick
-            if any(o.ready for o in outcomes):
-                await refresh_gateways()  # a replica that became ready takes the requests waiting for it
-            if any(o.observed for o in outcomes):
-                await refresh_dashboards()
+                staged = await own_thread(intake.apply_hosts)([item for item, _ in batch])
+            except Exception as e:  # not even retried one by one (the database is gone, say)
+                self._fail(batch, e)
+                continue
+            # The replicas' stage after the last batch's, on a task of its own: the next tick's acks and leases
+            # need not wait for this tick's replica states (the stages lock different rows).
+            self._replicas = loop.create_task(self._finish(self._replicas, batch, staged),
+                                              name="agent-intake-replicas")
+
+    async def _finish(self, before: asyncio.Task | None, batch: list[tuple[intake.Item, asyncio.Future]],
+                      staged: intake.Staged) -> None:
+        if before is not None:
+            await before  # each link's messages keep their order
+        try:
+            outcomes = await own_thread(intake.apply_replicas)([item for item, _ in batch], staged)
+        except Exception as e:
+            self._fail(batch, e)
+            return
+        for (_, future), outcome in zip(batch, outcomes, strict=True):
+            if not future.done():  # its link may have gone meanwhile
+                future.set_result(outcome)
+        if any(o.news for o in outcomes):
+            await wake_scheduler_async()  # the scheduler plans with what changed, now rather than at its tick
+        if any(o.ready for o in outcomes):
+            await refresh_gateways()  # a replica that became ready takes the requests waiting for it
+        if any(o.observed for o in outcomes):
+            await refresh_dashboards()
+
+    @staticmethod
+    def _fail(batch: list[tuple[intake.Item, asyncio.Future]], e: Exception) -> None:
+        kinds = ", ".join(sorted({getattr(item.message, "type", "close") for item, _ in batch}))
+        log.error("applying agent messages (%s) failed: %s: %s", kinds, type(e).__name__, e)
+        for _, future in batch:
+            if not future.done():
+                future.set_result(intake.Outcome(error=f"the console could not apply this {kinds} "
+                                                       f"({type(e).__name__}); its log has the details"))
 
 
 _batchers: dict[asyncio.AbstractEventLoop, Batcher] = {}

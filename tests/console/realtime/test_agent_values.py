@@ -141,13 +141,13 @@ async def test_a_link_reads_its_next_message_before_the_last_is_applied_and_keep
 
     batcher._batchers.clear()  # a batcher with this tick
     batches = []
-    apply = intake.apply_batch
+    apply = intake.apply_hosts
 
     def recorded(items):
         batches.append([item.message.type for item in items])
         return apply(items)
 
-    monkeypatch.setattr(intake, "apply_batch", recorded)
+    monkeypatch.setattr(intake, "apply_hosts", recorded)
     comm = await linked(token)
     await database_sync_to_async(Host.objects.filter(name="h1").update)(generation=2)
     await comm.send_to(text_data=json.dumps(report(gpus=[GPU | {"used_bytes": 5}])))

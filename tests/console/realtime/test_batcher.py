@@ -25,9 +25,9 @@ def applied(monkeypatch):
 
     def apply(items):
         batches.append([type(item.message).__name__ for item in items])
-        return [intake.Outcome() for _ in items]
+        return intake.Staged([intake.Outcome() for _ in items], [], set())
 
-    monkeypatch.setattr(intake, "apply_batch", apply)
+    monkeypatch.setattr(intake, "apply_hosts", apply)
     return batches
 
 
@@ -46,3 +46,40 @@ async def test_a_quiet_report_waits_for_the_quiet_tick_unless_something_else_com
     async with asyncio.timeout(5):
         await alone
     assert applied[-1] == ["HostReport"]
+
+
+async def test_the_next_ticks_hosts_stage_does_not_wait_for_the_last_ticks_replica_states(monkeypatch):
+    """An ack in a later tick is committed while an earlier tick's replica states are still being applied; the
+    replica stages keep their order, and every message gets its outcome once its own tick's replicas are done."""
+    import threading
+
+    from console.realtime import batcher as module
+
+    held = threading.Event()
+    log = []
+
+    def hosts(items):
+        log.append(("hosts", [item.message.type for item in items]))
+        return intake.Staged([None] * len(items), [], set())
+
+    def replicas(items, staged):
+        if items[0].message.type == "report":
+            held.wait(10)  # the first tick's replica states take long
+        log.append(("replicas", [item.message.type for item in items]))
+        return [intake.Outcome() for _ in items]
+
+    monkeypatch.setattr(intake, "apply_hosts", hosts)
+    monkeypatch.setattr(intake, "apply_replicas", replicas)
+    monkeypatch.setattr(module, "own_thread", lambda fn: lambda *a: asyncio.to_thread(fn, *a))
+    b = Batcher(tick=0.01, quiet_tick=0.01)
+    report = b.enqueue(intake.Item(1, "a", HostReport(gpus=[])))
+    await asyncio.sleep(0.2)
+    ack = b.enqueue(intake.Item(2, "b", Ack(generation=1)))
+    async with asyncio.timeout(5):
+        while ("hosts", ["ack"]) not in log:
+            await asyncio.sleep(0.01)
+    assert not report.done() and not ack.done()  # the ack's hosts stage ran; its replicas wait their turn
+    held.set()
+    async with asyncio.timeout(5):
+        await asyncio.gather(report, ack)
+    assert log == [("hosts", ["report"]), ("hosts", ["ack"]), ("replicas", ["report"]), ("replicas", ["ack"])]
