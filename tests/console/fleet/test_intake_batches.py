@@ -67,6 +67,25 @@ def test_a_batch_applies_each_hosts_messages_to_its_own_rows_only(model, host):
     assert (mine.observed_state, mine.pid, mine.loaded_bytes) == ("ready", 42, 5)  # in order, the last wins
 
 
+def ack_tick(hosts, generations: dict[str, list[int]]) -> tuple[list, int]:
+    items = [Item(h.pk, h.name, Ack(generation=g)) for h, _ in hosts for g in generations.get(h.name, [])]
+    with CaptureQueriesContext(connection) as ctx:
+        outcomes = apply_batch(items)
+    return outcomes, len(ctx.captured_queries)
+
+
+def test_a_ticks_acks_cost_statements_that_do_not_grow_with_them_and_never_go_back(model):
+    hosts = fleet(12, model)
+    Host.objects.update(generation=5, acked_generation=2)
+    _, few = ack_tick(hosts[:2], {"b0": [3], "b1": [3]})
+    outcomes, many = ack_tick(hosts, {h.name: [4, 3] for h, _ in hosts} | {"b0": [5, 9, 4]})
+    assert few == many
+    assert [o.error for o in outcomes[:3]] == [None, outcomes[1].error, None] and "generation 9" in outcomes[1].error
+    assert all(o.error is None for o in outcomes[3:])
+    acked = dict(Host.objects.values_list("name", "acked_generation"))
+    assert acked == {h.name: 4 for h, _ in hosts} | {"b0": 5}  # the newest valid ack; an older one never lowers it
+
+
 def test_a_steady_pass_rebuilds_no_desired_state(host, model):
     from console.deployments.services import create_deployment
 
