@@ -20,7 +20,7 @@ from console.dbthreads import own_thread
 from console.deployments.leader import Elector, NotLeader, current_leader
 from console.deployments.reconcile import PassResult, reconcile_once, start_leading
 from console.gateway.metrics import METRICS
-from console.realtime.notify import SCHEDULER_GROUP, push_desired, refresh_dashboards, refresh_gateways
+from console.realtime.notify import SCHEDULER_GROUP, push_desired, refresh_dashboards, refresh_gateways, subscribe
 
 log = logging.getLogger("modelgrid.scheduler")
 PASS_REST = 2.0
@@ -36,7 +36,8 @@ async def run_pass(fence: Callable[[], None] | None = None, pushed: dict[int, fl
     it) be repaired: a host that has not acknowledged its generation RESEND_SECONDS after is pushed again."""
     began = time.perf_counter()
     result = await database_sync_to_async(reconcile_once)(fence)
-    METRICS.pass_seconds.observe(time.perf_counter() - began)
+    took = time.perf_counter() - began
+    METRICS.pass_seconds.observe(took)
     for action in result.actions:
         METRICS.actions.labels(action).inc()
     for tier in result.refused:
@@ -51,6 +52,9 @@ async def run_pass(fence: Callable[[], None] | None = None, pushed: dict[int, fl
     if hosts:
         await push_desired(sorted(hosts), result.states)
         pushed.update(dict.fromkeys(hosts, now))
+    if result.actions or hosts:
+        log.info("pass: %d action(s) in %.2f s (%.2f s of CPU); %d host(s) pushed in %.2f s", len(result.actions),
+                 took, result.cpu_s, len(hosts), time.perf_counter() - began - took)
     for gone in set(pushed) - set(result.behind) - hosts:  # acknowledged: nothing to repair
         del pushed[gone]
     if result.changed:
@@ -84,8 +88,7 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
     lapsing, idle replicas, demand going stale). Only the leader listens for wake-ups: followers would let them
     pile up."""
     layer = get_channel_layer()
-    inbox = await layer.new_channel("scheduler.")
-    await layer.group_add(SCHEDULER_GROUP, inbox)
+    inbox = await subscribe(SCHEDULER_GROUP)
     woken = asyncio.Event()
     pushed: dict[int, float] = {}  # host -> when its desired state was last pushed (while not acknowledged)
     listening = asyncio.create_task(_listen(layer, inbox, woken))

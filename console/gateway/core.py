@@ -28,7 +28,7 @@ from console.gateway.fleet import DeploymentView, FleetView, ReplicaView, load_f
 from console.gateway.metrics import METRICS, ConsoleMetrics
 from console.gateway.routing import affinity_choice, least_outstanding
 from console.gateway.upstream import Upstream
-from console.realtime.notify import GATEWAY_GROUP, SCHEDULER_GROUP
+from console.realtime.notify import GATEWAY_GROUP, SCHEDULER_GROUP, subscribe
 
 log = logging.getLogger("modelgrid.gateway")
 
@@ -159,8 +159,7 @@ class Gateway:
         layer = get_channel_layer()
         if layer is None:
             return
-        inbox = await layer.new_channel("gateway.")
-        await layer.group_add(GATEWAY_GROUP, inbox)
+        inbox = await subscribe(GATEWAY_GROUP)
         try:
             while True:
                 await layer.receive(inbox)

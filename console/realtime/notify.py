@@ -34,6 +34,19 @@ async def _send(group: str, event: str, **fields) -> None:
         log.warning("channel layer: %s to %s lost (%s: %s)", event, group, type(e).__name__, e)
 
 
+async def subscribe(group: str) -> str:
+    """A channel of this process's own in `group`, for a loop that reads its events (layer.receive).
+
+    Always with the layer's default prefix: channels_redis gives a process one receive lock, held by whichever
+    reader is popping its process-local messages from Redis, and pops one key per prefix. A channel with a
+    prefix of its own ("scheduler.") lived under a key nobody popped while an agent link held the lock, so its
+    events waited for that reader's 5-second pop to time out: creates woke the scheduler up to 5 s late."""
+    layer = get_channel_layer()
+    inbox = await layer.new_channel()
+    await layer.group_add(group, inbox)
+    return inbox
+
+
 PUSHES_AT_ONCE = 16  # a thousand at once exhausted redis-py's connection pool ("Too many connections")
 
 
