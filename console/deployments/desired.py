@@ -22,7 +22,9 @@ def desired_by_host(host_ids) -> dict[int, list[DesiredReplica]]:
         .prefetch_related(Prefetch("gpus", queryset=Gpu.objects.only("id", "index")))
         .order_by("pk")
     )
+    # Not the estimates and figures a desired state never names: parsing them was two thirds of this read.
     deployments = {d.pk: d for d in Deployment.objects.filter(pk__in={r.deployment_id for r in replicas})
+                   .defer("estimates", "gateway_stats", "selector", "model__estimate")
                    .select_related("model").prefetch_related("adapters")}
     with_adapters = [d for d in deployments.values() if d.adapters.all()]
     prefetch_related_objects(with_adapters, Prefetch(  # only what popular_adapters reads

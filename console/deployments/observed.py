@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from console.bulk import update_by_pk
 from console.deployments.models import Deployment
 from console.fleet.models import Host
 
@@ -53,8 +54,9 @@ def refresh_observations(now: datetime) -> bool:
             if figures.get("p95_ms") is not None:
                 p95[name] = max(p95.get(name, 0.0), float(figures["p95_ms"]))
     changed = False
-    for dep in Deployment.objects.values("pk", "name", "gateway_stats", "slo_latency_ms", "violating", "status_since",
-                                         "traffic_rps", "observed_p95_ms"):
+    moved = []
+    for dep in Deployment.objects.order_by("pk").values("pk", "name", "gateway_stats", "slo_latency_ms", "violating",
+                                                        "status_since", "traffic_rps", "observed_p95_ms"):
         name = dep["name"]
         seen = gateway_figures(dep["gateway_stats"], now.timestamp())
         if seen is not None:
@@ -66,6 +68,11 @@ def refresh_observations(now: datetime) -> bool:
         if violating != dep["violating"] or dep["status_since"] is None:
             update |= {"violating": violating, "status_since": now}
         if any(dep[k] != v for k, v in update.items()):
-            Deployment.objects.filter(pk=dep["pk"]).update(**update)
+            moved.append(Deployment(pk=dep["pk"], **({k: dep[k] for k in _FIGURES} | update)))
             changed |= "violating" in update
+    # One statement per row, pipelined (a thousand new deployments each get their first figures in one pass).
+    update_by_pk(moved, _FIGURES)
     return changed
+
+
+_FIGURES = ("traffic_rps", "observed_p95_ms", "violating", "status_since")

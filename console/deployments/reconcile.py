@@ -17,6 +17,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from console.bulk import update_by_pk
 from console.catalog.memory import Reservation, corrections, deployment_estimates, reservation
 from console.catalog.models import DeviceKind
 from console.deployments.desired import bump_generations
@@ -341,17 +342,18 @@ class _StateRow(NamedTuple):
 
 
 def _refresh_deployment_states() -> bool:
-    changed = False
     replicas: dict[int, list[_StateRow]] = {}
     for dep_id, *fields in Replica.objects.order_by("deployment_id", "index").values_list(
             "deployment_id", *_StateRow._fields):
         replicas.setdefault(dep_id, []).append(_StateRow(*fields))
-    for pk, state_was, reason_was in Deployment.objects.values_list("pk", "state", "reason"):
+    moved = []
+    for pk, state_was, reason_was in Deployment.objects.order_by("pk").values_list("pk", "state", "reason"):
         state, reason = derive_state(replicas.get(pk, []))
         if (state_was, reason_was) != (state, reason):
-            # An update, not a save: a deployment deleted since it was read is no error.
-            changed |= bool(Deployment.objects.filter(pk=pk).update(state=state, reason=reason))
-    return changed
+            moved.append(Deployment(pk=pk, state=state, reason=reason))
+    # Updates, not saves: a deployment deleted since it was read is no error. One statement per row, pipelined.
+    update_by_pk(moved, ("state", "reason"))
+    return bool(moved)
 
 
 _leading_since: float | None = None  # when this process began passing (its reconnect grace counts from then)
