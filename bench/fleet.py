@@ -22,6 +22,8 @@ created through the REST API. Columns:
 * push -> ack p99 (PostgreSQL only): for each generation the scheduler gives a host, from the moment its
   commit becomes visible to the moment the console has recorded an ack of it. Both moments come from a
   trigger on fleet_host installed in the benchmark's own database (pg_notify, delivered at commit).
+* push -> ack, lone changes: the same, for --lone-changes deployments changed one at a time on the settled
+  fleet (PATCH max_batch_size, half a second apart): one host's new generation each, outside a wave.
 * falsely offline: hosts the console marked not connected while their simulated agent's link was up; taken
   away: ready replicas the console told an agent to stop although nothing was deleted (moves).
 * GET / and GET /api/v1/deployments?page=1: median of 3 after the steady window, with the fleet running.
@@ -403,6 +405,27 @@ async def measure(stack, fleet: SimFleet, watch: HostWatch, args, run: Run) -> N
         row["GET /"] = f"{1000 * time_get(browser, '/'):.0f} ms"
     await asyncio.sleep(PROFILE_WRITE_S + 0.5)
     run.phases["the page and API GETs"] = profile_between(p4, read_profile(run.profile))
+    if watch.precise and args.lone_changes:
+        await lone_changes(stack, deployments, args.lone_changes, watch, row)
+
+
+async def lone_changes(stack, deployments: int, count: int, watch: HostWatch, row: dict) -> None:
+    """One deployment's serving setting changed at a time, half a second apart, on the settled fleet: each a new
+    generation for one host, its push -> ack timed as above (outside a convergence wave)."""
+    since = time.monotonic()
+    async with httpx.AsyncClient(base_url=stack.url.rstrip("/") + "/api/v1", timeout=60,
+                                 headers={"Authorization": f"Bearer {stack.token}"}) as api:
+        for k in range(count):
+            name = f"fleet-{(k * 37) % deployments:05d}"
+            r = await api.patch(f"/deployments/{name}", json={"max_batch_size": 100 + k})
+            if r.status_code != 200:
+                raise RuntimeError(f"PATCH /deployments/{name}: {r.status_code} {r.text[:300]}")
+            await asyncio.sleep(0.5)
+    await asyncio.sleep(3)  # the last ack
+    latencies, never = watch.push_to_ack(since=since)
+    if latencies:
+        row["push -> ack, lone changes p50 / p99"] = (f"{1000 * percentile(latencies, 0.5):.0f} / "
+                                                      f"{1000 * percentile(latencies, 0.99):.0f} ms ({len(latencies)})")
 
 
 def falsely_offline(watch: HostWatch, fleet: SimFleet) -> int:
@@ -479,6 +502,8 @@ def main() -> None:
     parser.add_argument("--create-concurrency", type=int, default=4, help="POSTs in flight at once")
     parser.add_argument("--bulk", type=int, default=0, metavar="N",
                         help="create N deployments per POST /deployments/bulk (up to 1000) instead of one per POST")
+    parser.add_argument("--lone-changes", type=int, default=20, metavar="N",
+                        help="after the steady window, change N deployments one at a time and time their push -> ack")
     parser.add_argument("--sqlite", action="store_true", help="SQLite and the in-memory channel layer")
     parser.add_argument("--console-log", metavar="PATH", help="write the console's output here (the last size's)")
     parser.add_argument("--profile", action="store_true", help="sample the console's stacks and print the profile")
