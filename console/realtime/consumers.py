@@ -100,7 +100,8 @@ class AgentConsumer(Consumer):
 
     async def connect(self):
         token = bearer_token(self.scope)
-        self.credential = await database_sync_to_async(AgentCredential.authenticate)(token) if token else None
+        # Its own thread (PostgreSQL): a reconnecting fleet's handshakes do not queue behind a scheduler pass.
+        self.credential = await own_thread(AgentCredential.authenticate)(token) if token else None
         if self.credential is None:
             client = self.scope.get("client") or ("?", 0)
             log.warning(
@@ -197,7 +198,8 @@ class AgentConsumer(Consumer):
             await self.close(code=4400)
             return
         try:
-            self.host, self.epoch = await database_sync_to_async(intake.register_hello)(self.credential, hello)
+            # Host and GPU rows only, as intake's hosts stage (console/dbthreads.py): its own thread is safe.
+            self.host, self.epoch = await own_thread(intake.register_hello)(self.credential, hello)
         except intake.RefusedHello as e:
             await self.reply_error(str(e))
             await self.close(code=4403)

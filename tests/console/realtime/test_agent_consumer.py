@@ -4,6 +4,7 @@ import json
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.db import connection
 
 from agent.protocol import PROTOCOL_VERSION
 from console.asgi import application
@@ -306,3 +307,26 @@ async def test_a_superseded_link_here_hands_the_pushes_to_the_newer_one(token):
     await push_desired([host.pk], {host.pk: (10, [])})
     assert json.loads(await second.receive_from(timeout=5))["generation"] == 10
     await second.disconnect()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL only: on SQLite every database call shares "
+                    "that one thread (runs in the PostgreSQL + Redis pass)")
+async def test_an_agent_connects_and_says_hello_while_the_database_thread_is_busy(token):
+    """A reconnecting fleet's handshakes and hellos do not queue behind a scheduler pass on Channels' one
+    thread-sensitive database thread (held here until the hello is answered)."""
+    import threading
+
+    from asgiref.sync import sync_to_async
+
+    release = threading.Event()
+    busy = asyncio.ensure_future(sync_to_async(release.wait)(10))
+    try:
+        await asyncio.sleep(0.1)
+        comm, connected = await connect(token)
+        assert connected
+        await comm.send_to(text_data=json.dumps(hello()))
+        assert json.loads(await comm.receive_from(timeout=5))["type"] == "desired_state" and not busy.done()
+    finally:
+        release.set()
+        await busy
+    await comm.disconnect()
