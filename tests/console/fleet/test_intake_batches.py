@@ -160,3 +160,32 @@ def test_a_pass_creates_the_rows_of_new_deployments_together(host, model):
     assert sum('"deployments_replica_gpus"' in q.split("(")[0] for q in inserts) == 1  # and their GPUs
     placed = Replica.objects.filter(deployment__name__startswith="n", host=host)
     assert placed.count() == 24 and all(r.gpus.count() == 1 for r in placed)
+
+
+def bump_queries(hosts) -> tuple[dict, int]:
+    from console.deployments.desired import bump_generations
+
+    Host.objects.filter(pk__in=[h.pk for h, _ in hosts]).update(desired_digest="")  # stale: rebuilt
+    with CaptureQueriesContext(connection) as ctx:
+        states = bump_generations([h.pk for h, _ in hosts])
+    return states, len(ctx.captured_queries)
+
+
+def test_a_pass_gives_hosts_new_generations_in_statements_that_do_not_grow_with_them(model):
+    """The host rows a pass bumps stay locked until it commits, and intake's leases and acks wait for them."""
+    from console.deployments.desired import bump_generations
+    from console.fleet.models import HostDesired
+
+    few, many = fleet(2, model), fleet(20, model, first=2)
+    assert len(bump_generations(None)) == 22  # every host's first generation
+    _, statements_few = bump_queries(few)
+    states, statements_many = bump_queries(many)
+    assert statements_few == statements_many
+    assert sorted(states) == sorted(h.pk for h, _ in many)
+    for h, replicas in many:
+        h.refresh_from_db()
+        generation, desired = states[h.pk]
+        assert generation == h.generation == 2 and h.desired_digest
+        assert sorted(r["id"] for r in desired) == sorted(r.pk for r in replicas)
+        assert HostDesired.objects.get(host=h).replicas == desired
+    assert bump_generations([h.pk for h, _ in many]) == {}  # rebuilt and unchanged: no new generation
