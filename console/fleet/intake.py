@@ -122,24 +122,15 @@ def apply_replicas(items: list[Item], staged: Staged) -> list[Outcome]:
     outcomes = list(staged.outcomes)
     try:
         observed = _replicas(items, staged.statuses)
-    except Exception as e:
-        positions = sorted({i for i, _, _ in staged.statuses})
-        if len(positions) == 1:
-            log.exception("agent %s: applying its %s failed", items[positions[0]].host_name,
-                          _kind(items[positions[0]].message))
-            outcomes[positions[0]] = _failed(items[positions[0]], e)
-            observed = set()
-        else:
-            log.exception("applying %d agent messages' replica states failed; applying them one by one",
-                          len(positions))
-            observed = set()
-            for i in positions:
-                one = [s for s in staged.statuses if s[0] == i]
-                try:
-                    observed |= _replicas(items, one)
-                except Exception as e:
-                    log.exception("agent %s: applying its %s failed", items[i].host_name, _kind(items[i].message))
-                    outcomes[i] = _failed(items[i], e)
+    except Exception:
+        log.exception("applying agent messages' replica states failed; applying them message by message")
+        observed = set()
+        for i in sorted({i for i, _, _ in staged.statuses}):
+            try:
+                observed |= _replicas(items, [s for s in staged.statuses if s[0] == i])
+            except Exception as e:
+                log.exception("agent %s: applying its %s failed", items[i].host_name, _kind(items[i].message))
+                outcomes[i] = _failed(items[i], e)
     for i, item in enumerate(items):
         if outcomes[i] is None:
             m = item.message

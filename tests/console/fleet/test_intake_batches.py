@@ -189,3 +189,26 @@ def test_a_pass_gives_hosts_new_generations_in_statements_that_do_not_grow_with_
         assert sorted(r["id"] for r in desired) == sorted(r.pk for r in replicas)
         assert HostDesired.objects.get(host=h).replicas == desired
     assert bump_generations([h.pk for h, _ in many]) == {}  # rebuilt and unchanged: no new generation
+
+
+def test_a_status_that_cannot_be_applied_costs_only_its_own_message(model, monkeypatch):
+    from django.db import DatabaseError
+
+    from console.fleet import intake
+
+    (h, (good, bad)), = fleet(1, model)
+    apply = intake._apply_statuses
+
+    def failing_for_bad(items, statuses):
+        if any(s.replica_id == bad.pk for _, _, s in statuses):
+            raise DatabaseError("value out of range")
+        return apply(items, statuses)
+
+    monkeypatch.setattr(intake, "_apply_statuses", failing_for_bad)
+    outcomes = apply_batch([Item(h.pk, h.name, ReplicaStatus(replica_id=good.pk, state="ready", pid=1)),
+                            Item(h.pk, h.name, ReplicaStatus(replica_id=bad.pk, state="ready", pid=2)),
+                            Item(h.pk, h.name, Ack(generation=0))])
+    assert outcomes[0].error is None and outcomes[0].observed
+    assert "DatabaseError" in outcomes[1].error and outcomes[2].error is None
+    assert Replica.objects.get(pk=good.pk).observed_state == "ready"
+    assert Replica.objects.get(pk=bad.pk).observed_state == "pending"
