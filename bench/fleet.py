@@ -421,11 +421,14 @@ async def lone_changes(stack, deployments: int, count: int, watch: HostWatch, ro
             if r.status_code != 200:
                 raise RuntimeError(f"PATCH /deployments/{name}: {r.status_code} {r.text[:300]}")
             await asyncio.sleep(0.5)
-    await asyncio.sleep(3)  # the last ack
+    deadline = time.monotonic() + 30  # the last acks
+    while watch.push_to_ack(since=since)[1] and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
     latencies, never = watch.push_to_ack(since=since)
     if latencies:
         row["push -> ack, lone changes p50 / p99"] = (f"{1000 * percentile(latencies, 0.5):.0f} / "
-                                                      f"{1000 * percentile(latencies, 0.99):.0f} ms ({len(latencies)})")
+                                                      f"{1000 * percentile(latencies, 0.99):.0f} ms ({len(latencies)}"
+                                                      + (f", {never} not acked)" if never else ")"))
 
 
 def falsely_offline(watch: HostWatch, fleet: SimFleet) -> int:
