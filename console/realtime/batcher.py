@@ -18,6 +18,7 @@ from agent.protocol import HostReport
 from console.dbthreads import own_thread
 from console.fleet import intake
 from console.realtime.notify import refresh_dashboards, refresh_gateways, wake_scheduler_async
+from console.realtime.perloop import for_this_loop
 
 log = logging.getLogger("modelgrid.realtime")
 
@@ -111,12 +112,6 @@ _batchers: dict[asyncio.AbstractEventLoop, Batcher] = {}
 
 
 def batcher() -> Batcher:
-    """This event loop's batcher (one per process in production; tests run a loop per test)."""
-    loop = asyncio.get_running_loop()
-    found = _batchers.get(loop)
-    if found is None:
-        for stale in [lp for lp in _batchers if lp.is_closed()]:
-            del _batchers[stale]
-        found = _batchers[loop] = Batcher(settings.MODELGRID_INTAKE_TICK_SECONDS,
-                                          settings.MODELGRID_INTAKE_QUIET_TICK_SECONDS)
-    return found
+    """This event loop's batcher."""
+    return for_this_loop(_batchers, lambda: Batcher(settings.MODELGRID_INTAKE_TICK_SECONDS,
+                                                    settings.MODELGRID_INTAKE_QUIET_TICK_SECONDS))

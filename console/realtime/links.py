@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
+from console.realtime.perloop import for_this_loop
+
 
 class Link(Protocol):
     async def desired_push(self, event: dict) -> None: ...
@@ -22,13 +24,7 @@ _held: dict[asyncio.AbstractEventLoop, dict[int, Link]] = {}
 
 
 def _links() -> dict[int, Link]:
-    loop = asyncio.get_running_loop()
-    found = _held.get(loop)
-    if found is None:
-        for stale in [lp for lp in _held if lp.is_closed()]:
-            del _held[stale]
-        found = _held[loop] = {}
-    return found
+    return for_this_loop(_held, dict)
 
 
 def hold(host_id: int, link: Link) -> None:

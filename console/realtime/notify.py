@@ -14,6 +14,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from console.realtime import links
+from console.realtime.perloop import for_this_loop
 
 DASHBOARD_GROUP = "dashboard"
 SCHEDULER_GROUP = "scheduler"
@@ -96,16 +97,12 @@ class _Throttle:
         self.scheduled: asyncio.Task | None = None
 
 
-_throttles: dict[tuple[asyncio.AbstractEventLoop, str], _Throttle] = {}
+_throttles: dict[asyncio.AbstractEventLoop, dict[str, _Throttle]] = {}  # per loop, by kind
 
 
 async def _throttled(kind: str, interval: float, send) -> None:
     loop = asyncio.get_running_loop()
-    throttle = _throttles.get((loop, kind))
-    if throttle is None:
-        for stale in [key for key in _throttles if key[0].is_closed()]:
-            del _throttles[stale]
-        throttle = _throttles[loop, kind] = _Throttle()
+    throttle = for_this_loop(_throttles, dict).setdefault(kind, _Throttle())
     if throttle.scheduled is not None and not throttle.scheduled.done():
         return  # one is already due; it tells of this change too
     wait = throttle.last + interval - loop.time()
