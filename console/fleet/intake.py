@@ -156,7 +156,7 @@ def _hosts(items: list[Item]) -> Staged:
     outcomes: list[Outcome | None] = [None] * len(items)
     closed: dict[int, int] = {}  # host -> the epoch whose link closed (the last close of the tick)
     renewed: set[int] = set()
-    reports: dict[int, HostReport] = {}  # the newest report per host: host fields and GPUs
+    reports: dict[int, HostReport] = {}  # per host, its reports' host fields and GPUs as one
     statuses: list[tuple[int, int, ReplicaStatus]] = []
     acks: list[tuple[int, int, Ack]] = []
     for i, item in enumerate(items):
@@ -169,7 +169,7 @@ def _hosts(items: list[Item]) -> Staged:
         renewed.add(item.host_id)
         closed.pop(item.host_id, None)
         if isinstance(m, HostReport):
-            reports[item.host_id] = m
+            reports[item.host_id] = _merged(reports.get(item.host_id), m)
             statuses.extend((i, item.host_id, s) for s in m.replicas)
         elif isinstance(m, ReplicaStatus):
             statuses.append((i, item.host_id, m))
@@ -183,6 +183,19 @@ def _hosts(items: list[Item]) -> Staged:
             for i, error in _apply_acks(items, acks).items():
                 outcomes[i] = Outcome(error=error)
     return Staged(outcomes, statuses, news)
+
+
+def _merged(earlier: HostReport | None, later: HostReport) -> HostReport:
+    """Two reports of one host as one (for their host fields and GPUs). Each lists only what changed since the one
+    before, so the later one's word wins where both speak, and the earlier one's stands where the later is silent:
+    keeping only the newest lost a reading the first listed until the next whole report."""
+    if earlier is None:
+        return later
+    gpus = {g.index: g for g in earlier.gpus} | {g.index: g for g in later.gpus}
+    return later.model_copy(update={
+        "gpus": list(gpus.values()),
+        "serving": earlier.serving if later.serving is None else later.serving,
+        "ram_free_bytes": earlier.ram_free_bytes if later.ram_free_bytes is None else later.ram_free_bytes})
 
 
 def _replicas(items: list[Item], statuses: list[tuple[int, int, ReplicaStatus]]) -> set[int]:

@@ -124,6 +124,27 @@ def test_a_quiet_report_renews_the_lease_and_keeps_what_it_leaves_out(model):
     assert (h.serving, h.ram_free_bytes) == ({}, GiB)
 
 
+def test_reports_of_one_host_in_one_tick_each_keep_what_they_say(model):
+    # Reports list only what changed since the last: a tick holding two of one host's reports must apply both,
+    # or a reading only the first listed is lost until the next whole report (30 s later).
+    (h, replicas), = fleet(1, model)
+    tick_queries([(h, replicas)], 1 * GiB)
+    changed = HostReport(gpus=[GpuInfo(index=1, uuid="SIM-0-1", name="sim", total_bytes=24 * GiB, used_bytes=3 * GiB,
+                                       simulated=True)], serving=[], ram_free_bytes=7 * GiB)
+    then = HostReport(gpus=[GpuInfo(index=0, uuid="SIM-0-0", name="sim", total_bytes=24 * GiB, used_bytes=2 * GiB,
+                                    simulated=True)], serving=None, ram_free_bytes=None)
+    outcomes = apply_batch([Item(h.pk, h.name, changed), Item(h.pk, h.name, then)])
+    assert all(o.error is None and o.news for o in outcomes)
+    used = dict(Gpu.objects.filter(host=h).values_list("index", "used_bytes"))
+    assert used == {0: 2 * GiB, 1: 3 * GiB}
+    h.refresh_from_db()
+    assert (h.serving, h.ram_free_bytes) == ({}, 7 * GiB)
+    # The later word on the same GPU wins.
+    apply_batch([Item(h.pk, h.name, then.model_copy(update={"gpus": [then.gpus[0].model_copy(
+        update={"used_bytes": 4 * GiB})]})), Item(h.pk, h.name, then)])
+    assert Gpu.objects.get(host=h, index=0).used_bytes == 2 * GiB
+
+
 def loads_queries(hosts) -> int:
     from agent.protocol import Measurement
 
