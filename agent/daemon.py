@@ -41,9 +41,10 @@ from agent.protocol import (
     HostReport,
     LogsReply,
     LogsRequest,
-    dump,
+    ReplicaStatus,
     parse_console_message,
 )
+from agent.protocol.outbox import Outbox
 from agent.protocol.reports import Reporter
 from agent.replicas import Replicas, ReplicaSettings
 from agent.restarts import RestartBackoff
@@ -115,7 +116,7 @@ class Agent:
         self.gateway = GatewayAuth()  # the inference server's one accepted secret, from the desired states
         self.listening = asyncio.Event()
         self.applied_generation: int | None = None
-        self._outbox: asyncio.Queue[str] | None = None
+        self._outbox: Outbox | None = None
         self._reporter = Reporter()  # what the console was last told: reports carry what changed since
         self._stop = asyncio.Event()
         self._mps: MpsControl | None = None
@@ -231,14 +232,14 @@ class Agent:
             delay = min(delay * 2, self.config.backoff_max)
 
     async def _converse(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        outbox: asyncio.Queue[str] = asyncio.Queue()
+        outbox = Outbox(self._report)
         self._outbox = outbox
         # A new connection may face a console restored from a backup, whose generations restart:
         # staleness is judged within one connection (messages cannot cross connections).
         self.applied_generation = None
         self._reporter.reset()
         self._post(self._hello())
-        self._post(self._report())  # whole: the first on a link
+        outbox.report()  # whole: the first on a link
         tasks = [asyncio.create_task(self._send_loop(ws, outbox)), asyncio.create_task(self._report_loop())]
         try:
             async for message in ws:
@@ -253,7 +254,7 @@ class Agent:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _send_loop(self, ws: aiohttp.ClientWebSocketResponse, outbox: asyncio.Queue[str]) -> None:
+    async def _send_loop(self, ws: aiohttp.ClientWebSocketResponse, outbox: Outbox) -> None:
         # One writer per connection keeps messages in order (hello first, statuses as they happened).
         try:
             while True:
@@ -263,11 +264,15 @@ class Agent:
         except (aiohttp.ClientError, ConnectionError) as e:
             log.warning("cannot send to the console: %s", e)
             await ws.close()
+        except Exception:  # a report that cannot be built: a new link starts over with a whole one
+            log.exception("cannot send to the console")
+            await ws.close()
 
     async def _report_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.report_interval)
-            self._post(self._report())
+            if self._outbox is not None:
+                self._outbox.report()
             self.replicas.refresh_adapters()  # their counts reach the console with the next report
 
     async def _flush(self) -> None:
@@ -278,7 +283,7 @@ class Agent:
     def _post(self, message: BaseModel) -> None:
         # Dropped while disconnected: the report sent on reconnect carries every replica's state.
         if self._outbox is not None:
-            self._outbox.put_nowait(dump(message))
+            self._outbox.post(message)
 
     async def _on_console_message(self, text: str) -> None:
         try:
@@ -327,12 +332,14 @@ class Agent:
         return True
 
     def _on_worker_change(self, handle: WorkerHandle, progress: bool) -> None:
-        # A report first: the console applies it in one transaction, so a replica never shows ready
-        # while its GPU does not yet show the bytes it measured. Then the status event itself.
-        # Loading progress is only the status event, throttled by the worker.
-        if not progress:
-            self._post(self._report())
-        self._post(handle.status())
+        # A change rides in a report (agent/protocol/outbox.py): the console applies it in one transaction, so a
+        # replica never shows ready while its GPU does not yet show the bytes it measured. Loading progress,
+        # throttled by the worker, is a status of its own.
+        if self._outbox is not None:  # none while disconnected: the report sent on reconnect has everything
+            if progress:
+                self._outbox.progress(handle.status())
+            else:
+                self._outbox.changed(handle.status())
 
     def gpus(self) -> list[GpuInfo]:
         """The backend's GPU reading, with each simulated GPU charged what its workers measured."""
@@ -347,9 +354,10 @@ class Agent:
             gpus=self.gpus(),
         )
 
-    def _report(self) -> HostReport:
-        """What changed since the last report (agent/protocol/reports.py) of: GPUs, replicas, how each deployment
-        was served lately (the scheduler's SLO input), and the room left for sleeping replicas."""
+    def _report(self, gone: list[ReplicaStatus] = ()) -> HostReport:
+        """What changed since the last report (agent/protocol/reports.py) of: GPUs, replicas (with `gone`, the last
+        statuses of replicas changed since and stopped meanwhile), how each deployment was served lately (the
+        scheduler's SLO input), and the room left for sleeping replicas."""
         gpus = self.gpus()
         handles = self.supervisor.handles()
         self.metrics.set_gpus(gpus)
@@ -364,8 +372,8 @@ class Agent:
             )
             for d in self.metrics.snapshot().deployments
         ]
-        statuses = [h.status() for h in handles]
-        return self._reporter.report(gpus, statuses, serving, self.replicas.sleep_room())
+        statuses = {s.replica_id: s for s in gone} | {h.spec.replica_id: h.status() for h in handles}
+        return self._reporter.report(gpus, [statuses[k] for k in sorted(statuses)], serving, self.replicas.sleep_room())
 
 
 def _endpoint(host: str, port: int) -> str:

@@ -2,8 +2,9 @@
 
 A `SimAgent` is one host with N simulated GPUs. It talks like agent/daemon.py: same websocket path, bearer
 token, hello then a report, a report every `report_interval` (what changed, whole now and then: the real
-agent's agent.protocol.reports.Reporter), a report plus a replica_status on every replica state change, an
-ack naming the generation once a desired state is applied, stale generations ignored. It converges with the
+agent's agent.protocol.reports.Reporter), replica state changes carried by reports coalesced as the real agent's
+(agent.protocol.outbox.Outbox), an ack naming the generation once a desired state is applied, stale generations
+ignored. It converges with the
 real agent's own diff (agent.converge.plan_convergence). Workers are not processes: a start goes starting ->
 loading -> ready after modelled times, sleeps and wakes take modelled times, and a load can be made to fail.
 `SimFleet` runs many of them with bounded connect concurrency and the real agent's reconnect backoff, and
@@ -47,6 +48,7 @@ from agent.protocol import (
     dump,
     parse_console_message,
 )
+from agent.protocol.outbox import Outbox
 from agent.protocol.reports import Reporter
 from agent.restarts import BACKOFF_MIN_S
 from agent.workers.spec import WorkerSpec
@@ -125,7 +127,7 @@ class SimAgent:
         self.applied_generation: int | None = None
         self.metrics = AgentMetrics()
         self._rng = random.Random(spec.seed * 1_000_003 + zlib.crc32(name.encode()))
-        self._outbox: asyncio.Queue[str] | None = None
+        self._outbox: Outbox | None = None
         self._reporter = Reporter()  # what this link was last told: reports carry what changed since
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._muted_until = 0.0
@@ -201,7 +203,7 @@ class SimAgent:
         self.metrics.connected_since = now
         # Staleness is judged within one connection, as the real agent does.
         self.applied_generation = None
-        self._outbox = asyncio.Queue()
+        self._outbox = Outbox(self._report)
 
     async def _link_down(self) -> None:
         ws, self._ws, self._outbox = self._ws, None, None
@@ -242,20 +244,21 @@ class SimAgent:
         with contextlib.suppress(aiohttp.ClientError, ConnectionError):
             while True:
                 text = await outbox.get()
-                if time.monotonic() < self._muted_until:
-                    continue  # a hung agent says nothing
-                await ws.send_str(text)
+                if time.monotonic() >= self._muted_until:  # a hung agent says nothing
+                    await ws.send_str(text)
+                outbox.task_done()
 
     async def _report_loop(self) -> None:
         # Hosts start their timers at different moments, as real ones do; no thundering herd on the console.
         await asyncio.sleep(self._rng.uniform(0, self.spec.report_interval))
         while True:
-            self._post(self._report())
+            if self._outbox is not None:
+                self._outbox.report()
             await asyncio.sleep(self.spec.report_interval)
 
     def _post(self, message: BaseModel) -> None:
         if self._outbox is not None:  # dropped while disconnected: the report on reconnect has everything
-            self._outbox.put_nowait(dump(message))
+            self._outbox.post(message)
 
     def _on_console_message(self, text: str) -> None:
         try:
@@ -312,7 +315,7 @@ class SimAgent:
         replica = SimReplica(desired=desired, state="starting", target=desired.state, generation=generation)
         self.replicas[desired.id] = replica
         self.metrics.deployment_of[desired.id] = desired.deployment
-        self._notify(replica)
+        self._changed(self._status(replica))
         replica.task = asyncio.get_running_loop().create_task(self._load(replica))
 
     async def _load(self, replica: SimReplica) -> None:
@@ -344,8 +347,7 @@ class SimAgent:
         rid = replica.desired.id
         del self.replicas[rid]
         self.metrics.ready_at.pop(rid, None)
-        self._post(self._report())
-        self._post(ReplicaStatus(replica_id=rid, state="stopped"))
+        self._changed(ReplicaStatus(replica_id=rid, state="stopped"))
 
     def _cancel(self, replica: SimReplica) -> None:
         if replica.task is not None and not replica.task.done():
@@ -360,12 +362,11 @@ class SimAgent:
             self.metrics.ready_at[replica.desired.id] = time.monotonic()
         if state == "failed":  # left failed until the console sends another generation (agent.converge)
             replica.generation = self._generation
-        self._notify(replica)
+        self._changed(self._status(replica))
 
-    def _notify(self, replica: SimReplica) -> None:
-        # As agent/daemon.py: a report first (the console applies it in one transaction), then the status.
-        self._post(self._report())
-        self._post(self._status(replica))
+    def _changed(self, status: ReplicaStatus) -> None:
+        if self._outbox is not None:  # dropped while disconnected: the report on reconnect has everything
+            self._outbox.changed(status)
 
     def _time(self, seconds: float) -> float:
         return max(seconds * (1 + self._rng.uniform(-self.spec.jitter, self.spec.jitter)), 0.0)
@@ -402,8 +403,9 @@ class SimAgent:
         return Hello(protocol=PROTOCOL_VERSION, host=self.name, agent_version=SIM_VERSION,
                      endpoint=f"http://{self.name}.sim.invalid:9000", gpus=self.gpus())
 
-    def _report(self) -> HostReport:
-        return self._reporter.report(self.gpus(), [self._status(r) for r in self.replicas.values()], [], 64 * GIB)
+    def _report(self, gone: list[ReplicaStatus] = ()) -> HostReport:
+        statuses = {s.replica_id: s for s in gone} | {rid: self._status(r) for rid, r in self.replicas.items()}
+        return self._reporter.report(self.gpus(), [statuses[k] for k in sorted(statuses)], [], 64 * GIB)
 
 
 def _spec(desired: DesiredReplica) -> WorkerSpec:

@@ -62,7 +62,11 @@ class FakeConsole:
         await ws.prepare(request)
         self.sockets.append(ws)
         async for message in ws:
-            await self.messages.put(parse_agent_message(message.data))
+            parsed = parse_agent_message(message.data)
+            await self.messages.put(parsed)
+            if isinstance(parsed, HostReport):  # state changes ride in reports; the console takes them alike
+                for status in parsed.replicas:
+                    await self.messages.put(status)
         return ws
 
     async def send(self, message) -> None:

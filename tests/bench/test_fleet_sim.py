@@ -1,16 +1,47 @@
-"""The fleet simulator speaks the real protocol: a logs_request gets a logs reply that says why it has no lines."""
+"""The fleet simulator speaks the real protocol: it answers logs requests, and a desired state's changes reach the
+console in one report ahead of the ack, as the real agent sends them (agent.protocol.outbox)."""
 
-import asyncio
+from agent.protocol import (
+    Ack,
+    DesiredReplica,
+    DesiredState,
+    HostReport,
+    LogsReply,
+    LogsRequest,
+    dump,
+    parse_agent_message,
+)
+from bench.fleet_sim import GIB, SimAgent
 
-from agent.protocol import LogsReply, LogsRequest, dump, parse_agent_message
-from bench.fleet_sim import SimAgent
+
+async def sent(sim: SimAgent) -> list:
+    out = []
+    while not sim._outbox.empty():
+        out.append(parse_agent_message(await sim._outbox.get()))
+    return out
 
 
 async def test_a_simulated_host_answers_a_logs_request_with_an_error_that_says_why():
     sim = SimAgent("http://127.0.0.1:1", "sim-3", "token")
-    sim._outbox = asyncio.Queue()  # as while connected
+    sim._link_up()  # as while connected
     sim._on_console_message(dump(LogsRequest(request_id="q7", replica_id=12, tail=5)))
-    reply = parse_agent_message(sim._outbox.get_nowait())
+    (reply,) = await sent(sim)
     assert isinstance(reply, LogsReply) and (reply.request_id, reply.replica_id, reply.lines) == ("q7", 12, [])
     assert "sim-3 is a simulated host" in reply.error and "no worker processes" in reply.error
     assert sim.metrics.acks == [] and sim.metrics.errors == []  # not taken for a desired state or an error
+
+
+async def test_the_workers_a_desired_state_starts_are_reported_together_ahead_of_its_ack():
+    sim = SimAgent("http://127.0.0.1:1", "sim-4", "token")
+    sim._link_up()
+    replicas = [DesiredReplica(id=rid, deployment=f"d{rid}", model_path="/m", architecture="LlamaForCausalLM",
+                               gpus=[rid % 8], reserved_bytes=GIB) for rid in range(1, 11)]
+    sim._on_console_message(dump(DesiredState(generation=3, replicas=replicas)))
+    messages = await sent(sim)
+    assert [type(m) for m in messages] == [HostReport, Ack]
+    assert sorted((s.replica_id, s.state) for s in messages[0].replicas) == [(rid, "starting") for rid in range(1, 11)]
+    sim._stop(sim.replicas[4], leaving=True)
+    (report,) = await sent(sim)
+    assert [(s.replica_id, s.state) for s in report.replicas] == [(4, "stopped")]
+    for replica in sim.replicas.values():
+        sim._cancel(replica)

@@ -1,0 +1,76 @@
+"""One agent link's outgoing messages, in the order they were posted, with replica state changes coalesced.
+
+A state change does not queue a message of its own: it asks for a report, and while a report waits to be sent
+every further change rides in it. The report is built when its turn comes to be sent, so it says what holds then.
+An apply that starts ten workers thus costs the console one report ahead of its ack, not a report and a status per
+worker (at a thousand hosts that was 21,000 messages for the console to read before the last ack). A replica gone
+by the time the report is built (stopped) is reported with the status its change gave.
+Loading progress, frequent and small, is a status of its own unless a waiting report will carry it: sent after that
+report it would tell the console of a state older than the report's. The real agent (agent/daemon.py) and the
+fleet simulator (bench/fleet_sim.py) both send through this."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from pydantic import BaseModel
+
+from agent.protocol.messages import HostReport, ReplicaStatus, dump
+
+_REPORT = None  # a report's place in the queue
+
+
+class Outbox:
+    """`build_report(gone)` makes the report to send now; `gone` are the statuses of the replicas changed since the
+    last report (the builder adds every replica it still has, newer than these)."""
+
+    def __init__(self, build_report: Callable[[list[ReplicaStatus]], HostReport]) -> None:
+        self._build = build_report
+        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self._changes: dict[int, ReplicaStatus] = {}
+        self._report_waiting = False
+
+    def post(self, message: BaseModel) -> None:
+        self._queue.put_nowait(dump(message))
+
+    def report(self) -> None:
+        """Ask for a report; one already waiting to be sent answers this too."""
+        if not self._report_waiting:
+            self._report_waiting = True
+            self._queue.put_nowait(_REPORT)
+
+    def changed(self, status: ReplicaStatus) -> None:
+        """A replica's state changed: the next report carries it."""
+        self._changes[status.replica_id] = status
+        self.report()
+
+    def progress(self, status: ReplicaStatus) -> None:
+        """A loading replica read more of its weights."""
+        if self._report_waiting:
+            self._changes[status.replica_id] = status
+        else:
+            self.post(status)
+
+    async def get(self) -> str:
+        """The next message to send; call task_done() once it is sent."""
+        item = await self._queue.get()
+        if item is _REPORT:
+            self._report_waiting = False
+            gone, self._changes = list(self._changes.values()), {}
+            try:
+                item = dump(self._build(gone))
+            except BaseException:
+                self._queue.task_done()  # nothing to send: join() must not wait for it
+                raise
+        return item
+
+    def task_done(self) -> None:
+        self._queue.task_done()
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+    async def join(self) -> None:
+        """Until every message posted so far was sent."""
+        await self._queue.join()
