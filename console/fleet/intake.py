@@ -1,5 +1,5 @@
 """Apply what agents report to the database. Synchronous; the agent link's batcher
-(console/realtime/batcher.py) calls `apply_hosts` then `apply_replicas` on a thread of their own with every
+(console/realtime/batcher.py) calls `apply_hosts` then `apply_readings` on a thread of their own with every
 message its links received in one tick, so a thousand hosts cost a handful of bulk statements per tick, not a
 transaction per message. Agent input only ever updates rows of the agent's own host.
 
@@ -8,7 +8,7 @@ Every message renews its host's lease (last_seen): liveness never waits on what 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
@@ -78,56 +78,62 @@ def register_hello(credential: AgentCredential, hello: Hello) -> tuple[Host, int
 
 def apply_batch(items: list[Item]) -> list[Outcome]:
     """Apply one tick's messages from every link, both stages; one outcome per item, in order."""
-    return apply_replicas(items, apply_hosts(items))
+    return apply_readings(items, apply_hosts(items))
 
 
 @dataclass
 class Staged:
-    """What apply_hosts leaves for apply_replicas."""
+    """What apply_hosts leaves for apply_readings."""
 
     outcomes: list[Outcome | None]  # decided already: closes, acks, and items that failed
-    statuses: list[tuple[int, int, ReplicaStatus]]  # (item position, host, status) in arrival order
-    news: set[int]  # hosts whose news the scheduler should see
+    reports: list[tuple[int, int, HostReport]] = field(default_factory=list)  # (item position, host, report)
+    statuses: list[tuple[int, int, ReplicaStatus]] = field(default_factory=list)  # (position, host, status)
+    news: set[int] = field(default_factory=set)  # hosts whose news the scheduler should see
 
 
-# Two stages, each its own transaction and each locking one kind of row, so that neither can take part in a
-# deadlock with a scheduler pass (which takes replica rows, then host rows): first the hosts (leases, GPU
-# readings, acks), short and never waiting for a pass's replica rows, so an ack is not held up behind a pass;
-# then the replicas, by primary key as a pass writes them. GPU readings thus land no later than the states
-# they explain. The batcher runs the next tick's first stage while this tick's second is still being applied.
-# Should a stage fail (a database error), its items are retried one by one, so one bad message costs only
-# itself (what the batch committed before it failed is applied again, to no effect).
+# Two stages, each its own transaction, so that neither can take part in a deadlock with a scheduler pass (which
+# takes replica rows, then host rows): first the links (leases, closed links, acks), host rows only, short and
+# waiting for nothing else, so an ack is held up neither by a pass nor by the readings that came with it; then
+# the readings: replicas' states by primary key as a pass writes them, then GPU rows and reports' host fields, so
+# a GPU reading lands together with the states it explains. The batcher runs the next tick's first stage while
+# this tick's second is still being applied. Should a stage fail (a database error), its items are retried one
+# by one, so one bad message costs only itself (what the batch committed before it failed is applied again, to
+# no effect).
 
 
 def apply_hosts(items: list[Item]) -> Staged:
-    """The first stage: leases, closed links, reports' host fields and GPU readings, and acks."""
+    """The first stage: leases, closed links and acks."""
     try:
         return _hosts(items)
     except Exception as e:
         if len(items) == 1:
             log.exception("agent %s: applying its %s failed", items[0].host_name, _kind(items[0].message))
-            return Staged([_failed(items[0], e)], [], set())
+            return Staged([_failed(items[0], e)])
         log.exception("applying a batch of %d agent messages failed; applying them one by one", len(items))
-    staged = Staged([], [], set())
+    staged = Staged([])
     for i, item in enumerate(items):
         one = apply_hosts([item])
         staged.outcomes += one.outcomes
+        staged.reports += [(i, host, report) for _, host, report in one.reports]
         staged.statuses += [(i, host, status) for _, host, status in one.statuses]
         staged.news |= one.news
     return staged
 
 
-def apply_replicas(items: list[Item], staged: Staged) -> list[Outcome]:
-    """The second stage: replicas' observed states (their events and loads); every item's outcome."""
+def apply_readings(items: list[Item], staged: Staged) -> list[Outcome]:
+    """The second stage: replicas' observed states (their events and loads), GPU readings and reports' host
+    fields; every item's outcome."""
     outcomes = list(staged.outcomes)
+    news = set(staged.news)
     try:
-        observed = _replicas(items, staged.statuses)
+        observed = _readings(items, staged.reports, staged.statuses, news)
     except Exception:
-        log.exception("applying agent messages' replica states failed; applying them message by message")
+        log.exception("applying agent messages' readings failed; applying them message by message")
         observed = set()
-        for i in sorted({i for i, _, _ in staged.statuses}):
+        for i in sorted({i for i, _, _ in staged.statuses} | {i for i, _, _ in staged.reports}):
             try:
-                observed |= _replicas(items, [s for s in staged.statuses if s[0] == i])
+                observed |= _readings(items, [r for r in staged.reports if r[0] == i],
+                                      [s for s in staged.statuses if s[0] == i], news)
             except Exception as e:
                 log.exception("agent %s: applying its %s failed", items[i].host_name, _kind(items[i].message))
                 outcomes[i] = _failed(items[i], e)
@@ -135,9 +141,8 @@ def apply_replicas(items: list[Item], staged: Staged) -> list[Outcome]:
         if outcomes[i] is None:
             m = item.message
             ready = i in observed and (isinstance(m, HostReport) or not (m.loaded_bytes and m.state == "loading"))
-            outcomes[i] = Outcome(observed=i in observed, ready=ready,
-                                  news=i in observed or item.host_id in staged.news)
-        elif item.host_id in staged.news:
+            outcomes[i] = Outcome(observed=i in observed, ready=ready, news=i in observed or item.host_id in news)
+        elif item.host_id in news:
             outcomes[i] = Outcome(error=outcomes[i].error, news=True)
     return outcomes  # type: ignore[return-value]
 
@@ -156,7 +161,7 @@ def _hosts(items: list[Item]) -> Staged:
     outcomes: list[Outcome | None] = [None] * len(items)
     closed: dict[int, int] = {}  # host -> the epoch whose link closed (the last close of the tick)
     renewed: set[int] = set()
-    reports: dict[int, HostReport] = {}  # per host, its reports' host fields and GPUs as one
+    reports: list[tuple[int, int, HostReport]] = []
     statuses: list[tuple[int, int, ReplicaStatus]] = []
     acks: list[tuple[int, int, Ack]] = []
     for i, item in enumerate(items):
@@ -169,7 +174,8 @@ def _hosts(items: list[Item]) -> Staged:
         renewed.add(item.host_id)
         closed.pop(item.host_id, None)
         if isinstance(m, HostReport):
-            reports[item.host_id] = _merged(reports.get(item.host_id), m)
+            if m.gpus or m.serving is not None or m.ram_free_bytes is not None:
+                reports.append((i, item.host_id, m))
             statuses.extend((i, item.host_id, s) for s in m.replicas)
         elif isinstance(m, ReplicaStatus):
             statuses.append((i, item.host_id, m))
@@ -177,12 +183,12 @@ def _hosts(items: list[Item]) -> Staged:
             acks.append((i, item.host_id, m))
     with transaction.atomic():
         notes: list[Note] = []
-        news = _apply_to_hosts(now, renewed, closed, reports, notes)
+        news = _apply_to_hosts(now, renewed, closed, notes)
         record(notes, now)
         if acks:
             for i, error in _apply_acks(items, acks).items():
                 outcomes[i] = Outcome(error=error)
-    return Staged(outcomes, statuses, news)
+    return Staged(outcomes, reports, statuses, news)
 
 
 def _merged(earlier: HostReport | None, later: HostReport) -> HostReport:
@@ -198,17 +204,25 @@ def _merged(earlier: HostReport | None, later: HostReport) -> HostReport:
         "ram_free_bytes": earlier.ram_free_bytes if later.ram_free_bytes is None else later.ram_free_bytes})
 
 
-def _replicas(items: list[Item], statuses: list[tuple[int, int, ReplicaStatus]]) -> set[int]:
-    if not statuses:
+def _readings(items: list[Item], reports: list[tuple[int, int, HostReport]],
+              statuses: list[tuple[int, int, ReplicaStatus]], news: set[int]) -> set[int]:
+    """Apply them; returns the positions of the items that changed a replica's observed state, and adds the hosts
+    whose GPU readings or host fields changed to `news`."""
+    if not reports and not statuses:
         return set()
+    merged: dict[int, HostReport] = {}
+    for _, host_id, report in reports:
+        merged[host_id] = _merged(merged.get(host_id), report)
     with transaction.atomic():
-        return _apply_statuses(items, statuses)
+        observed = _apply_statuses(items, statuses) if statuses else set()
+        if merged:
+            news |= _apply_reports(merged)
+    return observed
 
 
-def _apply_to_hosts(now: datetime, renewed: set[int], closed: dict[int, int],
-                    reports: dict[int, HostReport], notes: list[Note]) -> set[int]:
-    """Leases, closed links and reports' host fields and GPUs; returns the hosts whose news the scheduler should
-    see. Hosts that came back or went unknown are told in `notes`."""
+def _apply_to_hosts(now: datetime, renewed: set[int], closed: dict[int, int], notes: list[Note]) -> set[int]:
+    """Leases and closed links; returns the hosts whose news the scheduler should see. Hosts that came back or
+    went unknown are told in `notes`."""
     news: set[int] = set()
     if renewed:
         # The lease. A host that was unknown is back: news (which of this batch's hosts it was does not matter,
@@ -230,8 +244,6 @@ def _apply_to_hosts(now: datetime, renewed: set[int], closed: dict[int, int],
             notes.append(Note(host_object(name), "Disconnected", "its agent's link closed: the host is unknown and "
                               "keeps its replicas until the eviction timeout", warning=True, actor="console",
                               host=name))
-    if reports:
-        news |= _apply_reports(reports)
     return news
 
 

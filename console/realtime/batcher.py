@@ -1,9 +1,10 @@
 """Agent messages from every link of this console process, applied together: a link hands its messages over
 (without waiting for each to be applied before reading the next); a single task takes whatever arrived during
-one tick and applies it in two stages (console/fleet/intake.py): hosts (leases, GPU readings, acks), then
-replicas' states. Each stage takes its batches one after another in arrival order, so each link's messages
-still apply in the order it sent them, and a thousand agents cost a few statements per tick instead of a
-transaction each; the next batch's hosts need not wait for the last batch's replicas."""
+one tick and applies it in two stages (console/fleet/intake.py): hosts (leases, closed links, acks), then
+readings (replicas' states, GPU readings, reports' host fields). Each stage takes its batches one after another
+in arrival order, so each link's messages still apply in the order it sent them, and a thousand agents cost a few
+statements per tick instead of a transaction each; the next batch's hosts need not wait for the last batch's
+readings."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class Batcher:
         self._due = math.inf  # loop time the pending batch is applied: a tick after its most urgent message came
         self._sooner = asyncio.Event()  # a message came that makes the batch due sooner
         self._task: asyncio.Task | None = None
-        self._replicas: asyncio.Task | None = None  # the last batch's second stage
+        self._readings: asyncio.Task | None = None  # the last batch's second stage
 
     def enqueue(self, item: intake.Item) -> asyncio.Future:
         """Hand `item` over; the future gets its outcome once its batch is committed. A quiet report waits up to
@@ -74,17 +75,17 @@ class Batcher:
             except Exception as e:  # not even retried one by one (the database is gone, say)
                 self._fail(batch, e)
                 continue
-            # The replicas' stage after the last batch's, on a task of its own: the next tick's acks and leases
-            # need not wait for this tick's replica states (the stages lock different rows).
-            self._replicas = loop.create_task(self._finish(self._replicas, batch, staged),
-                                              name="agent-intake-replicas")
+            # The readings' stage after the last batch's, on a task of its own: the next tick's acks and leases
+            # need not wait for this tick's readings (those seldom touch host rows, and then last: see intake).
+            self._readings = loop.create_task(self._finish(self._readings, batch, staged),
+                                              name="agent-intake-readings")
 
     async def _finish(self, before: asyncio.Task | None, batch: list[tuple[intake.Item, asyncio.Future]],
                       staged: intake.Staged) -> None:
         if before is not None:
             await before  # each link's messages keep their order
         try:
-            outcomes = await own_thread(intake.apply_replicas)([item for item, _ in batch], staged)
+            outcomes = await own_thread(intake.apply_readings)([item for item, _ in batch], staged)
         except Exception as e:
             self._fail(batch, e)
             return

@@ -25,7 +25,7 @@ def applied(monkeypatch):
 
     def apply(items):
         batches.append([type(item.message).__name__ for item in items])
-        return intake.Staged([intake.Outcome() for _ in items], [], set())
+        return intake.Staged([intake.Outcome() for _ in items])
 
     monkeypatch.setattr(intake, "apply_hosts", apply)
     return batches
@@ -60,7 +60,7 @@ async def test_the_next_ticks_hosts_stage_does_not_wait_for_the_last_ticks_repli
 
     def hosts(items):
         log.append(("hosts", [item.message.type for item in items]))
-        return intake.Staged([None] * len(items), [], set())
+        return intake.Staged([None] * len(items))
 
     def replicas(items, staged):
         if items[0].message.type == "report":
@@ -69,7 +69,7 @@ async def test_the_next_ticks_hosts_stage_does_not_wait_for_the_last_ticks_repli
         return [intake.Outcome() for _ in items]
 
     monkeypatch.setattr(intake, "apply_hosts", hosts)
-    monkeypatch.setattr(intake, "apply_replicas", replicas)
+    monkeypatch.setattr(intake, "apply_readings", replicas)
     monkeypatch.setattr(module, "own_thread", lambda fn: lambda *a: asyncio.to_thread(fn, *a))
     b = Batcher(tick=0.01, quiet_tick=0.01)
     report = b.enqueue(intake.Item(1, "a", HostReport(gpus=[])))
