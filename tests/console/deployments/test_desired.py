@@ -1,0 +1,31 @@
+"""Each host's desired state, built from plain rows: every field the agent's DesiredReplica names, in its JSON form,
+with the deployment's adapters and the favourites its replicas asked for."""
+
+import pytest
+
+from agent.protocol import DesiredReplica
+from console.deployments.desired import desired_rows_by_host
+from console.fleet.models import Host
+from tests.console.fleet_scene import MiB, scene
+
+pytestmark = pytest.mark.django_db
+
+
+def test_desired_rows_are_desired_replicas_as_pushed(model):
+    scene(model.path)
+    hosts = dict(Host.objects.values_list("name", "pk"))
+    rows = desired_rows_by_host(hosts.values())
+    assert set(rows) == set(hosts.values())
+    every = [r for host_rows in rows.values() for r in host_rows]
+    assert every and all(r == DesiredReplica.model_validate(r).model_dump(mode="json") for r in every)
+    assert all([r["id"] for r in host_rows] == sorted(r["id"] for r in host_rows) for host_rows in rows.values())
+    chat = [r for r in rows[hosts["gpu-a"]] if r["deployment"] == "chat"]
+    assert [r["gpus"] for r in chat] == [[0], [1]]
+    first = chat[0]
+    assert (first["model_path"], first["dtype"], first["mps_percentage"]) == (model.path, model.stored_dtype, 72)
+    assert first["adapters"] == [{"name": "sql", "path": "/adapters/sql-lora", "pinned": True},
+                                 {"name": "support", "path": "/adapters/support-lora-v2", "pinned": False}]
+    assert (first["adapter_pool_bytes"], first["adapter_host_bytes"]) == (36 * MiB, 144 * MiB)
+    assert first["adapter_hints"] == {"sql": 1.0, "support": 1.0}  # both asked for, both fit the device tier
+    embed = next(r for r in rows[hosts["gpu-a"]] if r["deployment"] == "embed")
+    assert (embed["adapters"], embed["adapter_pool_bytes"], embed["adapter_hints"]) == ([], 0, {})
