@@ -31,8 +31,10 @@ async def test_the_log_tail_of_a_replica_that_failed_shows_the_workers_error(sta
                 await page.fill("input[name=password]", ADMIN_PASSWORD)
                 await page.click("button[type=submit]")
                 # The replica says why it failed in the worker's own words (its agent's, not the scheduler's) ...
+                # (The agent restarts it after a backoff, so the page may open on a retry still starting: it shows
+                # the failure once the retry fails too, live. A slow machine takes seconds per load.)
                 await expect(page.locator("#replicas .observed-reason")).to_contain_text(
-                    "RuntimeError: You set `ignore_mismatched_sizes` to `False`")
+                    "RuntimeError: You set `ignore_mismatched_sizes` to `False`", timeout=60_000)
                 await expect(page.locator("#events tr.event[data-reason=Failed] .message").first).to_contain_text(
                     "RuntimeError: You set `ignore_mismatched_sizes` to `False`")
                 # ... and its log tail has the traceback and what transformers reported before it.
