@@ -372,8 +372,8 @@ class Agent:
             )
             for d in self.metrics.snapshot().deployments
         ]
-        statuses = {s.replica_id: s for s in gone} | {h.spec.replica_id: h.status() for h in handles}
-        return self._reporter.report(gpus, [statuses[k] for k in sorted(statuses)], serving, self.replicas.sleep_room())
+        return self._reporter.report(gpus, [h.status() for h in handles], serving, self.replicas.sleep_room(),
+                                     gone=gone)
 
 
 def _endpoint(host: str, port: int) -> str:

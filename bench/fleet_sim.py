@@ -4,9 +4,9 @@ A `SimAgent` is one host with N simulated GPUs. It talks like agent/daemon.py: s
 token, hello then a report, a report every `report_interval` (what changed, whole now and then: the real
 agent's agent.protocol.reports.Reporter), replica state changes carried by reports coalesced as the real agent's
 (agent.protocol.outbox.Outbox), an ack naming the generation once a desired state is applied, stale generations
-ignored. It converges with the
-real agent's own diff (agent.converge.plan_convergence). Workers are not processes: a start goes starting ->
-loading -> ready after modelled times, sleeps and wakes take modelled times, and a load can be made to fail.
+ignored. It converges with the real agent's own diff (agent.converge.plan_convergence). Workers are not
+processes: a start goes starting -> loading -> ready after modelled times, sleeps and wakes take modelled times,
+and a load can be made to fail.
 `SimFleet` runs many of them with bounded connect concurrency and the real agent's reconnect backoff, and
 keeps per-agent metrics for benchmarks (bench/fleet.py) and tests.
 
@@ -404,8 +404,8 @@ class SimAgent:
                      endpoint=f"http://{self.name}.sim.invalid:9000", gpus=self.gpus())
 
     def _report(self, gone: list[ReplicaStatus] = ()) -> HostReport:
-        statuses = {s.replica_id: s for s in gone} | {rid: self._status(r) for rid, r in self.replicas.items()}
-        return self._reporter.report(self.gpus(), [statuses[k] for k in sorted(statuses)], [], 64 * GIB)
+        return self._reporter.report(self.gpus(), [self._status(r) for r in self.replicas.values()], [], 64 * GIB,
+                                     gone=gone)
 
 
 def _spec(desired: DesiredReplica) -> WorkerSpec:

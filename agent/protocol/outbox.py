@@ -23,7 +23,7 @@ _REPORT = None  # a report's place in the queue
 
 class Outbox:
     """`build_report(gone)` makes the report to send now; `gone` are the statuses of the replicas changed since the
-    last report (the builder adds every replica it still has, newer than these)."""
+    last report, for the builder to pass to Reporter.report (which tells those it no longer has)."""
 
     def __init__(self, build_report: Callable[[list[ReplicaStatus]], HostReport]) -> None:
         self._build = build_report

@@ -27,9 +27,13 @@ class Reporter:
         self._said, self._serving, self._ram, self._count = {}, None, None, 0
 
     def report(self, gpus: list[GpuInfo], replicas: list[ReplicaStatus], serving: list[DeploymentServing],
-               ram_free_bytes: int | None, full: bool = False) -> HostReport:
+               ram_free_bytes: int | None, full: bool = False, gone: list[ReplicaStatus] = ()) -> HostReport:
         """The next report: whole when `full`, on a new link or every full_every-th time; otherwise the GPUs and
-        replicas whose reading changed, and `serving` / `ram_free_bytes` as None when they did not change."""
+        replicas whose reading changed, and `serving` / `ram_free_bytes` as None when they did not change. `gone`:
+        the last statuses of replicas no longer in `replicas` (stopped since the last report), told once
+        (agent/protocol/outbox.py hands them over)."""
+        listed = {s.replica_id for s in replicas}
+        replicas = sorted([*replicas, *(s for s in gone if s.replica_id not in listed)], key=lambda s: s.replica_id)
         full = full or self._count % self.full_every == 0
         self._count += 1
         same_serving = not full and serving == self._serving

@@ -54,6 +54,7 @@ def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
         for stat in stats or ():
             requests[dep][stat["name"]] = requests[dep].get(stat["name"], 0) + stat.get("requests", 0)
     pools = {pk: _adapter_fields(adapters.get(pk, []), requests.get(pk, {})) for pk in deployments}
+    # Deployment.serving_dtype and .adapter_pool_bytes, from plain values (no instances here).
     for pk, host_id, dep_id, reserved, state, mps in replicas:
         name, path, architecture, dtype, stored_dtype, batch, seq, max_batch_size, delay = deployments[dep_id]
         out[host_id].append({

@@ -22,9 +22,7 @@ class Host:
 
     def report(self, gone: list[ReplicaStatus]) -> HostReport:
         self.built += 1
-        now = {rid: self.status(rid) for rid in self.states}
-        statuses = {s.replica_id: s for s in gone} | now
-        return self.reporter.report([], [statuses[k] for k in sorted(statuses)], [], None)
+        return self.reporter.report([], [self.status(rid) for rid in self.states], [], None, gone=gone)
 
 
 async def drain(outbox: Outbox) -> list:
