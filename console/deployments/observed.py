@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from console.bulk import update_by_pk
+from console.bulk import update_values
 from console.deployments.models import Deployment
 from console.fleet.models import Host
 
@@ -68,10 +68,11 @@ def refresh_observations(now: datetime) -> bool:
         if violating != dep["violating"] or dep["status_since"] is None:
             update |= {"violating": violating, "status_since": now}
         if any(dep[k] != v for k, v in update.items()):
-            moved.append(Deployment(pk=dep["pk"], **({k: dep[k] for k in _FIGURES} | update)))
+            figures = {k: dep[k] for k in _FIGURES} | update
+            moved.append((dep["pk"], *(figures[k] for k in _FIGURES)))
             changed |= "violating" in update
     # One statement per row, pipelined (a thousand new deployments each get their first figures in one pass).
-    update_by_pk(moved, _FIGURES)
+    update_values(Deployment, _FIGURES, moved)
     return changed
 
 

@@ -11,6 +11,7 @@ from console.deployments.models import Deployment, Replica
 from console.deployments.reconcile import reconcile_once
 from console.fleet.intake import Item, apply_batch, apply_hosts, apply_readings
 from console.fleet.models import Gpu, Host
+from tests.queries import statements as logged
 
 pytestmark = pytest.mark.django_db
 GiB = 1024**3
@@ -110,7 +111,7 @@ def test_a_quiet_report_renews_the_lease_and_keeps_what_it_leaves_out(model):
     with CaptureQueriesContext(connection) as ctx:
         (outcome,) = apply_batch([Item(h.pk, h.name, quiet)])
     assert outcome.error is None and not outcome.observed and not outcome.news  # the scheduler sleeps on
-    statements = [q["sql"] for q in ctx.captured_queries if q["sql"].startswith(("UPDATE", "INSERT", "SELECT"))]
+    statements = [q for q in logged(ctx.captured_queries) if q.startswith(("UPDATE", "INSERT", "SELECT"))]
     assert statements and all(q.startswith('UPDATE "fleet_host"') for q in statements)  # the lease, nothing else
     h.refresh_from_db()
     assert (h.serving, h.ram_free_bytes) == ({"d0": {"requests": 3}}, 5 * GiB)
@@ -194,7 +195,7 @@ def test_a_pass_creates_the_rows_of_new_deployments_together(host, model):
         create_deployment(f"n{k}", "tiny", replicas=2)
     with CaptureQueriesContext(connection) as ctx:
         reconcile_once()
-    inserts = [q["sql"] for q in ctx.captured_queries if q["sql"].startswith("INSERT")]
+    inserts = [q for q in logged(ctx.captured_queries) if q.startswith("INSERT")]
     assert sum('"deployments_replica"' in q.split("(")[0] for q in inserts) == 1  # all 24 rows, one statement
     assert sum('"deployments_replica_gpus"' in q.split("(")[0] for q in inserts) == 1  # and their GPUs
     placed = Replica.objects.filter(deployment__name__startswith="n", host=host)
