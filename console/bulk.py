@@ -60,15 +60,17 @@ def update_values(model: type[Model], fields: Sequence[str], rows: Sequence[tupl
         cursor.executemany(sql, prepared)
 
 
-def update_fields_by_pk(changes: Iterable[tuple[Model, Sequence[str]]]) -> None:
-    """Write each object's own changed fields (one model): update_by_pk once per set of fields (a pass's rows
-    mostly change the same few), so a thousand rows cost a few statements, not a thousand saves. Rows are written
-    group by group: lock them first (lock_rows) where others write them too."""
-    groups: dict[tuple[str, ...], list[Model]] = {}
+def update_fields_by_pk(model: type[Model], changes: Iterable[tuple[object, Sequence[str]]]) -> None:
+    """Write each object's own changed fields (rows of `model`, as instances or plain objects with `pk` and the
+    fields' attributes): one statement per set of fields (a pass's rows mostly change the same few), so a thousand
+    rows cost a few statements, not a thousand saves. Rows are written group by group: lock them first
+    (lock_rows) where others write them too."""
+    groups: dict[tuple[str, ...], list] = {}
     for obj, fields in changes:
         groups.setdefault(tuple(sorted(fields)), []).append(obj)
     for fields, objs in groups.items():
-        update_by_pk(objs, fields)
+        attnames = [model._meta.get_field(f).attname for f in fields]
+        update_values(model, fields, [(o.pk, *(getattr(o, a) for a in attnames)) for o in objs])
 
 
 def lock_rows(model: type[Model], pks: Iterable[int]) -> None:

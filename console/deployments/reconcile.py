@@ -24,7 +24,9 @@ from console.deployments.desired import bump_generations
 from console.deployments.models import Deployment, DeploymentState, Replica
 from console.deployments.observed import refresh_observations
 from console.deployments.snapshot import (
+    DeploymentRow,
     GpuRow,
+    deployment_rows,
     deployment_spec,
     gpu_names,
     gpu_specs,
@@ -64,12 +66,34 @@ def fleet_device_kind(gpus: dict[str, GpuRow]) -> str:
     return DeviceKind.CPU if gpus and all(g.simulated for g in gpus.values()) else DeviceKind.CUDA
 
 
+@dataclass(slots=True)
+class ReplicaRow:
+    """A replica row as a pass reads and writes it: plain values of the fields it plans with (like DeploymentRow),
+    its changes written back by key. New rows are model instances."""
+
+    pk: int
+    deployment_id: int
+    index: int
+    last_request_at: datetime | None
+    host_id: int | None
+    desired_state: str
+    reserved_bytes: int
+    reservation: dict
+    reason: str
+    action: str
+    mps_percentage: int | None
+    ready_since: datetime | None
+    observed_state: str
+    measured_bytes: int | None
+    pid: int | None
+
+
 @dataclass
 class _Rows:
     """What a pass reads, once and without per-row queries: every replica row by deployment, each replica's
     GPUs (primary keys and scheduler names) and every host's name."""
 
-    by_deployment: dict[int, list[Replica]]
+    by_deployment: dict[int, list[ReplicaRow]]
     gpus_of: dict[int, list[int]]  # replica pk -> GPU pks
     gpu_ids: dict[int, list[str]]  # replica pk -> sorted "host/index"
     host_names: dict[int, str]
@@ -77,8 +101,9 @@ class _Rows:
 
     @classmethod
     def read(cls) -> _Rows:
-        by_deployment: dict[int, list[Replica]] = {}
-        for r in Replica.objects.order_by("deployment_id", "index").only(*_PASS_FIELDS):
+        by_deployment: dict[int, list[ReplicaRow]] = {}
+        for values in Replica.objects.order_by("deployment_id", "index").values_list(*ReplicaRow.__dataclass_fields__):
+            r = ReplicaRow(*values)
             by_deployment.setdefault(r.deployment_id, []).append(r)
         names = gpu_names()
         gpus_of: dict[int, list[int]] = {}
@@ -88,11 +113,11 @@ class _Rows:
         host_names = dict(Host.objects.values_list("pk", "name"))
         return cls(by_deployment, gpus_of, gpu_ids, host_names, {n: pk for pk, n in host_names.items()})
 
-    def all(self) -> list[Replica]:
+    def all(self) -> list[ReplicaRow]:
         return [r for rows in self.by_deployment.values() for r in rows]
 
 
-def _reservations(deployments: list[Deployment], device: str) -> tuple[dict[int, Reservation], dict[int, str]]:
+def _reservations(deployments: list[DeploymentRow], device: str) -> tuple[dict[int, Reservation], dict[int, str]]:
     """The calibrated bytes one replica of each deployment reserves on `device`, and why any cannot
     be estimated (a model directory that went missing or changed since registration)."""
     needs, problems = {}, {}
@@ -105,9 +130,10 @@ def _reservations(deployments: list[Deployment], device: str) -> tuple[dict[int,
         try:
             est = stored.get(dep.pk)
             if est is None or est["total_bytes"] is None:  # a row from before estimates were stored per deployment
-                dep.estimates = deployment_estimates(dep)
-                dep.save(update_fields=["estimates"])
-                est = dep.estimates[device]
+                row = Deployment.objects.get(pk=dep.pk)
+                row.estimates = deployment_estimates(row)
+                row.save(update_fields=["estimates"])
+                est = row.estimates[device]
             needs[dep.pk] = reservation({device: est}, device, by_family)
         except Invalid as e:
             problems[dep.pk] = f"cannot estimate its memory: {e}"
@@ -119,11 +145,11 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbac
     """Plan every deployment on the schedulable GPUs and write the outcome onto the replica rows; `touched`
     collects the hosts whose replicas changed (their desired state is rebuilt), `setbacks` (action, tier) of each
     replica that became refused or preempted, `notes` the events of what changed."""
-    # Plain reads, a handful of queries whatever the fleet's size: model instances only for deployments and
-    # replica rows (the ones the pass may write), no prefetching (a queryset per row costs more than the rows).
-    # (A deployment's model is read only when its estimates must be rebuilt; the gateway's figures are folded
-    # in by refresh_observations.)
-    deployments = list(Deployment.objects.defer("gateway_stats", "estimates"))
+    # Plain reads, a handful of queries whatever the fleet's size: model instances only for replica rows (the
+    # ones the pass may write), no prefetching (a queryset per row costs more than the rows). (A deployment's
+    # model is read only when its estimates must be rebuilt; the gateway's figures are folded in by
+    # refresh_observations.)
+    deployments = deployment_rows()
     rows = _Rows.read()
     specs, gpus = gpu_specs(settings.MODELGRID_GPU_BUFFER_BYTES, rows.all(), rows.gpus_of)
     device = fleet_device_kind(gpus)
@@ -160,7 +186,7 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbac
             notes.append(Note(deployment_object(dep.name), "Scaled", f"scaled from {dep.replicas} to "
                               f"{decision.target} replicas: {decision.reason}", actor="scheduler", deployment=dep.name))
             dep.replicas, dep.last_scale_at = decision.target, now
-            dep.save(update_fields=["replicas", "last_scale_at"])
+            Deployment.objects.filter(pk=dep.pk).update(replicas=dep.replicas, last_scale_at=now)
             changed = True
     planned_rows: dict[str, set[int]] = {}
     indexed = {dep.pk: {r.index: r for r in rows.by_deployment.get(dep.pk, ())} for dep in planned}
@@ -186,7 +212,7 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbac
     return changed
 
 
-def _answer_demand(deployments: list[Deployment], outcomes: dict, now: datetime) -> bool:
+def _answer_demand(deployments: list[DeploymentRow], outcomes: dict, now: datetime) -> bool:
     """Write the scheduler's answer to each deployment's waiting requests where the gateway reads it; a
     deployment without demand has no answer (so an old refusal never meets new requests)."""
     changed = False
@@ -198,21 +224,24 @@ def _answer_demand(deployments: list[Deployment], outcomes: dict, now: datetime)
             continue  # demand the planner did not see (the deployment could not be estimated): leave it
         if (dep.demand_status, dep.demand_reason) != (status, reason):
             dep.demand_status, dep.demand_reason = status, reason
-            dep.save(update_fields=["demand_status", "demand_reason"])
+            Deployment.objects.filter(pk=dep.pk).update(demand_status=status, demand_reason=reason)
             changed = True
     return changed
 
 
-def _ensure_rows(dep: Deployment, existing: list[Replica], reason: str) -> bool:
+def _ensure_rows(dep: DeploymentRow, existing: list[ReplicaRow], reason: str) -> bool:
     """A deployment the scheduler cannot plan: its replicas wait unplaced, saying why."""
     rows = {r.index: r for r in existing}
     changed = False
     for index in range(dep.replicas):
-        row = rows.get(index) or Replica(deployment=dep, index=index)
-        if row.reason != reason or row.pk is None:
-            row.reason = reason
-            row.save()
-            changed = True
+        row = rows.get(index)
+        if row is None:
+            Replica.objects.create(deployment_id=dep.pk, index=index, reason=reason)
+        elif row.reason != reason:
+            Replica.objects.filter(pk=row.pk).update(reason=reason)
+        else:
+            continue
+        changed = True
     return changed
 
 
@@ -222,18 +251,20 @@ class _Writes:
     statements, however many rows (at 1,000 hosts a statement per row was 8 of a 14 s pass)."""
 
     born: list[tuple[Replica, list[int]]] = field(default_factory=list)  # new rows, their GPUs' keys
-    changed: list[tuple[Replica, list[str]]] = field(default_factory=list)  # rows, the fields that changed
-    regpu: list[tuple[Replica, list[int]]] = field(default_factory=list)  # rows on other GPUs now
-    dropped: list[Replica] = field(default_factory=list)  # rows to delete
+    changed: list[tuple[ReplicaRow, list[str]]] = field(default_factory=list)  # rows, the fields that changed
+    regpu: list[tuple[ReplicaRow, list[int]]] = field(default_factory=list)  # rows on other GPUs now
+    dropped: list[ReplicaRow] = field(default_factory=list)  # rows to delete
 
     def write(self) -> None:
         # The existing rows are locked first, in key order, as intake locks them (console/fleet/intake.py): the
         # writes below then take them in whatever order suits.
         lock_rows(Replica, [r.pk for r, _ in self.changed] + [r.pk for r, _ in self.regpu]
                   + [r.pk for r in self.dropped])
-        update_fields_by_pk(self.changed)
-        for row, gpu_pks in self.regpu:
-            row.gpus.set(gpu_pks)
+        update_fields_by_pk(Replica, self.changed)
+        through = Replica.gpus.through
+        if self.regpu:
+            through.objects.filter(replica_id__in=[row.pk for row, _ in self.regpu]).delete()
+            insert([through(replica_id=row.pk, gpu_id=g) for row, gpu_pks in self.regpu for g in gpu_pks])
         if self.dropped:
             Replica.objects.filter(pk__in=[r.pk for r in self.dropped]).delete()
         if self.born:  # new rows and their GPU links in two statements, however many deployments are new
@@ -241,7 +272,6 @@ class _Writes:
             keys = {(row.deployment_id, row.index): gpu_pks for row, gpu_pks in self.born}
             created = Replica.objects.filter(deployment_id__in={d for d, _ in keys}).values_list(
                 "deployment_id", "index", "pk")
-            through = Replica.gpus.through
             insert([through(replica_id=pk, gpu_id=g) for dep, index, pk in created for g in keys.get((dep, index), ())])
 
 
@@ -250,10 +280,9 @@ _PLANNED = ("host_id", "desired_state", "reserved_bytes", "reservation", "reason
             "ready_since")
 _OBSERVED = ("observed_state", "measured_bytes", "pid")
 _DESIRED = {"host", "desired_state", "reserved_bytes", "mps_percentage"}  # what a host's desired state shows
-_PASS_FIELDS = ("deployment_id", "index", "last_request_at", *_PLANNED, *_OBSERVED)  # what a pass reads of a row
 
 
-def _apply(dep: Deployment, rows: dict[int, Replica], p: PlannedReplica, gpus: dict[str, GpuRow],
+def _apply(dep: DeploymentRow, rows: dict[int, ReplicaRow], p: PlannedReplica, gpus: dict[str, GpuRow],
            need: Reservation, device: str, now: datetime, touched: set[int], read: _Rows, writes: _Writes,
            notes: list[Note]) -> bool:
     """Apply one planned replica to its row, collecting what to write in `writes`; True if anything changed. Only
@@ -267,7 +296,7 @@ def _apply(dep: Deployment, rows: dict[int, Replica], p: PlannedReplica, gpus: d
         return row is not None
     host_before = row.host_id if row is not None else None
     if row is None:
-        row = Replica(deployment=dep, index=p.index)
+        row = Replica(deployment_id=dep.pk, index=p.index)
     before = {f: getattr(row, f) for f in _PLANNED + _OBSERVED}
     had = read.gpu_ids.get(row.pk, []) if row.pk else []
     row.reason, row.action, row.mps_percentage = p.reason, p.action, p.mps_percentage
