@@ -146,10 +146,9 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbac
     """Plan every deployment on the schedulable GPUs and write the outcome onto the replica rows; `touched`
     collects the hosts whose replicas changed (their desired state is rebuilt), `setbacks` (action, tier) of each
     replica that became refused or preempted, `notes` the events of what changed."""
-    # Plain reads, a handful of queries whatever the fleet's size: model instances only for replica rows (the
-    # ones the pass may write), no prefetching (a queryset per row costs more than the rows). (A deployment's
-    # model is read only when its estimates must be rebuilt; the gateway's figures are folded in by
-    # refresh_observations.)
+    # Plain reads, a handful of queries whatever the fleet's size: plain values, no model instances, no
+    # prefetching (a queryset per row costs more than the rows). (A deployment's model is read only when its
+    # estimates must be rebuilt; the gateway's figures are folded in by refresh_observations.)
     deployments = deployment_rows()
     rows = _Rows.read()
     specs, gpus = gpu_specs(settings.MODELGRID_GPU_BUFFER_BYTES, rows.all(), rows.gpus_of)

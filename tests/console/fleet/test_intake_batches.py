@@ -252,3 +252,21 @@ def test_a_status_that_cannot_be_applied_costs_only_its_own_message(model, monke
     assert "DatabaseError" in outcomes[1].error and outcomes[2].error is None
     assert Replica.objects.get(pk=good.pk).observed_state == "ready"
     assert Replica.objects.get(pk=bad.pk).observed_state == "pending"
+
+
+def test_statuses_write_only_the_fields_they_change(model):
+    # A wave's statuses (starting -> loading -> ready on every replica) wrote all ten observed fields of every row,
+    # the JSON ones included, whatever changed.
+    (h, replicas), = fleet(1, model)
+    Replica.objects.filter(pk=replicas[1].pk).update(sleep_wake={"seconds": 1.5})
+    with CaptureQueriesContext(connection) as ctx:
+        (outcome,) = apply_batch([Item(h.pk, h.name, HostReport(gpus=[], replicas=[
+            ReplicaStatus(replica_id=replicas[0].pk, state="loading", loaded_bytes=5),
+            ReplicaStatus(replica_id=replicas[1].pk, state="loading", loaded_bytes=7)]))])
+    assert outcome.error is None and outcome.observed
+    updates = [q for q in logged(ctx.captured_queries) if q.startswith('UPDATE "deployments_replica"')]
+    assert len(updates) == 1
+    assert '"observed_state"' in updates[0] and '"loaded_bytes"' in updates[0]
+    assert '"sleep_wake"' not in updates[0] and '"adapter_stats"' not in updates[0]
+    assert list(Replica.objects.filter(pk__in=[r.pk for r in replicas]).order_by("pk").values_list(
+        "observed_state", "loaded_bytes", "sleep_wake")) == [("loading", 5, {}), ("loading", 7, {"seconds": 1.5})]
