@@ -9,8 +9,6 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from console.gcpause import gc_paused
-
 log = logging.getLogger("modelgrid.scheduler")
 CHORE_SECONDS = 10.0
 
@@ -25,7 +23,6 @@ def _chores() -> list[tuple[str, Callable[[datetime], object]]]:
     return [("series", sample), ("alerts", evaluate), ("events", prune)]
 
 
-@gc_paused()  # the series sample: ten points per deployment
 def run_chores(now: datetime | None = None) -> None:
     """Run every chore once (sync, DB)."""
     now = now or timezone.now()

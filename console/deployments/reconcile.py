@@ -38,7 +38,6 @@ from console.errors import Invalid
 from console.events.record import Note, deployment_object, host_object, record, replica_object
 from console.fleet.intake import lapse_leases
 from console.fleet.models import Host
-from console.gcpause import gc_paused
 from console.scheduler import PlanInput, PlannedReplica, Settings, plan
 
 log = logging.getLogger("modelgrid.scheduler")
@@ -450,7 +449,6 @@ def _host_lifecycle(now: datetime, notes: list[Note]) -> bool:
     return True
 
 
-@gc_paused()
 def reconcile_once(fence: Callable[[], None] | None = None) -> PassResult:
     """One pass, committed in one transaction. `fence` runs first inside it: the scheduler leader's check
     that it still leads (it raises to abort the pass, so a deposed leader writes nothing)."""

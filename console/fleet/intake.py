@@ -22,7 +22,6 @@ from console.deployments.models import Replica
 from console.events.record import Note, host_object, record
 from console.fleet.events import replica_notes
 from console.fleet.models import AgentCredential, Gpu, Host
-from console.gcpause import gc_paused
 
 log = logging.getLogger("modelgrid.fleet")
 
@@ -121,7 +120,6 @@ def apply_hosts(items: list[Item]) -> Staged:
     return staged
 
 
-@gc_paused()  # a wave's statuses: a thousand replicas at once
 def apply_readings(items: list[Item], staged: Staged) -> list[Outcome]:
     """The second stage: replicas' observed states (their events and loads), GPU readings and reports' host
     fields; every item's outcome."""
