@@ -26,12 +26,14 @@ from console.deployments.observed import refresh_observations
 from console.deployments.snapshot import (
     DeploymentRow,
     GpuRow,
+    ReplicaRow,
     deployment_rows,
     deployment_spec,
     gpu_names,
     gpu_specs,
     host_specs,
     live_demand,
+    replica_rows,
     replica_specs,
 )
 from console.errors import Invalid
@@ -66,28 +68,6 @@ def fleet_device_kind(gpus: dict[str, GpuRow]) -> str:
     return DeviceKind.CPU if gpus and all(g.simulated for g in gpus.values()) else DeviceKind.CUDA
 
 
-@dataclass(slots=True)
-class ReplicaRow:
-    """A replica row as a pass reads and writes it: plain values of the fields it plans with (like DeploymentRow),
-    its changes written back by key. New rows are model instances."""
-
-    pk: int
-    deployment_id: int
-    index: int
-    last_request_at: datetime | None
-    host_id: int | None
-    desired_state: str
-    reserved_bytes: int
-    reservation: dict
-    reason: str
-    action: str
-    mps_percentage: int | None
-    ready_since: datetime | None
-    observed_state: str
-    measured_bytes: int | None
-    pid: int | None
-
-
 @dataclass
 class _Rows:
     """What a pass reads, once and without per-row queries: every replica row by deployment, each replica's
@@ -102,8 +82,7 @@ class _Rows:
     @classmethod
     def read(cls) -> _Rows:
         by_deployment: dict[int, list[ReplicaRow]] = {}
-        for values in Replica.objects.order_by("deployment_id", "index").values_list(*ReplicaRow.__dataclass_fields__):
-            r = ReplicaRow(*values)
+        for r in replica_rows():
             by_deployment.setdefault(r.deployment_id, []).append(r)
         names = gpu_names()
         gpus_of: dict[int, list[int]] = {}

@@ -66,6 +66,34 @@ def deployment_rows() -> list[DeploymentRow]:
         *DeploymentRow.__dataclass_fields__)]
 
 
+@dataclass(slots=True)
+class ReplicaRow:
+    """A replica row as a pass reads and writes it: plain values of the fields it plans with, like DeploymentRow,
+    its changes written back by key (new rows are model instances)."""
+
+    pk: int
+    deployment_id: int
+    index: int
+    last_request_at: datetime | None
+    host_id: int | None
+    desired_state: str
+    reserved_bytes: int
+    reservation: dict
+    reason: str
+    action: str
+    mps_percentage: int | None
+    ready_since: datetime | None
+    observed_state: str
+    measured_bytes: int | None
+    pid: int | None
+
+
+def replica_rows() -> list[ReplicaRow]:
+    """Every replica row, as a pass reads it, by deployment and index."""
+    return [ReplicaRow(*row) for row in Replica.objects.order_by("deployment_id", "index").values_list(
+        *ReplicaRow.__dataclass_fields__)]
+
+
 def gpu_id(host: str, index: int) -> str:
     """The scheduler's name for a GPU."""
     return f"{host}/{index}"
@@ -83,11 +111,11 @@ def schedulable_hosts():
     return Host.objects.filter(Q(connected=True) | Q(unknown_since__isnull=False, evicted_at=None))
 
 
-def gpu_specs(buffer_bytes: int, replicas: Iterable[Replica], gpus_of: dict[int, list[int]]
+def gpu_specs(buffer_bytes: int, replicas: Iterable[ReplicaRow], gpus_of: dict[int, list[int]]
               ) -> tuple[list[GpuSpec], dict[str, GpuRow]]:
     """Schedulable GPUs, with the memory other processes use on them. `replicas` are every replica row and
     `gpus_of` their GPUs' primary keys (the pass reads both once)."""
-    on_gpu: dict[int, list[Replica]] = {}
+    on_gpu: dict[int, list[ReplicaRow]] = {}
     for r in replicas:
         for g in gpus_of.get(r.pk, ()):
             on_gpu.setdefault(g, []).append(r)
@@ -162,7 +190,7 @@ def deployment_spec(dep: Deployment | DeploymentRow, replica_bytes: int, now: fl
     )
 
 
-def replica_specs(deployments: list[DeploymentRow], rows: dict[int, list[Replica]], gpu_ids: dict[int, list[str]],
+def replica_specs(deployments: list[DeploymentRow], rows: dict[int, list[ReplicaRow]], gpu_ids: dict[int, list[str]],
                   host_names: dict[int, str]) -> tuple[ReplicaSpec, ...]:
     """Replicas that exist: ready ones with their GPUs (the plan moves those whose GPUs are gone or
     full), sleeping ones on their host. Rows without a host are not placed yet. `rows` are each deployment's
