@@ -41,8 +41,12 @@ def update_by_pk(objs: Sequence[Model], fields: Sequence[str]) -> None:
     for an intake tick of 100 statuses, docs/benchmarks.md), where the database's own work is a fraction of that.
     Rows go in the order given: callers sort them by key, as every writer of these rows does."""
     if objs:
-        attnames = [type(objs[0])._meta.get_field(f).attname for f in fields]
-        update_values(type(objs[0]), fields, [(o.pk, *(getattr(o, a) for a in attnames)) for o in objs])
+        _update_objects(type(objs[0]), fields, objs)
+
+
+def _update_objects(model: type[Model], fields: Sequence[str], objs: Sequence) -> None:
+    attnames = [model._meta.get_field(f).attname for f in fields]
+    update_values(model, fields, [(o.pk, *(getattr(o, a) for a in attnames)) for o in objs])
 
 
 def update_values(model: type[Model], fields: Sequence[str], rows: Sequence[tuple]) -> None:
@@ -63,14 +67,14 @@ def update_values(model: type[Model], fields: Sequence[str], rows: Sequence[tupl
 def update_fields_by_pk(model: type[Model], changes: Iterable[tuple[object, Sequence[str]]]) -> None:
     """Write each object's own changed fields (rows of `model`, as instances or plain objects with `pk` and the
     fields' attributes): one statement per set of fields (a pass's rows mostly change the same few), so a thousand
-    rows cost a few statements, not a thousand saves. Rows are written group by group: lock them first
-    (lock_rows) where others write them too."""
+    rows cost a few statements, not a thousand saves. The groups take their rows out of key order, so every row is
+    locked first, in key order (lock_rows)."""
     groups: dict[tuple[str, ...], list] = {}
     for obj, fields in changes:
         groups.setdefault(tuple(sorted(fields)), []).append(obj)
+    lock_rows(model, (o.pk for objs in groups.values() for o in objs))
     for fields, objs in groups.items():
-        attnames = [model._meta.get_field(f).attname for f in fields]
-        update_values(model, fields, [(o.pk, *(getattr(o, a) for a in attnames)) for o in objs])
+        _update_objects(model, fields, objs)
 
 
 def lock_rows(model: type[Model], pks: Iterable[int]) -> None:

@@ -234,8 +234,9 @@ class _Writes:
     dropped: list[ReplicaRow] = field(default_factory=list)  # rows to delete
 
     def write(self) -> None:
-        # The existing rows are locked first, in key order, as intake locks them (console/fleet/intake.py): the
-        # writes below then take them in whatever order suits.
+        # Every existing row written below is locked first, in one sweep in key order as intake locks them
+        # (console/fleet/intake.py), so the writes may take them in any order (update_fields_by_pk's own lock then
+        # finds its rows already held).
         lock_rows(Replica, [r.pk for r, _ in self.changed] + [r.pk for r, _ in self.regpu]
                   + [r.pk for r in self.dropped])
         update_fields_by_pk(Replica, self.changed)

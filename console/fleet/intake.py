@@ -16,7 +16,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from agent.protocol import Ack, GpuInfo, Hello, HostReport, ReplicaStatus
-from console.bulk import lock_rows, update_by_pk, update_fields_by_pk
+from console.bulk import update_by_pk, update_fields_by_pk
 from console.catalog.memory import Load, record_loads
 from console.deployments.models import Replica
 from console.events.record import Note, host_object, record
@@ -347,10 +347,8 @@ def _apply_statuses(items: list[Item], statuses: list[tuple[int, int, ReplicaSta
         if status.state == "ready" and status.measurement is not None:
             loads.append(Load(items[i].host_name, status.replica_id, status.measurement, status.pid))
     if changed:
-        # Only the fields that changed (a wave's statuses change two or three of the ten, seldom the JSON ones),
-        # a statement per set of them, the rows locked first in key order as the pass locks them.
-        lock_rows(Replica, changed)
-        update_fields_by_pk(Replica, [changed[pk] for pk in sorted(changed)])
+        # Only the fields that changed (a wave's statuses change two or three of the ten, seldom the JSON ones).
+        update_fields_by_pk(Replica, changed.values())
     if loads:
         record_loads(loads)
     if transitions:
