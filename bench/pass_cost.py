@@ -2,7 +2,9 @@
 into a fresh database (SQLite file, or a fresh PostgreSQL database with --postgres), every replica placed by
 real passes and then observed ready, then the console's own `reconcile_once` timed:
 
-* steady pass: nothing changed since the last pass (what a settled fleet pays every tick);
+* steady pass: nothing changed since the last pass (what a settled fleet paid every tick before ticks, and what
+  it pays at each resync or due time rule);
+* tick: what the loop runs instead when nothing woke it and nothing is due (leases and evictions only);
 * after a report: one replica's measured bytes changed (what a busy fleet pays every tick);
 * after a host loss: one host evicted, its replicas re-placed.
 
@@ -103,7 +105,7 @@ def build_fleet(tmp: Path, hosts: int, gpus: int, replicas: int) -> None:
     Host.objects.update(last_seen=timezone.now())
 
 
-def time_pass(label: str, runs: int, before=None) -> float:
+def time_pass(label: str, runs: int, before=None, tick: bool = False) -> tuple[float, int]:
     from django.db import connection, reset_queries
     from django.test.utils import CaptureQueriesContext
 
@@ -116,7 +118,7 @@ def time_pass(label: str, runs: int, before=None) -> float:
         reset_queries()
         with CaptureQueriesContext(connection) as ctx:
             began = time.perf_counter()
-            reconcile_once()
+            reconcile_once(tick=tick)
             took.append(time.perf_counter() - began)
         queries = len(ctx.captured_queries)
     say(f"{label}: median {1000 * median(took):.0f} ms over {runs} ({queries} queries in the last)")
@@ -155,6 +157,8 @@ def main() -> None:
                    "fleet": f"{hosts} x {args.gpus_per_host} GPUs", "replicas": f"{replicas:,}"}
             steady, q = time_pass("steady", args.runs)
             row["steady pass"] = f"{1000 * steady:.0f} ms ({q} queries)"
+            tick, q = time_pass("tick", args.runs, tick=True)
+            row["tick (nothing woke it, nothing due)"] = f"{1000 * tick:.0f} ms ({q} queries)"
             report, q = time_pass("after a report", args.runs, before=_one_measurement())
             row["pass after a report"] = f"{1000 * report:.0f} ms ({q} queries)"
             loss, q = time_pass("after a host loss", 1, before=_lose_a_host)

@@ -266,6 +266,10 @@ LOGGING = {
 # Scheduler loop and agent link.
 # A pass runs whenever something changed (a wake-up); this is how often one runs when nothing does.
 MODELGRID_SCHEDULER_INTERVAL = envfloat("MODELGRID_SCHEDULER_INTERVAL", 5.0)
+# Such an unwoken pass plans only when something is due (an idle timeout, a residency, a cooldown ending), while any
+# deployment has traffic, or this long after the last plan (the safety net of a level-triggered loop); otherwise
+# it only checks leases (console/deployments/loop.py).
+MODELGRID_SCHEDULER_RESYNC_SECONDS = envfloat("MODELGRID_SCHEDULER_RESYNC_SECONDS", 60.0)
 MODELGRID_GPU_BUFFER_BYTES = envint("MODELGRID_GPU_BUFFER_BYTES", 0)
 # Placement (console/scheduler, docs/placement.md): the strategy, and the pacing of replica-count changes.
 MODELGRID_STRATEGY = envstr("MODELGRID_STRATEGY", "memory-optimized")

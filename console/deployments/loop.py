@@ -30,14 +30,17 @@ IDLE_REST = 10.0  # with nothing to wake it, a pass comes no sooner than this ma
 RESEND_SECONDS = 10.0  # a host still behind its generation this long after its push is pushed again
 
 
-async def run_pass(fence: Callable[[], None] | None = None, pushed: dict[int, float] | None = None) -> PassResult:
+async def run_pass(fence: Callable[[], None] | None = None, pushed: dict[int, float] | None = None,
+                   tick: bool = False) -> PassResult:
     """One unit of work. `fence` aborts the pass (NotLeader) before it writes. `pushed` (host -> when its
     desired state was last pushed) lets a push that was lost (the channel layer failed it, the link dropped
-    it) be repaired: a host that has not acknowledged its generation RESEND_SECONDS after is pushed again."""
+    it) be repaired: a host that has not acknowledged its generation RESEND_SECONDS after is pushed again. A
+    `tick` plans nothing unless a lease or an eviction changed something (reconcile_once)."""
     began = time.perf_counter()
-    result = await database_sync_to_async(reconcile_once)(fence)
+    result = await database_sync_to_async(reconcile_once)(fence, tick)
     took = time.perf_counter() - began
-    METRICS.pass_seconds.observe(took)
+    if result.planned:
+        METRICS.pass_seconds.observe(took)
     for action in result.actions:
         METRICS.actions.labels(action).inc()
     for tier in result.refused:
@@ -85,8 +88,8 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
     """Passes until `stop` or until this process no longer leads: one as soon as something wakes the scheduler
     (a deployment changed, an agent reported a change: wake_scheduler), one after any pass that changed
     something (to see it through), and one every `interval` seconds regardless (the clock's own events: leases
-    lapsing, idle replicas, demand going stale). Only the leader listens for wake-ups: followers would let them
-    pile up."""
+    lapsing, idle replicas, demand going stale), which plans only when _replan_due says so and is otherwise a tick
+    (leases and evictions). Only the leader listens for wake-ups: followers would let them pile up."""
     layer = get_channel_layer()
     inbox = await subscribe(SCHEDULER_GROUP)
     woken = asyncio.Event()
@@ -94,6 +97,8 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
     listening = asyncio.create_task(_listen(layer, inbox, woken))
     loop = asyncio.get_running_loop()
     ended, rest, cpu = float("-inf"), 0.0, 0.0
+    last_plan: PassResult | None = None  # the last pass that planned, and when (loop time)
+    planned_at = float("-inf")
     chores = asyncio.create_task(_chore_loop(elector, stop))
     try:
         while not stop.is_set():
@@ -105,19 +110,22 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
             await _wait(ended + rest - loop.time(), stop)
             if stop.is_set():
                 break
+            tick = not woken.is_set() and not _replan_due(last_plan, loop.time() - planned_at)
             woken.clear()
             try:
-                result = await run_pass(elector.fence, pushed)
+                result = await run_pass(elector.fence, pushed, tick=tick)
             except NotLeader as e:
                 log.warning("no longer leading the scheduler: %s", e)
                 return
             except Exception:  # one bad pass must not end the loop; the next pass retries
                 log.exception("scheduler pass failed")
-                result = PassResult(changed_hosts=(), changed=False)
+                result, last_plan = PassResult(changed_hosts=(), changed=False, planned=False), None
             # By its CPU time: a pass slowed by a busy process (waiting for the GIL, for rows intake holds) cost
             # the database thread little, and resting for its wall time would only delay the next one.
             ended, cpu = loop.time(), result.cpu_s
             rest = PASS_REST * cpu
+            if result.planned:
+                last_plan, planned_at = result, ended
             if result.changed:
                 woken.set()
     finally:
@@ -126,6 +134,15 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await layer.group_discard(SCHEDULER_GROUP, inbox)
+
+
+def _replan_due(last: PassResult | None, since: float) -> bool:
+    """Whether a pass nothing woke must plan: none has yet, the clock turns one of the planner's rules (an idle
+    timeout, a residency, a cooldown), a deployment has traffic (its figures change without a wake-up: the SLO loop
+    looks at them every interval), or the last plan is MODELGRID_SCHEDULER_RESYNC_SECONDS old (the safety net: a
+    wake-up lost, a row changed behind the console's back). Anything else that changes wakes the scheduler."""
+    return (last is None or last.busy or since >= settings.MODELGRID_SCHEDULER_RESYNC_SECONDS
+            or (last.recheck_at is not None and time.time() >= last.recheck_at))
 
 
 async def _chore_loop(elector: Elector, stop: asyncio.Event) -> None:

@@ -99,8 +99,10 @@ def _p95(ordered: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
 
 
-def write(batch: Batch) -> None:
-    """Apply one flush (sync, DB)."""
+def write(batch: Batch) -> bool:
+    """Apply one flush (sync, DB); True when a deployment this process saw no request for in its last figures has
+    some now: the scheduler, which plans with the figures at every tick only while a deployment has traffic, is
+    woken for it."""
     when = _when(batch.now)
     if batch.replicas_used:
         Replica.objects.filter(pk__in=batch.replicas_used).update(last_request_at=when)
@@ -108,14 +110,18 @@ def write(batch: Batch) -> None:
         Deployment.objects.filter(name__in=batch.deployments_used).update(last_request_at=when)
     for name, n in batch.demand.items():
         Deployment.objects.filter(name=name).update(demand=n, demand_at=when)
+    started = False
     if batch.stats:
         with transaction.atomic():
             for dep in Deployment.objects.select_for_update().filter(name__in=list(batch.stats)):
                 stats = dict(dep.gateway_stats or {})
-                if batch.stats[dep.name]["requests"] == 0 and batch.process not in stats:
+                figures, before = batch.stats[dep.name], stats.get(batch.process)
+                if figures["requests"] == 0 and before is None:
                     continue
-                stats[batch.process] = batch.stats[dep.name]
+                started |= figures["requests"] > 0 and not (before or {}).get("requests")
+                stats[batch.process] = figures
                 Deployment.objects.filter(pk=dep.pk).update(gateway_stats=stats)
+    return started
 
 
 def announce_demand(name: str, waiting: int) -> None:

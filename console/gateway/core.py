@@ -28,7 +28,7 @@ from console.gateway.fleet import DeploymentView, FleetView, ReplicaView, load_f
 from console.gateway.metrics import METRICS, ConsoleMetrics
 from console.gateway.routing import affinity_choice, least_outstanding
 from console.gateway.upstream import Upstream
-from console.realtime.notify import GATEWAY_GROUP, SCHEDULER_GROUP, subscribe
+from console.realtime.notify import GATEWAY_GROUP, SCHEDULER_GROUP, subscribe, wake_scheduler_async
 
 log = logging.getLogger("modelgrid.gateway")
 
@@ -180,7 +180,8 @@ class Gateway:
         demand = {name: len(ws) for name, ws in self.waiters.items()}
         busy = {rid for rid, n in self.outstanding.items() if n}
         batch = self.book.drain(demand, busy, time.time())
-        await own_thread(bookkeeping.write)(batch)
+        if await own_thread(bookkeeping.write)(batch):
+            await wake_scheduler_async()  # traffic began: the scheduler plans with the figures from now on
 
     # --- admission ----------------------------------------------------------------------------------
 

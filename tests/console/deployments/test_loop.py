@@ -87,6 +87,83 @@ async def test_a_push_the_host_never_acknowledged_is_sent_again(model_dir, monke
     assert sent == [[host.pk]] and pushed == {}  # acknowledged: nothing more to repair
 
 
+class Passes:
+    """Every pass the loop runs, as reconcile_once returned it."""
+
+    def __init__(self, monkeypatch) -> None:
+        from console.deployments import loop as scheduler
+
+        self.seen: list = []
+        real = scheduler.reconcile_once
+
+        def spy(fence=None, tick=False):
+            result = real(fence, tick)
+            self.seen.append(result)
+            return result
+
+        monkeypatch.setattr(scheduler, "reconcile_once", spy)
+
+    async def until(self, predicate, seconds: float = 10) -> None:
+        async with asyncio.timeout(seconds):
+            while not predicate(self.seen):
+                await asyncio.sleep(0.02)
+
+
+async def test_a_settled_fleet_ticks_until_the_resync_is_due(model_dir, monkeypatch, settings):
+    settings.MODELGRID_SCHEDULER_RESYNC_SECONDS = 3600
+    await database_sync_to_async(setup_fleet_and_model)(model_dir)
+    await database_sync_to_async(create_deployment)("chat", "tiny")
+    passes = Passes(monkeypatch)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(scheduler_loop(stop, interval=0.05))
+    try:
+        await placed_on_h1()
+        # Nothing wakes it now and no rule of the plan turns by the clock: the passes that follow plan nothing.
+        await passes.until(lambda seen: len(seen) >= 4 and not any(r.planned for r in seen[-3:]))
+        settings.MODELGRID_SCHEDULER_RESYNC_SECONDS = 0.2  # ... until the last plan is this old
+        count = len(passes.seen)
+        await passes.until(lambda seen: any(r.planned for r in seen[count:]))
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 10)
+
+
+async def test_a_deployment_goes_idle_on_time_though_nothing_wakes_the_scheduler(model_dir, settings):
+    settings.MODELGRID_SCHEDULER_RESYNC_SECONDS = 3600  # only the plan's own next change can bring the pass
+    await database_sync_to_async(setup_fleet_and_model)(model_dir)
+    await database_sync_to_async(create_deployment)("chat", "tiny", replicas=1, min_replicas=0, max_replicas=1,
+                                                    idle_timeout_s=2)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(scheduler_loop(stop, interval=0.05))
+    try:
+        await placed_on_h1()
+        async with asyncio.timeout(10):
+            while await database_sync_to_async(Replica.objects.filter(host__name="h1").exists)():
+                await asyncio.sleep(0.05)
+        replica = await database_sync_to_async(Replica.objects.get)()
+        assert "scaled to zero" in replica.reason
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 10)
+
+
+def test_a_pass_says_when_the_clock_changes_its_plan_and_whether_traffic_is_seen(model_dir, db):
+    from django.utils import timezone
+
+    from console.deployments.reconcile import reconcile_once
+
+    setup_fleet_and_model(model_dir)
+    create_deployment("chat", "tiny", replicas=1, min_replicas=0, max_replicas=1, idle_timeout_s=300)
+    first = reconcile_once()
+    assert first.planned and not first.busy
+    created = Replica.objects.get().deployment.created.timestamp()
+    assert first.recheck_at is not None and abs(first.recheck_at - (created + 300)) < 1e-3  # idle from then
+    Host.objects.update(serving={"chat": {"request_rate": 2.0, "p95_ms": 40.0}}, last_seen=timezone.now())
+    assert reconcile_once().busy  # traffic: its figures move without waking the scheduler
+    tick = reconcile_once(tick=True)
+    assert not tick.planned and not tick.changed
+
+
 def test_the_chores_check_for_leadership_without_waiting_for_a_passs_row_lock(db):
     """A pass holds the epoch's row for its whole transaction; the chores' check reads it without a lock."""
     from django.db import connection

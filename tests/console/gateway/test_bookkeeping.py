@@ -30,3 +30,21 @@ def test_callers_that_do_not_say_waited_nothing():
     book.observe("chat", 0.01, 500, now=1000.0)
     chat = figures(book, 1001.0)["chat"]
     assert chat["queue_ms"] == 0.0 and chat["error_rate"] == 1.0
+
+
+def test_the_scheduler_is_woken_when_traffic_begins_not_with_every_figure(db, model_dir):
+    from console.catalog.services import register_model
+    from console.deployments.services import create_deployment
+    from console.gateway.bookkeeping import write
+
+    register_model("tiny", str(model_dir))
+    create_deployment("chat", "tiny")
+    book = Book("console-a:1")
+    assert not write(book.drain({}, set(), 1000.0))  # no request yet: nothing to tell
+    book.observe("chat", 0.01, 200, now=1001.0)
+    assert write(book.drain({}, set(), 1001.0 + STATS_EVERY_S))  # its first requests: the scheduler plans with them
+    book.observe("chat", 0.01, 200, now=1004.0)
+    assert not write(book.drain({}, set(), 1001.0 + 2 * STATS_EVERY_S))  # more of the same: its ticks see them
+    assert not write(book.drain({}, set(), 1000.0 + WINDOW_S + 4 * STATS_EVERY_S))  # the window emptied
+    book.observe("chat", 0.01, 200, now=1000.0 + WINDOW_S + 5 * STATS_EVERY_S)
+    assert write(book.drain({}, set(), 1000.0 + WINDOW_S + 6 * STATS_EVERY_S))  # traffic again
