@@ -17,8 +17,10 @@ created through the REST API. Columns:
   simulated agents know when each replica they run became ready); "not converged" past --timeout.
 * console shows all ready: from the last create to the console's database showing every replica observed ready
   (polled every second, same deadline): the agents' view above plus the console's intake backlog.
-* console CPU: the console process tree over --steady seconds after convergence (or after the timeout),
-  in % of one core; PostgreSQL's backends for its database beside it.
+* every deployment ready: from the last create to every deployment's own state (derived from its replicas' by
+  the scheduler's passes; what GET /api/v1/deployments says) being ready, polled after the column before.
+* console CPU: the console process tree over --steady seconds after convergence (every deployment ready), or
+  after the timeout, in % of one core; PostgreSQL's backends for its database beside it.
 * push -> ack p99 (PostgreSQL only): for each generation the scheduler gives a host, from the moment its
   commit becomes visible to the moment the console has recorded an ack of it. Both moments come from a
   trigger on fleet_host installed in the benchmark's own database (pg_notify, delivered at commit).
@@ -104,9 +106,11 @@ def login(url: str, password: str) -> httpx.Client:
     return client
 
 
-def console_ready(env: dict) -> int:
-    """Replicas the console's database shows as observed ready (what the API and the pages would show)."""
-    query = "SELECT count(*) FROM deployments_replica WHERE observed_state = 'ready'"
+def console_ready(env: dict, table: str = "replica") -> int:
+    """Replicas the console's database shows as observed ready (what the API and the pages would show), or with
+    `table` "deployment" the deployments whose derived state is ready (what GET /api/v1/deployments says)."""
+    query = {"replica": "SELECT count(*) FROM deployments_replica WHERE observed_state = 'ready'",
+             "deployment": "SELECT count(*) FROM deployments_deployment WHERE state = 'ready'"}[table]
     url = env.get("DATABASE_URL", "")
     if url.startswith("postgres"):
         import psycopg
@@ -351,6 +355,14 @@ async def measure(stack, fleet: SimFleet, watch: HostWatch, args, run: Run) -> N
         await asyncio.sleep(1)
     row["console shows all ready"] = (f"{time.monotonic() - last:.1f} s" if converged and seen >= total
                                       else f"no ({seen}/{total})")
+    # ... and then every deployment's own state (derived by the scheduler's passes from its replicas' states).
+    states = 0
+    while converged and seen >= total and time.monotonic() < deadline:
+        if (states := await asyncio.to_thread(console_ready, stack.env, "deployment")) >= deployments:
+            break
+        await asyncio.sleep(1)
+    row["every deployment ready"] = (f"{time.monotonic() - last:.1f} s" if converged and states >= deployments
+                                     else f"no ({states}/{deployments})")
     converge_end = time.monotonic()
     run.phases["creating and converging"] = profile_between(p0, read_profile(run.profile))
     row["all ready after last create"] = (f"{max(ready.values()) - last:.1f} s" if converged

@@ -118,7 +118,7 @@ def time_pass(label: str, runs: int, before=None, tick: bool = False) -> tuple[f
         reset_queries()
         with CaptureQueriesContext(connection) as ctx:
             began = time.perf_counter()
-            reconcile_once(tick=tick)
+            reconcile_once(scope="tick" if tick else "plan")
             took.append(time.perf_counter() - began)
         queries = len(ctx.captured_queries)
     say(f"{label}: median {1000 * median(took):.0f} ms over {runs} ({queries} queries in the last)")

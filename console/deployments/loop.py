@@ -31,13 +31,13 @@ RESEND_SECONDS = 10.0  # a host still behind its generation this long after its 
 
 
 async def run_pass(fence: Callable[[], None] | None = None, pushed: dict[int, float] | None = None,
-                   tick: bool = False) -> PassResult:
+                   scope: str = "plan") -> PassResult:
     """One unit of work. `fence` aborts the pass (NotLeader) before it writes. `pushed` (host -> when its
     desired state was last pushed) lets a push that was lost (the channel layer failed it, the link dropped
-    it) be repaired: a host that has not acknowledged its generation RESEND_SECONDS after is pushed again. A
-    `tick` plans nothing unless a lease or an eviction changed something (reconcile_once)."""
+    it) be repaired: a host that has not acknowledged its generation RESEND_SECONDS after is pushed again. `scope`
+    is reconcile_once's: "tick" and "states" plan nothing unless a lease or an eviction changed something."""
     began = time.perf_counter()
-    result = await database_sync_to_async(reconcile_once)(fence, tick)
+    result = await database_sync_to_async(reconcile_once)(fence, scope)
     took = time.perf_counter() - began
     if result.planned:
         METRICS.pass_seconds.observe(took)
@@ -93,8 +93,9 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
     layer = get_channel_layer()
     inbox = await subscribe(SCHEDULER_GROUP)
     woken = asyncio.Event()
+    restate = asyncio.Event()  # woken for replicas' states alone: the deployments' states follow, nothing to plan
     pushed: dict[int, float] = {}  # host -> when its desired state was last pushed (while not acknowledged)
-    listening = asyncio.create_task(_listen(layer, inbox, woken))
+    listening = asyncio.create_task(_listen(layer, inbox, woken, restate))
     loop = asyncio.get_running_loop()
     ended, rest, cpu = float("-inf"), 0.0, 0.0
     last_plan: PassResult | None = None  # the last pass that planned, and when (loop time)
@@ -103,17 +104,19 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
     try:
         while not stop.is_set():
             # Unwoken, passes use at most a tenth of a core: at 1,000 hosts one costs over a second.
-            await _wait(ended + max(interval, IDLE_REST * cpu) - loop.time(), woken, stop)
+            await _wait(ended + max(interval, IDLE_REST * cpu) - loop.time(), woken, restate, stop)
             # A big fleet's pass takes long: the next begins no sooner than PASS_REST times its CPU time after,
             # so passes use at most a third of a core however many wake-ups arrive meanwhile (they are all
             # answered by that one pass).
             await _wait(ended + rest - loop.time(), stop)
             if stop.is_set():
                 break
-            tick = not woken.is_set() and not _replan_due(last_plan, loop.time() - planned_at)
+            why = "woken" if woken.is_set() else _replan_due(last_plan, loop.time() - planned_at)
+            scope = "plan" if why else "states" if restate.is_set() else "tick"
             woken.clear()
+            restate.clear()
             try:
-                result = await run_pass(elector.fence, pushed, tick=tick)
+                result = await run_pass(elector.fence, pushed, scope=scope)
             except NotLeader as e:
                 log.warning("no longer leading the scheduler: %s", e)
                 return
@@ -126,7 +129,9 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
             rest = PASS_REST * cpu
             if result.planned:
                 last_plan, planned_at = result, ended
-            if result.changed:
+            log.debug("%s: %.3f s of CPU", f"pass ({why or 'a lease or an eviction'})" if result.planned else scope,
+                      cpu)
+            if result.changed and result.planned:  # a pass that changed something: another sees it through
                 woken.set()
     finally:
         for task in (listening, chores):
@@ -136,13 +141,21 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
         await layer.group_discard(SCHEDULER_GROUP, inbox)
 
 
-def _replan_due(last: PassResult | None, since: float) -> bool:
-    """Whether a pass nothing woke must plan: none has yet, the clock turns one of the planner's rules (an idle
-    timeout, a residency, a cooldown), a deployment has traffic (its figures change without a wake-up: the SLO loop
-    looks at them every interval), or the last plan is MODELGRID_SCHEDULER_RESYNC_SECONDS old (the safety net: a
-    wake-up lost, a row changed behind the console's back). Anything else that changes wakes the scheduler."""
-    return (last is None or last.busy or since >= settings.MODELGRID_SCHEDULER_RESYNC_SECONDS
-            or (last.recheck_at is not None and time.time() >= last.recheck_at))
+def _replan_due(last: PassResult | None, since: float) -> str:
+    """Why a pass nothing woke must plan ("" when it need not): none has yet, the clock turns one of the planner's
+    rules (an idle timeout, a residency, a cooldown), a deployment has traffic (its figures change without a
+    wake-up: the SLO loop looks at them every interval), or the last plan is MODELGRID_SCHEDULER_RESYNC_SECONDS old
+    (the safety net: a wake-up lost, a row changed behind the console's back). Anything else that changes wakes
+    the scheduler."""
+    if last is None:
+        return "the first"
+    if last.busy:
+        return "traffic"
+    if since >= settings.MODELGRID_SCHEDULER_RESYNC_SECONDS:
+        return "resync"
+    if last.recheck_at is not None and time.time() >= last.recheck_at:
+        return "a time rule turns"
+    return ""
 
 
 async def _chore_loop(elector: Elector, stop: asyncio.Event) -> None:
@@ -169,10 +182,10 @@ def _fenced_chores(elector: Elector) -> None:
     run_chores()
 
 
-async def _listen(layer, inbox: str, woken: asyncio.Event) -> None:
+async def _listen(layer, inbox: str, woken: asyncio.Event, restate: asyncio.Event) -> None:
     while True:
-        await layer.receive(inbox)
-        woken.set()
+        message = await layer.receive(inbox)
+        (restate if message.get("states") else woken).set()
 
 
 async def _wait(timeout: float, *events: asyncio.Event) -> None:

@@ -61,7 +61,7 @@ class PassResult:
     behind: tuple[int, ...] = ()  # connected hosts that have not acknowledged their current generation
     refused: tuple[str, ...] = ()  # the tier of each replica that became refused a place (scaled to zero is no refusal)
     preempted: tuple[str, ...] = ()  # the tier of each replica this pass preempted
-    planned: bool = True  # False: a tick (leases and evictions only; nothing was planned)
+    planned: bool = True  # False: a tick or a "states" pass (reconcile_once's scope): nothing was planned
     # When planning the same rows again could decide differently by the clock alone (unix time; None: never), and
     # whether any deployment has traffic or requests waiting (its figures move without waking the scheduler).
     recheck_at: float | None = None
@@ -442,11 +442,13 @@ def _host_lifecycle(now: datetime, notes: list[Note]) -> bool:
     return True
 
 
-def reconcile_once(fence: Callable[[], None] | None = None, tick: bool = False) -> PassResult:
+def reconcile_once(fence: Callable[[], None] | None = None, scope: str = "plan") -> PassResult:
     """One pass, committed in one transaction. `fence` runs first inside it: the scheduler leader's check
-    that it still leads (it raises to abort the pass, so a deposed leader writes nothing). A `tick` only lapses
-    leases and evicts hosts, and plans only if that changed something: what the loop runs when nothing woke it
-    and nothing is due (a settled fleet of 10,000 replicas then costs a few queries, not a 2 s pass)."""
+    that it still leads (it raises to abort the pass, so a deposed leader writes nothing). `scope` "plan" plans
+    every deployment; "tick" only lapses leases and evicts hosts, and "states" also derives the deployments' states
+    from their replicas' (what changed when agents reported only replicas' states, which the plan does not read);
+    either plans after all if a lease or an eviction changed something. At 10,000 replicas a tick costs a few
+    queries and a "states" pass a few tenths of a second, where planning costs seconds."""
     global _last_sweep
     began = time.thread_time()
     now = timezone.now()
@@ -463,8 +465,14 @@ def reconcile_once(fence: Callable[[], None] | None = None, tick: bool = False) 
         record(notes, now)
     events = len(notes)
     notes.clear()
-    if tick and not lifecycle:
-        return PassResult(changed_hosts=(), changed=False, planned=False, cpu_s=time.thread_time() - began,
+    if scope != "plan" and not lifecycle:
+        changed = False
+        if scope == "states":
+            with transaction.atomic():
+                if fence is not None:
+                    fence()
+                changed = _refresh_deployment_states()
+        return PassResult(changed_hosts=(), changed=changed, planned=False, cpu_s=time.thread_time() - began,
                           behind=_behind(), events=events)
     with transaction.atomic():
         if fence is not None:

@@ -49,9 +49,9 @@ class Item:
 @dataclass(frozen=True)
 class Outcome:
     error: str | None = None  # why the message was refused (the link hears it); None: applied
-    observed: bool = False  # a replica's observed state changed: gateways and dashboards want to know
+    observed: bool = False  # a replica's observed state changed: deployments' states, gateways and dashboards follow
     ready: bool = False  # a replica's status that may free requests waiting at a gateway
-    news: bool = False  # something the scheduler plans with changed (it is woken for a pass)
+    news: bool = False  # something the scheduler plans with changed (it is woken for a pass that plans)
 
 
 def register_hello(credential: AgentCredential, hello: Hello) -> tuple[Host, int]:
@@ -137,14 +137,26 @@ def apply_readings(items: list[Item], staged: Staged) -> list[Outcome]:
             except Exception as e:
                 log.exception("agent %s: applying its %s failed", items[i].host_name, _kind(items[i].message))
                 outcomes[i] = _failed(items[i], e)
+    credited = _credited_hosts({items[i].host_id for i in observed})
     for i, item in enumerate(items):
         if outcomes[i] is None:
             m = item.message
             ready = i in observed and (isinstance(m, HostReport) or not (m.loaded_bytes and m.state == "loading"))
-            outcomes[i] = Outcome(observed=i in observed, ready=ready, news=i in observed or item.host_id in news)
+            outcomes[i] = Outcome(observed=i in observed, ready=ready,
+                                  news=item.host_id in news or (i in observed and item.host_id in credited))
         elif item.host_id in news:
             outcomes[i] = Outcome(error=outcomes[i].error, news=True)
     return outcomes  # type: ignore[return-value]
+
+
+def _credited_hosts(hosts: set[int]) -> set[int]:
+    """Of these hosts, those whose agent does not say what its own workers hold on a GPU: the plan credits them with
+    what their ready replicas measured (snapshot.gpu_specs), so a replica's state there is something it plans
+    with. Elsewhere the plan reads no replica's observed state: a change is news for the deployments' states alone
+    (and a first measurement's calibration waits for the next pass that plans, at the latest the resync)."""
+    if not hosts:
+        return set()
+    return set(Gpu.objects.filter(host_id__in=hosts, own_bytes__isnull=True).values_list("host_id", flat=True))
 
 
 def _kind(message) -> str:

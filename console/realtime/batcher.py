@@ -94,6 +94,8 @@ class Batcher:
                 future.set_result(outcome)
         if any(o.news for o in outcomes):
             await wake_scheduler_async()  # the scheduler plans with what changed, now rather than at its tick
+        elif any(o.observed for o in outcomes):
+            await wake_scheduler_async(states=True)  # the deployments' states follow their replicas'
         if any(o.ready for o in outcomes):
             await refresh_gateways()  # a replica that became ready takes the requests waiting for it
         if any(o.observed for o in outcomes):

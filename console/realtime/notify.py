@@ -134,14 +134,22 @@ async def _send_dashboard_update() -> None:
 WAKE_INTERVAL = 0.1
 
 
-async def wake_scheduler_async() -> None:
+async def wake_scheduler_async(states: bool = False) -> None:
     """Ask the scheduler leader (in whichever console process) for a pass now instead of at its next tick; at most
-    one such message per WAKE_INTERVAL from this process, the last never lost."""
-    await _throttled("scheduler", WAKE_INTERVAL, _send_wake)
+    one such message per WAKE_INTERVAL from this process, the last never lost. `states`: only replicas' observed
+    states changed, which the plan does not read: the pass need only derive the deployments' states from them."""
+    if states:
+        await _throttled("scheduler-states", WAKE_INTERVAL, _send_states_wake)
+    else:
+        await _throttled("scheduler", WAKE_INTERVAL, _send_wake)
 
 
 async def _send_wake() -> None:
     await _send(SCHEDULER_GROUP, "scheduler.wake")
+
+
+async def _send_states_wake() -> None:
+    await _send(SCHEDULER_GROUP, "scheduler.wake", states=True)
 
 
 def wake_scheduler() -> None:

@@ -96,8 +96,8 @@ class Passes:
         self.seen: list = []
         real = scheduler.reconcile_once
 
-        def spy(fence=None, tick=False):
-            result = real(fence, tick)
+        def spy(fence=None, scope="plan"):
+            result = real(fence, scope)
             self.seen.append(result)
             return result
 
@@ -147,6 +147,38 @@ async def test_a_deployment_goes_idle_on_time_though_nothing_wakes_the_scheduler
         await asyncio.wait_for(loop, 10)
 
 
+async def test_replicas_states_alone_update_their_deployments_without_a_plan(model_dir, monkeypatch, settings):
+    from agent.protocol import ReplicaStatus
+    from console.deployments.models import Deployment
+    from console.fleet.intake import Item
+    from console.realtime.batcher import batcher
+
+    settings.MODELGRID_SCHEDULER_RESYNC_SECONDS = 3600
+    settings.MODELGRID_MIN_RESIDENCY_SECONDS = 0  # no time rule turns after the placement
+    await database_sync_to_async(setup_fleet_and_model)(model_dir)
+    await database_sync_to_async(Gpu.objects.update)(own_bytes=0)  # its agent says what its workers hold
+    await database_sync_to_async(create_deployment)("chat", "tiny")
+    passes = Passes(monkeypatch)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(scheduler_loop(stop, interval=60))
+    try:
+        await placed_on_h1()
+        await passes.until(lambda seen: seen and not seen[-1].changed)  # settled
+        count = len(passes.seen)
+        replica = await database_sync_to_async(Replica.objects.get)()
+        host = await database_sync_to_async(Host.objects.get)(name="h1")
+        outcome = await batcher().submit(Item(host.pk, host.name, ReplicaStatus(replica_id=replica.pk, state="ready",
+                                                                                pid=42)))
+        assert outcome.observed and not outcome.news
+        async with asyncio.timeout(10):
+            while (await database_sync_to_async(Deployment.objects.get)(name="chat")).state != "ready":
+                await asyncio.sleep(0.05)
+        assert passes.seen[count:] and not any(r.planned for r in passes.seen[count:])
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 10)
+
+
 def test_a_pass_says_when_the_clock_changes_its_plan_and_whether_traffic_is_seen(model_dir, db):
     from django.utils import timezone
 
@@ -160,7 +192,7 @@ def test_a_pass_says_when_the_clock_changes_its_plan_and_whether_traffic_is_seen
     assert first.recheck_at is not None and abs(first.recheck_at - (created + 300)) < 1e-3  # idle from then
     Host.objects.update(serving={"chat": {"request_rate": 2.0, "p95_ms": 40.0}}, last_seen=timezone.now())
     assert reconcile_once().busy  # traffic: its figures move without waking the scheduler
-    tick = reconcile_once(tick=True)
+    tick = reconcile_once(scope="tick")
     assert not tick.planned and not tick.changed
 
 

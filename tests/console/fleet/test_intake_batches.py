@@ -270,3 +270,15 @@ def test_statuses_write_only_the_fields_they_change(model):
     assert '"sleep_wake"' not in updates[0] and '"adapter_stats"' not in updates[0]
     assert list(Replica.objects.filter(pk__in=[r.pk for r in replicas]).order_by("pk").values_list(
         "observed_state", "loaded_bytes", "sleep_wake")) == [("loading", 5, {}), ("loading", 7, {"seconds": 1.5})]
+
+
+def test_a_replicas_state_is_news_for_the_plan_only_where_the_plan_reads_it(model):
+    (h, replicas), = fleet(1, model)
+    Gpu.objects.filter(host=h).update(own_bytes=0)  # the agent says what its workers hold on each GPU
+    (outcome,) = apply_batch([Item(h.pk, h.name, ReplicaStatus(replica_id=replicas[0].pk, state="loading"))])
+    assert outcome.observed and not outcome.news  # the deployment's state follows; there is nothing to plan
+    # An agent that does not say: the plan credits it with what its ready replicas measured (snapshot.gpu_specs).
+    Gpu.objects.filter(host=h).update(own_bytes=None)
+    (outcome,) = apply_batch([Item(h.pk, h.name, ReplicaStatus(replica_id=replicas[0].pk, state="ready", pid=7,
+                                                               measured_bytes=GiB))])
+    assert outcome.observed and outcome.news
