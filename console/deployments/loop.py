@@ -20,7 +20,14 @@ from console.dbthreads import own_thread
 from console.deployments.leader import Elector, NotLeader, current_leader
 from console.deployments.reconcile import PassResult, reconcile_once, start_leading
 from console.gateway.metrics import METRICS
-from console.realtime.notify import SCHEDULER_GROUP, push_desired, refresh_dashboards, refresh_gateways, subscribe
+from console.realtime.notify import (
+    SCHEDULER_GROUP,
+    push_desired,
+    refresh_dashboards,
+    refresh_gateways,
+    subscribe,
+    waking_here,
+)
 
 log = logging.getLogger("modelgrid.scheduler")
 PASS_REST = 2.0
@@ -101,44 +108,45 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
     last_plan: PassResult | None = None  # the last pass that planned, and when (loop time)
     planned_at = float("-inf")
     chores = asyncio.create_task(_chore_loop(elector, stop))
-    try:
-        while not stop.is_set():
-            # Unwoken, passes use at most a tenth of a core: at 1,000 hosts one costs over a second.
-            await _wait(ended + max(interval, IDLE_REST * cpu) - loop.time(), woken, restate, stop)
-            # A big fleet's pass takes long: the next begins no sooner than PASS_REST times its CPU time after,
-            # so passes use at most a third of a core however many wake-ups arrive meanwhile (they are all
-            # answered by that one pass).
-            await _wait(ended + rest - loop.time(), stop)
-            if stop.is_set():
-                break
-            why = "woken" if woken.is_set() else _replan_due(last_plan, loop.time() - planned_at)
-            scope = "plan" if why else "states" if restate.is_set() else "tick"
-            woken.clear()
-            restate.clear()
-            try:
-                result = await run_pass(elector.fence, pushed, scope=scope)
-            except NotLeader as e:
-                log.warning("no longer leading the scheduler: %s", e)
-                return
-            except Exception:  # one bad pass must not end the loop; the next pass retries
-                log.exception("scheduler pass failed")
-                result, last_plan = PassResult(changed_hosts=(), changed=False, planned=False), None
-            # By its CPU time: a pass slowed by a busy process (waiting for the GIL, for rows intake holds) cost
-            # the database thread little, and resting for its wall time would only delay the next one.
-            ended, cpu = loop.time(), result.cpu_s
-            rest = PASS_REST * cpu
-            if result.planned:
-                last_plan, planned_at = result, ended
-            log.debug("%s: %.3f s of CPU", f"pass ({why or 'a lease or an eviction'})" if result.planned else scope,
-                      cpu)
-            if result.changed and result.planned:  # a pass that changed something: another sees it through
-                woken.set()
-    finally:
-        for task in (listening, chores):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await layer.group_discard(SCHEDULER_GROUP, inbox)
+    with waking_here(lambda states: (restate if states else woken).set()):  # wake-ups from this process
+        try:
+            while not stop.is_set():
+                # Unwoken, passes use at most a tenth of a core: at 1,000 hosts one costs over a second.
+                await _wait(ended + max(interval, IDLE_REST * cpu) - loop.time(), woken, restate, stop)
+                # A big fleet's pass takes long: the next begins no sooner than PASS_REST times its CPU time after,
+                # so passes use at most a third of a core however many wake-ups arrive meanwhile (they are all
+                # answered by that one pass).
+                await _wait(ended + rest - loop.time(), stop)
+                if stop.is_set():
+                    break
+                why = "woken" if woken.is_set() else _replan_due(last_plan, loop.time() - planned_at)
+                scope = "plan" if why else "states" if restate.is_set() else "tick"
+                woken.clear()
+                restate.clear()
+                try:
+                    result = await run_pass(elector.fence, pushed, scope=scope)
+                except NotLeader as e:
+                    log.warning("no longer leading the scheduler: %s", e)
+                    return
+                except Exception:  # one bad pass must not end the loop; the next pass retries
+                    log.exception("scheduler pass failed")
+                    result, last_plan = PassResult(changed_hosts=(), changed=False, planned=False), None
+                # By its CPU time: a pass slowed by a busy process (waiting for the GIL, for rows intake holds) cost
+                # the database thread little, and resting for its wall time would only delay the next one.
+                ended, cpu = loop.time(), result.cpu_s
+                rest = PASS_REST * cpu
+                if result.planned:
+                    last_plan, planned_at = result, ended
+                log.debug("%s: %.3f s of CPU", f"pass ({why or 'a lease or an eviction'})" if result.planned else scope,
+                          cpu)
+                if result.changed and result.planned:  # a pass that changed something: another sees it through
+                    woken.set()
+        finally:
+            for task in (listening, chores):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await layer.group_discard(SCHEDULER_GROUP, inbox)
 
 
 def _replan_due(last: PassResult | None, since: float) -> str:

@@ -28,7 +28,7 @@ from console.gateway.fleet import DeploymentView, FleetView, ReplicaView, load_f
 from console.gateway.metrics import METRICS, ConsoleMetrics
 from console.gateway.routing import affinity_choice, least_outstanding
 from console.gateway.upstream import Upstream
-from console.realtime.notify import GATEWAY_GROUP, SCHEDULER_GROUP, subscribe, wake_scheduler_async
+from console.realtime.notify import GATEWAY_GROUP, subscribe, wake_scheduler_async
 
 log = logging.getLogger("modelgrid.gateway")
 
@@ -271,9 +271,7 @@ class Gateway:
         try:
             await own_thread(bookkeeping.announce_demand)(name, len(self.waiters.get(name, ())) or 1)
             self._demand_written[name] = time.monotonic()
-            layer = get_channel_layer()
-            if layer is not None:
-                await layer.group_send(SCHEDULER_GROUP, {"type": "scheduler.wake"})
+            await wake_scheduler_async()
         except Exception:
             log.exception("gateway: cannot announce demand for %s", name)
 

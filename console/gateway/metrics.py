@@ -40,7 +40,7 @@ class ConsoleMetrics:
         self.demand_waits = Histogram("modelgrid_gateway_demand_wait_seconds", "Waits for a replica to be "
                                       "woken or loaded on demand, by how they ended", ("deployment", "outcome"),
                                       buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.pass_seconds = Histogram("modelgrid_scheduler_pass_seconds", "Duration of one scheduler pass",
+        self.pass_seconds = Histogram("modelgrid_scheduler_pass_seconds", "Duration of one scheduler pass that planned",
                                       buckets=LATENCY_BUCKETS, registry=self.registry)
         self.actions = Counter("modelgrid_scheduler_actions", "Scheduler decisions that changed a replica "
                                "(place, move, wake, preempt, sleep, stop)", ("action",), registry=self.registry)

@@ -7,7 +7,9 @@ told is repaired by the next scheduler pass, dashboard refresh or agent reconnec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Callable, Iterator
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -145,11 +147,36 @@ async def wake_scheduler_async(states: bool = False) -> None:
 
 
 async def _send_wake() -> None:
-    await _send(SCHEDULER_GROUP, "scheduler.wake")
+    await _wake(states=False)
 
 
 async def _send_states_wake() -> None:
-    await _send(SCHEDULER_GROUP, "scheduler.wake", states=True)
+    await _wake(states=True)
+
+
+_scheduler_here: dict[asyncio.AbstractEventLoop, list[Callable[[bool], None]]] = {}
+
+
+@contextlib.contextmanager
+def waking_here(wake: Callable[[bool], None]) -> Iterator[None]:
+    """While the scheduler leads on this event loop, wake-ups from this process call `wake(states)` directly: the
+    channel layer can lose one (Redis restarting), and then only the leader's resync would notice the change."""
+    here = for_this_loop(_scheduler_here, list)
+    here.append(wake)
+    try:
+        yield
+    finally:
+        here.remove(wake)
+
+
+async def _wake(states: bool) -> None:
+    here = for_this_loop(_scheduler_here, list)
+    if here:
+        here[-1](states)
+    elif states:
+        await _send(SCHEDULER_GROUP, "scheduler.wake", states=True)
+    else:
+        await _send(SCHEDULER_GROUP, "scheduler.wake")
 
 
 def wake_scheduler() -> None:

@@ -37,6 +37,30 @@ async def test_a_new_deployment_wakes_the_loop_instead_of_waiting_for_the_next_t
         await asyncio.wait_for(loop, 10)
 
 
+async def test_a_wake_up_from_the_leaders_own_process_needs_no_channel_layer(model_dir, monkeypatch, settings):
+    # Redis restarting loses channel-layer messages: a change made in the leader's own process still wakes it.
+    from console.realtime import notify
+
+    lost = []
+
+    async def lossy(group, event, **fields):
+        lost.append(event)
+
+    monkeypatch.setattr(notify, "_send", lossy)
+    settings.MODELGRID_SCHEDULER_RESYNC_SECONDS = 3600
+    await database_sync_to_async(setup_fleet_and_model)(model_dir)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(scheduler_loop(stop, interval=60))
+    try:
+        await asyncio.sleep(0.3)  # the first pass has run; the loop now waits
+        await database_sync_to_async(create_deployment)("chat", "tiny")
+        await placed_on_h1()
+        assert "scheduler.wake" not in lost
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 10)
+
+
 async def test_an_agents_report_that_frees_memory_wakes_the_loop(model_dir):
     from agent.protocol import GpuInfo, HostReport
     from console.fleet.intake import Item
