@@ -139,7 +139,7 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
                     last_plan, planned_at = result, ended
                 log.debug("%s: %.3f s of CPU", f"pass ({why or 'a lease or an eviction'})" if result.planned else scope,
                           cpu)
-                if result.changed and result.planned:  # a pass that changed something: another sees it through
+                if result.replanned:  # a pass that changed what it plans with or placed: another sees it through
                     woken.set()
         finally:
             for task in (listening, chores):

@@ -53,6 +53,9 @@ DESIRED_SWEEP_SECONDS = 60.0
 class PassResult:
     changed_hosts: tuple[int, ...]  # host ids whose desired state got a new generation
     changed: bool  # anything at all changed (replicas created, placed, states)
+    # The plan's own inputs or outcome changed (replicas, hosts, observations, not just deployments' derived
+    # states): another pass should see it through. Deployments' states are no input of the plan.
+    replanned: bool = False
     actions: tuple[str, ...] = ()  # the scheduler's actions that changed a replica (place, wake, ...)
     events: int = 0  # events this pass appended to the timeline
     # Per changed host, its new generation and desired replicas, for the push to send as they are.
@@ -477,10 +480,10 @@ def reconcile_once(fence: Callable[[], None] | None = None, scope: str = "plan")
     with transaction.atomic():
         if fence is not None:
             fence()
-        changed = lifecycle | refresh_observations(now)
+        observed = refresh_observations(now)  # the plan reads the figures it folds in
         planned = _plan_and_apply(now, actions, touched, setbacks, notes)
-        changed |= planned.changed
-        changed |= _refresh_deployment_states()
+        replanned = lifecycle | observed | planned.changed
+        changed = replanned | _refresh_deployment_states()
         # The pass's events before the host rows below, which intake's acks and leases wait for until this
         # commits. (No lock order can cross there: the event rows a pass folds into are its own, since a fold
         # matches the actor, and intake's are the agents'.)
@@ -493,8 +496,9 @@ def reconcile_once(fence: Callable[[], None] | None = None, scope: str = "plan")
         hosts = tuple(states)
     if sweep:
         _last_sweep = time.monotonic()
-    return PassResult(changed_hosts=hosts, changed=changed or bool(hosts), actions=tuple(actions),
-                      cpu_s=time.thread_time() - began, behind=_behind(), events=events, states=states,
+    return PassResult(changed_hosts=hosts, changed=changed or bool(hosts), replanned=replanned or bool(hosts),
+                      actions=tuple(actions), cpu_s=time.thread_time() - began, behind=_behind(), events=events,
+                      states=states,
                       refused=tuple(t for a, t in setbacks if a == "refuse"),
                       preempted=tuple(t for a, t in setbacks if a == "preempt"),
                       recheck_at=planned.recheck_at, busy=planned.busy)

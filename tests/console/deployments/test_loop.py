@@ -238,3 +238,17 @@ def test_the_chores_check_for_leadership_without_waiting_for_a_passs_row_lock(db
             elector.check()
     finally:
         elector.step_down()
+
+
+def test_a_pass_that_only_derived_deployments_states_asks_for_no_other(model_dir, db):
+    from console.deployments.reconcile import reconcile_once
+
+    setup_fleet_and_model(model_dir)
+    create_deployment("chat", "tiny")
+    assert reconcile_once().replanned  # placed: the next pass sees it through
+    for _ in range(3):
+        if not reconcile_once().replanned:
+            break
+    Replica.objects.update(observed_state="ready", pid=42)  # as an agent's report would
+    result = reconcile_once()
+    assert result.changed and not result.replanned  # the deployment is ready now; its plan is the same
