@@ -1,7 +1,10 @@
 from django.contrib import admin
+from django.db import transaction
 
 from console.deployments.models import Deployment, Replica
 from console.events.admin import AuditedAdmin
+from console.fleet.models import Host
+from console.realtime.notify import wake_scheduler
 
 
 class ReplicaInline(admin.TabularInline):
@@ -19,6 +22,30 @@ class DeploymentAdmin(AuditedAdmin):
 
     def audit_object(self, obj):
         return f"deployment/{obj.name}", obj.name
+
+    # As the API's changes do: the hosts running it get their desired state rebuilt, and the scheduler is woken
+    # (unwoken passes plan only when something is due: an edit here would otherwise wait for the resync).
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        self._replan([obj])
+
+    def delete_model(self, request, obj):
+        hosts = self._hosts([obj])
+        super().delete_model(request, obj)
+        self._replan([], hosts)
+
+    def delete_queryset(self, request, queryset):
+        hosts = self._hosts(queryset)
+        super().delete_queryset(request, queryset)
+        self._replan([], hosts)
+
+    @staticmethod
+    def _hosts(deployments) -> list[int]:
+        return list(Host.objects.filter(replicas__deployment__in=list(deployments)).values_list("pk", flat=True))
+
+    def _replan(self, deployments, hosts=()) -> None:
+        Host.objects.filter(pk__in=[*hosts, *self._hosts(deployments)]).update(desired_digest="")
+        transaction.on_commit(wake_scheduler)
 
 
 @admin.register(Replica)

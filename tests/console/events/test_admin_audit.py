@@ -40,3 +40,25 @@ def test_a_save_that_changed_nothing_tells_nothing_and_a_delete_does(model, requ
     assert not Event.objects.filter(reason="Changed").exists()
     registered.delete_model(request_by_root, dep)
     assert Event.objects.get(reason="Deleted", actor="user root (admin)").object == "deployment/chat"
+
+
+def test_an_admin_edit_wakes_the_scheduler_and_rebuilds_its_hosts_desired_states(model, request_by_root,
+                                                                                   monkeypatch, host):
+    from console.deployments import admin as deployments_admin
+    from console.deployments.models import Replica
+
+    woken = []
+    monkeypatch.setattr(deployments_admin, "wake_scheduler", lambda: woken.append(1))
+    dep = create_deployment("chat", "tiny")
+    Replica.objects.create(deployment=dep, index=0, host=host)
+    type(host).objects.filter(pk=host.pk).update(desired_digest="x")
+    dep.max_batch_size = 64
+    form = SimpleNamespace(changed_data=["max_batch_size"], initial={"max_batch_size": 8},
+                           cleaned_data={"max_batch_size": 64})
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr("django.db.transaction.on_commit", lambda fn, *a, **k: fn())
+        admin.site._registry[Deployment].save_model(request_by_root, dep, form, change=True)
+        assert woken and type(host).objects.get(pk=host.pk).desired_digest == ""
+        type(host).objects.filter(pk=host.pk).update(desired_digest="x")
+        admin.site._registry[Deployment].delete_model(request_by_root, dep)
+    assert len(woken) == 2 and type(host).objects.get(pk=host.pk).desired_digest == ""
