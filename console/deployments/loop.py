@@ -18,7 +18,7 @@ from console.alerts.webhooks import deliver
 from console.chores import CHORE_SECONDS, run_chores
 from console.dbthreads import own_thread
 from console.deployments.leader import Elector, NotLeader, current_leader
-from console.deployments.reconcile import PassResult, reconcile_once, start_leading
+from console.deployments.reconcile import PassResult, Scope, reconcile_once, start_leading
 from console.gateway.metrics import METRICS
 from console.realtime.notify import (
     SCHEDULER_GROUP,
@@ -38,7 +38,7 @@ RESEND_SECONDS = 10.0  # a host still behind its generation this long after its 
 
 
 async def run_pass(fence: Callable[[], None] | None = None, pushed: dict[int, float] | None = None,
-                   scope: str = "plan") -> PassResult:
+                   scope: Scope = "plan") -> PassResult:
     """One unit of work. `fence` aborts the pass (NotLeader) before it writes. `pushed` (host -> when its
     desired state was last pushed) lets a push that was lost (the channel layer failed it, the link dropped
     it) be repaired: a host that has not acknowledged its generation RESEND_SECONDS after is pushed again. `scope`
@@ -120,7 +120,7 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
                 if stop.is_set():
                     break
                 why = "woken" if woken.is_set() else _replan_due(last_plan, loop.time() - planned_at)
-                scope = "plan" if why else "states" if restate.is_set() else "tick"
+                scope: Scope = "plan" if why else "states" if restate.is_set() else "tick"
                 woken.clear()
                 restate.clear()
                 try:

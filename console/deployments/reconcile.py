@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from django.conf import settings
 from django.db import transaction
@@ -44,6 +44,7 @@ from console.scheduler import PlanInput, PlannedReplica, Settings, plan
 from console.scheduler.horizon import next_change
 
 log = logging.getLogger("modelgrid.scheduler")
+Scope = Literal["plan", "states", "tick"]  # what a pass does: reconcile_once
 # Every host's desired state is rebuilt this often besides those a pass changed (at 1,000 hosts a rebuild of all
 # costs about as much as a pass).
 DESIRED_SWEEP_SECONDS = 60.0
@@ -445,7 +446,7 @@ def _host_lifecycle(now: datetime, notes: list[Note]) -> bool:
     return True
 
 
-def reconcile_once(fence: Callable[[], None] | None = None, scope: str = "plan") -> PassResult:
+def reconcile_once(fence: Callable[[], None] | None = None, scope: Scope = "plan") -> PassResult:
     """One pass, committed in one transaction. `fence` runs first inside it: the scheduler leader's check
     that it still leads (it raises to abort the pass, so a deposed leader writes nothing). `scope` "plan" plans
     every deployment; "tick" only lapses leases and evicts hosts, and "states" also derives the deployments' states
