@@ -1,4 +1,5 @@
 import asyncio
+import contextlib
 
 import pytest
 from channels.db import database_sync_to_async
@@ -18,6 +19,18 @@ def setup_fleet_and_model(model_dir):
     register_model("tiny", str(model_dir))
 
 
+@contextlib.asynccontextmanager
+async def scheduler_running(interval: float):
+    """The scheduler loop running on this event loop for the block, stopped after it."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(scheduler_loop(stop, interval=interval))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
 async def placed_on_h1() -> None:
     async with asyncio.timeout(10):
         while not await database_sync_to_async(Replica.objects.filter(host__name="h1").exists)():
@@ -26,15 +39,10 @@ async def placed_on_h1() -> None:
 
 async def test_a_new_deployment_wakes_the_loop_instead_of_waiting_for_the_next_tick(model_dir):
     await database_sync_to_async(setup_fleet_and_model)(model_dir)
-    stop = asyncio.Event()
-    loop = asyncio.create_task(scheduler_loop(stop, interval=60))  # a tick would come far too late
-    try:
+    async with scheduler_running(interval=60):  # a tick would come far too late
         await asyncio.sleep(0.3)  # the first pass has run; the loop now waits
         await database_sync_to_async(create_deployment)("chat", "tiny")
         await placed_on_h1()
-    finally:
-        stop.set()
-        await asyncio.wait_for(loop, 10)
 
 
 async def test_a_wake_up_from_the_leaders_own_process_needs_no_channel_layer(model_dir, monkeypatch, settings):
@@ -49,16 +57,11 @@ async def test_a_wake_up_from_the_leaders_own_process_needs_no_channel_layer(mod
     monkeypatch.setattr(notify, "_send", lossy)
     settings.MODELGRID_SCHEDULER_RESYNC_SECONDS = 3600
     await database_sync_to_async(setup_fleet_and_model)(model_dir)
-    stop = asyncio.Event()
-    loop = asyncio.create_task(scheduler_loop(stop, interval=60))
-    try:
+    async with scheduler_running(interval=60):
         await asyncio.sleep(0.3)  # the first pass has run; the loop now waits
         await database_sync_to_async(create_deployment)("chat", "tiny")
         await placed_on_h1()
         assert "scheduler.wake" not in lost
-    finally:
-        stop.set()
-        await asyncio.wait_for(loop, 10)
 
 
 async def test_an_agents_report_that_frees_memory_wakes_the_loop(model_dir):
@@ -71,18 +74,13 @@ async def test_an_agents_report_that_frees_memory_wakes_the_loop(model_dir):
     await database_sync_to_async(Gpu.objects.filter(index=0).update)(used_bytes=1 << 34)
     await database_sync_to_async(create_deployment)("chat", "tiny")
     host = await database_sync_to_async(Host.objects.get)(name="h1")
-    stop = asyncio.Event()
-    loop = asyncio.create_task(scheduler_loop(stop, interval=60))  # a tick would come far too late
-    try:
+    async with scheduler_running(interval=60):  # a tick would come far too late
         await asyncio.sleep(0.5)  # the first pass found no room; the loop now waits
         assert not await database_sync_to_async(Replica.objects.filter(host__name="h1").exists)()
         freed = GpuInfo(index=0, uuid="SIM-0", name="sim", total_bytes=1 << 34, used_bytes=0, simulated=True)
         outcome = await batcher().submit(Item(host.pk, host.name, HostReport(gpus=[freed])))
         assert outcome.news
         await placed_on_h1()
-    finally:
-        stop.set()
-        await asyncio.wait_for(loop, 10)
 
 
 async def test_a_push_the_host_never_acknowledged_is_sent_again(model_dir, monkeypatch):
@@ -138,18 +136,13 @@ async def test_a_settled_fleet_ticks_until_the_resync_is_due(model_dir, monkeypa
     await database_sync_to_async(setup_fleet_and_model)(model_dir)
     await database_sync_to_async(create_deployment)("chat", "tiny")
     passes = Passes(monkeypatch)
-    stop = asyncio.Event()
-    loop = asyncio.create_task(scheduler_loop(stop, interval=0.05))
-    try:
+    async with scheduler_running(interval=0.05):
         await placed_on_h1()
         # Nothing wakes it now and no rule of the plan turns by the clock: the passes that follow plan nothing.
         await passes.until(lambda seen: len(seen) >= 4 and not any(r.planned for r in seen[-3:]))
         settings.MODELGRID_SCHEDULER_RESYNC_SECONDS = 0.2  # ... until the last plan is this old
         count = len(passes.seen)
         await passes.until(lambda seen: any(r.planned for r in seen[count:]))
-    finally:
-        stop.set()
-        await asyncio.wait_for(loop, 10)
 
 
 async def test_a_deployment_goes_idle_on_time_though_nothing_wakes_the_scheduler(model_dir, settings):
@@ -157,18 +150,13 @@ async def test_a_deployment_goes_idle_on_time_though_nothing_wakes_the_scheduler
     await database_sync_to_async(setup_fleet_and_model)(model_dir)
     await database_sync_to_async(create_deployment)("chat", "tiny", replicas=1, min_replicas=0, max_replicas=1,
                                                     idle_timeout_s=2)
-    stop = asyncio.Event()
-    loop = asyncio.create_task(scheduler_loop(stop, interval=0.05))
-    try:
+    async with scheduler_running(interval=0.05):
         await placed_on_h1()
         async with asyncio.timeout(10):
             while await database_sync_to_async(Replica.objects.filter(host__name="h1").exists)():
                 await asyncio.sleep(0.05)
         replica = await database_sync_to_async(Replica.objects.get)()
         assert "scaled to zero" in replica.reason
-    finally:
-        stop.set()
-        await asyncio.wait_for(loop, 10)
 
 
 async def test_replicas_states_alone_update_their_deployments_without_a_plan(model_dir, monkeypatch, settings):
@@ -183,9 +171,7 @@ async def test_replicas_states_alone_update_their_deployments_without_a_plan(mod
     await database_sync_to_async(Gpu.objects.update)(own_bytes=0)  # its agent says what its workers hold
     await database_sync_to_async(create_deployment)("chat", "tiny")
     passes = Passes(monkeypatch)
-    stop = asyncio.Event()
-    loop = asyncio.create_task(scheduler_loop(stop, interval=60))
-    try:
+    async with scheduler_running(interval=60):
         await placed_on_h1()
         await passes.until(lambda seen: seen and not seen[-1].changed)  # settled
         count = len(passes.seen)
@@ -198,9 +184,6 @@ async def test_replicas_states_alone_update_their_deployments_without_a_plan(mod
             while (await database_sync_to_async(Deployment.objects.get)(name="chat")).state != "ready":
                 await asyncio.sleep(0.05)
         assert passes.seen[count:] and not any(r.planned for r in passes.seen[count:])
-    finally:
-        stop.set()
-        await asyncio.wait_for(loop, 10)
 
 
 def test_a_pass_says_when_the_clock_changes_its_plan_and_whether_traffic_is_seen(model_dir, db):
