@@ -287,7 +287,8 @@ MODELGRID_EVICTION_SECONDS = _at_least("MODELGRID_EVICTION_SECONDS", envfloat("M
 MODELGRID_EVICTION_RATE = _at_least("MODELGRID_EVICTION_RATE", envfloat("MODELGRID_EVICTION_RATE", 0.1), 0.0)
 MODELGRID_RECONNECT_GRACE_SECONDS = _at_least("MODELGRID_RECONNECT_GRACE_SECONDS",
                                               envfloat("MODELGRID_RECONNECT_GRACE_SECONDS", 30.0), 0.0)
-# Agent messages are applied in batches: one transaction per tick for every link of this console process.
+# Agent messages are applied in batches: one transaction per tick for every link of this console process (an ack
+# brings its batch forward at once: the push it answers is waiting for it).
 MODELGRID_INTAKE_TICK_SECONDS = envfloat("MODELGRID_INTAKE_TICK_SECONDS", 0.02)
 # A quiet report (nothing changed: it only renews a lease) may wait this long for its batch.
 MODELGRID_INTAKE_QUIET_TICK_SECONDS = envfloat("MODELGRID_INTAKE_QUIET_TICK_SECONDS", 0.25)

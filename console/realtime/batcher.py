@@ -15,7 +15,7 @@ import math
 
 from django.conf import settings
 
-from agent.protocol import HostReport
+from agent.protocol import Ack, HostReport
 from console.dbthreads import own_thread
 from console.fleet import intake
 from console.realtime.notify import refresh_dashboards, refresh_gateways, wake_scheduler_async
@@ -42,11 +42,13 @@ class Batcher:
 
     def enqueue(self, item: intake.Item) -> asyncio.Future:
         """Hand `item` over; the future gets its outcome once its batch is committed. A quiet report waits up to
-        the quiet tick (a thousand quiet hosts then cost a few transactions a second, not fifty); any other
-        message at most the tick, and takes the quiet ones waiting with it."""
+        the quiet tick (a thousand quiet hosts then cost a few transactions a second, not fifty); an ack none (a push
+        waits for it, and what comes while a batch is being applied gathers for the next anyway); any other message
+        at most the tick. Each takes the messages waiting before it with it."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        due = loop.time() + (self.quiet_tick if quiet(item.message) else self.tick)
+        due = loop.time() + (0.0 if isinstance(item.message, Ack) else
+                             self.quiet_tick if quiet(item.message) else self.tick)
         if due < self._due:
             self._due = due
             self._sooner.set()

@@ -83,3 +83,17 @@ async def test_the_next_ticks_hosts_stage_does_not_wait_for_the_last_ticks_repli
     async with asyncio.timeout(5):
         await asyncio.gather(report, ack)
     assert log == [("hosts", ["report"]), ("hosts", ["ack"]), ("replicas", ["report"]), ("replicas", ["ack"])]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_ack_is_applied_at_once_and_takes_what_waits_with_it(applied):
+    """A push's sender waits for the ack, so it does not wait for a tick: its batch is due as it comes (what
+    arrives while a batch is being applied gathers for the next anyway), in arrival order."""
+    batcher = Batcher(tick=30, quiet_tick=30)
+    report = batcher.enqueue(intake.Item(1, "a", HostReport(gpus=[])))
+    await asyncio.sleep(0.2)
+    assert applied == [] and not report.done()  # a report waits for its tick
+    ack = batcher.enqueue(intake.Item(1, "a", Ack(generation=1)))
+    async with asyncio.timeout(5):  # far sooner than either tick
+        await asyncio.gather(report, ack)
+    assert applied == [["HostReport", "Ack"]]
