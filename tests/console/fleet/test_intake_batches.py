@@ -7,6 +7,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agent.protocol import Ack, GpuInfo, HostReport, ReplicaStatus
+from console.deployments.desired import bump_generations
 from console.deployments.models import Deployment, Replica
 from console.deployments.reconcile import reconcile_once
 from console.fleet.intake import Item, apply_batch, apply_hosts, apply_readings
@@ -229,6 +230,47 @@ def test_a_pass_gives_hosts_new_generations_in_statements_that_do_not_grow_with_
         assert sorted(r["id"] for r in desired) == sorted(r.pk for r in replicas)
         assert HostDesired.objects.get(host=h).replicas == desired
     assert bump_generations([h.pk for h, _ in many]) == {}  # rebuilt and unchanged: no new generation
+
+
+def test_a_bump_writes_the_host_rows_last(model):
+    """From their UPDATE until the pass commits, the bumped host rows are locked and intake's leases and acks wait:
+    nothing is written after them (storing what is pushed came after them, and held 1,000 hosts' rows longer)."""
+    hosts = fleet(3, model)
+    _, _ = bump_queries(hosts)
+    Host.objects.filter(pk__in=[h.pk for h, _ in hosts]).update(desired_digest="")
+    with CaptureQueriesContext(connection) as ctx:
+        assert len(bump_generations([h.pk for h, _ in hosts])) == 3
+    writes = [q for q in logged(ctx.captured_queries) if not q.startswith("SELECT")]
+    assert writes[-1].startswith('UPDATE "fleet_host"') and "generation" in writes[-1]
+    assert any(q.startswith('INSERT INTO "fleet_hostdesired"') for q in writes[:-1])
+
+
+def test_a_host_marked_stale_while_a_pass_builds_it_is_left_for_the_next_pass(model, monkeypatch):
+    """A deployment edited between a pass's read of a host and its bump marks the host stale: the pass gives it no
+    generation, and the host stays stale, so the next pass rebuilds it from the edit."""
+    from console.deployments import desired
+    from console.fleet.models import HostDesired
+
+    hosts = fleet(2, model)
+    bump_generations(None)
+    (edited, _), (other, _) = hosts
+    Host.objects.filter(pk__in=[edited.pk, other.pk]).update(desired_digest="")
+    build = desired.desired_rows_by_host
+
+    def build_then_edit(host_ids):
+        rows = build(host_ids)
+        Host.objects.filter(pk=edited.pk).update(desired_digest="")  # mark_stale, committed by the edit meanwhile
+        return {pk: [r | {"max_batch_size": 99} for r in rs] for pk, rs in rows.items()}  # a state to push
+
+    monkeypatch.setattr(desired, "desired_rows_by_host", build_then_edit)
+    Host.objects.filter(pk=edited.pk).update(desired_digest="before")
+    states = bump_generations([edited.pk, other.pk])
+    assert sorted(states) == [other.pk]
+    edited.refresh_from_db()
+    assert edited.desired_digest == "" and edited.generation == 1  # stale: the next pass bumps it
+    assert HostDesired.objects.get(host=other).replicas == states[other.pk][1]
+    monkeypatch.setattr(desired, "desired_rows_by_host", build)
+    assert edited.pk in bump_generations([])  # stale hosts are rebuilt whatever the pass touched
 
 
 def test_a_status_that_cannot_be_applied_costs_only_its_own_message(model, monkeypatch):
