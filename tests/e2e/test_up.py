@@ -114,8 +114,13 @@ def test_register_deploy_infer_delete_and_stop(tiny_llama, tmp_path):
         assert stack.worker_pids("other") == other
         wait_for(lambda: all(r["deployment"] != "chat" for g in api.get("/hosts").json()[0]["gpus"]
                              for r in g["replicas"]), timeout=15, what="chat to leave the GPU bar")
-        gpus = api.get("/hosts").json()[0]["gpus"]
-        assert sum(g["used_bytes"] for g in gpus) == sum(r["measured_bytes"] for g in gpus for r in g["replicas"])
+        # The bar's rows go with the delete; the GPU reading follows in the agent's report once the worker has
+        # exited, so it is waited for (a busy machine can read /hosts between the two).
+        def reading_follows() -> bool:
+            gpus = api.get("/hosts").json()[0]["gpus"]
+            return sum(g["used_bytes"] for g in gpus) == sum(r["measured_bytes"] for g in gpus for r in g["replicas"])
+
+        wait_for(reading_follows, timeout=15, what="the GPU reading to drop chat's bytes")
         r = stack.gateway().get("/v2/models/chat/ready")
         assert r.status_code == 404
 
