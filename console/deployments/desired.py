@@ -140,7 +140,7 @@ def bump_generations(host_ids=None) -> dict[int, tuple[int, list[dict]]]:
                            [(digest, host.generation + 1, host.pk, host.desired_digest) for host, digest, _ in bumps])
     written = set(Host.objects.filter(pk__in=[host.pk for host, _, _ in bumps])
               .values_list("pk", "desired_digest", "generation"))
-    lost = [host.pk for host, digest, _ in bumps if (host.pk, digest, host.generation + 1) not in written]
+    lost = {host.pk for host, digest, _ in bumps if (host.pk, digest, host.generation + 1) not in written}
     if lost:
         # Marked stale meanwhile (a deployment changed), or bumped by another pass: the state stored above may
         # not be what their generation says, so they are marked stale and the next pass gives them a new one.
