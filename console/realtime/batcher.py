@@ -16,12 +16,16 @@ import math
 from django.conf import settings
 
 from agent.protocol import Ack, HostReport
-from console.dbthreads import own_thread
+from console.dbthreads import dedicated_thread, own_thread
 from console.fleet import intake
 from console.realtime.notify import refresh_dashboards, refresh_gateways, wake_scheduler_async
 from console.realtime.perloop import for_this_loop
 
 log = logging.getLogger("modelgrid.realtime")
+# Each stage's batches run one after another, on a thread of its own (PostgreSQL): an ack must not wait for a free
+# thread behind other work (console/dbthreads.py).
+_HOSTS_THREAD = dedicated_thread("intake-hosts")
+_READINGS_THREAD = dedicated_thread("intake-readings")
 
 
 def quiet(message) -> bool:
@@ -73,7 +77,7 @@ class Batcher:
             batch, self._pending, self._due = self._pending, [], math.inf
             try:
                 # Its own thread (PostgreSQL): a batch never waits for a scheduler pass to finish its turn.
-                staged = await own_thread(intake.apply_hosts)([item for item, _ in batch])
+                staged = await own_thread(intake.apply_hosts, _HOSTS_THREAD)([item for item, _ in batch])
             except Exception as e:  # not even retried one by one (the database is gone, say)
                 self._fail(batch, e)
                 continue
@@ -87,7 +91,7 @@ class Batcher:
         if before is not None:
             await before  # each link's messages keep their order
         try:
-            outcomes = await own_thread(intake.apply_readings)([item for item, _ in batch], staged)
+            outcomes = await own_thread(intake.apply_readings, _READINGS_THREAD)([item for item, _ in batch], staged)
         except Exception as e:
             self._fail(batch, e)
             return

@@ -70,7 +70,7 @@ async def test_the_next_ticks_hosts_stage_does_not_wait_for_the_last_ticks_repli
 
     monkeypatch.setattr(intake, "apply_hosts", hosts)
     monkeypatch.setattr(intake, "apply_readings", replicas)
-    monkeypatch.setattr(module, "own_thread", lambda fn: lambda *a: asyncio.to_thread(fn, *a))
+    monkeypatch.setattr(module, "own_thread", lambda fn, executor=None: lambda *a: asyncio.to_thread(fn, *a))
     b = Batcher(tick=0.01, quiet_tick=0.01)
     report = b.enqueue(intake.Item(1, "a", HostReport(gpus=[])))
     await asyncio.sleep(0.2)
@@ -97,3 +97,23 @@ async def test_an_ack_is_applied_at_once_and_takes_what_waits_with_it(applied):
     async with asyncio.timeout(5):  # far sooner than either tick
         await asyncio.gather(report, ack)
     assert applied == [["HostReport", "Ack"]]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_ack_does_not_queue_behind_other_work_on_the_event_loops_threads(applied):
+    """On PostgreSQL database work runs off the event loop, most of it on the loop's default threads (chores, the
+    gateway's fleet snapshot, links' reads). Intake's stages have threads of their own: an ack queued behind those
+    waited 0.5-1 s for a thread during a 1,000-host wave (docs/benchmarks.md). Here every default thread is held."""
+    import threading
+
+    loop = asyncio.get_running_loop()
+    release = threading.Event()
+    held = [loop.run_in_executor(None, release.wait, 10) for _ in range(40)]  # more than the pool has threads
+    try:
+        ack = Batcher(tick=30, quiet_tick=30).enqueue(intake.Item(1, "a", Ack(generation=1)))
+        async with asyncio.timeout(5):
+            await ack
+        assert applied == [["Ack"]]
+    finally:
+        release.set()
+        await asyncio.gather(*held)
