@@ -26,6 +26,9 @@ created through the REST API. Columns:
   trigger on fleet_host installed in the benchmark's own database (pg_notify, delivered at commit).
 * push -> ack, lone changes: the same, for --lone-changes deployments changed one at a time on the settled
   fleet (PATCH max_batch_size, half a second apart): one host's new generation each, outside a wave.
+* simulator loop lag p99 / max: how late this process's event loop ran (a 10 ms sleep's overshoot) from the
+  first create to convergence. All simulated agents share that loop, so a wave's pushes are parsed, converged and
+  acked one after another here, where real agents answer at once; both push -> ack legs include this wait.
 * falsely offline: hosts the console marked not connected while their simulated agent's link was up; taken
   away: ready replicas the console told an agent to stop although nothing was deleted (moves).
 * GET / and GET /api/v1/deployments?page=1: median of 3 after the steady window, with the fleet running.
@@ -399,6 +402,10 @@ async def measure(stack, fleet: SimFleet, watch: HostWatch, args, run: Run) -> N
                                               f"{1000 * percentile(to_commit, 0.99):.0f} ms")
     acks = [acked - received for a in fleet.agents.values() for _, received, acked in a.metrics.acks]
     row["agent apply p99"] = f"{1000 * percentile(acks, 0.99):.1f} ms"
+    lag = [late for at, late in fleet.loop_lag if first <= at <= converge_end]
+    if lag:
+        row["simulator loop lag p99 / max"] = (f"{1000 * percentile(lag, 0.99):.0f} / "
+                                               f"{1000 * max(lag):.0f} ms")
     row["falsely offline"] = falsely_offline(watch, fleet)
     row["link losses"] = sum(a.metrics.link_losses for a in fleet.agents.values())
     reasons = sum((a.metrics.loss_reasons for a in fleet.agents.values()), collections.Counter())

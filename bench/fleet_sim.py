@@ -56,6 +56,7 @@ from agent.workers.spec import WorkerSpec
 GIB = 1 << 30
 WS_PATH = "/ws/agent/"  # agent.daemon.WS_PATH (not imported: the daemon pulls in the inference server)
 SIM_VERSION = "sim-1"
+LAG_PROBE_S = 0.01
 _pids = itertools.count(100_000)  # fake worker pids: each start a new one, as a real worker process would be
 
 
@@ -426,6 +427,9 @@ class SimFleet:
         self._gate = asyncio.Semaphore(connect_concurrency)
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task] = []
+        # (when, seconds late): how far behind this process's event loop ran, sampled every LAG_PROBE_S. Every agent
+        # shares the loop, so a wave's pushes are handled one after another here, where real agents answer at once.
+        self.loop_lag: list[tuple[float, float]] = []
 
     async def __aenter__(self) -> SimFleet:
         await self.start()
@@ -442,6 +446,14 @@ class SimFleet:
                                               timeout=aiohttp.ClientTimeout(total=None, connect=bound, sock_read=bound))
         self._tasks = [asyncio.create_task(a.run(self._session, self._gate), name=f"sim-{a.name}")
                        for a in self.agents.values()]
+        self._tasks.append(asyncio.create_task(self._probe_lag(), name="sim-loop-lag"))
+
+    async def _probe_lag(self) -> None:
+        while True:
+            asked = time.monotonic()
+            await asyncio.sleep(LAG_PROBE_S)
+            now = time.monotonic()
+            self.loop_lag.append((now, now - asked - LAG_PROBE_S))
 
     async def stop(self) -> None:
         for agent in self.agents.values():
