@@ -6,6 +6,7 @@ speaking the real protocol from this process. Prints one table per fleet size. N
     .venv/bin/python bench/fleet.py --hosts 100 300 --replicas-per-host 10 --profile
     .venv/bin/python bench/fleet.py --sqlite --quick                 # SQLite and the in-memory channel layer
     .venv/bin/python bench/fleet.py --hosts 1000 --bulk 1000         # created as a script would: 1,000 per POST
+    .venv/bin/python bench/fleet.py --hosts 1000 --scheduler-process # the scheduler in a child process of `up`
 
 Per fleet size: a fresh data dir and (default) a fresh PostgreSQL database with the Redis channel layer
 (DATABASE_URL / REDIS_URL, default the local ones), agent tokens issued in one `manage.py shell`, one tiny
@@ -477,7 +478,9 @@ def run_one(args, hosts: int, replicas: int, tmp: Path) -> Run:
     if args.profile:
         run.profile = tmp / f"profile-{hosts}.json"
         env |= profile_env(tmp, run.profile)
-    with running_stack(data_dir, gpus="sim:1x1GiB", args=("--no-agent",), **env) as stack:
+    up_args = ("--no-agent", "--scheduler-process") if args.scheduler_process else ("--no-agent",)
+    run.row["console"] = "up, scheduler in a child" if args.scheduler_process else "up"
+    with running_stack(data_dir, gpus="sim:1x1GiB", args=up_args, **env) as stack:
         r = stack.api().post("/models", json={"name": "tiny", "path": str(write_model(tmp / "tiny"))})
         if r.status_code != 201:
             raise RuntimeError(f"POST /models: {r.status_code} {r.text}")
@@ -532,6 +535,9 @@ def main() -> None:
     parser.add_argument("--lone-changes", type=int, default=20, metavar="N",
                         help="after the steady window, change N deployments one at a time and time their push -> ack")
     parser.add_argument("--sqlite", action="store_true", help="SQLite and the in-memory channel layer")
+    parser.add_argument("--scheduler-process", action="store_true",
+                        help="`up --scheduler-process`: the scheduler in a child process (its CPU counted with the "
+                        "console's); not with --sqlite")
     parser.add_argument("--console-log", metavar="PATH", help="write the console's output here (the last size's)")
     parser.add_argument("--profile", action="store_true", help="sample the console's stacks and print the profile")
     parser.add_argument("--quick", action="store_true", help="20 hosts, 100 replicas, short waits")
@@ -545,6 +551,8 @@ def main() -> None:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if not 0 <= args.bulk <= 1000:
         parser.error("--bulk must be 0 (one deployment per POST) to 1000")
+    if args.sqlite and args.scheduler_process:
+        parser.error("--scheduler-process needs the Redis channel layer: not with --sqlite")
     if args.sqlite:
         for name in ("DATABASE_URL", "REDIS_URL"):
             os.environ.pop(name, None)

@@ -106,6 +106,14 @@ def desired_state(host: Host) -> DesiredState:
                         replicas=[DesiredReplica.model_validate(r) for r in row["desired__replicas"]])
 
 
+def stored_states(host_ids) -> dict[int, tuple[int, list[dict]]]:
+    """The desired states stored for these hosts, as bump_generations returns them (generation, replicas), in one
+    read; a host marked stale or never given one is left out (desired_state builds it)."""
+    rows = (Host.objects.filter(pk__in=list(host_ids)).exclude(desired_digest="")
+            .values_list("pk", "generation", "desired__replicas"))
+    return {pk: (generation, replicas) for pk, generation, replicas in rows if replicas is not None}
+
+
 def mark_stale(deployment) -> None:
     """A deployment's spec changed (its settings, its adapters, its deletion): the hosts running it get their
     desired state rebuilt by the next pass, which otherwise rebuilds only hosts whose replicas it moved."""

@@ -32,7 +32,7 @@ from console.fleet import intake
 from console.fleet.logs import LOGS_REPLY
 from console.fleet.models import AgentCredential, Host
 from console.fleet.views import grid_context
-from console.realtime import links
+from console.realtime import links, pushes
 from console.realtime.batcher import batcher
 from console.realtime.notify import (
     DASHBOARD_GROUP,
@@ -215,6 +215,7 @@ class AgentConsumer(Consumer):
                         type(e).__name__, e)
             await self.close(code=1011)
             return
+        await pushes.listen()  # this process hears the pushes another process's scheduler names
         links.hold(self.host.pk, self)
         log.info("agent %s connected from %s with %d GPU(s) (link epoch %d)", hello.host, hello.endpoint,
                  len(hello.gpus), self.epoch)

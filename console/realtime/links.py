@@ -11,6 +11,7 @@ one then has what its hello read, or the resend of a push not acknowledged (cons
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Protocol
 
 from console.realtime.perloop import for_this_loop
@@ -21,6 +22,7 @@ class Link(Protocol):
 
 
 _held: dict[asyncio.AbstractEventLoop, dict[int, Link]] = {}
+log = logging.getLogger("modelgrid.realtime")
 
 
 def _links() -> dict[int, Link]:
@@ -41,3 +43,18 @@ def release(host_id: int, link: Link) -> None:
 
 def held(host_id: int) -> Link | None:
     return _links().get(host_id)
+
+
+async def push(host_id: int, state: tuple[int, list[dict]] | None = None) -> None:
+    """Hand the host's link held here (if any) its desired state: `state` (generation, replicas), else the one
+    stored, read by the link."""
+    link = held(host_id)
+    if link is None:
+        return
+    event: dict = {"type": "desired.push"}
+    if state is not None:
+        event["generation"], event["replicas"] = state
+    try:
+        await link.desired_push(event)
+    except Exception as e:  # its socket just closed, say: the agent's reconnect gets the state anyway
+        log.warning("push to host %s's link lost (%s: %s)", host_id, type(e).__name__, e)

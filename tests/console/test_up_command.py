@@ -29,6 +29,20 @@ def test_a_busy_port_is_one_clear_error(tmp_path):
     assert "Traceback" not in run.stderr
 
 
+def test_a_scheduler_process_without_redis_is_one_clear_error(tmp_path):
+    """Its pushes and the wake-ups it answers cross processes through the channel layer: the in-memory one (no
+    REDIS_URL) is per process, so the fleet would never be placed."""
+    run = subprocess.run(
+        [sys.executable, "manage.py", "up", "--no-agent", "--scheduler-process", "--port", "0",
+         "--data-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "MODELGRID_ADMIN_PASSWORD": "a-long-password"},
+    )
+    assert run.returncode == 1
+    assert "--scheduler-process needs the Redis channel layer (set REDIS_URL)" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
 def test_the_console_socket_is_tcp_so_small_answers_are_not_held_back_by_nagle():
     import socket
 

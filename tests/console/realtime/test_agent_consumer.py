@@ -287,7 +287,30 @@ async def test_a_push_to_a_link_this_process_holds_skips_the_channel_layer(token
     assert [m for m in sent_through_layer if m[1] == "desired.push"] == []
     await comm.disconnect()
     await push_desired([host.pk], {host.pk: (4, [])})
-    assert [m for m in sent_through_layer if m[1] == "desired.push"] == [(f"agent.host.{host.pk}", "desired.push")]
+    assert [m for m in sent_through_layer if m[1].startswith("desired.")] == [("pushes", "desired.pushes")]
+
+
+async def test_a_push_named_by_another_process_sends_the_link_held_here_its_stored_state(token, model):
+    """A scheduler in another console process names the hosts it pushed in one message; the process holding a
+    host's link sends it the state the pass stored (read for all its hosts at once). Hosts it holds no link of
+    are left to the process that does."""
+    from channels.layers import get_channel_layer
+
+    from console.deployments.reconcile import reconcile_once
+    from console.deployments.services import create_deployment
+    from console.realtime.notify import PUSH_GROUP
+
+    comm, _ = await connect(token)
+    await comm.send_to(text_data=json.dumps(hello()))
+    await comm.receive_from(timeout=5)
+    host = await database_sync_to_async(Host.objects.get)(name="h1")
+    await database_sync_to_async(create_deployment)("chat", "tiny")
+    generation, replicas = (await database_sync_to_async(reconcile_once)()).states[host.pk]
+    await get_channel_layer().group_send(PUSH_GROUP, {"type": "desired.pushes", "hosts": [host.pk + 1000, host.pk]})
+    sent = json.loads(await comm.receive_from(timeout=5))
+    assert (sent["type"], sent["generation"], sent["replicas"]) == ("desired_state", generation, replicas)
+    assert [r["deployment"] for r in sent["replicas"]] == ["chat"]
+    await comm.disconnect()
 
 
 async def test_a_superseded_link_here_hands_the_pushes_to_the_newer_one(token):

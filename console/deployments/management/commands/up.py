@@ -30,6 +30,7 @@ from console.fleet.models import AgentCredential
 SERVER_DRAIN_TIMEOUT = 4.0
 AGENT_STOP_TIMEOUT = 7.0
 SCHEDULER_STOP_TIMEOUT = 0.5  # after the server and the agent: to end its pass, then to take a cancel
+SCHEDULER_PROCESS_STOP_TIMEOUT = 7.0  # --scheduler-process: from SIGTERM, to end its pass and step down
 EXIT_GRACE = 1.0
 SHUTDOWN_DEADLINE = 9.5
 # The local agent's token, kept in the data dir (0600) across restarts: a `kill -9` of `up` leaves no one to
@@ -147,10 +148,18 @@ class Command(BaseCommand):
         parser.add_argument("--data-dir", help="SQLite database and model store (default ./var or MODELGRID_DATA_DIR)")
         parser.add_argument("--no-agent", action="store_true", help="do not start a local agent")
         parser.add_argument("--agent-name", default="local", help="host name of the local agent")
+        parser.add_argument("--scheduler-process", action="store_true",
+                            help="run the scheduler (its election, passes and chores) in a child process "
+                            "(`manage.py scheduler`) instead of in this one, which then serves pages, the API, the "
+                            "gateway and agent links alone: for big fleets, where a pass's CPU would delay the "
+                            "agents' acks (docs/operations.md)")
         parser.add_argument("--sleep-budget", help="host memory the local agent keeps sleeping replicas in, "
                             "e.g. 8GiB (default: half the host's RAM; 0: idle replicas stop instead)")
 
     def handle(self, **opts):
+        if opts["scheduler_process"] and settings.CHANNEL_LAYERS["default"]["BACKEND"].endswith("InMemoryChannelLayer"):
+            raise CommandError("--scheduler-process needs the Redis channel layer (set REDIS_URL): the scheduler's "
+                               "pushes and the wake-ups it answers cross processes through it")
         try:
             sock = _listen(opts["host"], opts["port"])
         except OSError as e:
@@ -217,8 +226,12 @@ class Command(BaseCommand):
         self.stdout.write(f"ModelGrid console: {url}")
         self.stdout.flush()
 
-        scheduler = asyncio.create_task(scheduler_loop(stop, settings.MODELGRID_SCHEDULER_INTERVAL))
         bounded = [serving]
+        schedulers = set()  # the loop here, unless it runs in a child process (bounded, as the agent)
+        if opts.get("scheduler_process"):
+            bounded.append(asyncio.create_task(self._scheduler_process(stop)))
+        else:
+            schedulers.add(asyncio.create_task(scheduler_loop(stop, settings.MODELGRID_SCHEDULER_INTERVAL)))
         if agent_token:
             bounded.append(asyncio.create_task(self._local_agent(url, agent_token, opts, stop)))
         await stop.wait()
@@ -229,12 +242,12 @@ class Command(BaseCommand):
         await asyncio.wait(bounded)
         # The scheduler ends after its current pass; a pass stuck in the database is cancelled (its thread is
         # left behind, as a stuck request's is).
-        _, stuck = await asyncio.wait({scheduler}, timeout=SCHEDULER_STOP_TIMEOUT)
+        stuck = (await asyncio.wait(schedulers, timeout=SCHEDULER_STOP_TIMEOUT))[1] if schedulers else set()
         for task in stuck:
             task.cancel()
         if stuck:
             await asyncio.wait(stuck, timeout=SCHEDULER_STOP_TIMEOUT)
-        for task in [*bounded, scheduler]:
+        for task in [*bounded, *schedulers]:
             if task.done() and not task.cancelled() and task.exception() is not None:
                 self.stderr.write(f"while stopping: {task.exception()!r}")
         # Everything ModelGrid owns has stopped. What remains are worker threads the interpreter would join
@@ -250,28 +263,44 @@ class Command(BaseCommand):
                "--stop-workers-on-exit"]
         if opts.get("sleep_budget"):
             cmd += ["--sleep-budget", opts["sleep_budget"]]
+        await self._child("local agent", cmd, env, stop, AGENT_STOP_TIMEOUT, agent=True)
+
+    async def _scheduler_process(self, stop: asyncio.Event) -> None:
+        """`manage.py scheduler` as a child process: it takes part in the election for this `up`. Its passes and
+        chores then share no interpreter (no GIL) with the links' intake; its pushes reach the links here through
+        one channel-layer message per pass (console/realtime/pushes.py)."""
+        cmd = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "scheduler"]
+        await self._child("scheduler process", cmd, dict(os.environ), stop, SCHEDULER_PROCESS_STOP_TIMEOUT)
+
+    async def _child(self, what: str, cmd: list[str], env: dict, stop: asyncio.Event, stop_timeout: float,
+                     agent: bool = False) -> None:
+        """Run `cmd` until `stop`, restarted 2 s after it dies; on `stop`, SIGTERM, then SIGKILL after
+        `stop_timeout`. It dies with `up` even by SIGKILL (_die_with_parent)."""
         while not stop.is_set():
             # preexec_fn runs Python between fork and exec, which is unsafe only if it touches locks another
             # thread held at the fork; prctl through a preloaded ctypes function touches none.
             proc = await asyncio.create_subprocess_exec(*cmd, env=env, preexec_fn=_die_with_parent(os.getpid()))
-            self._agent_pid = proc.pid
+            if agent:
+                self._agent_pid = proc.pid
             waiter = asyncio.create_task(proc.wait())
             stopper = asyncio.create_task(stop.wait())
             await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
             if waiter.done():
-                self._agent_pid = None  # reaped: the pid may be anyone's now
+                if agent:
+                    self._agent_pid = None  # reaped: the pid may be anyone's now
                 stopper.cancel()
-                self.stderr.write(f"local agent exited with code {proc.returncode}; restarting in 2 s")
+                self.stderr.write(f"{what} exited with code {proc.returncode}; restarting in 2 s")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 2)
                 continue
-            # Shutdown: SIGTERM lets the agent stop its workers; kill only if it hangs.
+            # Shutdown: SIGTERM lets it stop cleanly (the agent its workers); kill only if it hangs.
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()
             try:
-                await asyncio.wait_for(waiter, AGENT_STOP_TIMEOUT)
+                await asyncio.wait_for(waiter, stop_timeout)
             except TimeoutError:
-                self.stderr.write(f"the local agent did not stop within {AGENT_STOP_TIMEOUT:g} s; killing it")
+                self.stderr.write(f"the {what} did not stop within {stop_timeout:g} s; killing it")
                 proc.kill()
                 await waiter
-            self._agent_pid = None
+            if agent:
+                self._agent_pid = None
