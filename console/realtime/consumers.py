@@ -280,8 +280,10 @@ class AgentConsumer(Consumer):
             log.warning("agent %s: cannot pass a logs reply on (%s: %s)", self._name(), type(e).__name__, e)
 
     async def desired_push(self, event):
-        """Channel-layer event: send this host's desired state, whole: the one the event carries (as the pass
-        built it: no read of it), else the one stored. A push older than one this link sent is dropped."""
+        """A push (handed over by links.push, or a channel-layer event to the host's group): send this host's
+        desired state, whole: the one the event carries (as the pass built or stored it: no read of it), unless
+        this link sent that generation or a newer one already; else the one stored, read now and sent whatever
+        was sent before (a resend)."""
         if "replicas" in event:
             if event["generation"] <= self._sent_generation:
                 return

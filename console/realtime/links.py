@@ -4,9 +4,10 @@ directly instead of through the channel layer.
 Why: through Redis a push is a group_send of four round trips, and the receiving process then pops its messages
 one round trip at a time, so a pass that changed 100 hosts reached the last of them 0.75 s after its commit (and
 1,000 hosts many seconds), on an event loop that every agent message also needs. A link held here costs a
-function call. A host whose link is in another process (or in none) is still pushed through the channel layer;
-in the moment a newer link elsewhere supersedes one held here, a push may reach only the old link, and the new
-one then has what its hello read, or the resend of a push not acknowledged (console/deployments/loop.py)."""
+function call. Hosts whose links are in another process (or in none) are named in one channel-layer message per
+push (console/realtime/pushes.py); in the moment a newer link elsewhere supersedes one held here, a push may
+reach only the old link, and the new one then has what its hello read, or the resend of a push not acknowledged
+(console/deployments/loop.py)."""
 
 from __future__ import annotations
 

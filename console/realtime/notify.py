@@ -53,10 +53,11 @@ async def subscribe(group: str) -> str:
 
 async def push_desired(host_ids, states: dict[int, tuple[int, list[dict]]] | None = None) -> None:
     """Send each host its desired state. A link this process holds gets it handed over: the state in `states`
-    (generation, replicas) as the pass built it, else the one stored (read by the link). The other hosts are named
-    in one channel-layer message, and each console process sends the links it holds their stored states
-    (console/realtime/pushes.py): one message per host cost four Redis round trips each, and with the scheduler in
-    a process of its own 1,000 hosts' pushes reached the last agent 82 s after the pass committed."""
+    (generation, replicas) as the pass built it, else the one stored, read and sent whole by the link even if it
+    sent it before (a resend: the agent never acknowledged it). The other hosts are named in one channel-layer
+    message, and each console process sends the links it holds theirs (console/realtime/pushes.py): one message
+    per host cost four Redis round trips each, and with the scheduler in a process of its own 1,000 hosts' pushes
+    reached the last agent 82 s after the pass committed."""
     states = states or {}
     here, elsewhere = [], []
     for host_id in host_ids:
@@ -65,7 +66,8 @@ async def push_desired(host_ids, states: dict[int, tuple[int, list[dict]]] | Non
     # push behind ninety-nine websocket sends.
     await asyncio.gather(*(links.push(h, states.get(h)) for h in here))
     if elsewhere:
-        await _send(PUSH_GROUP, "desired.pushes", hosts=elsewhere)
+        await _send(PUSH_GROUP, "desired.pushes", hosts=[h for h in elsewhere if h in states],
+                    again=[h for h in elsewhere if h not in states])
 
 
 def revoke_links(host_id: int) -> None:

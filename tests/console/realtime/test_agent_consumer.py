@@ -310,6 +310,12 @@ async def test_a_push_named_by_another_process_sends_the_link_held_here_its_stor
     sent = json.loads(await comm.receive_from(timeout=5))
     assert (sent["type"], sent["generation"], sent["replicas"]) == ("desired_state", generation, replicas)
     assert [r["deployment"] for r in sent["replicas"]] == ["chat"]
+    # Named again as new, the state it already sent is dropped; named as a resend (never acknowledged), it goes out.
+    await get_channel_layer().group_send(PUSH_GROUP, {"type": "desired.pushes", "hosts": [host.pk]})
+    assert await comm.receive_nothing(timeout=0.3)
+    await get_channel_layer().group_send(PUSH_GROUP, {"type": "desired.pushes", "hosts": [], "again": [host.pk]})
+    again = json.loads(await comm.receive_from(timeout=5))
+    assert (again["generation"], again["replicas"]) == (generation, replicas)
     await comm.disconnect()
 
 

@@ -11,8 +11,10 @@ async def test_pushes_for_links_held_elsewhere_go_out_as_one_message_naming_the_
         sent.append((group, event, fields))
 
     monkeypatch.setattr(notify, "_send", send)
-    await notify.push_desired(range(100))
-    assert sent == [(notify.PUSH_GROUP, "desired.pushes", {"hosts": list(range(100))})]
+    # Hosts with a state the pass built, and hosts to be sent theirs again (not acknowledged: a resend).
+    await notify.push_desired(range(100), {h: (1, []) for h in range(0, 100, 2)})
+    assert sent == [(notify.PUSH_GROUP, "desired.pushes", {"hosts": list(range(0, 100, 2)),
+                                                           "again": list(range(1, 100, 2))})]
     sent.clear()
     await notify.push_desired([])
     assert sent == []

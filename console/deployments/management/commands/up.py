@@ -26,7 +26,8 @@ from console.fleet.models import AgentCredential
 
 # Shutdown (SIGTERM or Ctrl-C) ends the process within SHUTDOWN_DEADLINE seconds, whatever is stuck: in-flight
 # requests get SERVER_DRAIN_TIMEOUT to finish, the agent AGENT_STOP_TIMEOUT to stop its workers (it gives each
-# 5 s, in parallel, before killing it), and the interpreter's own exit EXIT_GRACE once all that is done.
+# 5 s, in parallel, before killing it), a scheduler process (--scheduler-process) SCHEDULER_PROCESS_STOP_TIMEOUT,
+# all three at once, and the interpreter's own exit EXIT_GRACE once all that is done.
 SERVER_DRAIN_TIMEOUT = 4.0
 AGENT_STOP_TIMEOUT = 7.0
 SCHEDULER_STOP_TIMEOUT = 0.5  # after the server and the agent: to end its pass, then to take a cancel
@@ -285,7 +286,7 @@ class Command(BaseCommand):
             waiter = asyncio.create_task(proc.wait())
             stopper = asyncio.create_task(stop.wait())
             await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if waiter.done():
+            if waiter.done() and not stop.is_set():  # (a Ctrl-C reaches the child too: that is no crash)
                 if agent:
                     self._agent_pid = None  # reaped: the pid may be anyone's now
                 stopper.cancel()
