@@ -152,8 +152,8 @@ class Command(BaseCommand):
         parser.add_argument("--scheduler-process", action="store_true",
                             help="run the scheduler (its election, passes and chores) in a child process "
                             "(`manage.py scheduler`) instead of in this one, which then serves pages, the API, the "
-                            "gateway and agent links alone: for big fleets, where a pass's CPU would delay the "
-                            "agents' acks (docs/operations.md)")
+                            "gateway and agent links alone: for big fleets on machines with cores to spare "
+                            "(docs/operations.md); needs REDIS_URL")
         parser.add_argument("--sleep-budget", help="host memory the local agent keeps sleeping replicas in, "
                             "e.g. 8GiB (default: half the host's RAM; 0: idle replicas stop instead)")
 
