@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from django.conf import settings
 
 from console.alerts.webhooks import deliver
@@ -22,10 +21,10 @@ from console.deployments.reconcile import PassResult, Scope, reconcile_once, sta
 from console.gateway.metrics import METRICS
 from console.realtime.notify import (
     SCHEDULER_GROUP,
+    listen,
     push_desired,
     refresh_dashboards,
     refresh_gateways,
-    subscribe,
     waking_here,
 )
 
@@ -97,12 +96,13 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
     something (to see it through), and one every `interval` seconds regardless (the clock's own events: leases
     lapsing, idle replicas, demand going stale), which plans only when _replan_due says so and is otherwise a tick
     (leases and evictions). Only the leader listens for wake-ups: followers would let them pile up."""
-    layer = get_channel_layer()
-    inbox = await subscribe(SCHEDULER_GROUP)
     woken = asyncio.Event()
     restate = asyncio.Event()  # woken for replicas' states alone: the deployments' states follow, nothing to plan
     pushed: dict[int, float] = {}  # host -> when its desired state was last pushed (while not acknowledged)
-    listening = asyncio.create_task(_listen(layer, inbox, woken, restate))
+    joined = asyncio.Event()
+    listening = asyncio.create_task(listen(SCHEDULER_GROUP, lambda m: (restate if m.get("states") else woken).set(),
+                                           joined.set))
+    await joined.wait()  # wake-ups sent from now on are heard (with Redis down, the resync pass is the net)
     loop = asyncio.get_running_loop()
     ended, rest, cpu = float("-inf"), 0.0, 0.0
     last_plan: PassResult | None = None  # the last pass that planned, and when (loop time)
@@ -146,7 +146,6 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            await layer.group_discard(SCHEDULER_GROUP, inbox)
 
 
 def _replan_due(last: PassResult | None, since: float) -> str:
@@ -188,12 +187,6 @@ def _fenced_chores(elector: Elector) -> None:
     # at 10,000 replicas), and a chore waiting there held a database thread the intake and the pushes share.
     elector.check()
     run_chores()
-
-
-async def _listen(layer, inbox: str, woken: asyncio.Event, restate: asyncio.Event) -> None:
-    while True:
-        message = await layer.receive(inbox)
-        (restate if message.get("states") else woken).set()
 
 
 async def _wait(timeout: float, *events: asyncio.Event) -> None:

@@ -28,7 +28,7 @@ from console.gateway.fleet import DeploymentView, FleetView, ReplicaView, load_f
 from console.gateway.metrics import METRICS, ConsoleMetrics
 from console.gateway.routing import affinity_choice, least_outstanding
 from console.gateway.upstream import Upstream
-from console.realtime.notify import GATEWAY_GROUP, subscribe, wake_scheduler_async
+from console.realtime.notify import GATEWAY_GROUP, listen, wake_scheduler_async
 
 log = logging.getLogger("modelgrid.gateway")
 
@@ -156,17 +156,9 @@ class Gateway:
 
     async def _listen(self) -> None:
         """Refresh on the channel layer's fleet events (scheduler passes, replica state changes)."""
-        layer = get_channel_layer()
-        if layer is None:
+        if get_channel_layer() is None:
             return
-        inbox = await subscribe(GATEWAY_GROUP)
-        try:
-            while True:
-                await layer.receive(inbox)
-                self._poke.set()
-        finally:
-            with contextlib.suppress(Exception):
-                await layer.group_discard(GATEWAY_GROUP, inbox)
+        await listen(GATEWAY_GROUP, lambda _: self._poke.set())
 
     async def _flusher(self) -> None:
         while True:

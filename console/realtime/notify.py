@@ -51,6 +51,48 @@ async def subscribe(group: str) -> str:
     return inbox
 
 
+# A listener's group membership is renewed this often: channels_redis drops members older than its group expiry (a
+# day), and a Redis restarted without its data has none.
+REJOIN_SECONDS = 60.0
+RETRY_SECONDS = 1.0  # after the channel layer failed a listener
+
+
+async def listen(group: str, handle: Callable[[dict], None], joined: Callable[[], None] = lambda: None) -> None:
+    """Call `handle` with each event of `group` for as long as the task runs, on a channel of this process's own
+    (subscribe), its membership renewed every REJOIN_SECONDS; joined anew RETRY_SECONDS after the channel layer
+    fails. `joined` is called each time it has joined, or failed to (whoever waits for it must not wait for Redis).
+    It leaves the group on the way out."""
+    layer = get_channel_layer()
+    while True:
+        inbox = renewing = None
+        try:
+            inbox = await subscribe(group)
+            joined()
+            renewing = asyncio.create_task(_renew(layer, group, inbox))
+            while True:
+                handle(await layer.receive(inbox))
+        except Exception as e:
+            log.warning("channel layer: listening to %s failed (%s: %s); again in %g s", group, type(e).__name__, e,
+                        RETRY_SECONDS)
+            joined()
+        finally:
+            if renewing is not None:
+                renewing.cancel()
+            if inbox is not None:
+                with contextlib.suppress(Exception):
+                    await layer.group_discard(group, inbox)
+        await asyncio.sleep(RETRY_SECONDS)
+
+
+async def _renew(layer, group: str, inbox: str) -> None:
+    while True:
+        await asyncio.sleep(REJOIN_SECONDS)
+        try:
+            await layer.group_add(group, inbox)
+        except Exception as e:  # the listener's receive fails too, and it joins anew
+            log.warning("channel layer: renewing %s failed (%s: %s)", group, type(e).__name__, e)
+
+
 async def push_desired(host_ids, states: dict[int, tuple[int, list[dict]]] | None = None) -> None:
     """Send each host its desired state. A link this process holds gets it handed over: the state in `states`
     (generation, replicas) as the pass built it, else the one stored, read and sent whole by the link even if it

@@ -8,81 +8,44 @@ its own whole. A message lost (Redis restarting) is repaired by the leader's res
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-
-from channels.layers import get_channel_layer
 
 from console.dbthreads import own_thread
 from console.deployments.desired import stored_states
-from console.realtime import links
-from console.realtime.notify import PUSH_GROUP, subscribe
+from console.realtime import links, notify
+from console.realtime.notify import PUSH_GROUP
 from console.realtime.perloop import for_this_loop
 
 log = logging.getLogger("modelgrid.realtime")
-RETRY_SECONDS = 1.0  # after the channel layer failed the listener
-# The group membership is renewed this often: channels_redis drops members older than its group expiry (a day),
-# and a Redis restarted without its data has none.
-REJOIN_SECONDS = 60.0
 
-_listening: dict[asyncio.AbstractEventLoop, asyncio.Future] = {}
+# Per event loop: (joined, the listener task): the task held here, as asyncio keeps only weak references to tasks.
+_listening: dict[asyncio.AbstractEventLoop, tuple[asyncio.Future, asyncio.Task]] = {}
 
 
 async def listen() -> None:
     """Start this event loop's listener unless it runs; return once it has joined the group (or failed to: it
     keeps trying), so that a link held from now on hears every push named after this."""
-    joined = for_this_loop(_listening, _start)
+    joined, _ = for_this_loop(_listening, _start)
     await asyncio.shield(joined)
 
 
-def _start() -> asyncio.Future:
+def _start() -> tuple[asyncio.Future, asyncio.Task]:
     joined = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(_listen(joined), name="desired-pushes")
-    task.add_done_callback(lambda t: joined.done() or joined.set_result(None))
-    return joined
-
-
-async def _listen(joined: asyncio.Future) -> None:
-    layer = get_channel_layer()
     delivering: set[asyncio.Task] = set()
-    while True:
-        inbox = rejoin = None
-        try:
-            inbox = await subscribe(PUSH_GROUP)
-            if not joined.done():
-                joined.set_result(None)
-            rejoin = asyncio.create_task(_rejoin(layer, inbox))
-            while True:
-                message = await layer.receive(inbox)
-                # A task each: a link whose agent reads slowly holds up its own push, not the next message.
-                task = asyncio.create_task(deliver(message.get("hosts", ()), message.get("again", ())))
-                delivering.add(task)
-                task.add_done_callback(delivering.discard)
-        except asyncio.CancelledError:
-            for task in delivering:
-                task.cancel()
-            raise
-        except Exception as e:
-            log.warning("channel layer: listening for pushes failed (%s: %s); again in %g s", type(e).__name__, e,
-                        RETRY_SECONDS)
-            if not joined.done():
-                joined.set_result(None)  # a hello does not wait for Redis: the resend repairs what this misses
-        finally:
-            if rejoin is not None:
-                rejoin.cancel()
-            if inbox is not None:
-                with contextlib.suppress(Exception):
-                    await layer.group_discard(PUSH_GROUP, inbox)
-        await asyncio.sleep(RETRY_SECONDS)
 
+    def on_message(message: dict) -> None:
+        # A task each: a link whose agent reads slowly holds up its own push, not the next message.
+        task = asyncio.create_task(deliver(message.get("hosts", ()), message.get("again", ())))
+        delivering.add(task)
+        task.add_done_callback(delivering.discard)
 
-async def _rejoin(layer, inbox: str) -> None:
-    while True:
-        await asyncio.sleep(REJOIN_SECONDS)
-        try:
-            await layer.group_add(PUSH_GROUP, inbox)
-        except Exception as e:  # the listener's receive fails too, and it joins anew
-            log.warning("channel layer: renewing the pushes group failed (%s: %s)", type(e).__name__, e)
+    def on_joined() -> None:
+        if not joined.done():
+            joined.set_result(None)
+
+    listener = asyncio.create_task(notify.listen(PUSH_GROUP, on_message, on_joined), name="desired-pushes")
+    listener.add_done_callback(lambda _: on_joined())
+    return joined, listener
 
 
 async def deliver(host_ids, again=()) -> None:
