@@ -13,7 +13,6 @@ import logging
 from console.dbthreads import own_thread
 from console.deployments.desired import stored_states
 from console.realtime import links, notify
-from console.realtime.notify import PUSH_GROUP
 from console.realtime.perloop import for_this_loop
 
 log = logging.getLogger("modelgrid.realtime")
@@ -43,7 +42,7 @@ def _start() -> tuple[asyncio.Future, asyncio.Task]:
         if not joined.done():
             joined.set_result(None)
 
-    listener = asyncio.create_task(notify.listen(PUSH_GROUP, on_message, on_joined), name="desired-pushes")
+    listener = asyncio.create_task(notify.listen(notify.PUSH_GROUP, on_message, on_joined), name="desired-pushes")
     listener.add_done_callback(lambda _: on_joined())
     return joined, listener
 

@@ -4,6 +4,7 @@ batch forward to the tick, and the quiet ones waiting go with it, in order."""
 import asyncio
 
 import pytest
+from django.db import connection
 
 from agent.protocol import Ack, HostReport
 from console.fleet import intake
@@ -99,6 +100,9 @@ async def test_an_ack_is_applied_at_once_and_takes_what_waits_with_it(applied):
     assert applied == [["HostReport", "Ack"]]
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL only: on SQLite every database "
+                    "call shares Channels' one thread, never the loop's default ones (runs in the PostgreSQL + Redis "
+                    "pass)")
 @pytest.mark.django_db(transaction=True)
 async def test_an_ack_does_not_queue_behind_other_work_on_the_event_loops_threads(applied):
     """On PostgreSQL database work runs off the event loop, most of it on the loop's default threads (chores, the

@@ -38,6 +38,7 @@ SHUTDOWN_DEADLINE = 9.5
 # stop the agent it started, and a rotated token would refuse that agent forever if it ever outlived `up`.
 LOCAL_AGENT_TOKEN_FILE = "local-agent.token"
 PR_SET_PDEATHSIG = 1
+LOCAL_AGENT = "local agent"
 
 
 class _Server(uvicorn.Server):
@@ -173,7 +174,7 @@ class Command(BaseCommand):
         settings.MODEL_STORE.mkdir(parents=True, exist_ok=True)
         token = None if opts["no_agent"] else local_agent_token(opts["agent_name"], settings.DATA_DIR)
         connections.close_all()  # from here on the DB is used from the async loop's worker thread
-        self._agent_pid: int | None = None
+        self._pids: dict[str, int] = {}  # each child process running now, by what it is (_child)
         self._deadline = _ExitDeadline(before_exit=self._kill_agent)
         try:
             with asyncio.Runner(loop_factory=_loop_factory()) as runner:
@@ -185,13 +186,14 @@ class Command(BaseCommand):
     def _kill_agent(self) -> None:
         # The agent and its workers: killed, an agent cannot stop them, and a replica worker that outlives its agent
         # waits for another to adopt it (--orphan-timeout). Nothing of the embedded fleet outlives `up`.
-        if self._agent_pid is None:
+        agent = self._pids.get(LOCAL_AGENT)
+        if agent is None:
             return
         children: list[psutil.Process] = []
         with contextlib.suppress(psutil.Error):
-            children = psutil.Process(self._agent_pid).children(recursive=True)  # listed while they are its own
+            children = psutil.Process(agent).children(recursive=True)  # listed while they are its own
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self._agent_pid, signal.SIGKILL)
+            os.kill(agent, signal.SIGKILL)
         for child in children:
             with contextlib.suppress(psutil.Error):
                 child.kill()
@@ -229,7 +231,7 @@ class Command(BaseCommand):
 
         bounded = [serving]
         schedulers = set()  # the loop here, unless it runs in a child process (bounded, as the agent)
-        if opts.get("scheduler_process"):
+        if opts["scheduler_process"]:
             bounded.append(asyncio.create_task(self._scheduler_process(stop)))
         else:
             schedulers.add(asyncio.create_task(scheduler_loop(stop, settings.MODELGRID_SCHEDULER_INTERVAL)))
@@ -264,7 +266,7 @@ class Command(BaseCommand):
                "--stop-workers-on-exit"]
         if opts.get("sleep_budget"):
             cmd += ["--sleep-budget", opts["sleep_budget"]]
-        await self._child("local agent", cmd, env, stop, AGENT_STOP_TIMEOUT, agent=True)
+        await self._child(LOCAL_AGENT, cmd, env, stop, AGENT_STOP_TIMEOUT)
 
     async def _scheduler_process(self, stop: asyncio.Event) -> None:
         """`manage.py scheduler` as a child process: it takes part in the election for this `up`. Its passes and
@@ -273,22 +275,19 @@ class Command(BaseCommand):
         cmd = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "scheduler"]
         await self._child("scheduler process", cmd, dict(os.environ), stop, SCHEDULER_PROCESS_STOP_TIMEOUT)
 
-    async def _child(self, what: str, cmd: list[str], env: dict, stop: asyncio.Event, stop_timeout: float,
-                     agent: bool = False) -> None:
+    async def _child(self, what: str, cmd: list[str], env: dict, stop: asyncio.Event, stop_timeout: float) -> None:
         """Run `cmd` until `stop`, restarted 2 s after it dies; on `stop`, SIGTERM, then SIGKILL after
         `stop_timeout`. It dies with `up` even by SIGKILL (_die_with_parent)."""
         while not stop.is_set():
             # preexec_fn runs Python between fork and exec, which is unsafe only if it touches locks another
             # thread held at the fork; prctl through a preloaded ctypes function touches none.
             proc = await asyncio.create_subprocess_exec(*cmd, env=env, preexec_fn=_die_with_parent(os.getpid()))
-            if agent:
-                self._agent_pid = proc.pid
+            self._pids[what] = proc.pid
             waiter = asyncio.create_task(proc.wait())
             stopper = asyncio.create_task(stop.wait())
             await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
             if waiter.done() and not stop.is_set():  # (a Ctrl-C reaches the child too: that is no crash)
-                if agent:
-                    self._agent_pid = None  # reaped: the pid may be anyone's now
+                del self._pids[what]  # reaped: the pid may be anyone's now
                 stopper.cancel()
                 self.stderr.write(f"{what} exited with code {proc.returncode}; restarting in 2 s")
                 with contextlib.suppress(TimeoutError):
@@ -303,5 +302,4 @@ class Command(BaseCommand):
                 self.stderr.write(f"the {what} did not stop within {stop_timeout:g} s; killing it")
                 proc.kill()
                 await waiter
-            if agent:
-                self._agent_pid = None
+            del self._pids[what]
