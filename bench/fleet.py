@@ -63,6 +63,7 @@ import psutil  # noqa: E402
 from bench.fleet_sim import GIB, SimFleet, SimSpec  # noqa: E402
 from bench.fleet_watch import HostWatch  # noqa: E402
 from bench.harness import median, percentile, print_table, running_stack, say  # noqa: E402
+from console.gctune import tune  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -560,6 +561,9 @@ def main() -> None:
         os.environ.setdefault("DATABASE_URL", DEFAULT_DATABASE_URL)
         os.environ.setdefault("REDIS_URL", DEFAULT_REDIS_URL)
     database = "SQLite, in-memory channel layer" if args.sqlite else "PostgreSQL, Redis channel layer"
+    # A thousand simulated agents in this one process hold as many objects as the console: with CPython's collector
+    # defaults its full collections stopped every agent at once (a real agent holds a host's few replicas).
+    tune()
     rows = []
     with tempfile.TemporaryDirectory(prefix="fleet-") as tmp:
         for hosts in args.hosts:

@@ -5,6 +5,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from console.deployments.loop import scheduler_loop
+from console.gctune import tune
 
 
 class Command(BaseCommand):
@@ -12,6 +13,7 @@ class Command(BaseCommand):
             "under its own ASGI server). Any number may run: exactly one leads; the others take over when it dies.")
 
     def handle(self, **options):
+        tune()  # a pass at 1,000 hosts makes many objects: see console/gctune.py
         asyncio.run(self._run())
 
     async def _run(self):

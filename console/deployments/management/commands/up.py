@@ -23,6 +23,7 @@ from django.db import connections
 from console.deployments.loop import scheduler_loop
 from console.events.record import command_actor
 from console.fleet.models import AgentCredential
+from console.gctune import tune
 
 # Shutdown (SIGTERM or Ctrl-C) ends the process within SHUTDOWN_DEADLINE seconds, whatever is stuck: in-flight
 # requests get SERVER_DRAIN_TIMEOUT to finish, the agent AGENT_STOP_TIMEOUT to stop its workers (it gives each
@@ -201,6 +202,7 @@ class Command(BaseCommand):
     async def _serve(self, opts, sock: socket.socket, agent_token: str | None) -> None:
         from console.asgi import application
 
+        tune()  # what serving needs is imported: freeze it, and collect less often (console/gctune.py)
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
 
