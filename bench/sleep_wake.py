@@ -17,7 +17,10 @@ LoadedModel.sleep / wake (agent.workers.swap) and LoadedModel.infer.
    each checked bit for bit against the output before sleeping. The limit, also the fastest of
    --repeat, is the same bytes copied the way a wake must: into a freshly allocated device buffer,
    from page-locked host memory on CUDA (one cudaHostRegister'd buffer, as sleep makes) or from a
-   host buffer on the CPU. "first response" is wake + one forward of a 1 x 16 token request.
+   host buffer on the CPU. "first response" is wake + one forward of a 1 x 16 token request. Each sleep
+   and wake is followed by the worker's after_reply, as in the worker process: after a wake it unlocks the
+   host copy (CUDA), which is outside "wake s" and inside "first response" (a request already waiting for
+   the wake waits for it).
 """
 
 from __future__ import annotations
@@ -177,9 +180,11 @@ def bench_model(name: str, root: Path, device: torch.device, dtype: str, repeat:
     sleeps, wakes, firsts = [], [], []
     for _ in range(repeat):
         slept = model.sleep()
+        model.after_reply("sleep")  # as the worker process does once it has answered (agent/workers/process.py)
         sleeps.append(slept)
         start = time.perf_counter()
         woke = model.wake()
+        model.after_reply("wake")  # before the next command there: a request waiting for the wake waits for it
         answer = model.infer(request)
         firsts.append(time.perf_counter() - start)
         wakes.append(woke)

@@ -147,7 +147,9 @@ class LoadedModel:
         driver (the swap already dropped every reference the model holds). It takes ~200 ms with torch and
         transformers loaded, which a replica waiting to wake into this GPU would otherwise wait for. On the
         CPU nothing is handed back to a device, so the collection would only take a core from the replica
-        that just woke."""
+        that just woke. After a wake: the host copy's page lock is released (agent.workers.swap)."""
+        if kind == "wake":
+            self.swap.release_host()
         if kind == "sleep" and self.device.type == "cuda":
             gc.collect()
             torch.cuda.empty_cache()

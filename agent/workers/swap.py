@@ -66,6 +66,7 @@ class WeightSwap:
         self._sizes: list[int] = []
         self._host: torch.Tensor | None = None
         self._pinned = False
+        self._release: torch.Tensor | None = None  # a page-locked buffer a wake no longer needs (release_host)
 
     @property
     def host_bytes(self) -> int:
@@ -76,6 +77,7 @@ class WeightSwap:
         """Copy the weights to host memory and free them on the device."""
         if self.asleep:
             return Transfer("sleep", self.host_bytes, 0.0)
+        self.release_host()  # a sleep straight after a wake, before its after_reply
         start = time.perf_counter()
         storages = self._layout()
         total = self._offsets[-1] + self._sizes[-1] if storages else 0
@@ -118,10 +120,18 @@ class WeightSwap:
             _assign(slot, tensor)
         pinned, self._pinned = self._pinned, False
         if pinned:
-            unpin(host)  # before the buffer is freed
+            # Unregistering the page-locked buffer took 37 ms of an 84 ms wake of 2 GiB on an H100: it waits for
+            # release_host(), after the wake is answered (the worker's after_reply).
+            self._release = host
         self._host = None
         self.asleep = False
         return Transfer("wake", int(host.numel()), time.perf_counter() - start, pinned)
+
+    def release_host(self) -> None:
+        """Unlock and free the host buffer a wake left page-locked (nothing to do otherwise)."""
+        host, self._release = self._release, None
+        if host is not None:
+            unpin(host)  # before the buffer is freed
 
     def _layout(self) -> list[torch.UntypedStorage]:
         """Record every registered tensor and lay out its storage (each shared one once) in one block."""
