@@ -45,3 +45,27 @@ async def test_the_workers_a_desired_state_starts_are_reported_together_ahead_of
     assert [(s.replica_id, s.state) for s in report.replicas] == [(4, "stopped")]
     for replica in sim.replicas.values():
         sim._cancel(replica)
+
+
+async def test_readings_and_statuses_kept_between_reports_follow_every_change():
+    # The simulator keeps each GPU's reading and each replica's status until what it says changes (a thousand
+    # agents share one loop): a kept one must never be stale.
+    sim = SimAgent("http://127.0.0.1:1", "sim-5", "token")
+    sim._link_up()
+    replicas = [DesiredReplica(id=rid, deployment=f"d{rid}", model_path="/m", architecture="LlamaForCausalLM",
+                               gpus=[rid], reserved_bytes=rid * GIB) for rid in (1, 2)]
+    sim._on_console_message(dump(DesiredState(generation=1, replicas=replicas)))
+    await sent(sim)
+    assert [g.used_bytes for g in sim.gpus()][:3] == [0, GIB, 2 * GIB]
+    one = sim.replicas[1]
+    assert sim._status(one).state == "starting" and sim._status(one).measured_bytes is None
+    sim._become(one, "ready")
+    ready = sim._status(one)
+    assert (ready.state, ready.measured_bytes, ready.measurement.weights_bytes) == ("ready", GIB, GIB)
+    sim._stop(sim.replicas[2], leaving=True)
+    assert [g.used_bytes for g in sim.gpus()][:3] == [0, GIB, 0]
+    (report,) = await sent(sim)
+    assert {s.replica_id: s.state for s in report.replicas} == {1: "ready", 2: "stopped"}
+    assert {g.index: g.used_bytes for g in report.gpus} == {2: 0}  # only the GPU whose reading changed
+    for replica in sim.replicas.values():
+        sim._cancel(replica)
