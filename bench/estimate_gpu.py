@@ -5,7 +5,9 @@ pid (agent.gpus.NvmlBackend.process_memory, context included), which is what the
 replica's total. Each case runs in its own fresh process, so NVML's figure is that replica alone. Needs a GPU
 (bench/estimate_accuracy.py is the CPU's counterpart); figures in docs/benchmarks.md.
 
-    .venv/bin/python bench/estimate_gpu.py [--models DIR] [--big decoder-1b]
+    .venv/bin/python bench/estimate_gpu.py [--models DIR] [--big decoder-1b] [--device cuda:N]
+
+The checkpoints are built in bfloat16 (the float16 case loads that checkpoint converted).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def one(path: str, task: str, dtype: str, batch: int, seq: int | None, device: s
     model = runtime.load(spec)
     m = model.measure()
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(torch.device(device))
     time.sleep(0.3)
     proc = NvmlBackend().process_memory(os.getpid()) if device.startswith("cuda") else None
     est = estimate(path, dtype=dtype, batch=batch, seq=seq, device="cuda" if device.startswith("cuda") else "cpu")
@@ -63,7 +65,7 @@ def main() -> int:
     import transformers
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}"
-          + (f" ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else ""))
+          + (f" ({torch.cuda.get_device_name(torch.device(args.device))})" if torch.cuda.is_available() else ""))
     models = Path(args.models)
     cases = [("minilm", "bfloat16", 8, 128), ("decoder-270m", "bfloat16", 1, 0), (args.big, "bfloat16", 1, 0),
              (args.big, "bfloat16", 8, 512), (args.big, "float16", 32, 256)]

@@ -9,11 +9,12 @@ desired states stored for the push, query results) live just long enough to surv
 reach the oldest generation, which every full collection walks whole, together with everything Django and the
 imports made at start-up.
 
-So: what exists after start-up is frozen (gc.freeze: never walked again; it lives as long as the process anyway),
-and the young generation is collected every GEN0 allocations instead of 700, which lets a pass's temporaries die
-by reference counting before a collection can promote them. Cycles are still collected: most in the young
-generations, which stay cheap (tens of ms), and the rest by the full collections CPython still runs on its own,
-now rarely (after GEN2 middle-generation collections)."""
+So: what exists after start-up is frozen (gc.freeze: never walked again; it mostly lives as long as the process,
+and what of it dies later in a cycle is never freed, a bound of the start-up heap), and the young generation is
+collected every GEN0 allocations (net, of objects the collector tracks) instead of 700, which lets a pass's
+temporaries die by reference counting before a collection can promote them. Cycles are still collected: most in
+the young generations, which stay cheap (tens of ms), and the rest by the full collections CPython still runs on
+its own, now rarely (after GEN2 middle-generation collections)."""
 
 from __future__ import annotations
 

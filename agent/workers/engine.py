@@ -70,4 +70,5 @@ class Engine(Protocol):
         """Free what a failed allocation left, so the next request can run."""
 
     def after_reply(self, kind: str) -> None:
-        """Tidy up after a command's answer was sent (e.g. return freed device memory after a sleep)."""
+        """Tidy up after a command's answer was sent (e.g. return freed device memory after a sleep; after a wake,
+        release the page-locked host copy). The worker runs it after every command, before the next."""

@@ -15,10 +15,13 @@ but a sleeping CPU replica frees nothing; it holds the same bytes in its host bu
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
 import torch
+
+log = logging.getLogger("agent.worker")
 
 ALIGN = 256  # bytes: every storage starts aligned in the one-block layout (CUDA kernels want >= 16)
 
@@ -70,14 +73,15 @@ class WeightSwap:
 
     @property
     def host_bytes(self) -> int:
-        """Host memory held while asleep (0 when awake)."""
+        """Host memory held while asleep (0 when awake: a page-locked buffer a wake left for release_host() is
+        freed within the wake's after_reply, so it is not counted against the host's sleep budget)."""
         return int(self._host.numel()) if self._host is not None else 0
 
     def sleep(self) -> Transfer:
         """Copy the weights to host memory and free them on the device."""
         if self.asleep:
             return Transfer("sleep", self.host_bytes, 0.0)
-        self.release_host()  # a sleep straight after a wake, before its after_reply
+        self.release_host()  # for callers that skip after_reply (the worker never does)
         start = time.perf_counter()
         storages = self._layout()
         total = self._offsets[-1] + self._sizes[-1] if storages else 0
@@ -98,7 +102,8 @@ class WeightSwap:
         return Transfer("sleep", total, time.perf_counter() - start, pinned)
 
     def wake(self) -> Transfer:
-        """Copy the weights back onto the device in one transfer and free the host copy."""
+        """Copy the weights back onto the device in one transfer. A page-locked host copy is unlocked and freed by
+        release_host(), which the caller must run once the wake is answered (the worker's after_reply)."""
         if not self.asleep or self._host is None:
             return Transfer("wake", 0, 0.0)
         start = time.perf_counter()
@@ -172,7 +177,14 @@ def pin(host: torch.Tensor) -> bool:
 
 
 def unpin(host: torch.Tensor) -> None:
-    torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
+    cudart = torch.cuda.cudart()
+    code = int(cudart.cudaHostUnregister(host.data_ptr()))
+    if code != 0:
+        # Outside any command now (after_reply): a failure left set would surface as the next kernel's error.
+        clear = getattr(cudart, "cudaGetLastError", None)
+        if clear is not None:
+            clear()
+        log.warning("cudaHostUnregister of a %d-byte host copy failed (CUDA error %d)", host.numel(), code)
 
 
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:

@@ -159,3 +159,35 @@ def test_a_wake_leaves_unlocking_its_page_locked_copy_until_after_its_answer(mon
     swap.wake()
     swap.sleep()  # asleep again before the wake's after_reply: the old buffer is unlocked first
     assert calls[-1][0] == "unregister" and len(calls) == 2
+
+
+def test_the_worker_releases_the_host_copy_once_a_wake_is_answered(monkeypatch):
+    # LoadedModel.after_reply is what the worker process runs after every command's answer: after a wake it must
+    # unlock the host copy, or a CUDA replica would keep a page-locked copy of its weights until its next sleep.
+    from types import SimpleNamespace
+
+    from agent.workers.runtime import LoadedModel
+
+    released = []
+    model = SimpleNamespace(swap=SimpleNamespace(release_host=lambda: released.append(1)),
+                            device=torch.device("cpu"))
+    LoadedModel.after_reply(model, "infer")
+    LoadedModel.after_reply(model, "sleep")
+    assert released == []
+    LoadedModel.after_reply(model, "wake")
+    assert released == [1]
+
+
+def test_a_failed_unlock_is_logged_and_its_cuda_error_cleared(monkeypatch, caplog):
+    calls = []
+
+    class Refusing(FakeCudart):
+        def cudaHostUnregister(self, ptr):
+            self.calls.append(("unregister", ptr))
+            return 713  # cudaErrorHostMemoryNotRegistered
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Refusing(0, calls))
+    host = torch.empty(64, dtype=torch.uint8)
+    unpin(host)
+    assert calls == [("unregister", host.data_ptr()), ("clear",)]
+    assert "cudaHostUnregister of a 64-byte host copy failed (CUDA error 713)" in caplog.text

@@ -202,7 +202,7 @@ class Command(BaseCommand):
     async def _serve(self, opts, sock: socket.socket, agent_token: str | None) -> None:
         from console.asgi import application
 
-        tune()  # what serving needs is imported: freeze it, and collect less often (console/gctune.py)
+        tune()  # the console is imported: freeze it, and collect less often (console/gctune.py)
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
 
