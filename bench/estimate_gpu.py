@@ -22,7 +22,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -60,9 +59,10 @@ def main() -> int:
         print("RESULT " + json.dumps(one(path, task, dtype, int(batch), int(seq) or None, args.device)))
         return 0
 
-    import sleep_wake  # bench/sleep_wake.py: the same seeded model builders
     import torch
     import transformers
+
+    from bench import sleep_wake  # the same seeded model builders
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}"
           + (f" ({torch.cuda.get_device_name(torch.device(args.device))})" if torch.cuda.is_available() else ""))

@@ -143,7 +143,7 @@ class SimAgent:
         self._lost_at: float | None = None
         self._why = ""  # why the last connection attempt or link ended
         self._generation = -1  # of the last desired state applied, across connections (as agent.replicas)
-        self._gpus: list[GpuInfo] = []  # the last reading of each GPU (see gpus())
+        self._gpus: list[GpuInfo | None] = [None] * spec.gpus  # the last reading of each GPU (see gpus())
 
     @property
     def url(self) -> str:
@@ -394,19 +394,14 @@ class SimAgent:
                 for index in r.desired.gpus:
                     if index < len(used):
                         used[index] += r.desired.reserved_bytes
-        readings = []
         for i, u in enumerate(used):
             u = min(u, self.spec.gpu_bytes)
-            if i >= len(self._gpus) or self._gpus[i].used_bytes != u:
-                gpu = GpuInfo(index=i, uuid=f"SIM-{self.name}-{i}", name="Simulated GPU",
-                              total_bytes=self.spec.gpu_bytes, used_bytes=u, own_bytes=u, utilization=0.0,
-                              simulated=True)
-                if i < len(self._gpus):
-                    self._gpus[i] = gpu
-                else:
-                    self._gpus.append(gpu)
-            readings.append(self._gpus[i])
-        return readings
+            gpu = self._gpus[i]
+            if gpu is None or gpu.used_bytes != u:
+                self._gpus[i] = GpuInfo(index=i, uuid=f"SIM-{self.name}-{i}", name="Simulated GPU",
+                                        total_bytes=self.spec.gpu_bytes, used_bytes=u, own_bytes=u, utilization=0.0,
+                                        simulated=True)
+        return list(self._gpus)  # type: ignore[arg-type]  (every one is set now)
 
     def _status(self, replica: SimReplica) -> ReplicaStatus:
         key = (replica.state, replica.reason, replica.pid, replica.measured_bytes, replica.desired.batch,
