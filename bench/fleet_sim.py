@@ -143,7 +143,7 @@ class SimAgent:
         self._lost_at: float | None = None
         self._why = ""  # why the last connection attempt or link ended
         self._generation = -1  # of the last desired state applied, across connections (as agent.replicas)
-        self._gpus: list[GpuInfo | None] = [None] * spec.gpus  # the last reading of each GPU (see gpus())
+        self._gpus: list[GpuInfo | None] = []  # the last reading of each GPU (see gpus())
 
     @property
     def url(self) -> str:
@@ -394,6 +394,8 @@ class SimAgent:
                 for index in r.desired.gpus:
                     if index < len(used):
                         used[index] += r.desired.reserved_bytes
+        if len(self._gpus) != len(used):  # a new spec (tests give hosts of one fleet different GPU counts)
+            self._gpus = [None] * len(used)
         for i, u in enumerate(used):
             u = min(u, self.spec.gpu_bytes)
             gpu = self._gpus[i]

@@ -1,6 +1,8 @@
 """The fleet simulator speaks the real protocol: it answers logs requests, and a desired state's changes reach the
 console in one report ahead of the ack, as the real agent sends them (agent.protocol.outbox)."""
 
+import dataclasses
+
 from agent.protocol import (
     Ack,
     DesiredReplica,
@@ -69,3 +71,5 @@ async def test_readings_and_statuses_kept_between_reports_follow_every_change():
     assert {g.index: g.used_bytes for g in report.gpus} == {2: 0}  # only the GPU whose reading changed
     for replica in sim.replicas.values():
         sim._cancel(replica)
+    sim.spec = dataclasses.replace(sim.spec, gpus=2)  # as tests/e2e/test_chaos_fleet.py gives hosts other GPUs
+    assert [g.used_bytes for g in sim.gpus()] == [0, GIB]
