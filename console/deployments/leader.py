@@ -109,10 +109,17 @@ class AdvisoryLock:
         return True
 
     def release(self) -> None:
-        conn, self._conn, self._holding = self._conn, None, False
-        if conn is not None:
+        conn, holding = self._conn, self._holding
+        self._conn, self._holding = None, False
+        if conn is None:
+            return
+        if holding:
+            # Unlock before closing: PostgreSQL frees a closed session's locks only once its backend has exited,
+            # a moment after close() returns, and a follower trying in that moment would be refused.
             with contextlib.suppress(Exception):
-                conn.close()  # the session ends; PostgreSQL releases its advisory locks
+                conn.execute("SELECT pg_advisory_unlock(%s)", [self.key])
+        with contextlib.suppress(Exception):
+            conn.close()  # the session ends; PostgreSQL releases any advisory lock still held
 
 
 class FileLock:

@@ -80,6 +80,25 @@ def test_of_two_electors_one_leads_and_the_other_takes_over_under_the_next_epoch
         second.step_down()
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL only: a file lock is freed when its "
+                    "descriptor closes, and the test above covers it on SQLite")
+def test_a_leader_stepping_down_frees_the_advisory_lock_before_its_session_ends(monkeypatch):
+    # PostgreSQL frees a closed session's locks only when its backend exits, a moment after close() returns; CI
+    # once saw the follower refused in that moment. Keeping the session open models the moment deterministically.
+    first, second = Elector(holder="a:1"), Elector(holder="b:2")
+    try:
+        assert first.try_lead()
+        lingering = first.lock._conn
+        monkeypatch.setattr(lingering, "close", lambda: None)
+        first.step_down()
+        assert not lingering.closed
+        assert second.try_lead()
+    finally:
+        monkeypatch.undo()
+        lingering.close()
+        second.step_down()
+
+
 def test_killing_the_leading_process_frees_the_lock_for_a_follower(tmp_path):
     holder = another_process_leads(tmp_path)
     follower = Elector(holder="follower:1")
