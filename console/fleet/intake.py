@@ -3,7 +3,8 @@
 message its links received in one tick, so a thousand hosts cost a handful of bulk statements per tick, not a
 transaction per message. Agent input only ever updates rows of the agent's own host.
 
-Every message renews its host's lease (last_seen): liveness never waits on what a report says."""
+Every message renews its host's lease (last_seen, written again once a quarter of the lease has passed): liveness
+never waits on what a report says."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from agent.protocol import Ack, GpuInfo, Hello, HostReport, ReplicaStatus
@@ -246,7 +248,11 @@ def _apply_to_hosts(now: datetime, renewed: set[int], closed: dict[int, int], no
             notes.extend(Note(host_object(name), "Reconnected", "its agent spoke again: the lease is renewed",
                               actor=f"agent {name}", host=name) for name in back.values_list("name", flat=True))
             back.update(unknown_since=None)
-        Host.objects.filter(pk__in=renewed).update(last_seen=now)
+        # Written again only once a quarter of the lease has passed: a wave brings each host's acks and statuses
+        # many times a second, and writing every batch's leases was half of an ack's batch (and locked the host
+        # rows a pass writes). A row renewed lately is not even locked: it fails the filter.
+        stale = now - timedelta(seconds=renewal_seconds(settings.MODELGRID_HOST_LEASE_SECONDS))
+        Host.objects.filter(Q(last_seen__lt=stale) | Q(last_seen__isnull=True), pk__in=renewed).update(last_seen=now)
     for host_id, epoch in sorted(closed.items()):
         # A superseded link's close is not news: the host lives on through its newest link.
         if Host.objects.filter(pk=host_id, link_epoch=epoch, connected=True).update(connected=False,
@@ -399,9 +405,16 @@ def apply_one(host: Host, message: HostReport | ReplicaStatus | Ack) -> Outcome:
     return apply_batch([Item(host.pk, host.name, message)])[0]
 
 
+def renewal_seconds(lease_s: float) -> float:
+    """How old a host's written lease (last_seen) may grow before a message of its agent writes it again."""
+    return lease_s / 4
+
+
 def lapse_leases(now: datetime, lease_s: float) -> list[str]:
-    """Hosts whose agent said nothing for a lease become unknown; returns their names."""
-    silent = Host.objects.filter(connected=True, last_seen__lt=now - timedelta(seconds=lease_s))
+    """Hosts whose agent said nothing for a lease become unknown; returns their names. (Its agent may have spoken up
+    to a renewal interval after last_seen: a host lapses a lease and that interval after it, never sooner.)"""
+    silent_since = now - timedelta(seconds=lease_s + renewal_seconds(lease_s))
+    silent = Host.objects.filter(connected=True, last_seen__lt=silent_since)
     lapsed = dict(silent.values_list("pk", "name"))
     # The filter again: one that spoke up since the read keeps its lease (and is not named).
     if lapsed and silent.filter(pk__in=lapsed).update(connected=False, unknown_since=now) < len(lapsed):

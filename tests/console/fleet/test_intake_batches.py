@@ -103,6 +103,23 @@ def test_a_steady_pass_rebuilds_no_desired_state(host, model):
                    for q in ctx.captured_queries)
 
 
+def test_a_lease_renewed_lately_is_not_written_again(model, settings):
+    # A wave brings each host's acks and statuses many times a second; writing last_seen for every batch made half
+    # of an ack's batch, and locked host rows a pass writes. A lease is written again once a quarter of it passed.
+    settings.MODELGRID_HOST_LEASE_SECONDS = 20.0
+    (fresh, fresh_replicas), (stale, stale_replicas) = fleet(2, model)
+    now = timezone.now()
+    Host.objects.filter(pk=fresh.pk).update(last_seen=now - timezone.timedelta(seconds=4))
+    Host.objects.filter(pk=stale.pk).update(last_seen=now - timezone.timedelta(seconds=6))
+    quiet = HostReport(gpus=[], replicas=[], serving=None, ram_free_bytes=None)
+    outcomes = apply_batch([Item(fresh.pk, fresh.name, quiet), Item(stale.pk, stale.name, quiet)])
+    assert [o.error for o in outcomes] == [None, None]
+    fresh.refresh_from_db()
+    stale.refresh_from_db()
+    assert now - fresh.last_seen >= timezone.timedelta(seconds=4)  # not written
+    assert timezone.now() - stale.last_seen < timezone.timedelta(seconds=2)  # renewed
+
+
 def test_a_quiet_report_renews_the_lease_and_keeps_what_it_leaves_out(model):
     (h, replicas), = fleet(1, model)
     tick_queries([(h, replicas)], 1 * GiB)  # the first report on the link: whole

@@ -47,7 +47,7 @@ def test_a_host_whose_lease_lapsed_is_unknown_and_keeps_its_replicas(leading, ho
     create_deployment("chat", "tiny")
     reconcile_once()
     second_host()
-    silent_for(host, 25)
+    silent_for(host, 30)  # past the lease (20 s) and a renewal interval (5 s)
     reconcile_once()
     host.refresh_from_db()
     assert host.lifecycle == "unknown" and host.unknown_since is not None
@@ -55,7 +55,7 @@ def test_a_host_whose_lease_lapsed_is_unknown_and_keeps_its_replicas(leading, ho
 
 
 def test_an_unknown_host_gets_no_new_replicas(leading, host, model):
-    silent_for(host, 25)
+    silent_for(host, 30)
     reconcile_once()
     create_deployment("chat", "tiny")
     reconcile_once()
