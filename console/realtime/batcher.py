@@ -4,14 +4,18 @@ one tick and applies it in two stages (console/fleet/intake.py): hosts (leases, 
 readings (replicas' states, GPU readings, reports' host fields). Each stage takes its batches one after another
 in arrival order, so each link's messages still apply in the order it sent them, and a thousand agents cost a few
 statements per tick instead of a transaction each; the next batch's hosts need not wait for the last batch's
-readings."""
+readings. The hosts stage's thread, once it commits a batch, takes the next one itself if it is due (an ack came
+meanwhile) rather than handing back to the event loop and waiting to be handed it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import math
+import threading
+import time
 
 from django.conf import settings
 
@@ -26,6 +30,9 @@ log = logging.getLogger("modelgrid.realtime")
 # thread behind other work (console/dbthreads.py).
 _HOSTS_THREAD = dedicated_thread("intake-hosts")
 _READINGS_THREAD = dedicated_thread("intake-readings")
+# How long the hosts stage's thread goes on taking batches that came due before it hands back to the event loop
+# (on SQLite that thread is Channels' one database thread, which everything else needs too).
+DRAIN_SECONDS = 0.5
 
 
 def quiet(message) -> bool:
@@ -38,8 +45,10 @@ class Batcher:
     def __init__(self, tick: float, quiet_tick: float) -> None:
         self.tick = tick
         self.quiet_tick = quiet_tick
+        # The pending batch: added to on the event loop, taken on the hosts stage's thread.
+        self._lock = threading.Lock()
         self._pending: list[tuple[intake.Item, asyncio.Future]] = []
-        self._due = math.inf  # loop time the pending batch is applied: a tick after its most urgent message came
+        self._due = math.inf  # when (time.monotonic) the pending batch is applied: a tick after its most urgent message
         self._sooner = asyncio.Event()  # a message came that makes the batch due sooner
         self._task: asyncio.Task | None = None
         self._readings: asyncio.Task | None = None  # the last batch's second stage
@@ -51,12 +60,15 @@ class Batcher:
         at most the tick. Each takes the messages waiting before it with it."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        due = loop.time() + (0.0 if isinstance(item.message, Ack) else
-                             self.quiet_tick if quiet(item.message) else self.tick)
-        if due < self._due:
-            self._due = due
+        due = time.monotonic() + (0.0 if isinstance(item.message, Ack) else
+                                  self.quiet_tick if quiet(item.message) else self.tick)
+        with self._lock:
+            self._pending.append((item, future))
+            sooner = due < self._due
+            if sooner:
+                self._due = due
+        if sooner:
             self._sooner.set()
-        self._pending.append((item, future))
         if self._task is None or self._task.done():  # the task ends when idle: nothing outlives the loop
             self._task = loop.create_task(self._run(), name="agent-intake")
         return future
@@ -66,25 +78,42 @@ class Batcher:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        # (The loop alone adds to _pending, and never awaits between this test and returning: a message enqueued
+        # later finds the task done and starts another.)
         while self._pending:
             # The tick counts from each message's arrival: what arrived while the last batch was being applied
             # has waited long enough already.
-            while (wait := self._due - loop.time()) > 0:
+            while (wait := self._due - time.monotonic()) > 0:
                 self._sooner.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(wait):
                         await self._sooner.wait()
-            batch, self._pending, self._due = self._pending, [], math.inf
+            # Its own thread (PostgreSQL): a batch never waits for a scheduler pass to finish its turn.
+            await own_thread(self._drain, _HOSTS_THREAD)(loop, contextvars.copy_context())
+
+    def _drain(self, loop: asyncio.AbstractEventLoop, context: contextvars.Context) -> None:
+        """On the hosts stage's thread: apply the pending batch, then each next one that is due by the time the one
+        before committed, for up to DRAIN_SECONDS. In a 1,000-host wave, handing each batch back to the event loop
+        and being handed the next (the loop one of many threads that want the interpreter) took ~100 ms and up to
+        1.5 s between an ack's batch and the one before it (a throwaway trace; docs/benchmarks.md)."""
+        began = time.monotonic()
+        while time.monotonic() - began < DRAIN_SECONDS:
+            with self._lock:
+                if not self._pending or self._due > time.monotonic():
+                    return
+                batch, self._pending, self._due = self._pending, [], math.inf
             try:
-                # Its own thread (PostgreSQL): a batch never waits for a scheduler pass to finish its turn.
-                staged = await own_thread(intake.apply_hosts, _HOSTS_THREAD)([item for item, _ in batch])
+                staged = intake.apply_hosts([item for item, _ in batch])
             except Exception as e:  # not even retried one by one (the database is gone, say)
-                self._fail(batch, e)
+                _to_loop(loop, context, self._fail, batch, e)
                 continue
-            # The readings' stage after the last batch's, on a task of its own: the next tick's acks and leases
-            # need not wait for this tick's readings (those seldom touch host rows, and then last: see intake).
-            self._readings = loop.create_task(self._finish(self._readings, batch, staged),
-                                              name="agent-intake-readings")
+            _to_loop(loop, context, self._read, batch, staged)
+
+    def _read(self, batch: list[tuple[intake.Item, asyncio.Future]], staged: intake.Staged) -> None:
+        # The readings' stage after the last batch's, on a task of its own: the next tick's acks and leases need not
+        # wait for this tick's readings (those seldom touch host rows, and then last: see intake).
+        self._readings = asyncio.get_running_loop().create_task(self._finish(self._readings, batch, staged),
+                                                                name="agent-intake-readings")
 
     async def _finish(self, before: asyncio.Task | None, batch: list[tuple[intake.Item, asyncio.Future]],
                       staged: intake.Staged) -> None:
@@ -115,6 +144,14 @@ class Batcher:
             if not future.done():
                 future.set_result(intake.Outcome(error=f"the console could not apply this {kinds} "
                                                        f"({type(e).__name__}); its log has the details"))
+
+
+def _to_loop(loop: asyncio.AbstractEventLoop, context: contextvars.Context, callback, *args) -> None:
+    """Run `callback(*args)` on `loop`'s thread in `context` (the batcher task's, not this thread's: asgiref marks a
+    database thread's context, and a task started in it would refuse to reach the database), in the order called.
+    A closed loop's batches are moot."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback, *args, context=context.copy())
 
 
 _batchers: dict[asyncio.AbstractEventLoop, Batcher] = {}

@@ -86,6 +86,42 @@ async def test_the_next_ticks_hosts_stage_does_not_wait_for_the_last_ticks_repli
     assert log == [("hosts", ["report"]), ("hosts", ["ack"]), ("replicas", ["report"]), ("replicas", ["ack"])]
 
 
+async def test_an_ack_that_came_during_a_batch_is_applied_next_without_waiting_for_the_event_loop(monkeypatch):
+    """The hosts stage's thread goes on to the next batch that is due when it commits one, instead of handing back
+    to the event loop and waiting to be handed the next: in a 1,000-host wave the loop, one of many threads wanting
+    the interpreter, took ~100 ms and up to 1.5 s to do that (a throwaway trace; docs/benchmarks.md)."""
+    import threading
+    import time
+
+    from console.realtime import batcher as module
+
+    first_running = threading.Event()
+    started: list[tuple[str, float]] = []
+
+    def hosts(items):
+        started.append((items[0].host_name, time.monotonic()))
+        if items[0].host_name == "a":
+            first_running.set()
+            time.sleep(0.3)  # the first batch takes a while
+        return intake.Staged([intake.Outcome() for _ in items])
+
+    monkeypatch.setattr(intake, "apply_hosts", hosts)
+    monkeypatch.setattr(intake, "apply_readings", lambda items, staged: staged.outcomes)
+    monkeypatch.setattr(module, "own_thread", lambda fn, executor=None: lambda *a: asyncio.to_thread(fn, *a))
+    b = Batcher(tick=30, quiet_tick=30)
+    first = b.enqueue(intake.Item(1, "a", Ack(generation=1)))
+    async with asyncio.timeout(5):
+        while not first_running.is_set():
+            await asyncio.sleep(0.01)
+    second = b.enqueue(intake.Item(2, "b", Ack(generation=1)))  # comes while the first batch is applied
+    time.sleep(1.0)  # the event loop is busy (blocked here) meanwhile
+    busy_until = time.monotonic()
+    async with asyncio.timeout(5):
+        await asyncio.gather(first, second)
+    assert [name for name, _ in started] == ["a", "b"]
+    assert started[1][1] < busy_until  # applied while the loop could not have handed it over
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_an_ack_is_applied_at_once_and_takes_what_waits_with_it(applied):
     """A push's sender waits for the ack, so it does not wait for a tick: its batch is due as it comes (what
