@@ -88,8 +88,16 @@ class Batcher:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(wait):
                         await self._sooner.wait()
-            # Its own thread (PostgreSQL): a batch never waits for a scheduler pass to finish its turn.
-            await own_thread(self._drain, _HOSTS_THREAD)(loop, contextvars.copy_context())
+            try:
+                # Its own thread (PostgreSQL): a batch never waits for a scheduler pass to finish its turn.
+                await own_thread(self._drain, _HOSTS_THREAD)(loop, contextvars.copy_context())
+            except Exception as e:  # the stage could not even start: what waits fails rather than waiting forever
+                with self._lock:
+                    batch, self._pending, self._due = self._pending, [], math.inf
+                if batch:
+                    self._fail(batch, e)
+                else:  # after its batches were applied (giving a connection back, say)
+                    log.error("intake's hosts stage failed after its batches: %s: %s", type(e).__name__, e)
 
     def _drain(self, loop: asyncio.AbstractEventLoop, context: contextvars.Context) -> None:
         """On the hosts stage's thread: apply the pending batch, then each next one that is due by the time the one

@@ -122,6 +122,29 @@ async def test_an_ack_that_came_during_a_batch_is_applied_next_without_waiting_f
     assert started[1][1] < busy_until  # applied while the loop could not have handed it over
 
 
+async def test_a_hosts_stage_that_cannot_even_start_fails_its_batch_and_the_next_is_tried(monkeypatch):
+    from console.realtime import batcher as module
+
+    calls = []
+
+    def broken(fn, executor=None):
+        async def call(*args):
+            calls.append(fn)
+            if len(calls) == 1:
+                raise RuntimeError("no thread to run on")
+            return await asyncio.to_thread(fn, *args)
+        return call
+
+    monkeypatch.setattr(intake, "apply_hosts", lambda items: intake.Staged([intake.Outcome() for _ in items]))
+    monkeypatch.setattr(intake, "apply_readings", lambda items, staged: staged.outcomes)
+    monkeypatch.setattr(module, "own_thread", broken)
+    b = Batcher(tick=30, quiet_tick=30)
+    async with asyncio.timeout(5):
+        failed = await b.enqueue(intake.Item(1, "a", Ack(generation=1)))
+        assert failed.error == "the console could not apply this ack (RuntimeError); its log has the details"
+        assert (await b.enqueue(intake.Item(1, "a", Ack(generation=2)))).error is None
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_an_ack_is_applied_at_once_and_takes_what_waits_with_it(applied):
     """A push's sender waits for the ack, so it does not wait for a tick: its batch is due as it comes (what
