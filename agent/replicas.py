@@ -358,8 +358,10 @@ class Replicas:
             old = self._restart_timers.pop(rid, None)
             if old is not None:
                 old.cancel()
+            # The coroutine is made when the timer fires: one made now and called off (another failure, a stop)
+            # would never be awaited.
             self._restart_timers[rid] = asyncio.get_running_loop().call_later(
-                delay, self._spawn, self._restart(rid, handle)
+                delay, lambda: self._spawn(self._restart(rid, handle))
             )
 
     def _fill_process_bytes(self, handle: WorkerHandle) -> None:
