@@ -91,7 +91,9 @@ class Batcher:
             try:
                 # Its own thread (PostgreSQL): a batch never waits for a scheduler pass to finish its turn.
                 await own_thread(self._drain, _HOSTS_THREAD)(loop, contextvars.copy_context())
-            except Exception as e:  # the stage could not even start: what waits fails rather than waiting forever
+            except Exception as e:
+                # The thread call failed (it could not start, or give its connection back): what waits fails rather
+                # than wait for a call that may fail again.
                 with self._lock:
                     batch, self._pending, self._due = self._pending, [], math.inf
                 if batch:
