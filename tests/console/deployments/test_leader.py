@@ -86,16 +86,17 @@ def test_a_leader_stepping_down_frees_the_advisory_lock_before_its_session_ends(
     # PostgreSQL frees a closed session's locks only when its backend exits, a moment after close() returns; CI
     # once saw the follower refused in that moment. Keeping the session open models the moment deterministically.
     first, second = Elector(holder="a:1"), Elector(holder="b:2")
+    assert first.try_lead()
+    lingering = first.lock._conn
     try:
-        assert first.try_lead()
-        lingering = first.lock._conn
         monkeypatch.setattr(lingering, "close", lambda: None)
         first.step_down()
         assert not lingering.closed
         assert second.try_lead()
-    finally:
+    finally:  # whatever failed above, the session and both electors' locks are let go
         monkeypatch.undo()
         lingering.close()
+        first.step_down()
         second.step_down()
 
 
