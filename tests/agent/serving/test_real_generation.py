@@ -14,6 +14,7 @@ import pytest_asyncio
 from agent.serving import make_app, start_server
 from agent.serving.auth import GatewayAuth
 from agent.workers.demo_models import build_tiny_llama
+from agent.workers.messages import Reply, Tokens
 from agent.workers.spec import WorkerSpec
 from agent.workers.supervisor import Supervisor
 from tests.waiting import until
@@ -91,7 +92,22 @@ async def test_a_stream_whose_client_leaves_frees_its_slot_and_the_next_request_
     assert time.monotonic() - started < 1.0
 
 
-async def test_a_v2_forward_is_answered_while_a_long_generation_runs(agent):
+async def test_a_v2_forward_is_answered_while_a_long_generation_runs(agent, monkeypatch):
+    # Judged by the order of the worker's own messages on its pipe, not by which HTTP answer the client sees
+    # first: encoding and decoding the 16,384 logits as JSON can outlast the generation's remaining steps on a
+    # busy machine (CI once saw the generation finish first although the worker had answered between steps).
+    link = agent.handle.link
+    decoded, decoded_when_answered = [], []
+    handle = link._handle
+
+    def recording(message):
+        if isinstance(message, Tokens):
+            decoded.append(len(message.tokens))
+        elif isinstance(message, Reply) and message.request_id not in link._streams:
+            decoded_when_answered.append(sum(decoded))
+        handle(message)
+
+    monkeypatch.setattr(link, "_handle", recording)
     long = asyncio.ensure_future(agent.completions.create(model="chat", prompt=PROMPTS[2], max_tokens=230,
                                                           temperature=0))
     await until(lambda: agent.handle.engine_stats.running == 1, 5.0, "the generation to start")
@@ -100,7 +116,9 @@ async def test_a_v2_forward_is_answered_while_a_long_generation_runs(agent):
         async with http.post(f"http://127.0.0.1:{agent.port}/v2/models/chat/infer", json={"inputs": [tensor]}) as r:
             answer = await r.json()
     assert r.status == 200 and answer["outputs"][0]["shape"] == [2, 8, 1024]
-    assert not long.done()  # answered between two decoding steps, not after the generation
     assert (await long).usage.completion_tokens == 230
+    # Answered between two decoding steps: the worker sent the forward's reply before the generation's last token.
+    assert len(decoded_when_answered) == 1 and decoded_when_answered[0] < 230, decoded_when_answered
+    assert sum(decoded) == 230
     logits = np.asarray(answer["outputs"][0]["data"], dtype=np.float32)
     assert np.isfinite(logits).all()
