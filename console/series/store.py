@@ -92,27 +92,52 @@ class Recorded:
     window_closed: bool  # a 5-minute window ended with this tick
 
 
+@dataclass
+class _Known:
+    """Every series' id and value in force as this process recorded them at `tick`, in database `database`."""
+
+    database: str
+    tick: int
+    series: dict[Key, tuple[int, float | None]]
+
+
+# What the last tick here left, so that the next one (the clock at that tick: nobody recorded since) compares
+# against it instead of reading every series again: at 10,000 deployments that read was 95,006 rows built into
+# Python tuples every 10 s, a third of a second holding the interpreter lock that the agent links' event loop
+# needs in a rollout's waves (a sampling profile of a 1,000-host wave; docs/benchmarks.md).
+_known: _Known | None = None
+
+
 @transaction.atomic
 def record(values: dict[Key, float | None], now: int) -> Recorded:
     """Store what changed in `values`, every series the sampler read at `now` (unix seconds); a stored series
     missing from it (its object is gone) gets a gap."""
+    global _known
     clock, _ = Clock.objects.select_for_update().get_or_create(pk=1)
     last = clock.last_tick
     if last is not None and now <= last:
         return Recorded(0, False)  # this second is recorded already (or the clock stepped back)
+    known, _known = _known, None  # until this tick is written whole: a failure below leaves nothing to trust
     window = now // COARSE_STEP_S
     window_closed = last is not None and last // COARSE_STEP_S < window
-    # Each row: its key, then its state as _State takes it (all of it when every mean is due, else the value
-    # alone, enough to see what changed). Rows stay tuples unless they change.
-    columns = _STATE if window_closed else ("id", "value")
-    current = {row[:3]: row for row in Series.objects.values_list("kind", "object_id", "metric", *columns)}
-    full = {row[3]: row[3:] for row in current.values()} if window_closed else {}
+    database = connection.settings_dict["NAME"]
+    full: dict[int, tuple] = {}
+    if not window_closed and known is not None and (known.database, known.tick) == (database, last):
+        current = known.series
+    else:
+        # Each row: its key, then its state as _State takes it (all of it when every mean is due, else the
+        # value alone, enough to see what changed).
+        columns = _STATE if window_closed else ("id", "value")
+        rows = list(Series.objects.values_list("kind", "object_id", "metric", *columns))
+        current = {row[:3]: (row[3], row[4]) for row in rows}
+        if window_closed:
+            full = {row[3]: row[3:] for row in rows}
     dirty: dict[int, _State] = {}
     points: list[tuple[int, bool, int, float | None]] = []
     if window_closed:
         closing = last // COARSE_STEP_S
-        for key, row in current.items():
-            s = _State(*row[3:])
+        for key, (sid, _) in current.items():
+            s = _State(*full[sid])
             mean = quantize(s.window_mean(closing), _UNITS.get((key[0], key[2]), ""))
             if s.coarse_since is None or mean != s.coarse_value:
                 s.coarse_value, s.coarse_since = mean, closing * COARSE_STEP_S
@@ -120,18 +145,18 @@ def record(values: dict[Key, float | None], now: int) -> Recorded:
                 dirty[s.id] = s
     new, changes = [], []
     for key, raw in values.items():
-        row = current.get(key)
-        if row is None:
+        held = current.get(key)
+        if held is None:
             new.append(Series(kind=key[0], object_id=key[1], metric=key[2], since=now, first=now, acc_window=window,
                               value=quantize(raw, _UNITS.get((key[0], key[2]), ""))))
-        elif raw != row[4]:  # a stored value is already rounded: equal means unchanged
+        elif raw != held[1]:  # a stored value is already rounded: equal means unchanged
             value = quantize(raw, _UNITS.get((key[0], key[2]), ""))
-            if value != row[4]:
-                changes.append((row[3], value))
+            if value != held[1]:
+                changes.append((key, held[0], value))
     # A series no longer read (its object is gone): a gap from now on.
-    changes += [(row[3], None) for key, row in current.items() if row[4] is not None and key not in values]
-    full |= _states([sid for sid, _ in changes if sid not in full], len(current))
-    for sid, value in changes:
+    changes += [(key, sid, None) for key, (sid, value) in current.items() if value is not None and key not in values]
+    full |= _states([sid for _, sid, _ in changes if sid not in full], len(current))
+    for _, sid, value in changes:
         s = dirty.get(sid) or _State(*full[sid])
         s.change(value, now)
         points.append((sid, False, now, value))
@@ -143,7 +168,16 @@ def record(values: dict[Key, float | None], now: int) -> Recorded:
         Outage.objects.create(start=last, end=now)
     clock.last_tick = now
     clock.save(update_fields=["last_tick"])
+    current.update({key: (sid, value) for key, sid, value in changes})
+    current.update({(s.kind, s.object_id, s.metric): (s.pk, s.value) for s in created})
+    _known = _Known(database, now, current)
     return Recorded(len(points), window_closed)
+
+
+def forget() -> None:
+    """Read every series again at the next tick (their rows were deleted or written by another hand)."""
+    global _known
+    _known = None
 
 
 def _states(ids: list[int], stored: int) -> dict[int, tuple]:
@@ -195,6 +229,7 @@ def prune(now: int, thorough: bool = False) -> int:
         gone = (stale.filter(kind=DEPLOYMENT).exclude(object_id__in=Deployment.objects.values("pk"))
                 | stale.filter(kind=HOST).exclude(object_id__in=Host.objects.values("pk")))
         Series.objects.filter(pk__in=list(gone.values_list("pk", flat=True))).delete()
+        forget()
         Outage.objects.filter(end__lt=coarse_cut).delete()
     return deleted
 

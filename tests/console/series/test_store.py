@@ -1,10 +1,12 @@
 """The store: change-only points, fill-forward reads, 5-minute means, pruning and outages."""
 
 import pytest
+from django.db import connection
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from console.errors import Invalid
-from console.series.models import Point, Series
+from console.series.models import Clock, Point, Series
 from console.series.store import MAX_POINTS, _thin, prune, read_points, record
 
 pytestmark = pytest.mark.django_db
@@ -140,3 +142,37 @@ def test_a_value_whose_ten_second_point_was_pruned_reads_back_from_the_five_minu
         prune(T0 + 4000)
         assert stored() == [(T0 + 4000, 3.0)]
         assert fine(since=T0 + 3000, now=T0 + 4005).points == [(T0 + 3000, 1.0), (T0 + 4000, 3.0)]
+
+
+def reads_every_series(queries) -> bool:
+    return any('"series_series"."kind"' in q["sql"] for q in queries)
+
+
+def test_a_tick_after_this_process_recorded_the_last_one_compares_with_it_instead_of_reading_every_series():
+    ticks({0: {RATE: 1.0, P95: 5.0}})
+    with CaptureQueriesContext(connection) as queries:
+        ticks({10: {RATE: 2.0, P95: 5.0}})
+    assert not reads_every_series(queries.captured_queries)
+    ticks({20: {RATE: 2.0}})  # p95's object is gone
+    assert stored() == [(T0, 1.0), (T0 + 10, 2.0)]
+    assert stored(P95) == [(T0, 5.0), (T0 + 20, None)]
+
+
+def test_a_tick_after_another_hand_recorded_reads_every_series_again():
+    ticks({0: {RATE: 1.0}})
+    # Another console led meanwhile and recorded 5.0 at T0 + 10: this process's memory of the last tick is stale.
+    Series.objects.filter(kind=RATE[0], object_id=RATE[1], metric=RATE[2]).update(value=5.0, since=T0 + 10)
+    Clock.objects.update(last_tick=T0 + 10)
+    with CaptureQueriesContext(connection) as queries:
+        ticks({20: {RATE: 5.0}})
+    assert reads_every_series(queries.captured_queries)
+    assert stored() == [(T0, 1.0)]  # 5.0 is in force already: no point written
+
+
+def test_a_series_pruned_away_is_created_again_when_its_object_reappears():
+    with override_settings(MODELGRID_SERIES_COARSE_RETENTION_SECONDS=600):
+        ticks({0: {RATE: 1.0}, 10: {}, 310: {}})  # gone at T0 + 10; the tick at 310 closes the first window
+        prune(T0 + 1000, thorough=True)
+        assert not Series.objects.filter(kind=RATE[0], object_id=RATE[1], metric=RATE[2]).exists()
+        ticks({320: {RATE: 3.0}})
+        assert stored() == [(T0 + 320, 3.0)]
