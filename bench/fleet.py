@@ -7,6 +7,7 @@ speaking the real protocol from this process. Prints one table per fleet size. N
     .venv/bin/python bench/fleet.py --sqlite --quick                 # SQLite and the in-memory channel layer
     .venv/bin/python bench/fleet.py --hosts 1000 --bulk 1000         # created as a script would: 1,000 per POST
     .venv/bin/python bench/fleet.py --hosts 1000 --scheduler-process # the scheduler in a child process of `up`
+    .venv/bin/python bench/fleet.py --hosts 1000 --sim-processes 4   # the simulated agents in 4 processes
 
 Per fleet size: a fresh data dir and (default) a fresh PostgreSQL database with the Redis channel layer
 (DATABASE_URL / REDIS_URL, default the local ones), agent tokens issued in one `manage.py shell`, one tiny
@@ -30,6 +31,8 @@ created through the REST API. Columns:
 * simulator loop lag p99 / max: how late this process's event loop ran (a 10 ms sleep's overshoot) from the
   first create to convergence. All simulated agents share that loop, so a wave's pushes are parsed, converged and
   acked one after another here, where real agents answer at once; both push -> ack legs include this wait.
+  With --sim-processes N the agents are spread over N processes (bench/fleet_procs.py), each with its own loop
+  (the column then covers all of them), and the simulator's CPU is theirs and this process's.
 * falsely offline: hosts the console marked not connected while their simulated agent's link was up; taken
   away: ready replicas the console told an agent to stop although nothing was deleted (moves).
 * GET / and GET /api/v1/deployments?page=1: median of 3 after the steady window, with the fleet running.
@@ -60,6 +63,7 @@ import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
+from bench.fleet_procs import ProcessFleet  # noqa: E402
 from bench.fleet_sim import GIB, SimFleet, SimSpec  # noqa: E402
 from bench.fleet_watch import HostWatch  # noqa: E402
 from bench.harness import median, percentile, print_table, running_stack, say  # noqa: E402
@@ -323,7 +327,7 @@ def time_get(client: httpx.Client, path: str, runs: int = 3) -> float:
     return median(took)
 
 
-async def measure(stack, fleet: SimFleet, watch: HostWatch, args, run: Run) -> None:
+async def measure(stack, fleet: SimFleet | ProcessFleet, watch: HostWatch, args, run: Run) -> None:
     row = run.row
     total = run.replicas
     deployments = total // args.replicas_per_deployment
@@ -344,7 +348,10 @@ async def measure(stack, fleet: SimFleet, watch: HostWatch, args, run: Run) -> N
     def settled() -> bool:  # every replica ready on exactly one host, nothing else running (no move in flight)
         return len(fleet.ready()) == total and fleet.states() == {"ready": total}
 
-    while time.monotonic() < deadline and not settled():
+    while time.monotonic() < deadline:
+        await fleet.refresh()
+        if settled():
+            break
         if time.monotonic() >= next_note:
             say(f"{len(fleet.ready())}/{total} ready; replicas by state {fleet.states()}; "
                 f"{fleet.connected()}/{run.hosts} connected")
@@ -378,12 +385,12 @@ async def measure(stack, fleet: SimFleet, watch: HostWatch, args, run: Run) -> N
     row["console CPU while converging"] = f"{100 * busy / (converge_end - first):.0f}%"
     say(row["all ready after last create"] + f"; measuring steady CPU for {args.steady:.0f} s")
     await asyncio.sleep(3)  # the last statuses' effects
-    console, me = console_procs(stack), psutil.Process()
+    console, me = console_procs(stack), [psutil.Process(), *fleet.processes()]
     pg = not args.sqlite
-    c0, b0, s0, t0 = cpu_seconds(console), pg and postgres_cpu_seconds(), cpu_seconds([me]), time.monotonic()
+    c0, b0, s0, t0 = cpu_seconds(console), pg and postgres_cpu_seconds(), cpu_seconds(me), time.monotonic()
     p2 = read_profile(run.profile)
     await asyncio.sleep(args.steady)
-    c1, b1, s1, t1 = cpu_seconds(console), pg and postgres_cpu_seconds(), cpu_seconds([me]), time.monotonic()
+    c1, b1, s1, t1 = cpu_seconds(console), pg and postgres_cpu_seconds(), cpu_seconds(me), time.monotonic()
     run.phases["steady" if converged else "after the timeout"] = profile_between(p2, read_profile(run.profile))
     # Others' work on this machine skews every timing here: say how busy it was.
     row[f"load avg ({os.cpu_count()} cores)"] = f"{os.getloadavg()[0]:.1f}"
@@ -391,6 +398,7 @@ async def measure(stack, fleet: SimFleet, watch: HostWatch, args, run: Run) -> N
     if b0 is not None and b1 is not None and pg:
         row["postgres CPU"] = f"{100 * (b1 - b0) / (t1 - t0):.0f}%"
     row["simulator CPU"] = f"{100 * (s1 - s0) / (t1 - t0):.0f}%"
+    await fleet.collect()  # the agents' metrics (their loops' lag included) up to here
     if watch.precise:
         latencies, never = watch.push_to_ack(since=first)
         row["push -> ack p50 / p99"] = (f"{1000 * percentile(latencies, 0.5):.0f} / "
@@ -457,7 +465,7 @@ async def lone_changes(stack, deployments: int, count: int, watch: HostWatch, ro
                                                       + (f", {never} not acked)" if never else ")"))
 
 
-def falsely_offline(watch: HostWatch, fleet: SimFleet) -> int:
+def falsely_offline(watch: HostWatch, fleet: SimFleet | ProcessFleet) -> int:
     """Hosts the console marked not connected at a moment their agent's link had been up for over a second."""
     hosts = set()
     for e in list(watch.events):
@@ -481,6 +489,7 @@ def run_one(args, hosts: int, replicas: int, tmp: Path) -> Run:
         env |= profile_env(tmp, run.profile)
     up_args = ("--no-agent", "--scheduler-process") if args.scheduler_process else ("--no-agent",)
     run.row["console"] = "up, scheduler in a child" if args.scheduler_process else "up"
+    run.row["simulator"] = f"{args.sim_processes} process" + ("es" if args.sim_processes > 1 else "")
     with running_stack(data_dir, gpus="sim:1x1GiB", args=up_args, **env) as stack:
         r = stack.api().post("/models", json={"name": "tiny", "path": str(write_model(tmp / "tiny"))})
         if r.status_code != 201:
@@ -493,7 +502,9 @@ def run_one(args, hosts: int, replicas: int, tmp: Path) -> Run:
                        report_interval=args.report_interval, load_s=args.load_s, seed=hosts)
 
         async def go() -> None:
-            async with SimFleet(stack.url, tokens, spec, args.connect_concurrency) as fleet:
+            fleet = (ProcessFleet(stack.url, tokens, spec, args.connect_concurrency, args.sim_processes)
+                     if args.sim_processes > 1 else SimFleet(stack.url, tokens, spec, args.connect_concurrency))
+            async with fleet:
                 await measure(stack, fleet, watch, args, run)
 
         try:
@@ -530,6 +541,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="give up waiting after this many seconds")
     parser.add_argument("--steady", type=float, default=30.0, help="seconds of steady CPU measurement")
     parser.add_argument("--connect-concurrency", type=int, default=50)
+    parser.add_argument("--sim-processes", type=int, default=1, metavar="N",
+                        help="run the simulated agents in N processes (bench/fleet_procs.py) instead of this one")
     parser.add_argument("--create-concurrency", type=int, default=4, help="POSTs in flight at once")
     parser.add_argument("--bulk", type=int, default=0, metavar="N",
                         help="create N deployments per POST /deployments/bulk (up to 1000) instead of one per POST")
@@ -546,7 +559,7 @@ def main() -> None:
     if args.quick:
         args.hosts, args.replicas, args.timeout, args.steady = [20], 100, 60.0, 10.0
     for name in ("hosts", "gpus_per_host", "replicas_per_host", "replicas_per_deployment", "connect_concurrency",
-                 "create_concurrency"):
+                 "create_concurrency", "sim_processes"):
         values = getattr(args, name)
         if any(v < 1 for v in (values if isinstance(values, list) else [values])):
             parser.error(f"--{name.replace('_', '-')} must be at least 1")

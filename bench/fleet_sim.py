@@ -490,6 +490,16 @@ class SimFleet:
         if self._session is not None:
             await self._session.close()
 
+    async def refresh(self) -> None:
+        """Nothing to fetch: the agents are in this process (bench/fleet_procs.ProcessFleet fetches its children's)."""
+
+    async def collect(self) -> None:
+        """As refresh()."""
+
+    def processes(self) -> list:
+        """Other processes running agents: none."""
+        return []
+
     def connected(self) -> int:
         return sum(a.connected for a in self.agents.values())
 
