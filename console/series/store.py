@@ -15,8 +15,9 @@ only when the window's time-weighted mean differs from the last coarse point. Wh
   current window up to its last change, so a window's mean is known at its end from that row alone.
 
 The per-series state (value in force, window sum, last coarse value) is one row per series in `Series`:
-each tick reads every series' value in one query (all of its state when a window closes) and writes back
-only the series that changed, in one batch. Pruning by age runs in the same chore; a series keeps its value
+each tick compares with the values in force (those the last tick left in this process, else every series'
+value read in one query; all of its state when a window closes) and writes back only the series that
+changed, in one batch. Pruning by age runs in the same chore; a series keeps its value
 past pruning through that row (`since`), so a value unchanged for longer than the fine retention still reads
 back. Ticks missing for a while (no leader) are recorded as an `Outage`, where readers break lines instead of
 carrying the last value across. docs/benchmarks.md ("Observability") has what it costs at fleet size.
@@ -102,9 +103,9 @@ class _Known:
 
 
 # What the last tick here left, so that the next one (the clock at that tick: nobody recorded since) compares
-# against it instead of reading every series again: at 10,000 deployments that read was 95,006 rows built into
-# Python tuples every 10 s, a third of a second holding the interpreter lock that the agent links' event loop
-# needs in a rollout's waves (a sampling profile of a 1,000-host wave; docs/benchmarks.md).
+# against it instead of reading every series again: at 10,000 deployments that read built 95,006 rows into Python
+# tuples every 10 s, 0.13 s of a 0.33 s steady tick holding the interpreter lock that the agent links' event loop
+# needs in a rollout's waves (bench/series_cost.py, and a sampling profile of a 1,000-host wave; docs/benchmarks.md).
 _known: _Known | None = None
 
 
