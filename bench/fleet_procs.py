@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import multiprocessing
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,15 +103,7 @@ class ProcessFleet:
     def states(self) -> dict[str, int]:
         return dict(self._states)
 
-    async def wait_for(self, predicate: Callable[[], object], timeout: float, interval: float = 0.25) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            await self.refresh()
-            if predicate():
-                return True
-            await asyncio.sleep(interval)
-        await self.refresh()
-        return bool(predicate())
+    wait_for = SimFleet.wait_for  # each poll refreshes first
 
 
 def _child(conn, console: str, tokens: dict[str, str], spec: SimSpec, concurrency: int) -> None:

@@ -516,10 +516,12 @@ class SimFleet:
         return counts
 
     async def wait_for(self, predicate: Callable[[], object], timeout: float, interval: float = 0.1) -> bool:
-        """Poll `predicate` (on this loop) until truthy; False after `timeout` seconds."""
+        """Poll `predicate` (on this loop, after a refresh) until truthy; False after `timeout` seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            await self.refresh()
             if predicate():
                 return True
             await asyncio.sleep(interval)
+        await self.refresh()
         return bool(predicate())
