@@ -385,12 +385,12 @@ async def measure(stack, fleet: SimFleet | ProcessFleet, watch: HostWatch, args,
     row["console CPU while converging"] = f"{100 * busy / (converge_end - first):.0f}%"
     say(row["all ready after last create"] + f"; measuring steady CPU for {args.steady:.0f} s")
     await asyncio.sleep(3)  # the last statuses' effects
-    console, me = console_procs(stack), [psutil.Process(), *fleet.processes()]
+    console, simulator = console_procs(stack), [psutil.Process(), *fleet.processes()]
     pg = not args.sqlite
-    c0, b0, s0, t0 = cpu_seconds(console), pg and postgres_cpu_seconds(), cpu_seconds(me), time.monotonic()
+    c0, b0, s0, t0 = cpu_seconds(console), pg and postgres_cpu_seconds(), cpu_seconds(simulator), time.monotonic()
     p2 = read_profile(run.profile)
     await asyncio.sleep(args.steady)
-    c1, b1, s1, t1 = cpu_seconds(console), pg and postgres_cpu_seconds(), cpu_seconds(me), time.monotonic()
+    c1, b1, s1, t1 = cpu_seconds(console), pg and postgres_cpu_seconds(), cpu_seconds(simulator), time.monotonic()
     run.phases["steady" if converged else "after the timeout"] = profile_between(p2, read_profile(run.profile))
     # Others' work on this machine skews every timing here: say how busy it was.
     row[f"load avg ({os.cpu_count()} cores)"] = f"{os.getloadavg()[0]:.1f}"

@@ -41,8 +41,7 @@ class ProcessFleet:
         if processes < 1:
             raise ValueError(f"processes must be at least 1, got {processes}")
         names = sorted(tokens)
-        self._shares = [{n: tokens[n] for n in names[k::processes]} for k in range(processes)]
-        self._shares = [s for s in self._shares if s]
+        self._shares = [{n: tokens[n] for n in names[k::processes]} for k in range(min(processes, len(names)) or 1)]
         self._console, self._spec = console, spec
         self._concurrency = max(1, connect_concurrency // len(self._shares))
         self._children: list[tuple[Any, Any]] = []  # (process, parent's end of its pipe)

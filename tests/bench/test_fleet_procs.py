@@ -2,7 +2,6 @@
 parent sees their links, replica states and metrics together. A small websocket server on loopback stands in for
 the console: it gives each host that says hello one replica, and counts the acks."""
 
-import asyncio
 import collections
 
 from aiohttp import web
@@ -63,5 +62,4 @@ async def test_a_fleet_stops_its_processes_on_exit():
         children = fleet.processes()
         await fleet.refresh()
         assert fleet.connected() == 0  # nothing listens there: they keep trying
-    await asyncio.sleep(0)
     assert not any(p.is_running() and p.status() != "zombie" for p in children)
