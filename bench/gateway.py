@@ -229,7 +229,8 @@ def section_storm(args, models: dict[str, Path], tmp: Path) -> None:
                  f"{args.storm_clients} clients, each picking a deployment at random per request (v1 completions, "
                  f"max_tokens 2), for {args.storm_seconds:g} s; one simulated GPU of 3 MiB holds one tiny Llama; "
                  f"latency is of the successful requests, queue-ms from x-modelgrid-queue-ms; 'put to sleep' and "
-                 "'woken' count the scheduler's decisions in the log (modelgrid.scheduler: sleep/wake NAME#i)."]
+                 "'woken' count the scheduler's decisions in the log (modelgrid.scheduler: slept/woken "
+                 "replica/NAME#i)."]
         if reasons:
             notes.append("Failures:\n" + "\n".join(f"- {n}x {why}" for why, n in
                                                      sorted(reasons.items(), key=lambda kv: -kv[1])))
@@ -279,14 +280,20 @@ def error_message(text: str) -> str:
         return text.replace("\n", " ")
 
 
+# The scheduler logs each action as its event's reason ("woken replica/NAME#0: ..."; console/deployments/reconcile.py).
+ACTIONS = {"placed": "place", "moved": "move", "woken": "wake", "slept": "sleep", "preempted": "preempt",
+           "stopped": "stop", "refused": "refuse"}
+
+
 def scheduler_decisions(lines: list[str]) -> dict[str, dict[str, int]]:
     """Per deployment, how many times the scheduler's log says it decided each action (sleep, wake, ...)."""
     counts: dict[str, dict[str, int]] = {}
     for line in lines:
-        m = re.search(r"modelgrid\.scheduler: (\w+) (\S+)#\d+:", line)
-        if m:
+        m = re.search(r"modelgrid\.scheduler: (\w+) replica/(\S+)#\d+:", line)
+        if m and m.group(1) in ACTIONS:
             per = counts.setdefault(m.group(2), {})
-            per[m.group(1)] = per.get(m.group(1), 0) + 1
+            action = ACTIONS[m.group(1)]
+            per[action] = per.get(action, 0) + 1
     return collections.defaultdict(lambda: collections.defaultdict(int),
                                    {k: collections.defaultdict(int, v) for k, v in counts.items()})
 
@@ -410,7 +417,8 @@ def timeline(lines: list[str], name: str, sent: float, answered: float) -> dict[
         if not m:
             continue
         t = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        if decided is None and re.search(rf"modelgrid\.scheduler: (wake|place|move) {re.escape(name)}#", line):
+        decision = rf"modelgrid\.scheduler: (woken|placed|moved) replica/{re.escape(name)}#"
+        if decided is None and re.search(decision, line):
             decided = t
         elif decided is not None and ready is None and re.search(r"supervisor: replica \d+: ready$", line.rstrip()):
             ready = t

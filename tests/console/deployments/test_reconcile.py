@@ -1,3 +1,5 @@
+import logging
+
 import pytest
 
 from console.deployments.desired import desired_state
@@ -230,3 +232,32 @@ def test_a_pass_costs_as_many_statements_for_many_replicas_as_for_few(host, mode
         Deployment.objects.all().delete()
         reconcile_once()
     assert counts[2] == counts[12]
+
+
+def _told(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "modelgrid.scheduler" and r.levelno == logging.INFO]
+
+
+def test_a_pass_logs_each_of_its_first_actions_and_counts_the_rest_in_one_line(host, model, caplog, monkeypatch):
+    # A rollout's pass places a thousand replicas: a log line each held the interpreter lock the agent links need.
+    monkeypatch.setattr("console.deployments.reconcile.LOGGED_ACTIONS", 3)
+    caplog.set_level(logging.INFO, logger="modelgrid.scheduler")
+    for i in range(5):
+        create_deployment(f"chat-{i}", "tiny")
+    reconcile_once()
+    told = _told(caplog)
+    assert [line.split(":")[0] for line in told[:3]] == [f"placed replica/chat-{i}#0" for i in range(3)]
+    assert told[3:] == ["and 2 more actions this pass (2 placed): the events list each"]
+    assert Replica.objects.filter(host=host).count() == 5
+
+
+def test_a_small_pass_logs_every_action_and_no_count(host, model, caplog):
+    caplog.set_level(logging.INFO, logger="modelgrid.scheduler")
+    create_deployment("chat", "tiny")
+    reconcile_once()
+    told = _told(caplog)
+    assert len(told) == 1 and told[0].startswith("placed replica/chat#0: ")
+    update_deployment("chat", {"replicas": 3})
+    caplog.clear()
+    reconcile_once()
+    assert [line.split(":")[0] for line in _told(caplog)] == ["placed replica/chat#1", "placed replica/chat#2"]
