@@ -213,7 +213,7 @@ def test_a_pass_creates_the_rows_of_new_deployments_together(host, model):
         create_deployment(f"n{k}", "tiny", replicas=2)
     with CaptureQueriesContext(connection) as ctx:
         reconcile_once()
-    inserts = [q for q in logged(ctx.captured_queries) if q.startswith("INSERT")]
+    inserts = [q for q in logged(ctx.captured_queries) if q.startswith(("INSERT", "COPY"))]  # COPY: PostgreSQL
     assert sum('"deployments_replica"' in q.split("(")[0] for q in inserts) == 1  # all 24 rows, one statement
     assert sum('"deployments_replica_gpus"' in q.split("(")[0] for q in inserts) == 1  # and their GPUs
     placed = Replica.objects.filter(deployment__name__startswith="n", host=host)
