@@ -83,6 +83,17 @@ def test_a_name_given_twice_or_already_taken_is_a_conflict(api, registered):
     assert list(Deployment.objects.values_list("name", flat=True)) == ["taken"]
 
 
+def test_a_name_another_request_took_after_the_checks_is_a_conflict_and_stores_nothing(api, registered,
+                                                                                       monkeypatch):
+    # The race the checks cannot see: the unique constraint refuses the insert (by COPY on PostgreSQL).
+    api.post("/api/v1/deployments", {"name": "taken", "model": "tiny"})
+    monkeypatch.setattr(services, "_taken_names", lambda names: {})
+    r = api.post(BULK, {"deployments": [{"name": "fresh", "model": "tiny"}, {"name": "taken", "model": "tiny"}]})
+    assert r.status_code == 409, r.content
+    assert "another request created a deployment of the same name meanwhile" in refusal(r)
+    assert list(Deployment.objects.values_list("name", flat=True)) == ["taken"]
+
+
 @pytest.mark.parametrize("count", [0, 1001])
 def test_it_takes_1_to_1000_deployments(api, registered, count):
     r = api.post(BULK, {"deployments": [{"name": f"d{i}", "model": "tiny"} for i in range(count)]})
