@@ -488,7 +488,6 @@ def reconcile_once(fence: Callable[[], None] | None = None, scope: Scope = "plan
         # matches the actor, and intake's are the agents'.)
         record(notes, now)
         events += len(notes)
-        _log_actions(notes)
         # Desired states are rebuilt for the hosts this pass changed (and those marked stale); every host's
         # now and then, so that nothing depends on this bookkeeping being perfect.
         sweep = time.monotonic() - _last_sweep >= DESIRED_SWEEP_SECONDS
@@ -496,6 +495,7 @@ def reconcile_once(fence: Callable[[], None] | None = None, scope: Scope = "plan
         hosts = tuple(states)
     if sweep:
         _last_sweep = time.monotonic()
+    _log_actions(notes)  # after the pass's transaction: what it did, not what it tried
     return PassResult(changed_hosts=hosts, changed=changed or bool(hosts), replanned=replanned or bool(hosts),
                       actions=tuple(actions), cpu_s=time.thread_time() - began, behind=_behind(), events=events,
                       states=states,

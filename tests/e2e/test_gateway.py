@@ -118,7 +118,7 @@ def test_a_gpu_too_small_for_two_switches_models_on_demand_by_tier(tiny_llama, t
             assert r.status_code == 200, r.text
             assert float(r.headers["x-modelgrid-queue-ms"]) > 0
             assert in_state(api, first, "sleeping")()  # the idle one made room, asleep in host memory
-            assert [line for line in stack.lines if f"sleep {first}#0" in line]
+            assert [line for line in stack.lines if f"slept replica/{first}#0" in line]
 
             # A critical deployment at its minimum takes the GPU; a standard request cannot displace it.
             r = api.post("/deployments", json={"name": "vital", "model": "tiny", "priority": "critical"})
@@ -131,8 +131,8 @@ def test_a_gpu_too_small_for_two_switches_models_on_demand_by_tier(tiny_llama, t
             assert "higher tier" in refused.json()["error"]["message"]
             assert int(refused.headers["retry-after"]) > 0
         assert in_state(api, "vital", "ready")()
-        assert not [line for line in stack.lines if "vital#0" in line and ("sleep vital" in line or
-                                                                           "preempt vital" in line)]
+        assert not [line for line in stack.lines if "vital#0" in line and ("slept replica/vital" in line or
+                                                                           "preempted replica/vital" in line)]
     finally:
         stack.stop()
         drop_db()

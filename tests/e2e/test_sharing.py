@@ -33,7 +33,7 @@ def test_a_preempted_replica_sleeps_in_host_memory_and_wakes_in_place(tiny_llama
         asleep = wait_for(in_state(api, "bulk", "sleeping"), timeout=60, what="bulk to sleep")
         assert asleep["pid"] == before["pid"]  # the same worker, its weights in host memory
         assert asleep["gpus"] == [] and ("asleep in" in asleep["reason"] or "sleeping in" in asleep["reason"])
-        preempted = [line for line in stack.lines if "preempt bulk#0" in line]
+        preempted = [line for line in stack.lines if "preempted replica/bulk#0" in line]
         assert preempted and "vital#0" in preempted[0]  # the pass that put it to sleep said who and why
         assert api.get("/deployments/bulk").json()["state"] == "asleep"  # where the console wants it, and says so
 
@@ -42,7 +42,7 @@ def test_a_preempted_replica_sleeps_in_host_memory_and_wakes_in_place(tiny_llama
         assert awake["pid"] == before["pid"]  # woken in place, not reloaded
         assert awake["gpus"] == [0]
         # The pass that woke it said so (its row's action is "keep" again by the next pass).
-        assert [line for line in stack.lines if "wake bulk#0" in line and "from local RAM" in line]
+        assert [line for line in stack.lines if "woken replica/bulk#0" in line and "from local RAM" in line]
     finally:
         stack.stop()
         drop_db()
