@@ -1,7 +1,10 @@
 from django.contrib import admin
+from django.db import transaction
 
 from console.catalog.models import Calibration, MemorySample, Model
 from console.events.admin import AuditedAdmin
+from console.fleet.models import Host
+from console.realtime.notify import wake_scheduler
 
 
 @admin.register(Model)
@@ -11,6 +14,14 @@ class ModelAdmin(AuditedAdmin):
 
     def audit_object(self, obj):
         return f"model/{obj.name}", ""
+
+    # Its path is in the desired state of every replica of its deployments: as a deployment's edit does
+    # (console/deployments/admin.py), the hosts running them are rebuilt and the scheduler woken, not at its resync.
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if change and form.changed_data:
+            Host.objects.filter(replicas__deployment__model=obj).update(desired_digest="")
+            transaction.on_commit(wake_scheduler)
 
 
 @admin.register(MemorySample)

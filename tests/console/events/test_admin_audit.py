@@ -62,3 +62,29 @@ def test_an_admin_edit_wakes_the_scheduler_and_rebuilds_its_hosts_desired_states
         type(host).objects.filter(pk=host.pk).update(desired_digest="x")
         admin.site._registry[Deployment].delete_model(request_by_root, dep)
     assert len(woken) == 2 and type(host).objects.get(pk=host.pk).desired_digest == ""
+
+
+def test_a_model_edit_in_the_admin_rebuilds_the_desired_states_of_its_deployments_hosts(model, request_by_root,
+                                                                                        monkeypatch, host):
+    # The model's path is in every desired replica of its deployments: an edit must reach their hosts now, not
+    # at the scheduler's next resync.
+    from console.catalog import admin as catalog_admin
+    from console.catalog.models import Model
+    from console.deployments.desired import bump_generations
+    from console.deployments.models import Replica
+
+    woken = []
+    monkeypatch.setattr(catalog_admin, "wake_scheduler", lambda: woken.append(1))
+    monkeypatch.setattr("django.db.transaction.on_commit", lambda fn, *a, **k: fn())
+    dep = create_deployment("chat", "tiny")
+    Replica.objects.create(deployment=dep, index=0, host=host, desired_state="ready")
+    bump_generations()
+    before = type(host).objects.get(pk=host.pk).generation
+    model.path = model.path + "-moved"
+    form = SimpleNamespace(changed_data=["path"], initial={"path": "old"}, cleaned_data={"path": model.path})
+    admin.site._registry[Model].save_model(request_by_root, model, form, change=True)
+    assert woken == [1] and type(host).objects.get(pk=host.pk).desired_digest == ""
+    assert bump_generations([]) and type(host).objects.get(pk=host.pk).generation == before + 1  # the pass's push
+    admin.site._registry[Model].save_model(request_by_root, model, SimpleNamespace(changed_data=[], initial={},
+                                                                                   cleaned_data={}), change=True)
+    assert woken == [1]  # a save that changed nothing wakes nothing
