@@ -506,8 +506,9 @@ def reconcile_once(fence: Callable[[], None] | None = None, scope: Scope = "plan
 
 def _log_actions(notes: list[Note]) -> None:
     """The pass's actions in the log: a line each for the first LOGGED_ACTIONS, then one line counting the rest.
-    A rollout's pass places a thousand replicas, and a line each held the interpreter lock (0.7 s in 25 s of a
-    1,000-host wave, py-spy) that the agent links' event loop waits for; the events keep every one."""
+    A rollout's pass places a thousand replicas, and a line each cost the pass's thread 0.7 s in 25 s of a
+    1,000-host wave (py-spy), in a process whose agent links wait for the interpreter lock; the events keep every
+    one."""
     for note in notes[:LOGGED_ACTIONS]:
         log.info("%s %s: %s", note.reason.lower(), note.object, note.message)
     rest = Counter(note.reason.lower() for note in notes[LOGGED_ACTIONS:])
