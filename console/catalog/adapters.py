@@ -76,4 +76,4 @@ def _refresh_pool(dep) -> None:
 
     dep.estimates = deployment_estimates(dep)
     dep.save(update_fields=["estimates"])
-    mark_stale(dep)  # its replicas' hosts get the new adapter list
+    mark_stale([dep])  # its replicas' hosts get the new adapter list

@@ -3,7 +3,6 @@ from django.db import transaction
 
 from console.catalog.models import Calibration, MemorySample, Model
 from console.events.admin import AuditedAdmin
-from console.fleet.models import Host
 from console.realtime.notify import wake_scheduler
 
 
@@ -18,9 +17,11 @@ class ModelAdmin(AuditedAdmin):
     # Its path is in the desired state of every replica of its deployments: as a deployment's edit does
     # (console/deployments/admin.py), the hosts running them are rebuilt and the scheduler woken, not at its resync.
     def save_model(self, request, obj, form, change):
+        from console.deployments.desired import mark_stale  # deployments depends on catalog
+
         super().save_model(request, obj, form, change)
         if change and form.changed_data:
-            Host.objects.filter(replicas__deployment__model=obj).update(desired_digest="")
+            mark_stale(obj.deployments.all())
             transaction.on_commit(wake_scheduler)
 
 

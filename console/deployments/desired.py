@@ -114,10 +114,11 @@ def stored_states(host_ids) -> dict[int, tuple[int, list[dict]]]:
     return {pk: (generation, replicas) for pk, generation, replicas in rows if replicas is not None}
 
 
-def mark_stale(deployment) -> None:
-    """A deployment's spec changed (its settings, its adapters, its deletion): the hosts running it get their
-    desired state rebuilt by the next pass, which otherwise rebuilds only hosts whose replicas it moved."""
-    Host.objects.filter(replicas__deployment=deployment).update(desired_digest="")
+def mark_stale(deployments) -> None:
+    """These deployments' specs changed (their settings, their adapters, their model): the hosts running them get
+    their desired state rebuilt by the next pass, which otherwise rebuilds only hosts whose replicas it moved.
+    `deployments`: a list or a queryset of them (one statement either way)."""
+    Host.objects.filter(replicas__deployment__in=deployments).update(desired_digest="")
 
 
 def bump_generations(host_ids=None) -> dict[int, tuple[int, list[dict]]]:

@@ -81,7 +81,7 @@ def update_deployment(name: str, changes: dict[str, Any], actor: str = "") -> De
 
             record([Note(deployment_object(name), "PolicyChanged", "; ".join(describe_changes(current, deployment)),
                          actor=actor, deployment=name, folds=False)])
-            mark_stale(deployment)
+            mark_stale([deployment])
             transaction.on_commit(wake_scheduler)
     return deployment
 
