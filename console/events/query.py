@@ -32,6 +32,8 @@ class EventFilter:
 
 def matching(f: EventFilter) -> QuerySet[Event]:
     rows = Event.objects.all()
+    if "\x00" in f.object + f.reason:  # no event holds a NUL, and PostgreSQL refuses one in a query
+        return rows.none()
     if f.object:
         kind, _, name = f.object.partition("/")
         if kind not in KINDS or not name:

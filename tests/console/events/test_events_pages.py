@@ -41,6 +41,11 @@ def test_a_bad_filter_is_shown_not_a_server_error(user_client, timeline):
     assert r.status_code == 200 and "is not KIND/NAME" in r.content.decode()
 
 
+def test_a_filter_holding_a_nul_shows_no_events_not_a_server_error(user_client, timeline):
+    r = user_client.get("/events/?reason=Placed%00&object=host/h%001")
+    assert r.status_code == 200 and rows(r.content.decode()) == []
+
+
 def test_older_pages_follow_the_cursor_and_stop_following_new_events(user_client, db):
     t0 = timezone.now() - timedelta(hours=2)
     for i in range(60):
