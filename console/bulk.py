@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Field, JSONField, Model
+
+# From this many rows an update on PostgreSQL goes by COPY into a temporary table and one UPDATE from it: a quarter
+# of the client's work of an UPDATE executed per row (30 ms against 120 ms for 10,000 rows of six columns, psycopg
+# 3 here), where a few rows cost less than creating the table.
+COPY_UPDATE_ROWS = 200
+_staging = itertools.count()  # names of those tables: two updates in one transaction each have their own
 
 
 def _cursor():
@@ -51,17 +58,40 @@ def _update_objects(model: type[Model], fields: Sequence[str], objs: Sequence) -
 
 def update_values(model: type[Model], fields: Sequence[str], rows: Sequence[tuple]) -> None:
     """update_by_pk from plain values, each row (pk, *the fields' values): no model instance per row (building one
-    fills every field's default, a third of the cost of writing 10,000 deployments' states)."""
+    fills every field's default, a third of the cost of writing 10,000 deployments' states). Many rows on
+    PostgreSQL: by COPY (COPY_UPDATE_ROWS), the rows locked first in key order as one statement per row would."""
     if not rows:
         return
     meta = model._meta
     columns = [meta.get_field(f) for f in fields]
+    prepared = [(*(_prep(c, v) for c, v in zip(columns, values, strict=True)), pk) for pk, *values in rows]
+    if connection.vendor == "postgresql" and len(prepared) >= COPY_UPDATE_ROWS:
+        _update_by_copy(model, [c.column for c in columns], prepared)
+        return
     q = connection.ops.quote_name
     assignments = ", ".join(f"{q(c.column)} = %s" for c in columns)
-    sql = f"UPDATE {q(meta.db_table)} SET {assignments} WHERE {q(meta.pk.column)} = %s"
-    prepared = [(*(_prep(c, v) for c, v in zip(columns, values, strict=True)), pk) for pk, *values in rows]
     with _cursor() as cursor:
-        cursor.executemany(sql, prepared)
+        cursor.executemany(f"UPDATE {q(meta.db_table)} SET {assignments} WHERE {q(meta.pk.column)} = %s", prepared)
+
+
+def _update_by_copy(model: type[Model], columns: Sequence[str], prepared: Sequence[tuple]) -> None:
+    """The rows (the columns' values, then the pk) copied into a temporary table shaped like the model's, dropped at
+    commit, and the model's rows updated from it in one statement."""
+    q = connection.ops.quote_name
+    table, pk = q(model._meta.db_table), q(model._meta.pk.column)
+    names = [q(c) for c in columns]
+    staging = q(f"mg_update_{next(_staging)}")
+    with transaction.atomic(savepoint=False):  # the table lives until commit: one is needed even in autocommit
+        lock_rows(model, (row[-1] for row in prepared))
+        with _cursor() as cursor:
+            cursor.execute(f"CREATE TEMPORARY TABLE {staging} ON COMMIT DROP AS "
+                           f"SELECT {', '.join(names)}, {pk} FROM {table} WITH NO DATA")
+            with connection.wrap_database_errors, cursor.copy(
+                    f"COPY {staging} ({', '.join(names)}, {pk}) FROM STDIN") as copy:
+                for row in prepared:
+                    copy.write_row(row)
+            cursor.execute(f"UPDATE {table} AS t SET {', '.join(f'{n} = s.{n}' for n in names)} "
+                           f"FROM {staging} AS s WHERE t.{pk} = s.{pk}")
 
 
 def update_fields_by_pk(model: type[Model], changes: Iterable[tuple[object, Sequence[str]]]) -> None:

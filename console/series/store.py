@@ -34,7 +34,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import OuterRef, Q, Subquery
 
-from console.bulk import insert_values
+from console.bulk import insert_values, update_values
 from console.chores import CHORE_SECONDS
 from console.deployments.models import Deployment
 from console.errors import Invalid, NotFound
@@ -212,17 +212,12 @@ def _create(rows: list[tuple], now: int) -> list[tuple[Key, tuple[int, float | N
 
 
 def _write(points: list[tuple], changed: Iterable[_State]) -> None:
-    """Append the points and write back the changed series' state, each row's statement executed for every row
-    (the points by COPY on PostgreSQL: console/bulk.py). Not bulk_create: at 10,000 deployments, building a model
-    instance and compiling it per row cost 7 to 20 times as much as the database's own work (127 ms against 19 ms
-    for 7,000 points, 174 ms against 8 ms for their series, SQLite; docs/benchmarks.md)."""
+    """Append the points and write back the changed series' state, by COPY on PostgreSQL (console/bulk.py). Not
+    bulk_create and bulk_update: at 10,000 deployments, building a model instance and compiling it per row cost 7
+    to 20 times as much as the database's own work (127 ms against 19 ms for 7,000 points, 174 ms against 8 ms for
+    their series, SQLite; docs/benchmarks.md)."""
     insert_values(Point, ("series", "coarse", "t", "value"), points)
-    q = connection.ops.quote_name
-    with connection.cursor() as cursor:
-        rows = [(*(getattr(s, f) for f in _UPDATED), s.id) for s in changed]
-        if rows:
-            assignments = ", ".join(f"{q(f)} = %s" for f in _UPDATED)
-            cursor.executemany(f"UPDATE {q(Series._meta.db_table)} SET {assignments} WHERE {q('id')} = %s", rows)
+    update_values(Series, _UPDATED, [(s.id, *(getattr(s, f) for f in _UPDATED)) for s in changed])
 
 
 def fine_retention_s() -> float:

@@ -1,11 +1,13 @@
-"""console/bulk.py's inserts: on PostgreSQL (the db_stack pass) by COPY, elsewhere an INSERT per row."""
+"""console/bulk.py's inserts and updates: on PostgreSQL (the db_stack pass) by COPY (an update of many rows by COPY
+into a temporary table, then one UPDATE from it), elsewhere a statement per row."""
 
 from datetime import UTC, datetime
 
 import pytest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 
-from console.bulk import insert, insert_values
+from console.bulk import COPY_UPDATE_ROWS, insert, insert_values, update_values
 from console.deployments.models import Replica
 from console.deployments.services import create_deployment
 from console.series.models import Series
@@ -34,3 +36,41 @@ def test_a_row_that_breaks_a_constraint_raises_djangos_error_and_the_transaction
     with pytest.raises(IntegrityError), transaction.atomic():  # Django's, as callers catch it
         insert_values(Series, fields, [("deployment", 8, "p95_ms", 1.0, 100, 100, 0, 0.0, 0.0), row])
     assert list(Series.objects.values_list("object_id", flat=True)) == [7]
+
+
+def _replicas(count: int) -> list[Replica]:
+    deployment = create_deployment("chat", "tiny")
+    insert([Replica(deployment=deployment, index=i, reason="placed") for i in range(count)])
+    return list(Replica.objects.filter(deployment=deployment).order_by("index"))
+
+
+def test_an_update_of_many_rows_writes_each_its_own_values_and_no_other_row(model):
+    *replicas, untouched = _replicas(COPY_UPDATE_ROWS + 1)
+    at = datetime(2026, 11, 27, 19, 0, 0, 654321, tzinfo=UTC)
+    reason = 'tab\there, newline\nthere, a backslash \\N and "quotes"'
+    rows = [(r.pk, f"{reason} {r.index}", {"device": "cuda:0", "index": r.index, "none": None},
+             at if r.index % 2 else None, r.index or None) for r in replicas]
+    with CaptureQueriesContext(connection) as statements:
+        update_values(Replica, ("reason", "reservation", "ready_since", "pid"), rows)
+    got = {r.pk: (r.reason, r.reservation, r.ready_since, r.pid) for r in Replica.objects.all()}
+    assert [got[pk] for pk, *_ in rows] == [tuple(values) for _, *values in rows]
+    assert got[untouched.pk] == ("placed", {}, None, None)
+    by_copy = any(s["sql"].startswith("COPY") for s in statements.captured_queries)
+    assert by_copy == (connection.vendor == "postgresql")  # elsewhere an UPDATE per row
+
+
+def test_two_updates_of_many_rows_in_one_transaction_and_one_outside_any(model):
+    replicas = _replicas(COPY_UPDATE_ROWS)
+    with transaction.atomic():  # each stages its rows in a table of its own, dropped at commit
+        update_values(Replica, ("reason",), [(r.pk, "first") for r in replicas])
+        update_values(Replica, ("pid",), [(r.pk, 7) for r in replicas])
+    update_values(Replica, ("action",), [(r.pk, "kept") for r in replicas])  # opens its own transaction
+    assert set(Replica.objects.values_list("reason", "pid", "action")) == {("first", 7, "kept")}
+
+
+def test_an_update_of_many_rows_that_breaks_a_constraint_raises_djangos_error_and_writes_none(model):
+    replicas = _replicas(COPY_UPDATE_ROWS)
+    rows = [(r.pk, 0 if r.index else 1) for r in replicas]  # every replica index 0: two of one deployment
+    with pytest.raises(IntegrityError), transaction.atomic():
+        update_values(Replica, ("index",), rows)
+    assert sorted(Replica.objects.values_list("index", flat=True)) == list(range(COPY_UPDATE_ROWS))
