@@ -81,6 +81,8 @@ def _update_by_copy(model: type[Model], columns: Sequence[str], prepared: Sequen
     table, pk = q(model._meta.db_table), q(model._meta.pk.column)
     names = [q(c) for c in columns]
     staging = q(f"mg_update_{next(_staging)}")
+    # A row given twice: its last values win, as with one UPDATE per row (UPDATE ... FROM would take either).
+    prepared = list({row[-1]: row for row in prepared}.values())
     with transaction.atomic(savepoint=False):  # the table lives until commit: one is needed even in autocommit
         lock_rows(model, (row[-1] for row in prepared))
         with _cursor() as cursor:

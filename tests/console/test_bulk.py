@@ -68,6 +68,13 @@ def test_two_updates_of_many_rows_in_one_transaction_and_one_outside_any(model):
     assert set(Replica.objects.values_list("reason", "pid", "action")) == {("first", 7, "kept")}
 
 
+def test_a_row_given_twice_takes_its_last_values_as_one_update_per_row_would(model):
+    replicas = _replicas(COPY_UPDATE_ROWS)
+    update_values(Replica, ("reason",), [(r.pk, "first") for r in replicas] + [(replicas[0].pk, "last")])
+    assert Replica.objects.get(pk=replicas[0].pk).reason == "last"
+    assert Replica.objects.filter(reason="first").count() == COPY_UPDATE_ROWS - 1
+
+
 def test_an_update_of_many_rows_that_breaks_a_constraint_raises_djangos_error_and_writes_none(model):
     replicas = _replicas(COPY_UPDATE_ROWS)
     rows = [(r.pk, 0 if r.index else 1) for r in replicas]  # every replica index 0: two of one deployment
