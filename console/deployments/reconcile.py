@@ -16,6 +16,7 @@ from typing import Literal, NamedTuple
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
+from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
 from console.bulk import insert, lock_rows, update_fields_by_pk, update_values
@@ -114,9 +115,14 @@ def _reservations(deployments: list[DeploymentRow], device: str) -> tuple[dict[i
     needs, problems = {}, {}
     by_family = corrections(device)
     # Only the two figures of the stored breakdown a reservation needs, extracted by the database: decoding
-    # every deployment's whole breakdown was a fifth of a 10,000-replica pass.
-    stored = {pk: {"total_bytes": total, "family": family} for pk, total, family in Deployment.objects.values_list(
-        "pk", f"estimates__{device}__total_bytes", f"estimates__{device}__family")}
+    # every deployment's whole breakdown was a fifth of a 10,000-replica pass. Spelled as expressions, not as
+    # "estimates__cuda__total_bytes": Django resolves such a path by catching the FieldError of a field named "cuda"
+    # and keeping it in a local, a cycle through the traceback that held every frame of the pass, with the whole
+    # plan, until the cyclic collector came (250,000 objects a pass at 1,000 hosts).
+    breakdown = KeyTransform(device, "estimates")
+    stored = {pk: {"total_bytes": total, "family": family} for pk, total, family in Deployment.objects.annotate(
+        total=KeyTransform("total_bytes", breakdown), family=KeyTransform("family", breakdown)).values_list(
+        "pk", "total", "family")}
     for dep in deployments:
         try:
             est = stored.get(dep.pk)

@@ -80,6 +80,14 @@ class IndexBook:
                 self._by_host.setdefault(h, []).append(index)
         return index
 
+    def close(self) -> None:
+        """Forget the indexes: their keys are often a placer's bound methods, and the placer holds this book (a
+        reference cycle that would leave a pass's units to the cyclic collector)."""
+        self._gpu_indexes.clear()
+        self._host_indexes.clear()
+        self._by_gpu.clear()
+        self._by_host.clear()
+
     def _changed(self, g: int) -> None:
         host = self.ledger.host[g]
         for index in self._by_gpu[g]:

@@ -53,9 +53,7 @@ def plan(request: PlanInput) -> Plan:
             run.settle()
             return assemble(run, elapsed_ms=1000 * (perf_counter() - started))
         finally:
-            # The indexes listen to the ledger (a reference cycle): unhooked, the pass's 10,000 units are freed as
-            # it returns instead of waiting for a full collection of the console's heap (which costs more).
-            run.ledger.close()
+            run.close()
 
 
 @contextmanager
@@ -95,6 +93,17 @@ class Run:
         self.demand_failed: dict[tuple, int] = {}  # demand shape -> ledger release count at its last failure
         self.demand_victims: list[Unit] | None = None  # what demand may evict in this pass (demand.py)
         self.lowest_ready_rank: int | None = None  # for refusal reasons, on the final ledger (outcome.py)
+
+    def close(self) -> None:
+        """Break the run's reference cycles once its plan is assembled (the plan holds none of its objects): the
+        indexes listen to the ledger, the placer's keys hold the placer that holds the indexes, and each demand
+        lists the units that point back to it. Unhooked, the pass's 10,000 units are freed by reference counting
+        as plan() returns, instead of waiting for a collection of the console's heap, which every thread waits
+        for (docs/benchmarks.md)."""
+        self.ledger.close()
+        self.book.close()
+        for demand in self.demands.values():
+            demand.members, demand.units = [], None
 
     # --- stability --------------------------------------------------------------------------------
 
