@@ -39,7 +39,8 @@ class RulePatch(RequestBody):
     window_s: int | None = Field(None, ge=1, le=MAX_WINDOW_S, description="seconds")
     threshold: float | None = Field(None, ge=0, allow_inf_nan=False,
                                     description="failures (replica_failing) or bytes (foreign_memory_growing)")
-    webhook_url: str | None = Field(None, max_length=200, pattern=r"^(https?://\S+)?$",
+    # No spaces and no control characters: neither belongs in a URL, and PostgreSQL refuses a NUL outright.
+    webhook_url: str | None = Field(None, max_length=200, pattern=r"^(https?://[^\s\x00-\x1f\x7f]+)?$",
                                     description="an http(s) URL POSTed on firing and resolving; empty: none")
 
 

@@ -44,8 +44,35 @@ def test_a_nul_in_a_parameter_is_answered_not_a_server_error(api, method, url, q
     assert r.status_code < 500, (method, target, r.status_code, r.content[:300])
 
 
+def body_cases() -> list[tuple[str, str, str]]:
+    """(method, path, field): each free-text field of a request body, sent alone holding a NUL. Alone: a body
+    with required fields besides is refused before it reaches the database, so this covers bodies whose fields
+    are all optional (a rule's patch, a deployment's), where a NUL reached PostgreSQL."""
+    schemas = SCHEMA["components"]["schemas"]
+    found = []
+    for path, ops in SCHEMA["paths"].items():
+        for method, op in ops.items():
+            ref = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+            props = schemas[ref["$ref"].rsplit("/", 1)[1]].get("properties", {}) if "$ref" in ref else {}
+            plain = {p["name"]: "1" if p.get("schema", {}).get("type") == "integer" else "chat"
+                     for p in op.get("parameters", []) if p["in"] == "path"}
+            if "kind" in plain:  # an alert rule that exists, or the body is never read
+                plain["kind"] = "host_offline"
+            found += [(method, path.format(**plain), name) for name, prop in props.items() if free_text(
+                {"schema": prop})]
+    return found
+
+
+@pytest.mark.parametrize("method, url, field", body_cases())
+@pytest.mark.parametrize("value", [NUL, f"http://{NUL}"])  # the second passes a URL field's pattern
+def test_a_nul_in_a_body_field_is_answered_not_a_server_error(api, method, url, field, value):
+    r = getattr(api, method)(url, {field: value})
+    assert r.status_code < 500, (method, url, field, r.status_code, r.content[:300])
+
+
 def test_the_cases_cover_the_parameters_found_so_far():
-    """The walk reaches the parameters that were 500s on PostgreSQL (q, a model's name, the events' reason)."""
+    """The walks reach what were 500s on PostgreSQL (q, a model's name, the events' reason, a webhook URL)."""
     seen = {(m, u.split("?")[0], q.split("=")[0]) for m, u, q in cases()}
     assert ("get", "/api/v1/events", "reason") in seen and ("get", "/api/v1/deployments", "q") in seen
     assert ("get", "/api/v1/models/ch%00at", "") in seen
+    assert ("patch", "/api/v1/alerts/rules/host_offline", "webhook_url") in body_cases()
