@@ -1,7 +1,7 @@
 """Every operation of the published API with a NUL in each of its free-text parameters and body fields: an
-answer, never a 500. PostgreSQL refuses a NUL in a query (schemathesis found three such 500s, one at a time);
-this walks the whole schema at once so a new parameter cannot bring the bug back. Fails only on PostgreSQL
-(the db_stack run): SQLite compares such strings without complaint."""
+answer, never a 500. PostgreSQL refuses a NUL in a query (schemathesis found three such 500s one at a time, and
+a probe a fourth); this walks the whole schema at once so a new parameter cannot bring the bug back. Fails only on
+PostgreSQL (the db_stack run): SQLite compares such strings without complaint."""
 
 import json
 from pathlib import Path
@@ -21,14 +21,20 @@ def free_text(param: dict) -> bool:
     return any(o.get("type") == "string" and "enum" not in o for o in options)
 
 
+def plain_path_values(params: list[dict]) -> dict[str, str]:
+    """A harmless value for each path parameter (an alert rule that exists: else its body is never read)."""
+    plain = {p["name"]: "1" if p.get("schema", {}).get("type") == "integer" else "chat"
+             for p in params if p["in"] == "path"}
+    return plain | ({"kind": "host_offline"} if "kind" in plain else {})
+
+
 def cases() -> list[tuple[str, str, str]]:
     """(method, path, query) with a NUL in one free-text parameter; other path parameters get a plain value."""
     found = []
     for path, ops in SCHEMA["paths"].items():
         for method, op in ops.items():
             params = op.get("parameters", [])
-            plain = {p["name"]: "1" if p.get("schema", {}).get("type") == "integer" else "chat"
-                     for p in params if p["in"] == "path"}
+            plain = plain_path_values(params)
             for p in filter(free_text, params):
                 values = plain | ({p["name"]: NUL} if p["in"] == "path" else {})
                 url = path.format(**{k: quote(v, safe="") for k, v in values.items()})
@@ -54,10 +60,7 @@ def body_cases() -> list[tuple[str, str, str]]:
         for method, op in ops.items():
             ref = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
             props = schemas[ref["$ref"].rsplit("/", 1)[1]].get("properties", {}) if "$ref" in ref else {}
-            plain = {p["name"]: "1" if p.get("schema", {}).get("type") == "integer" else "chat"
-                     for p in op.get("parameters", []) if p["in"] == "path"}
-            if "kind" in plain:  # an alert rule that exists, or the body is never read
-                plain["kind"] = "host_offline"
+            plain = plain_path_values(op.get("parameters", []))
             found += [(method, path.format(**plain), name) for name, prop in props.items() if free_text(
                 {"schema": prop})]
     return found
