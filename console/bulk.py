@@ -51,22 +51,23 @@ def update_by_pk(objs: Sequence[Model], fields: Sequence[str]) -> None:
         _update_objects(type(objs[0]), fields, objs)
 
 
-def _update_objects(model: type[Model], fields: Sequence[str], objs: Sequence) -> None:
+def _update_objects(model: type[Model], fields: Sequence[str], objs: Sequence, locked: bool = False) -> None:
     attnames = [model._meta.get_field(f).attname for f in fields]
-    update_values(model, fields, [(o.pk, *(getattr(o, a) for a in attnames)) for o in objs])
+    update_values(model, fields, [(o.pk, *(getattr(o, a) for a in attnames)) for o in objs], locked=locked)
 
 
-def update_values(model: type[Model], fields: Sequence[str], rows: Sequence[tuple]) -> None:
+def update_values(model: type[Model], fields: Sequence[str], rows: Sequence[tuple], locked: bool = False) -> None:
     """update_by_pk from plain values, each row (pk, *the fields' values): no model instance per row (building one
     fills every field's default, a third of the cost of writing 10,000 deployments' states). Many rows on
-    PostgreSQL: by COPY (COPY_UPDATE_ROWS), the rows locked first in key order as one statement per row would."""
+    PostgreSQL: by COPY (COPY_UPDATE_ROWS), the rows locked first in key order as one statement per row would
+    (`locked`: the caller holds their locks already)."""
     if not rows:
         return
     meta = model._meta
     columns = [meta.get_field(f) for f in fields]
     prepared = [(*(_prep(c, v) for c, v in zip(columns, values, strict=True)), pk) for pk, *values in rows]
     if connection.vendor == "postgresql" and len(prepared) >= COPY_UPDATE_ROWS:
-        _update_by_copy(model, [c.column for c in columns], prepared)
+        _update_by_copy(model, [c.column for c in columns], prepared, locked)
         return
     q = connection.ops.quote_name
     assignments = ", ".join(f"{q(c.column)} = %s" for c in columns)
@@ -74,7 +75,7 @@ def update_values(model: type[Model], fields: Sequence[str], rows: Sequence[tupl
         cursor.executemany(f"UPDATE {q(meta.db_table)} SET {assignments} WHERE {q(meta.pk.column)} = %s", prepared)
 
 
-def _update_by_copy(model: type[Model], columns: Sequence[str], prepared: Sequence[tuple]) -> None:
+def _update_by_copy(model: type[Model], columns: Sequence[str], prepared: Sequence[tuple], locked: bool) -> None:
     """The rows (the columns' values, then the pk) copied into a temporary table shaped like the model's, dropped at
     commit, and the model's rows updated from it in one statement."""
     q = connection.ops.quote_name
@@ -84,7 +85,8 @@ def _update_by_copy(model: type[Model], columns: Sequence[str], prepared: Sequen
     # A row given twice: its last values win, as with one UPDATE per row (UPDATE ... FROM would take either).
     prepared = list({row[-1]: row for row in prepared}.values())
     with transaction.atomic(savepoint=False):  # the table lives until commit: one is needed even in autocommit
-        lock_rows(model, (row[-1] for row in prepared))
+        if not locked:
+            lock_rows(model, (row[-1] for row in prepared))
         with _cursor() as cursor:
             cursor.execute(f"CREATE TEMPORARY TABLE {staging} ON COMMIT DROP AS "
                            f"SELECT {', '.join(names)}, {pk} FROM {table} WITH NO DATA")
@@ -104,9 +106,10 @@ def update_fields_by_pk(model: type[Model], changes: Iterable[tuple[object, Sequ
     groups: dict[tuple[str, ...], list] = {}
     for obj, fields in changes:
         groups.setdefault(tuple(sorted(fields)), []).append(obj)
-    lock_rows(model, (o.pk for objs in groups.values() for o in objs))
-    for fields, objs in groups.items():
-        _update_objects(model, fields, objs)
+    with transaction.atomic(savepoint=False):  # the locks held until the writes are done, even in autocommit
+        lock_rows(model, (o.pk for objs in groups.values() for o in objs))
+        for fields, objs in groups.items():
+            _update_objects(model, fields, objs, locked=True)  # not locked a second time
 
 
 def lock_rows(model: type[Model], pks: Iterable[int]) -> None:

@@ -7,7 +7,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from console.bulk import COPY_UPDATE_ROWS, insert, insert_values, update_values
+from console.bulk import COPY_UPDATE_ROWS, insert, insert_values, update_fields_by_pk, update_values
 from console.deployments.models import Replica
 from console.deployments.services import create_deployment
 from console.series.models import Series
@@ -81,3 +81,18 @@ def test_an_update_of_many_rows_that_breaks_a_constraint_raises_djangos_error_an
     with pytest.raises(IntegrityError), transaction.atomic():
         update_values(Replica, ("index",), rows)
     assert sorted(Replica.objects.values_list("index", flat=True)) == list(range(COPY_UPDATE_ROWS))
+
+
+def test_changed_fields_of_many_rows_are_written_per_group_with_their_rows_locked_once(model):
+    replicas = _replicas(2 * COPY_UPDATE_ROWS)
+    for r in replicas:
+        r.reason, r.pid = f"moved {r.index}", r.index
+    half = len(replicas) // 2
+    with CaptureQueriesContext(connection) as statements:
+        update_fields_by_pk(Replica, [(r, ["reason"]) for r in replicas[:half]] +
+                            [(r, ["reason", "pid"]) for r in replicas[half:]])
+    got = dict(Replica.objects.values_list("index", "pid"))
+    assert all(got[r.index] == (r.index if r.index >= half else None) for r in replicas)
+    assert set(Replica.objects.values_list("reason", flat=True)) == {f"moved {r.index}" for r in replicas}
+    locks = [s for s in statements.captured_queries if "FOR UPDATE" in s["sql"]]
+    assert len(locks) == (connection.vendor == "postgresql")  # once, in key order, for both groups
