@@ -179,9 +179,8 @@ def _channel_layers() -> dict:
     url = envstr("REDIS_URL")
     if not url:
         return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    from channels_redis.core import RedisChannelLayer
-
     from console.realtime.redis_connection import CancellableConnection
+    from console.realtime.redis_layer import ChannelLayer
 
     # channels_redis waits for a message with a blocking pop (BZPOPMIN) of RedisChannelLayer.brpop_timeout
     # seconds (5, a class attribute, not configurable), and redis-py reads every reply within the connection's
@@ -189,7 +188,7 @@ def _channel_layers() -> dict:
     # pop's reply times out first: receive() raises redis.exceptions.TimeoutError, the consumer dies, and every
     # websocket (agent links included) drops about every 6 s. So the socket timeout exceeds the pop by a margin;
     # it still bounds a command on a dead Redis.
-    pop = RedisChannelLayer.brpop_timeout
+    pop = ChannelLayer.brpop_timeout
     host = {"address": url, "socket_timeout": 3 * pop, "socket_connect_timeout": 5,
             # A pooled connection idle this long (cut by a firewall or Redis's `timeout`) is pinged before use
             # instead of failing the command on it.
@@ -202,7 +201,8 @@ def _channel_layers() -> dict:
             "connection_class": CancellableConnection}
     return {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # channels_redis's layer with one leak fixed (see console/realtime/redis_layer.py)
+            "BACKEND": "console.realtime.redis_layer.ChannelLayer",
             "CONFIG": {"hosts": [host], "prefix": envstr("MODELGRID_CHANNEL_PREFIX", "modelgrid")},
         }
     }

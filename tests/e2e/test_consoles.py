@@ -59,28 +59,28 @@ def services_or_skip() -> None:
 
 
 def test_the_redis_layer_reads_replies_for_longer_than_its_blocking_pop_waits(monkeypatch):
-    from channels_redis.core import RedisChannelLayer
-
     from console import settings
+    from console.realtime.redis_layer import ChannelLayer
 
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:6379/0")
     (host,) = settings._channel_layers()["default"]["CONFIG"]["hosts"]
     # An empty pop answers after brpop_timeout; a read that gives up by then kills the consumer (and its websocket).
-    assert host["socket_timeout"] > RedisChannelLayer.brpop_timeout
+    assert host["socket_timeout"] > ChannelLayer.brpop_timeout
 
 
 async def test_a_redis_layer_receive_outlasts_an_empty_blocking_pop():
     redis_or_skip()
-    from channels_redis.core import RedisChannelLayer
     from django.conf import settings
 
+    from console.realtime.redis_layer import ChannelLayer
+
     config = settings.CHANNEL_LAYERS["default"]["CONFIG"] | {"prefix": f"test-receive-{os.getpid()}"}
-    layer = RedisChannelLayer(**config)
+    layer = ChannelLayer(**config)
     inbox = await layer.new_channel()
     receiving = asyncio.create_task(layer.receive(inbox))
     try:
         # Past one empty pop: the receive must still be waiting, not failed with redis's TimeoutError.
-        done, _ = await asyncio.wait({receiving}, timeout=RedisChannelLayer.brpop_timeout + 2)
+        done, _ = await asyncio.wait({receiving}, timeout=ChannelLayer.brpop_timeout + 2)
         assert not done, f"receive ended: {receiving.exception()!r}"
         await layer.send(inbox, {"type": "ping"})
         assert await asyncio.wait_for(receiving, 10) == {"type": "ping"}

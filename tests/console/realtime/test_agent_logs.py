@@ -144,11 +144,11 @@ async def test_another_hosts_agent_cannot_answer_a_request_it_was_not_sent(token
 
 @pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="the Redis channel layer (PostgreSQL + Redis pass)")
 async def test_with_redis_the_answer_reaches_the_console_process_that_asked(token, tiny, monkeypatch):
-    from channels_redis.core import RedisChannelLayer
+    from console.realtime.redis_layer import ChannelLayer
 
     # The caller in another console process: a layer of its own (its own client prefix), while the agent's link
     # is held by this process's.
-    elsewhere = RedisChannelLayer(**settings.CHANNEL_LAYERS["default"]["CONFIG"])
+    elsewhere = ChannelLayer(**settings.CHANNEL_LAYERS["default"]["CONFIG"])
     monkeypatch.setattr(logs, "get_channel_layer", lambda: elsewhere)
     comm = await linked(token)
     try:
