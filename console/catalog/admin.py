@@ -1,25 +1,63 @@
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from console.catalog.memory import estimates_from
 from console.catalog.models import Calibration, MemorySample, Model
+from console.catalog.services import ARTIFACT_FIELDS, artifact_fields
+from console.errors import Invalid
 from console.events.admin import AuditedAdmin
 from console.realtime.notify import wake_scheduler
 
 
+class ModelForm(forms.ModelForm):
+    """A model's name and directory; a new directory is read as registration reads it, and refused (naming what is
+    wrong) unless it holds a model every deployment of this one can be served from."""
+
+    class Meta:
+        model = Model
+        fields = ("name", "path")
+
+    read: dict | None = None  # ARTIFACT_FIELDS read from a new directory
+    estimates: dict[int, dict] | None = None  # its deployments' breakdowns from it, by primary key
+
+    def clean(self):
+        cleaned = super().clean()
+        if "path" in self.changed_data and cleaned.get("path"):
+            try:
+                self.read = artifact_fields(cleaned["path"])
+                moved = Model(**{f.attname: getattr(self.instance, f.attname) for f in Model._meta.concrete_fields}
+                              | self.read)
+                self.estimates = estimates_from(moved, self.instance.deployments.all()) if self.instance.pk else {}
+            except Invalid as e:
+                raise ValidationError({"path": str(e)}) from None
+            cleaned["path"] = self.read["path"]
+        return cleaned
+
+
 @admin.register(Model)
 class ModelAdmin(AuditedAdmin):
+    form = ModelForm
     list_display = ("name", "architecture", "task", "parameters", "weights_bytes", "estimate_bytes")
     search_fields = ("name", "architecture")
+    readonly_fields = (*ARTIFACT_FIELDS, "created")
 
     def audit_object(self, obj):
         return f"model/{obj.name}", ""
 
     # Its path is in the desired state of every replica of its deployments: as a deployment's edit does
     # (console/deployments/admin.py), the hosts running them are rebuilt and the scheduler woken, not at its resync.
+    # What its files say (figures, each deployment's estimate) is stored with it: admission reserves by them.
     def save_model(self, request, obj, form, change):
         from console.deployments.desired import mark_stale  # deployments depends on catalog
+        from console.deployments.models import Deployment
 
+        for field, value in (form.read or {}).items():
+            setattr(obj, field, value)
         super().save_model(request, obj, form, change)
+        for pk, estimates in (form.estimates or {}).items():
+            Deployment.objects.filter(pk=pk).update(estimates=estimates)
         if change and form.changed_data:
             mark_stale(obj.deployments.all())
             transaction.on_commit(wake_scheduler)

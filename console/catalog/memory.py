@@ -142,6 +142,22 @@ def settings_estimates(model: Model, dtype: str, batch: int, seq: int | None,
     }
 
 
+def estimates_from(model: Model, deployments) -> dict[int, dict[str, dict]]:
+    """Each of `deployments`' breakdowns, by primary key, were it served from `model` (a row as it is about to be
+    saved: its files read now); Invalid naming the first deployment that could not be."""
+    from console.deployments.services import check_seq  # deployments depends on catalog
+
+    found = {}
+    for dep in deployments:
+        try:
+            check_seq(model, dep.seq)
+            found[dep.pk] = settings_estimates(model, serving_dtype(model, dep.dtype), dep.batch, dep.seq,
+                                               dep.adapter_pool_bytes)
+        except Invalid as e:
+            raise Invalid(f"deployment {dep.name!r} could not be served from it: {e}", field="path") from None
+    return found
+
+
 def deployment_estimates(dep) -> dict[str, dict]:
     """A stored deployment's breakdowns, its adapter pool sized for every registered adapter at once."""
     return settings_estimates(dep.model, dep.serving_dtype, dep.batch, dep.seq, dep.adapter_pool_bytes)

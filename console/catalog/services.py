@@ -26,6 +26,25 @@ def register_model(name: str, path: str, actor: str = "") -> Model:
     """Read the artifact at `path`, estimate it and store it as `name`; nothing stored on error. `actor` (who
     asked) goes on the timeline."""
     validate_name(name, "model")
+    read = artifact_fields(path)
+    try:
+        with transaction.atomic():
+            model = Model.objects.create(name=name, **read)
+            record([Note(f"model/{name}", "Registered", f"{model.architecture} from {model.path}: "
+                         f"{model.parameters:,} parameters, {model.stored_dtype}", actor=actor, folds=False)])
+            return model
+    except IntegrityError:
+        raise Conflict(f"a model named {name!r} is already registered", field="name") from None
+
+
+# What a model's row takes from its files, and only from them (the admin shows them, never takes them typed in).
+ARTIFACT_FIELDS = ("architecture", "model_type", "task", "stored_dtype", "parameters", "weights_bytes",
+                   "estimate_bytes", "estimate")
+
+
+def artifact_fields(path: str) -> dict:
+    """A model row's path and ARTIFACT_FIELDS, read now from the model directory at `path`; Invalid naming the
+    path and what is wrong with it."""
     if not path:
         raise Invalid("path is empty: give the directory that holds config.json and *.safetensors", field="path")
     try:
@@ -33,25 +52,10 @@ def register_model(name: str, path: str, actor: str = "") -> Model:
         estimate = estimate_model(artifact)
     except ArtifactError as e:
         raise Invalid(str(e), field="path") from None
-    try:
-        with transaction.atomic():
-            model = Model.objects.create(
-                name=name,
-                path=str(artifact.path),
-                architecture=artifact.architecture,
-                model_type=artifact.model_type,
-                task=artifact.task,
-                stored_dtype=artifact.stored_dtype,
-                parameters=artifact.parameters,
-                weights_bytes=artifact.weights_bytes,
-                estimate_bytes=estimate.total_bytes,
-                estimate=estimate.as_dict(),
-            )
-            record([Note(f"model/{name}", "Registered", f"{artifact.architecture} from {artifact.path}: "
-                         f"{artifact.parameters:,} parameters, {artifact.stored_dtype}", actor=actor, folds=False)])
-            return model
-    except IntegrityError:
-        raise Conflict(f"a model named {name!r} is already registered", field="name") from None
+    return {"path": str(artifact.path), "architecture": artifact.architecture, "model_type": artifact.model_type,
+            "task": artifact.task, "stored_dtype": artifact.stored_dtype, "parameters": artifact.parameters,
+            "weights_bytes": artifact.weights_bytes, "estimate_bytes": estimate.total_bytes,
+            "estimate": estimate.as_dict()}
 
 
 def can_be_name(name: str) -> bool:

@@ -6,6 +6,8 @@ from console.events.admin import AuditedAdmin
 from console.fleet.models import Host
 from console.realtime.notify import wake_scheduler
 
+SERVING_FIELDS = ("model", "dtype", "batch", "seq")
+
 
 class ReplicaInline(admin.TabularInline):
     model = Replica
@@ -22,6 +24,12 @@ class DeploymentAdmin(AuditedAdmin):
 
     def audit_object(self, obj):
         return f"deployment/{obj.name}", obj.name
+
+    # Its estimate is made for its serving settings when it is created, and admission reserves by it: as in the
+    # API, those settings are fixed once it exists (a new version is a new deployment), and the estimate is never
+    # typed in. One added here gets its estimate from the scheduler's first pass.
+    def get_readonly_fields(self, request, obj=None):
+        return ("estimates", *SERVING_FIELDS) if obj is not None else ("estimates",)
 
     # As the API's changes do: the hosts running it get their desired state rebuilt, and the scheduler is woken
     # (unwoken passes plan only when something is due: an edit here would otherwise wait for the resync).

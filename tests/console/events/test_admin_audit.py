@@ -65,11 +65,13 @@ def test_an_admin_edit_wakes_the_scheduler_and_rebuilds_its_hosts_desired_states
 
 
 def test_a_model_edit_in_the_admin_rebuilds_the_desired_states_of_its_deployments_hosts(model, request_by_root,
-                                                                                        monkeypatch, host):
+                                                                                        monkeypatch, host, client,
+                                                                                        tmp_path):
     # The model's path is in every desired replica of its deployments: an edit must reach their hosts now, not
     # at the scheduler's next resync.
+    import shutil
+
     from console.catalog import admin as catalog_admin
-    from console.catalog.models import Model
     from console.deployments.desired import bump_generations
     from console.deployments.models import Replica
 
@@ -80,11 +82,11 @@ def test_a_model_edit_in_the_admin_rebuilds_the_desired_states_of_its_deployment
     Replica.objects.create(deployment=dep, index=0, host=host, desired_state="ready")
     bump_generations()
     before = type(host).objects.get(pk=host.pk).generation
-    model.path = model.path + "-moved"
-    form = SimpleNamespace(changed_data=["path"], initial={"path": "old"}, cleaned_data={"path": model.path})
-    admin.site._registry[Model].save_model(request_by_root, model, form, change=True)
+    moved = shutil.copytree(model.path, tmp_path / "tiny-moved")
+    client.force_login(request_by_root.user)
+    change = f"/admin/catalog/model/{model.pk}/change/"
+    assert client.post(change, {"name": "tiny", "path": str(moved)}).status_code == 302
     assert woken == [1] and type(host).objects.get(pk=host.pk).desired_digest == ""
     assert bump_generations([]) and type(host).objects.get(pk=host.pk).generation == before + 1  # the pass's push
-    admin.site._registry[Model].save_model(request_by_root, model, SimpleNamespace(changed_data=[], initial={},
-                                                                                   cleaned_data={}), change=True)
+    assert client.post(change, {"name": "tiny", "path": str(moved)}).status_code == 302
     assert woken == [1]  # a save that changed nothing wakes nothing
