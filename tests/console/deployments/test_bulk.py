@@ -28,7 +28,7 @@ def test_it_creates_every_deployment_and_answers_them_in_request_order(api, regi
     assert r.status_code == 201, r.content
     assert [(d["name"], d["replica_count"], d["min_replicas"], d["max_replicas"], d["priority"], d["dtype"])
             for d in r.json()] == [("zeta", 2, 2, 2, "critical", "float32"), ("alpha", 1, 0, 3, "standard", "float16")]
-    assert r.json()[0] == api.get("/api/v1/deployments/zeta").json()
+    assert r.json() == [api.get(f"/api/v1/deployments/{name}").json() for name in ("zeta", "alpha")]
     assert r.json()[0]["estimates"]["cuda"]["total_bytes"] > 0
 
 
