@@ -50,7 +50,8 @@ def create_deployments(request, body: DeploymentBulkIn):
              for d in body.deployments]
     created = services.create_deployments(items, actor=actor_of(request))
     # As created, in request order, not read back: what a read would add (replicas, adapters) a new deployment has
-    # none of, and reading a thousand back cost a third of the request, on a console thread a wave's pushes wait for.
+    # none of, and reading a thousand back cost a quarter to a third of the request (bench/create_cost.py), on a console
+    # thread that a wave's pushes and acks wait for (the interpreter lock).
     return Status(201, [deployment_data(d, fresh=True) for d in created])
 
 

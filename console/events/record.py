@@ -19,6 +19,7 @@ from console.bulk import insert_values
 from console.events.models import Event, EventType
 
 _CHUNK = 500  # objects per lookup of foldable rows: far below every backend's limit on query parameters
+_COLUMNS = ("object", "deployment", "host", "type", "reason", "message", "actor", "count", "first_seen", "last_seen")
 
 
 @dataclass(frozen=True)
@@ -83,14 +84,11 @@ def record(notes: Iterable[Note], now: datetime | None = None) -> int:
     for key, pk in sorted(folded.items(), key=lambda kv: kv[1]):  # in key order, as every writer takes them
         Event.objects.filter(pk=pk).update(count=F("count") + counts[key], last_seen=now)
     # Plain rows, no Event instance each: a pass that placed 8,000 replicas has as many events, and building the
-    # instances was a third of writing them, on the pass's thread.
+    # instances was a fifth to a third of writing them (bench/create_cost.py), on the pass's thread.
     new = [(n.object, n.deployment, n.host, n._type, n.reason, n.message, n.actor, counts[k] if n.folds else 1, now,
             now) for k, n in first.items() if k not in folded for _ in range(1 if n.folds else counts[k])]
     insert_values(Event, _COLUMNS, new)
     return len(new)
-
-
-_COLUMNS = ("object", "deployment", "host", "type", "reason", "message", "actor", "count", "first_seen", "last_seen")
 
 
 def _foldable(notes: Iterable[Note], since: datetime) -> dict[tuple, int]:
