@@ -3,6 +3,7 @@ from django.contrib import admin
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from console.bulk import update_values
 from console.catalog.memory import estimates_from
 from console.catalog.models import Calibration, MemorySample, Model
 from console.catalog.services import ARTIFACT_FIELDS, artifact_fields
@@ -56,8 +57,8 @@ class ModelAdmin(AuditedAdmin):
         for field, value in (form.read or {}).items():
             setattr(obj, field, value)
         super().save_model(request, obj, form, change)
-        for pk, estimates in (form.estimates or {}).items():
-            Deployment.objects.filter(pk=pk).update(estimates=estimates)
+        # In key order, as every writer of deployment rows takes them.
+        update_values(Deployment, ["estimates"], sorted((form.estimates or {}).items()))
         if change and form.changed_data:
             mark_stale(obj.deployments.all())
             transaction.on_commit(wake_scheduler)

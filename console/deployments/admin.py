@@ -2,11 +2,10 @@ from django.contrib import admin
 from django.db import transaction
 
 from console.deployments.models import Deployment, Replica
+from console.deployments.services import SERVING_FIELDS
 from console.events.admin import AuditedAdmin
 from console.fleet.models import Host
 from console.realtime.notify import wake_scheduler
-
-SERVING_FIELDS = ("model", "dtype", "batch", "seq")
 
 
 class ReplicaInline(admin.TabularInline):

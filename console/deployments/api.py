@@ -21,7 +21,7 @@ from console.pagination import name_search, paginate, set_page_headers
 from console.scheduler.dryrun import PlanInputError, run_dry_plan
 
 router = Router()
-SERVING_SHAPE = {"name", "model", "dtype", "batch", "seq"}  # what a deployment is made of, beside its policy
+SERVING_SHAPE = {"name", *services.SERVING_FIELDS}  # what a deployment is made of, beside its policy
 
 
 @router.get("", response={200: list[DeploymentOut], 422: ErrorOut},

@@ -22,6 +22,8 @@ from console.realtime.notify import wake_scheduler
 
 # What an operator may change on a deployment (PATCH, the SLO form); the serving shape is fixed at creation.
 POLICY_FIELDS = policy.FIELDS
+# What its memory estimate is made for: fixed once it exists (a new version is a new deployment).
+SERVING_FIELDS = ("model", "dtype", "batch", "seq")
 
 
 def create_deployment(
