@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from console.bulk import update_values
+from console.carried import CarriedRows
 from console.deployments.models import Deployment
 from console.fleet.models import Host
 
@@ -55,8 +56,8 @@ def refresh_observations(now: datetime) -> bool:
                 p95[name] = max(p95.get(name, 0.0), float(figures["p95_ms"]))
     changed = False
     moved = []
-    for dep in Deployment.objects.order_by("pk").values("pk", "name", "gateway_stats", "slo_latency_ms", "violating",
-                                                        "status_since", "traffic_rps", "observed_p95_ms"):
+    for values in _DEPLOYMENTS.read():
+        dep = dict(zip(_DEPLOYMENTS.fields, values, strict=True))
         name = dep["name"]
         seen = gateway_figures(dep["gateway_stats"], now.timestamp())
         if seen is not None:
@@ -77,3 +78,4 @@ def refresh_observations(now: datetime) -> bool:
 
 
 _FIGURES = ("traffic_rps", "observed_p95_ms", "violating", "status_since")
+_DEPLOYMENTS = CarriedRows(Deployment, ("pk", "name", "gateway_stats", "slo_latency_ms", *_FIGURES), ("pk",))

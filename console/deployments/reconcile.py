@@ -20,6 +20,7 @@ from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
 from console.bulk import insert, lock_rows, update_fields_by_pk, update_values
+from console.carried import CarriedRows, forget_all
 from console.catalog.memory import Reservation, corrections, deployment_estimates, reservation
 from console.catalog.models import DeviceKind
 from console.deployments.desired import bump_generations
@@ -109,20 +110,30 @@ class _Rows:
         return [r for rows in self.by_deployment.values() for r in rows]
 
 
+_ESTIMATES: dict[str, CarriedRows] = {}  # by device kind
+
+
+def _estimates(device: str) -> CarriedRows:
+    """Each deployment's (pk, total bytes, family) on `device`: only the two figures of the stored breakdown a
+    reservation needs, extracted by the database (decoding every deployment's whole breakdown was a fifth of a
+    10,000-replica pass). Spelled as expressions, not as "estimates__cuda__total_bytes": Django resolves such a path
+    by catching the FieldError of a field named "cuda" and keeping it in a local, a cycle through the traceback that
+    held every frame of the pass, with the whole plan, until the cyclic collector came (250,000 objects a pass at
+    1,000 hosts)."""
+    if device not in _ESTIMATES:
+        breakdown = KeyTransform(device, "estimates")
+        _ESTIMATES[device] = CarriedRows(Deployment, ("pk", "total", "family"), ("pk",),
+                                         total=KeyTransform("total_bytes", breakdown),
+                                         family=KeyTransform("family", breakdown))
+    return _ESTIMATES[device]
+
+
 def _reservations(deployments: list[DeploymentRow], device: str) -> tuple[dict[int, Reservation], dict[int, str]]:
     """The calibrated bytes one replica of each deployment reserves on `device`, and why any cannot
     be estimated (a model directory that went missing or changed since registration)."""
     needs, problems = {}, {}
     by_family = corrections(device)
-    # Only the two figures of the stored breakdown a reservation needs, extracted by the database: decoding
-    # every deployment's whole breakdown was a fifth of a 10,000-replica pass. Spelled as expressions, not as
-    # "estimates__cuda__total_bytes": Django resolves such a path by catching the FieldError of a field named "cuda"
-    # and keeping it in a local, a cycle through the traceback that held every frame of the pass, with the whole
-    # plan, until the cyclic collector came (250,000 objects a pass at 1,000 hosts).
-    breakdown = KeyTransform(device, "estimates")
-    stored = {pk: {"total_bytes": total, "family": family} for pk, total, family in Deployment.objects.annotate(
-        total=KeyTransform("total_bytes", breakdown), family=KeyTransform("family", breakdown)).values_list(
-        "pk", "total", "family")}
+    stored = {pk: {"total_bytes": total, "family": family} for pk, total, family in _estimates(device).read()}
     for dep in deployments:
         try:
             est = stored.get(dep.pk)
@@ -391,13 +402,16 @@ class _StateRow(NamedTuple):
     observed_reason: str
 
 
+_REPLICA_STATES = CarriedRows(Replica, ("deployment_id", *_StateRow._fields), ("deployment_id", "index"))
+_DEPLOYMENT_STATES = CarriedRows(Deployment, ("pk", "state", "reason"), ("pk",))
+
+
 def _refresh_deployment_states() -> bool:
     replicas: dict[int, list[_StateRow]] = {}
-    for dep_id, *fields in Replica.objects.order_by("deployment_id", "index").values_list(
-            "deployment_id", *_StateRow._fields):
+    for dep_id, *fields in _REPLICA_STATES.read():
         replicas.setdefault(dep_id, []).append(_StateRow(*fields))
     moved = []
-    for pk, state_was, reason_was in Deployment.objects.order_by("pk").values_list("pk", "state", "reason"):
+    for pk, state_was, reason_was in _DEPLOYMENT_STATES.read():
         state, reason = derive_state(replicas.get(pk, []))
         if (state_was, reason_was) != (state, reason):
             moved.append((pk, state, reason))
@@ -415,6 +429,7 @@ def start_leading() -> None:
     and the first pass rebuilds every host's desired state."""
     global _leading_since, _last_sweep
     _leading_since, _last_sweep = time.monotonic(), float("-inf")
+    forget_all()  # nothing read in an earlier term is carried into this one
 
 
 def _host_lifecycle(now: datetime, notes: list[Note]) -> bool:
