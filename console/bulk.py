@@ -98,6 +98,40 @@ def _update_by_copy(model: type[Model], columns: Sequence[str], prepared: Sequen
                            f"FROM {staging} AS s WHERE t.{pk} = s.{pk}")
 
 
+def upsert_values(model: type[Model], fields: Sequence[str], rows: Sequence[tuple]) -> None:
+    """Create or overwrite rows by primary key, each row (pk, *the fields' values), locking them in key order. Not
+    QuerySet.bulk_create(update_conflicts=True): on PostgreSQL it sends each column as one array quoted element
+    by element in the client, with a regular expression substitution per character to escape (2.5 s of the 3.6 s a
+    pass spent storing 1,000 hosts' desired states, profiled). Here PostgreSQL takes the rows by COPY into a
+    temporary table and one INSERT ... ON CONFLICT from it; elsewhere that INSERT is executed for each row."""
+    if not rows:
+        return
+    meta = model._meta
+    columns = [meta.get_field(f) for f in fields]
+    q = connection.ops.quote_name
+    table, pk = q(meta.db_table), q(meta.pk.column)
+    names = [q(c.column) for c in columns]
+    # A row given twice: its last values win (one INSERT ... ON CONFLICT may not touch a row twice).
+    prepared = sorted({pk_: (pk_, *(_prep(c, v) for c, v in zip(columns, values, strict=True)))
+                       for pk_, *values in rows}.values(), key=lambda row: row[0])
+    overwrite = ", ".join(f"{n} = EXCLUDED.{n}" for n in names)
+    every = ", ".join([pk, *names])
+    with _cursor() as cursor:
+        if connection.vendor != "postgresql":
+            cursor.executemany(f"INSERT INTO {table} ({every}) VALUES ({', '.join(['%s'] * (len(names) + 1))}) "
+                               f"ON CONFLICT ({pk}) DO UPDATE SET {overwrite}", prepared)
+            return
+        staging = q(f"mg_upsert_{next(_staging)}")
+        with transaction.atomic(savepoint=False):  # the table lives until commit: one is needed even in autocommit
+            cursor.execute(f"CREATE TEMPORARY TABLE {staging} ON COMMIT DROP AS SELECT {every} FROM {table} "
+                           "WITH NO DATA")
+            with connection.wrap_database_errors, cursor.copy(f"COPY {staging} ({every}) FROM STDIN") as copy:
+                for row in prepared:
+                    copy.write_row(row)
+            cursor.execute(f"INSERT INTO {table} ({every}) SELECT {every} FROM {staging} ORDER BY {pk} "
+                           f"ON CONFLICT ({pk}) DO UPDATE SET {overwrite}")
+
+
 def update_fields_by_pk(model: type[Model], changes: Iterable[tuple[object, Sequence[str]]]) -> None:
     """Write each object's own changed fields (rows of `model`, as instances or plain objects with `pk` and the
     fields' attributes): one statement per set of fields (a pass's rows mostly change the same few), so a thousand

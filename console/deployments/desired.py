@@ -9,6 +9,7 @@ from django.db import connection
 from django.db.models import Q
 
 from agent.protocol import DesiredReplica, DesiredState
+from console.bulk import upsert_values
 from console.catalog.models import Adapter
 from console.deployments.models import Deployment, Replica
 from console.fleet.models import AgentCredential, Host, HostDesired
@@ -140,8 +141,7 @@ def bump_generations(host_ids=None) -> dict[int, tuple[int, list[dict]]]:
     # What is pushed is stored first (its rows are the pass's own): the host rows below stay locked from their
     # UPDATE until the pass commits, and intake's leases and acks wait for them, so they are written last and fast
     # (conditional UPDATEs, pipelined; storing 1,000 hosts' states after them held those rows 0.1-0.75 s longer).
-    HostDesired.objects.bulk_create([HostDesired(host_id=host.pk, replicas=replicas) for host, _, replicas in bumps],
-                                    update_conflicts=True, unique_fields=["host"], update_fields=["replicas"])
+    upsert_values(HostDesired, ("replicas",), [(host.pk, replicas) for host, _, replicas in bumps])
     q = connection.ops.quote_name
     with connection.cursor() as cursor:
         cursor.executemany(f"UPDATE {q(Host._meta.db_table)} SET {q('desired_digest')} = %s, {q('generation')} = %s "

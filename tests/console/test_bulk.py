@@ -7,9 +7,10 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from console.bulk import COPY_UPDATE_ROWS, insert, insert_values, update_fields_by_pk, update_values
+from console.bulk import COPY_UPDATE_ROWS, insert, insert_values, update_fields_by_pk, update_values, upsert_values
 from console.deployments.models import Replica
 from console.deployments.services import create_deployment
+from console.fleet.models import Host, HostDesired
 from console.series.models import Series
 
 pytestmark = pytest.mark.django_db
@@ -96,3 +97,18 @@ def test_changed_fields_of_many_rows_are_written_per_group_with_their_rows_locke
     assert set(Replica.objects.values_list("reason", flat=True)) == {f"moved {r.index}" for r in replicas}
     locks = [s for s in statements.captured_queries if "FOR UPDATE" in s["sql"]]
     assert len(locks) == (connection.vendor == "postgresql")  # once, in key order, for both groups
+
+
+def test_an_upsert_creates_the_missing_rows_overwrites_the_others_and_the_last_of_a_repeated_row_wins(db):
+    hosts = Host.objects.bulk_create([Host(name=f"h{i}", endpoint="http://127.0.0.1:9") for i in range(4)])
+    HostDesired.objects.create(host=hosts[0], replicas=[{"id": 1}])
+    HostDesired.objects.create(host=hosts[3], replicas=[{"id": 3}])
+    text = 'tab\there, a backslash \\N and "quotes"'
+    with CaptureQueriesContext(connection) as statements:
+        upsert_values(HostDesired, ("replicas",), [(hosts[2].pk, [{"id": 2, "reason": text}]),
+                                                   (hosts[0].pk, [{"id": 10}]), (hosts[0].pk, [{"id": 11}])])
+    assert dict(HostDesired.objects.values_list("host_id", "replicas")) == {
+        hosts[0].pk: [{"id": 11}], hosts[2].pk: [{"id": 2, "reason": text}], hosts[3].pk: [{"id": 3}]}
+    by_copy = any(s["sql"].startswith("COPY") for s in statements.captured_queries)
+    assert by_copy == (connection.vendor == "postgresql")  # elsewhere an INSERT per row
+    assert not any("UNNEST" in s["sql"] for s in statements.captured_queries)  # not bulk_create's arrays
