@@ -46,14 +46,15 @@ class CarriedRows:
             query = versioned.filter(pk__in=stale) if len(stale) * 4 < len(listed) else versioned
             fetched = {pk: (version, tuple(values))
                        for pk, version, *values in query.values_list("pk", "_version", *self.fields)}
-        self._carried = {}
+        kept: dict[int, tuple[str, tuple]] = {}  # swapped in whole: two threads' reads never mix
         for pk, version in listed:
             if pk in fetched:  # its newest version: it may have changed since the listing
-                self._carried[pk] = fetched[pk]
+                kept[pk] = fetched[pk]
             elif pk in carried and carried[pk][0] == version:
-                self._carried[pk] = carried[pk]
+                kept[pk] = carried[pk]
             # else stale and not fetched: deleted since the listing
-        return [row[1] for row in self._carried.values()]
+        self._carried = kept
+        return [row[1] for row in kept.values()]
 
 
 def forget_all() -> None:

@@ -32,7 +32,9 @@ from console.realtime.notify import GATEWAY_GROUP, listen, wake_scheduler_async
 
 log = logging.getLogger("modelgrid.gateway")
 
-IDLE_REFRESH_S = 1.0  # the snapshot's age at most when nothing is waiting (events refresh it sooner)
+IDLE_REFRESH_S = 1.0  # the snapshot's age at most when nothing is waiting (events refresh it sooner), or IDLE_SHARE's
+REST_SHARE = 2.0  # with nothing waiting, a refresh is followed by this many times its duration without one
+IDLE_SHARE = 10.0  # ... and, without an event, the next comes no sooner than this many times its duration
 WAITING_REFRESH_S = 0.05  # while requests wait for a replica: how soon a ready one is seen without an event
 FLUSH_S = 0.5  # bookkeeping written this often
 SUSPECT_S = 10.0  # a replica that refused a connection is avoided this long unless it reports anew
@@ -143,16 +145,24 @@ class Gateway:
         self._release(began)
 
     async def _refresher(self) -> None:
+        took = 0.0  # the last refresh's duration
         while True:
-            interval = WAITING_REFRESH_S if self.waiters else IDLE_REFRESH_S
+            # Unless a request waits for a replica, a large fleet's snapshot (0.2-0.4 s of CPU at 10,000 replicas)
+            # is taken at most a third of the time while the fleet changes, and a tenth of it while it is quiet.
+            rest_until = time.monotonic() + REST_SHARE * took
+            while not self.waiters and (rest := rest_until - time.monotonic()) > 0:
+                await asyncio.sleep(min(rest, WAITING_REFRESH_S))  # a request that begins to wait ends the rest
+            interval = WAITING_REFRESH_S if self.waiters else max(IDLE_REFRESH_S, IDLE_SHARE * took)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), interval)
             self._poke.clear()
+            began = time.monotonic()
             try:
                 await self.refresh()
             except Exception:  # the database may be briefly unavailable; the snapshot stays as it was
                 log.exception("gateway: cannot refresh the fleet")
                 await asyncio.sleep(IDLE_REFRESH_S)
+            took = time.monotonic() - began
 
     async def _listen(self) -> None:
         """Refresh on the channel layer's fleet events (scheduler passes, replica state changes)."""
