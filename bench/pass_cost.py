@@ -6,7 +6,10 @@ real passes and then observed ready, then the console's own `reconcile_once` tim
   it pays at each resync or due time rule);
 * tick: what the loop runs instead when nothing woke it and nothing is due (leases and evictions only);
 * after a report: one replica's measured bytes changed (what a busy fleet pays every tick);
-* after a host loss: one host evicted, its replicas re-placed.
+* after a host loss: one host evicted, its replicas re-placed;
+* placing a wave: as many new one-replica deployments as hosts, placed (a bulk create's pass, once);
+* gateway snapshot: the gateway's fleet snapshot (load_fleet), which every console process serving the gateway
+  takes on each change of the fleet.
 
     .venv/bin/python bench/pass_cost.py --hosts 100 1000 --replicas-per-host 10
     .venv/bin/python bench/pass_cost.py --hosts 1000 --postgres --profile
@@ -128,6 +131,28 @@ def time_pass(label: str, runs: int, before=None, tick: bool = False) -> tuple[f
     return f"{1000 * median(took):.0f} ms, CPU {1000 * median(cpu):.0f} ms ({queries} queries)"
 
 
+def time_snapshot(runs: int) -> str:
+    """The gateway's fleet snapshot (console/gateway/fleet.load_fleet), taken on every change of the fleet: the
+    first, then the median of `runs` more with one replica's state changed before each."""
+    from console.deployments.models import Replica
+    from console.gateway.fleet import load_fleet
+
+    def timed() -> tuple[float, float]:
+        began, cpu = time.perf_counter(), time.thread_time()
+        load_fleet()
+        return time.perf_counter() - began, time.thread_time() - cpu
+
+    first, took = timed(), []
+    for i in range(runs):
+        Replica.objects.filter(pk=Replica.objects.order_by("pk").values_list("pk", flat=True)[0]).update(
+            observed_state="loading" if i % 2 == 0 else "ready")
+        took.append(timed())
+    wall, cpu = median([t for t, _ in took]), median([c for _, c in took])
+    say(f"gateway snapshot: first {1000 * first[0]:.0f} ms, then median {1000 * wall:.0f} ms, {1000 * cpu:.0f} ms "
+        f"of CPU, over {runs}")
+    return f"{1000 * wall:.0f} ms, CPU {1000 * cpu:.0f} ms (first {1000 * first[0]:.0f} ms)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, nargs="+", default=[100])
@@ -162,6 +187,8 @@ def main() -> None:
             row["tick (nothing woke it, nothing due)"] = time_pass("tick", args.runs, tick=True)
             row["pass after a report"] = time_pass("after a report", args.runs, before=_one_measurement())
             row["pass after a host loss"] = time_pass("after a host loss", 1, before=_lose_a_host)
+            row["pass placing a wave"] = time_pass(f"placing {hosts} new deployments", 1, before=_wave(hosts))
+            row["gateway snapshot"] = time_snapshot(args.runs)
             print_table("One scheduler pass (reconcile_once), in process", [row])
             if args.profile:
                 profiler = cProfile.Profile()
@@ -185,6 +212,18 @@ def _one_measurement():
         Replica.objects.filter(pk=first.pk).update(measured_bytes=64 * 1024**2 + next(counter))
 
     return change
+
+
+def _wave(count: int):
+    """`count` new one-replica deployments, as a bulk create makes them (the fleet benchmark's waves)."""
+    from console.deployments.models import Deployment
+
+    def create() -> None:
+        first = Deployment.objects.order_by("pk").first()
+        Deployment.objects.bulk_create([Deployment(name=f"w{i:05d}", model=first.model, estimates=first.estimates,
+                                                   replicas=1, min_replicas=1, max_replicas=1) for i in range(count)])
+
+    return create
 
 
 def _lose_a_host() -> None:
