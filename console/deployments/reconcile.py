@@ -133,16 +133,20 @@ def _reservations(deployments: list[DeploymentRow], device: str) -> tuple[dict[i
     be estimated (a model directory that went missing or changed since registration)."""
     needs, problems = {}, {}
     by_family = corrections(device)
-    stored = {pk: {"total_bytes": total, "family": family} for pk, total, family in _estimates(device).read()}
+    stored = {pk: (total, family) for pk, total, family in _estimates(device).read()}
+    made: dict[tuple[int, str], Reservation] = {}  # most deployments share a few estimates: each made once
     for dep in deployments:
         try:
-            est = stored.get(dep.pk)
-            if est is None or est["total_bytes"] is None:  # a row from before estimates were stored per deployment
+            total, family = stored.get(dep.pk, (None, None))
+            if total is None:  # a row from before estimates were stored per deployment
                 row = Deployment.objects.get(pk=dep.pk)
                 row.estimates = deployment_estimates(row)
                 row.save(update_fields=["estimates"])
-                est = row.estimates[device]
-            needs[dep.pk] = reservation({device: est}, device, by_family)
+                total, family = row.estimates[device]["total_bytes"], row.estimates[device]["family"]
+            if (total, family) not in made:
+                made[total, family] = reservation({device: {"total_bytes": total, "family": family}}, device,
+                                                  by_family)
+            needs[dep.pk] = made[total, family]
         except Invalid as e:
             problems[dep.pk] = f"cannot estimate its memory: {e}"
     return needs, problems
