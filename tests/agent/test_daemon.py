@@ -197,9 +197,8 @@ async def test_it_converges_to_the_desired_state_reports_and_serves(console, run
     assert (await console.expect(HostReport)).replicas == []
 
     await console.send(desired_state(generation=3, replicas=[replica(llama)]))
-    starting = await console.expect(ReplicaStatus, replica_id=7)
+    starting, _ = await console.expect_each((ReplicaStatus, {"replica_id": 7}), (Ack, {"generation": 3}))
     assert starting.state == "starting" and starting.pid
-    await console.expect(Ack, generation=3)
     loading = await console.expect(ReplicaStatus, replica_id=7, state="loading", timeout=60)
     assert loading.pid == starting.pid and loading.total_bytes > 0 and loading.loaded_bytes == 0
     ready = await console.expect(ReplicaStatus, replica_id=7, state="ready", timeout=60)
@@ -230,8 +229,7 @@ async def test_it_converges_to_the_desired_state_reports_and_serves(console, run
 
     # An empty desired state stops the worker; a stale one afterwards is ignored (no ack, nothing started).
     await console.send(desired_state(generation=4, replicas=[]))
-    await console.expect(ReplicaStatus, replica_id=7, state="stopped")
-    await console.expect(Ack, generation=4)
+    await console.expect_each((ReplicaStatus, {"replica_id": 7, "state": "stopped"}), (Ack, {"generation": 4}))
     assert not psutil.pid_exists(loading.pid)
     await console.send(desired_state(generation=2, replicas=[replica(llama)]))
     with pytest.raises(TimeoutError):
@@ -265,9 +263,8 @@ async def test_a_replica_that_cannot_load_is_reported_failed_and_retried_only_on
     await console.expect(Hello)
     missing = replica(tmp_path / "nowhere", replica_id=9)
     await console.send(desired_state(generation=1, replicas=[missing]))
-    failed = await console.expect(ReplicaStatus, replica_id=9)
+    failed, _ = await console.expect_each((ReplicaStatus, {"replica_id": 9}), (Ack, {"generation": 1}))
     assert failed.state == "failed" and failed.reason == f"{tmp_path / 'nowhere'}: no such directory"
-    await console.expect(Ack, generation=1)
 
     await console.send(desired_state(generation=1, replicas=[missing]))  # the same generation again
     await console.expect(Ack, generation=1)
@@ -276,9 +273,8 @@ async def test_a_replica_that_cannot_load_is_reported_failed_and_retried_only_on
     assert [(r.replica_id, r.state, r.reason) for r in statuses] == [(9, "failed", failed.reason)]
 
     await console.send(desired_state(generation=2, replicas=[missing]))  # a new generation: one retry
-    await console.expect(ReplicaStatus, replica_id=9, state="stopped")
-    await console.expect(ReplicaStatus, replica_id=9, state="failed")
-    await console.expect(Ack, generation=2)
+    await console.expect_each((ReplicaStatus, {"replica_id": 9, "state": "stopped"}),
+                              (ReplicaStatus, {"replica_id": 9, "state": "failed"}), (Ack, {"generation": 2}))
 
     # `stopped` replicas do not run.
     await console.send(desired_state(generation=3, replicas=[replica(tmp_path, replica_id=9, state="stopped")]))

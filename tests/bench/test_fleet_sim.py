@@ -33,15 +33,15 @@ async def test_a_simulated_host_answers_a_logs_request_with_an_error_that_says_w
     assert sim.metrics.acks == [] and sim.metrics.errors == []  # not taken for a desired state or an error
 
 
-async def test_the_workers_a_desired_state_starts_are_reported_together_ahead_of_its_ack():
+async def test_the_workers_a_desired_state_starts_are_reported_together_after_its_ack():
     sim = SimAgent("http://127.0.0.1:1", "sim-4", "token")
     sim._link_up()
     replicas = [DesiredReplica(id=rid, deployment=f"d{rid}", model_path="/m", architecture="LlamaForCausalLM",
                                gpus=[rid % 8], reserved_bytes=GIB) for rid in range(1, 11)]
     sim._on_console_message(dump(DesiredState(generation=3, replicas=replicas)))
     messages = await sent(sim)
-    assert [type(m) for m in messages] == [HostReport, Ack]
-    assert sorted((s.replica_id, s.state) for s in messages[0].replicas) == [(rid, "starting") for rid in range(1, 11)]
+    assert [type(m) for m in messages] == [Ack, HostReport]
+    assert sorted((s.replica_id, s.state) for s in messages[1].replicas) == [(rid, "starting") for rid in range(1, 11)]
     sim._stop(sim.replicas[4], leaving=True)
     (report,) = await sent(sim)
     assert [(s.replica_id, s.state) for s in report.replicas] == [(4, "stopped")]

@@ -38,15 +38,15 @@ def host():
     return Host()
 
 
-async def test_changes_made_while_a_report_waits_ride_in_it_ahead_of_the_ack(host):
+async def test_changes_made_while_a_report_waits_ride_in_it_and_the_ack_goes_first(host):
     outbox = Outbox(host.report)
     for rid in range(1, 11):  # an apply that starts ten workers
         host.states[rid] = "starting"
         outbox.changed(host.status(rid))
     outbox.post(Ack(generation=4))
     sent = await drain(outbox)
-    assert [type(m) for m in sent] == [HostReport, Ack]
-    assert [(s.replica_id, s.state) for s in sent[0].replicas] == [(rid, "starting") for rid in range(1, 11)]
+    assert [type(m) for m in sent] == [Ack, HostReport]
+    assert [(s.replica_id, s.state) for s in sent[1].replicas] == [(rid, "starting") for rid in range(1, 11)]
     assert host.built == 1
 
 
@@ -95,8 +95,8 @@ async def test_asking_for_a_report_while_one_waits_adds_nothing(host):
     host.states[1] = "loading"
     outbox.changed(host.status(1))  # after the ack was posted: the waiting report, built later, carries it
     sent = await drain(outbox)
-    assert [type(m) for m in sent] == [HostReport, Ack]
-    assert [(s.replica_id, s.state) for s in sent[0].replicas] == [(1, "loading")]
+    assert [type(m) for m in sent] == [Ack, HostReport]
+    assert [(s.replica_id, s.state) for s in sent[1].replicas] == [(1, "loading")]
     assert host.built == 1
 
 
@@ -114,3 +114,15 @@ async def test_join_waits_until_everything_was_sent(host):
     await asyncio.wait_for(outbox.join(), 5)
     assert outbox.empty()
     task.cancel()
+
+
+async def test_acks_go_ahead_of_everything_else_in_the_order_they_were_posted(host):
+    outbox = Outbox(host.report)
+    host.states[1] = "loading"
+    outbox.progress(host.status(1, loaded_bytes=10))  # a status of its own: no report waits
+    outbox.post(Ack(generation=1))
+    outbox.changed(host.status(1))
+    outbox.post(Ack(generation=2))
+    sent = await drain(outbox)
+    assert [(type(m), getattr(m, "generation", None)) for m in sent] == [
+        (Ack, 1), (Ack, 2), (ReplicaStatus, None), (HostReport, None)]
