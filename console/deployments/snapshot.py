@@ -99,8 +99,6 @@ def replica_rows() -> list[ReplicaRow]:
     return [ReplicaRow(*row) for row in _REPLICAS.read()]
 
 
-
-
 def gpu_id(host: str, index: int) -> str:
     """The scheduler's name for a GPU."""
     return f"{host}/{index}"
