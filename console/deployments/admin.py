@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.db import transaction
 
+from console.bulk import update_in_key_order
 from console.deployments.models import Deployment, Replica
 from console.deployments.services import SERVING_FIELDS
 from console.events.admin import AuditedAdmin
@@ -51,7 +52,7 @@ class DeploymentAdmin(AuditedAdmin):
         return list(Host.objects.filter(replicas__deployment__in=list(deployments)).values_list("pk", flat=True))
 
     def _replan(self, deployments, hosts=()) -> None:
-        Host.objects.filter(pk__in=[*hosts, *self._hosts(deployments)]).update(desired_digest="")
+        update_in_key_order(Host.objects.filter(pk__in=[*hosts, *self._hosts(deployments)]), desired_digest="")
         transaction.on_commit(wake_scheduler)
 
 

@@ -9,7 +9,7 @@ from django.db import connection
 from django.db.models import Q
 
 from agent.protocol import DesiredReplica, DesiredState
-from console.bulk import upsert_values
+from console.bulk import update_in_key_order, upsert_values
 from console.catalog.models import Adapter
 from console.deployments.models import Deployment, Replica
 from console.fleet.models import AgentCredential, Host, HostDesired
@@ -119,7 +119,7 @@ def mark_stale(deployments) -> None:
     """These deployments' specs changed (their settings, their adapters, their model): the hosts running them get
     their desired state rebuilt by the next pass, which otherwise rebuilds only hosts whose replicas it moved.
     `deployments`: a list or a queryset of them (one statement either way)."""
-    Host.objects.filter(replicas__deployment__in=deployments).update(desired_digest="")
+    update_in_key_order(Host.objects.filter(replicas__deployment__in=deployments), desired_digest="")
 
 
 def bump_generations(host_ids=None) -> dict[int, tuple[int, list[dict]]]:
@@ -153,5 +153,5 @@ def bump_generations(host_ids=None) -> dict[int, tuple[int, list[dict]]]:
     if lost:
         # Marked stale meanwhile (a deployment changed), or bumped by another pass: the state stored above may
         # not be what their generation says, so they are marked stale and the next pass gives them a new one.
-        Host.objects.filter(pk__in=lost).update(desired_digest="")
+        update_in_key_order(Host.objects.filter(pk__in=lost), desired_digest="")
     return {host.pk: (host.generation + 1, replicas) for host, _, replicas in bumps if host.pk not in lost}

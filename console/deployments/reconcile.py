@@ -19,7 +19,7 @@ from django.db.models import F
 from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
-from console.bulk import insert, lock_rows, update_fields_by_pk, update_values
+from console.bulk import insert, lock_rows, update_fields_by_pk, update_in_key_order, update_values
 from console.carried import CarriedRows, forget_all
 from console.catalog.memory import Reservation, corrections, deployment_estimates, reservation
 from console.catalog.models import DeviceKind
@@ -460,7 +460,7 @@ def _host_lifecycle(now: datetime, notes: list[Note]) -> bool:
     if room <= 0:
         return changed
     chosen = list(overdue.order_by("unknown_since", "pk").values_list("pk", "name")[:room])
-    Host.objects.filter(pk__in=[pk for pk, _ in chosen]).update(evicted_at=now)
+    update_in_key_order(Host.objects.filter(pk__in=[pk for pk, _ in chosen]), evicted_at=now)
     for _, name in chosen:
         log.warning("host %s: unknown for over %g s; its replicas are re-placed", name,
                     settings.MODELGRID_EVICTION_SECONDS)

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from console.bulk import insert
+from console.bulk import insert, update_in_key_order
 from console.catalog.memory import model_positions, serving_dtype, settings_estimates
 from console.catalog.models import Model
 from console.catalog.services import can_be_name, get_model, validate_name
@@ -143,7 +143,7 @@ def delete_deployment(name: str, actor: str = "") -> None:
         hosts = list(Host.objects.filter(replicas__deployment=deployment).values_list("pk", flat=True))
         replicas = deployment.replica_set.count()
         deployment.delete()
-        Host.objects.filter(pk__in=hosts).update(desired_digest="")
+        update_in_key_order(Host.objects.filter(pk__in=hosts), desired_digest="")
         record([Note(deployment_object(name), "Deleted", f"deleted with its {replicas} replica(s); their workers "
                      "are stopped", actor=actor, deployment=name, folds=False)])
     transaction.on_commit(wake_scheduler)

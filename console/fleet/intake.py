@@ -18,7 +18,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from agent.protocol import Ack, GpuInfo, Hello, HostReport, ReplicaStatus
-from console.bulk import update_by_pk, update_fields_by_pk
+from console.bulk import update_by_pk, update_fields_by_pk, update_in_key_order
 from console.catalog.memory import Load, record_loads
 from console.deployments.models import Replica
 from console.events.record import Note, host_object, record
@@ -242,7 +242,7 @@ def _apply_to_hosts(now: datetime, renewed: set[int], closed: dict[int, int], no
         # The lease. A host that was unknown is back: news (which of this batch's hosts it was does not matter,
         # the scheduler looks at them all); a host that was connected only lives on.
         # (unknown_since is cleared apart, so the hosts that came back can be named: the rare case pays for it.)
-        if Host.objects.filter(pk__in=renewed, connected=False).update(connected=True, evicted_at=None):
+        if update_in_key_order(Host.objects.filter(pk__in=renewed, connected=False), connected=True, evicted_at=None):
             news |= renewed
             back = Host.objects.filter(pk__in=renewed, unknown_since__isnull=False)
             notes.extend(Note(host_object(name), "Reconnected", "its agent spoke again: the lease is renewed",
@@ -252,7 +252,8 @@ def _apply_to_hosts(now: datetime, renewed: set[int], closed: dict[int, int], no
         # many times a second, and writing every batch's leases was half of an ack's batch (and locked the host
         # rows a pass writes). A row renewed lately is not even locked: it fails the filter.
         stale = now - timedelta(seconds=renewal_seconds(settings.MODELGRID_HOST_LEASE_SECONDS))
-        Host.objects.filter(Q(last_seen__lt=stale) | Q(last_seen__isnull=True), pk__in=renewed).update(last_seen=now)
+        update_in_key_order(Host.objects.filter(Q(last_seen__lt=stale) | Q(last_seen__isnull=True), pk__in=renewed),
+                            last_seen=now)
     for host_id, epoch in sorted(closed.items()):
         # A superseded link's close is not news: the host lives on through its newest link.
         if Host.objects.filter(pk=host_id, link_epoch=epoch, connected=True).update(connected=False,
@@ -417,7 +418,7 @@ def lapse_leases(now: datetime, lease_s: float) -> list[str]:
     silent = Host.objects.filter(connected=True, last_seen__lt=silent_since)
     lapsed = dict(silent.values_list("pk", "name"))
     # The filter again: one that spoke up since the read keeps its lease (and is not named).
-    if lapsed and silent.filter(pk__in=lapsed).update(connected=False, unknown_since=now) < len(lapsed):
+    if lapsed and update_in_key_order(silent.filter(pk__in=lapsed), connected=False, unknown_since=now) < len(lapsed):
         return list(Host.objects.filter(pk__in=lapsed, connected=False, unknown_since=now)
                     .values_list("name", flat=True))
     return list(lapsed.values())
