@@ -164,8 +164,9 @@ def update_in_key_order(query: QuerySet, **values) -> int:
     """query.update(**values), its rows locked first in key order, as every writer of rows that others write too
     takes them; returns how many were updated. An UPDATE of many rows locks them in the order it finds them, which
     once rows have moved is not key order: intake's lease renewal (an UPDATE of a batch's hosts) deadlocked with a
-    pass's generation bumps (key order) in every 1,000-host fleet run, and PostgreSQL broke each deadlock after
-    deadlock_timeout by failing the intake batch, whose acks then waited for the resend 10 s later."""
+    pass's generation bumps (key order) in most 1,000-host fleet runs, and PostgreSQL broke each deadlock after
+    deadlock_timeout by failing the intake batch, whose messages were then applied a transaction each: its acks
+    committed seconds late (docs/benchmarks.md)."""
     if connection.vendor != "postgresql":
         return query.update(**values)
     with transaction.atomic(savepoint=False):  # the locks held until the update, even in autocommit

@@ -1,7 +1,7 @@
 """Writers of many host rows lock them in key order, as a pass's generation bumps do: an UPDATE of many rows locks
 them in the order it finds them, and once rows have moved that is not key order. Intake's lease renewal deadlocked
-with a pass this way in every 1,000-host fleet run (PostgreSQL failed the intake batch, and its acks waited 10 s
-for the resend)."""
+with a pass this way in most 1,000-host fleet runs (PostgreSQL failed the intake batch, and its acks, applied again
+a transaction each, committed seconds late)."""
 
 import threading
 import time
