@@ -159,10 +159,10 @@ class Gateway:
             began = time.monotonic()
             try:
                 await self.refresh()
+                took = time.monotonic() - began  # (a failed one's wait below is no measure of a snapshot's cost)
             except Exception:  # the database may be briefly unavailable; the snapshot stays as it was
                 log.exception("gateway: cannot refresh the fleet")
                 await asyncio.sleep(IDLE_REFRESH_S)
-            took = time.monotonic() - began
 
     async def _listen(self) -> None:
         """Refresh on the channel layer's fleet events (scheduler passes, replica state changes)."""
