@@ -3,7 +3,7 @@ changes coalesced.
 
 A state change does not queue a message of its own: it asks for a report, and while a report waits to be sent
 every further change rides in it. The report is built when its turn comes to be sent, so it says what holds then.
-An apply that starts ten workers thus costs the console one report ahead of its ack, not a report and a status per
+An apply that starts ten workers thus costs the console one report besides its ack, not a report and a status per
 worker (at a thousand hosts that was 21,000 messages for the console to read before the last ack). A replica gone
 by the time the report is built (stopped) is reported with the status its change gave.
 An ack goes ahead of whatever else waits: the console times a rollout by its acks, and in a wave it reads a
