@@ -81,21 +81,26 @@ def _update_by_copy(model: type[Model], columns: Sequence[str], prepared: Sequen
     q = connection.ops.quote_name
     table, pk = q(model._meta.db_table), q(model._meta.pk.column)
     names = [q(c) for c in columns]
-    staging = q(f"mg_update_{next(_staging)}")
     # A row given twice: its last values win, as with one UPDATE per row (UPDATE ... FROM would take either).
     prepared = list({row[-1]: row for row in prepared}.values())
     with transaction.atomic(savepoint=False):  # the table lives until commit: one is needed even in autocommit
         if not locked:
             lock_rows(model, (row[-1] for row in prepared))
         with _cursor() as cursor:
-            cursor.execute(f"CREATE TEMPORARY TABLE {staging} ON COMMIT DROP AS "
-                           f"SELECT {', '.join(names)}, {pk} FROM {table} WITH NO DATA")
-            with connection.wrap_database_errors, cursor.copy(
-                    f"COPY {staging} ({', '.join(names)}, {pk}) FROM STDIN") as copy:
-                for row in prepared:
-                    copy.write_row(row)
+            staging = _staged(cursor, table, ", ".join([*names, pk]), prepared)
             cursor.execute(f"UPDATE {table} AS t SET {', '.join(f'{n} = s.{n}' for n in names)} "
                            f"FROM {staging} AS s WHERE t.{pk} = s.{pk}")
+
+
+def _staged(cursor, table: str, columns: str, rows: Sequence[tuple]) -> str:
+    """`rows` (of the quoted `columns`) copied into a new temporary table shaped like `table`'s, dropped at commit
+    (the caller is in a transaction); returns its quoted name."""
+    staging = connection.ops.quote_name(f"mg_staging_{next(_staging)}")
+    cursor.execute(f"CREATE TEMPORARY TABLE {staging} ON COMMIT DROP AS SELECT {columns} FROM {table} WITH NO DATA")
+    with connection.wrap_database_errors, cursor.copy(f"COPY {staging} ({columns}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)
+    return staging
 
 
 def upsert_values(model: type[Model], fields: Sequence[str], rows: Sequence[tuple]) -> None:
@@ -121,13 +126,8 @@ def upsert_values(model: type[Model], fields: Sequence[str], rows: Sequence[tupl
             cursor.executemany(f"INSERT INTO {table} ({every}) VALUES ({', '.join(['%s'] * (len(names) + 1))}) "
                                f"ON CONFLICT ({pk}) DO UPDATE SET {overwrite}", prepared)
             return
-        staging = q(f"mg_upsert_{next(_staging)}")
         with transaction.atomic(savepoint=False):  # the table lives until commit: one is needed even in autocommit
-            cursor.execute(f"CREATE TEMPORARY TABLE {staging} ON COMMIT DROP AS SELECT {every} FROM {table} "
-                           "WITH NO DATA")
-            with connection.wrap_database_errors, cursor.copy(f"COPY {staging} ({every}) FROM STDIN") as copy:
-                for row in prepared:
-                    copy.write_row(row)
+            staging = _staged(cursor, table, every, prepared)
             cursor.execute(f"INSERT INTO {table} ({every}) SELECT {every} FROM {staging} ORDER BY {pk} "
                            f"ON CONFLICT ({pk}) DO UPDATE SET {overwrite}")
 
