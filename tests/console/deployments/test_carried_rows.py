@@ -5,13 +5,14 @@ from datetime import UTC, datetime
 
 import pytest
 from django.db import connection, transaction
+from django.db.models.fields.json import KeyTransform
 from django.test.utils import CaptureQueriesContext
 
 from console.bulk import update_values
 from console.carried import CarriedRows
 from console.deployments.models import Deployment, Replica
 from console.deployments.services import create_deployment
-from console.deployments.snapshot import DeploymentRow, ReplicaRow
+from console.deployments.snapshot import DeploymentRow, ReplicaRow, deployment_rows
 
 pytestmark = pytest.mark.django_db
 
@@ -93,8 +94,6 @@ def test_forget_reads_every_row_again(replicas):
 
 
 def test_the_pass_reads_deployments_in_name_order_as_before(model):
-    from console.deployments.snapshot import deployment_rows
-
     for name in ("zeta", "alpha", "mid"):
         create_deployment(name, "tiny")
     assert [d.name for d in deployment_rows()] == ["alpha", "mid", "zeta"]
@@ -104,8 +103,6 @@ def test_the_pass_reads_deployments_in_name_order_as_before(model):
 
 
 def test_fields_computed_by_the_database_are_carried_and_follow_their_row(model):
-    from django.db.models.fields.json import KeyTransform
-
     for name in ("a", "b"):
         create_deployment(name, "tiny")
     total = KeyTransform("total_bytes", KeyTransform("cpu", "estimates"))
