@@ -52,6 +52,7 @@ class Batcher:
         self._sooner = asyncio.Event()  # a message came that makes the batch due sooner
         self._task: asyncio.Task | None = None
         self._readings: asyncio.Task | None = None  # the last batch's second stage
+        self._leases = intake.LeaseChecks()  # whose leases this process looked at lately (hosts stage's thread)
 
     def enqueue(self, item: intake.Item) -> asyncio.Future:
         """Hand `item` over; the future gets its outcome once its batch is committed. A quiet report waits up to
@@ -113,7 +114,7 @@ class Batcher:
                     return
                 batch, self._pending, self._due = self._pending, [], math.inf
             try:
-                staged = intake.apply_hosts([item for item, _ in batch])
+                staged = intake.apply_hosts([item for item, _ in batch], self._leases)
             except Exception as e:  # not even retried one by one (the database is gone, say)
                 _to_loop(loop, context, self._fail, batch, e)
                 continue

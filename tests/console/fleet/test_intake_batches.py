@@ -10,7 +10,8 @@ from agent.protocol import Ack, GpuInfo, HostReport, ReplicaStatus
 from console.deployments.desired import bump_generations
 from console.deployments.models import Deployment, Replica
 from console.deployments.reconcile import reconcile_once
-from console.fleet.intake import Item, apply_batch, apply_hosts, apply_readings
+from console.fleet import intake
+from console.fleet.intake import Closed, Item, LeaseChecks, apply_batch, apply_hosts, apply_readings
 from console.fleet.models import Gpu, Host
 from tests.queries import statements as logged
 
@@ -118,6 +119,55 @@ def test_a_lease_renewed_lately_is_not_written_again(model, settings):
     stale.refresh_from_db()
     assert now - fresh.last_seen >= timezone.timedelta(seconds=4)  # not written
     assert timezone.now() - stale.last_seen < timezone.timedelta(seconds=2)  # renewed
+
+
+def lease_statements(captured) -> list[str]:
+    return [q for q in logged(captured) if "last_seen" in q or '"connected"' in q]
+
+
+def test_a_batcher_looks_at_a_hosts_lease_once_a_renewal_interval(model, settings, monkeypatch,
+                                                                   django_capture_on_commit_callbacks):
+    # In a 1,000-host wave every batch looked at its hosts' leases, an ack's batch too: two statements locking host
+    # rows, most of the hosts stage's time. A host looked at within a renewal interval cannot have lapsed since.
+    settings.MODELGRID_HOST_LEASE_SECONDS = 20.0  # renewal interval: 5 s
+    (h, _), = fleet(1, model)
+    Host.objects.filter(pk=h.pk).update(generation=3, last_seen=timezone.now() - timezone.timedelta(seconds=30))
+    leases, clock = LeaseChecks(), [1000.0]
+    monkeypatch.setattr(intake.time, "monotonic", lambda: clock[0])
+
+    def batch(message):
+        with CaptureQueriesContext(connection) as ctx, django_capture_on_commit_callbacks(execute=True):
+            staged = apply_hosts([Item(h.pk, h.name, message)], leases)
+        assert all(o is None or o.error is None for o in staged.outcomes)
+        return lease_statements(ctx.captured_queries)
+
+    assert batch(Ack(generation=1))  # looked at, and written
+    h.refresh_from_db()
+    assert timezone.now() - h.last_seen < timezone.timedelta(seconds=2)
+    clock[0] += 4.9
+    assert batch(Ack(generation=2)) == []  # within the interval: the ack alone
+    assert Host.objects.get(pk=h.pk).acked_generation == 2
+
+    # Past the interval it is looked at again: a host that went unknown meanwhile (as it cannot unless its agent
+    # fell silent) comes back.
+    Host.objects.filter(pk=h.pk).update(connected=False, unknown_since=timezone.now())
+    clock[0] += 0.2
+    assert batch(Ack(generation=3))
+    assert Host.objects.get(pk=h.pk).lifecycle == "connected"
+
+    # A closed link is forgotten: the host's next link is looked at at once.
+    Host.objects.filter(pk=h.pk).update(link_epoch=4)
+    batch(Closed(epoch=4))
+    assert Host.objects.get(pk=h.pk).lifecycle == "unknown"
+    assert batch(Ack(generation=3))
+    assert Host.objects.get(pk=h.pk).lifecycle == "connected"
+
+    # What a batch that failed looked at is not learnt: nothing it wrote was committed.
+    clock[0] += 10
+    monkeypatch.setattr(intake, "_apply_acks", lambda *a: 1 / 0)
+    with django_capture_on_commit_callbacks(execute=True):
+        apply_hosts([Item(h.pk, h.name, Ack(generation=3))], leases)
+    assert leases.due({h.pk}, clock[0]) == {h.pk}
 
 
 def test_a_quiet_report_renews_the_lease_and_keeps_what_it_leaves_out(model):

@@ -143,9 +143,9 @@ async def test_a_link_reads_its_next_message_before_the_last_is_applied_and_keep
     batches = []
     apply = intake.apply_hosts
 
-    def recorded(items):
+    def recorded(items, leases=None):
         batches.append([item.message.type for item in items])
-        return apply(items)
+        return apply(items, leases)
 
     monkeypatch.setattr(intake, "apply_hosts", recorded)
     comm = await linked(token)

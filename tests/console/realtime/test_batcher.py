@@ -24,7 +24,7 @@ def test_only_a_report_that_lists_and_changes_nothing_is_quiet():
 def applied(monkeypatch):
     batches = []
 
-    def apply(items):
+    def apply(items, leases=None):
         batches.append([type(item.message).__name__ for item in items])
         return intake.Staged([intake.Outcome() for _ in items])
 
@@ -59,7 +59,7 @@ async def test_the_next_ticks_hosts_stage_does_not_wait_for_the_last_ticks_repli
     held = threading.Event()
     log = []
 
-    def hosts(items):
+    def hosts(items, leases=None):
         log.append(("hosts", [item.message.type for item in items]))
         return intake.Staged([None] * len(items))
 
@@ -98,7 +98,7 @@ async def test_an_ack_that_came_during_a_batch_is_applied_next_without_waiting_f
     first_running = threading.Event()
     started: list[tuple[str, float]] = []
 
-    def hosts(items):
+    def hosts(items, leases=None):
         started.append((items[0].host_name, time.monotonic()))
         if items[0].host_name == "a":
             first_running.set()
@@ -135,7 +135,7 @@ async def test_a_hosts_stage_that_cannot_even_start_fails_its_batch_and_the_next
             return await asyncio.to_thread(fn, *args)
         return call
 
-    monkeypatch.setattr(intake, "apply_hosts", lambda items: intake.Staged([intake.Outcome() for _ in items]))
+    monkeypatch.setattr(intake, "apply_hosts", lambda items, leases: intake.Staged([intake.Outcome() for _ in items]))
     monkeypatch.setattr(intake, "apply_readings", lambda items, staged: staged.outcomes)
     monkeypatch.setattr(module, "own_thread", broken)
     b = Batcher(tick=30, quiet_tick=30)
