@@ -106,27 +106,43 @@ class Staged:
 # no effect).
 
 
+LEASE_SWEEP_SECONDS = 1.0  # how often a batcher looks at the leases due (LeaseChecks)
+
+
 class LeaseChecks:
-    """When this process last looked at each host's lease (time.monotonic), for a batcher to skip the hosts it looked
-    at within a renewal interval: their row was connected then, and written no longer than an interval before, so
-    it is at most two intervals old now (half a lease), and cannot have lapsed, which takes a lease and an interval.
-    In a 1,000-host wave, the two statements that look (one for hosts coming back, one for leases due) locked
-    host rows and cost every batch, an ack's among them, most of its time: 10 of the 14 s the hosts stage was
-    busy while the fleet converged (sampled; docs/benchmarks.md), waiting up to 0.76 s for rows a pass held."""
+    """Which hosts' leases a batcher looks at, and when: a host's once a renewal interval at most (its row was
+    connected then, and written no longer than an interval before), and those due together, once a
+    LEASE_SWEEP_SECONDS at most. A host's row is then at most two intervals and a sweep old (11 s of a 20 s lease),
+    and cannot have lapsed, which takes a lease and an interval. In a 1,000-host wave, the two statements that look
+    (one for hosts coming back, one for leases due) locked host rows and cost every batch, an ack's among them,
+    most of its time: 10 of the 14 s the hosts stage was busy while the fleet converged (sampled), waiting up to
+    0.76 s for rows a pass held; looking at each host once an interval still had nearly every batch look at a few
+    (docs/benchmarks.md)."""
 
     def __init__(self) -> None:
-        self._at: dict[int, float] = {}
+        self._at: dict[int, float] = {}  # host -> when (time.monotonic) a committed batch last looked at it
+        self._waiting: set[int] = set()  # seen since, and due: looked at by the next sweep
+        self._swept = -math.inf
 
     def due(self, hosts: Iterable[int], now: float) -> set[int]:
+        """Of `hosts` (those a batch heard from) and those waiting, the ones to look at now: none between sweeps."""
         since = now - renewal_seconds(settings.MODELGRID_HOST_LEASE_SECONDS)
-        return {h for h in hosts if self._at.get(h, -math.inf) < since}
+        self._waiting.update(h for h in hosts if self._at.get(h, -math.inf) < since)
+        if not self._waiting or now - self._swept < LEASE_SWEEP_SECONDS:
+            return set()
+        self._swept = now
+        return set(self._waiting)
 
-    def looked(self, hosts: Iterable[int], at: float) -> None:
+    def looked(self, hosts: set[int], at: float) -> None:
+        """A batch that looked at `hosts` committed (one that failed leaves them waiting)."""
         self._at.update(dict.fromkeys(hosts, at))
+        self._waiting -= hosts
 
     def forget(self, hosts: Iterable[int]) -> None:
+        """Their links closed: a sweep must not bring them back, and their next link's messages are looked at."""
         for h in hosts:
             self._at.pop(h, None)
+            self._waiting.discard(h)
 
 
 def apply_hosts(items: list[Item], leases: LeaseChecks | None = None) -> Staged:

@@ -125,28 +125,37 @@ def lease_statements(captured) -> list[str]:
     return [q for q in logged(captured) if "last_seen" in q or '"connected"' in q]
 
 
-def test_a_batcher_looks_at_a_hosts_lease_once_a_renewal_interval(model, settings, monkeypatch,
-                                                                   django_capture_on_commit_callbacks):
+def test_a_batcher_looks_at_a_hosts_lease_once_a_renewal_interval_and_at_those_due_together(
+        model, settings, monkeypatch, django_capture_on_commit_callbacks):
     # In a 1,000-host wave every batch looked at its hosts' leases, an ack's batch too: two statements locking host
     # rows, most of the hosts stage's time. A host looked at within a renewal interval cannot have lapsed since.
     settings.MODELGRID_HOST_LEASE_SECONDS = 20.0  # renewal interval: 5 s
-    (h, _), = fleet(1, model)
-    Host.objects.filter(pk=h.pk).update(generation=3, last_seen=timezone.now() - timezone.timedelta(seconds=30))
+    (h, _), (other, _) = fleet(2, model)
+    Host.objects.filter(pk__in=[h.pk, other.pk]).update(generation=3,
+                                                        last_seen=timezone.now() - timezone.timedelta(seconds=30))
     leases, clock = LeaseChecks(), [1000.0]
     monkeypatch.setattr(intake.time, "monotonic", lambda: clock[0])
 
-    def batch(message):
+    def batch(message, host=h):
         with CaptureQueriesContext(connection) as ctx, django_capture_on_commit_callbacks(execute=True):
-            staged = apply_hosts([Item(h.pk, h.name, message)], leases)
+            staged = apply_hosts([Item(host.pk, host.name, message)], leases)
         assert all(o is None or o.error is None for o in staged.outcomes)
         return lease_statements(ctx.captured_queries)
 
+    def age(host) -> float:
+        return (timezone.now() - Host.objects.get(pk=host.pk).last_seen).total_seconds()
+
     assert batch(Ack(generation=1))  # looked at, and written
-    h.refresh_from_db()
-    assert timezone.now() - h.last_seen < timezone.timedelta(seconds=2)
-    clock[0] += 4.9
-    assert batch(Ack(generation=2)) == []  # within the interval: the ack alone
+    assert age(h) < 2
+    clock[0] += 0.5
+    assert batch(Ack(generation=1), other) == []  # due, but a sweep just looked: it waits for the next
+    assert age(other) > 20
+    clock[0] += 0.5
+    assert batch(Ack(generation=2))  # the next sweep, a second after the last: the one waiting is looked at too
+    assert age(other) < 2
     assert Host.objects.get(pk=h.pk).acked_generation == 2
+    clock[0] += 3.9
+    assert batch(Ack(generation=3)) == []  # within the renewal interval: the ack alone
 
     # Past the interval it is looked at again: a host that went unknown meanwhile (as it cannot unless its agent
     # fell silent) comes back.
@@ -155,19 +164,28 @@ def test_a_batcher_looks_at_a_hosts_lease_once_a_renewal_interval(model, setting
     assert batch(Ack(generation=3))
     assert Host.objects.get(pk=h.pk).lifecycle == "connected"
 
-    # A closed link is forgotten: the host's next link is looked at at once.
-    Host.objects.filter(pk=h.pk).update(link_epoch=4)
-    batch(Closed(epoch=4))
-    assert Host.objects.get(pk=h.pk).lifecycle == "unknown"
-    assert batch(Ack(generation=3))
-    assert Host.objects.get(pk=h.pk).lifecycle == "connected"
+    # A closed link is forgotten: no sweep brings its host back, and the host's next link is looked at.
+    Host.objects.filter(pk=other.pk).update(link_epoch=4)
+    clock[0] += 5.5
+    assert batch(Ack(generation=3), other)  # due, and a sweep
+    clock[0] += 5.1
+    assert batch(Ack(generation=3), h)  # due, and a sweep
+    clock[0] += 0.1
+    assert batch(Ack(generation=3), other) == []  # due, waiting for the next sweep
+    batch(Closed(epoch=4), other)  # ... when its link closes
+    clock[0] += 1.0
+    assert batch(Ack(generation=3), h) == []  # that sweep has nothing to look at: the closed host is not brought back
+    assert Host.objects.get(pk=other.pk).lifecycle == "unknown"
+    assert batch(Ack(generation=3), other)  # its next link's first message is looked at
+    assert Host.objects.get(pk=other.pk).lifecycle == "connected"
 
     # What a batch that failed looked at is not learnt: nothing it wrote was committed.
     clock[0] += 10
     monkeypatch.setattr(intake, "_apply_acks", lambda *a: 1 / 0)
     with django_capture_on_commit_callbacks(execute=True):
         apply_hosts([Item(h.pk, h.name, Ack(generation=3))], leases)
-    assert leases.due({h.pk}, clock[0]) == {h.pk}
+    clock[0] += 1
+    assert h.pk in leases.due(set(), clock[0])
 
 
 def test_a_quiet_report_renews_the_lease_and_keeps_what_it_leaves_out(model):
