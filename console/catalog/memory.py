@@ -9,6 +9,7 @@ calibration) scales what later admissions reserve.
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from agent.artifacts import ArtifactError, Estimate, canonical_dtype, estimate
 from agent.artifacts.config import read_config
 from agent.artifacts.dtypes import WORKER_DTYPES
 from agent.protocol import Measurement
+from console.bulk import insert
 from console.catalog.calibration import NONE, WINDOW, Correction, correction, error_fraction
 from console.catalog.models import Calibration, DeviceKind, MemorySample, Model
 from console.catalog.services import get_model
@@ -30,6 +32,7 @@ log = logging.getLogger("modelgrid.memory")
 
 MAX_BATCH = 4096
 MAX_SEQ = 1 << 20
+LOGGED_LOADS = 20  # a batch's loads logged a line each; the rest in one line (_log_loads)
 
 
 ESTIMATE_TTL_S = 10.0
@@ -235,14 +238,24 @@ def record_loads(loads: list[Load]) -> list[MemorySample]:
             estimated_bytes=est.total_bytes, calibrated_bytes=before.apply(est.total_bytes),
             measured_bytes=m.total_bytes, estimate=est.as_dict(), measurement=m.model_dump()))
     # A concurrent report of the same load may get there first: its row stands, this one is dropped.
-    MemorySample.objects.bulk_create(samples, ignore_conflicts=True)
+    insert(samples, skip_conflicts=True)
     for family, device in sorted({(sm.family, sm.device) for sm in samples}):
         recalibrate(family, device)
-    for sm in samples:
-        err = error_fraction(sm.estimated_bytes, sm.measured_bytes)
-        log.info("load %s: estimated %d, measured %d bytes (error %+.1f%%)", sm.load_key, sm.estimated_bytes,
-                 sm.measured_bytes, 100 * err if err is not None else 0)
+    _log_loads(samples)
     return samples
+
+
+def _log_loads(samples: list[MemorySample]) -> None:
+    """A line each for the first LOGGED_LOADS, then one line for the rest: a rollout of 10,000 replicas has as
+    many loads, which the samples keep (and the replicas' events tell) one by one."""
+    errors = [100 * (error_fraction(sm.estimated_bytes, sm.measured_bytes) or 0) for sm in samples]
+    for sm, err in zip(samples[:LOGGED_LOADS], errors, strict=False):
+        log.info("load %s: estimated %d, measured %d bytes (error %+.1f%%)", sm.load_key, sm.estimated_bytes,
+                 sm.measured_bytes, err)
+    rest = errors[LOGGED_LOADS:]
+    if rest:
+        log.info("and %d more loads (error: median %+.1f%%, largest %+.1f%%): the memory samples keep each",
+                 len(rest), statistics.median(rest), max(rest, key=abs))
 
 
 def recalibrate(family: str, device: str) -> Correction:

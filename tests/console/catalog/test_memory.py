@@ -1,8 +1,11 @@
 """Estimates per deployment, measured loads, and calibration feeding later admissions."""
 
+import logging
+
 import pytest
 
 from agent.protocol import Measurement, ReplicaStatus
+from console.catalog.memory import LOGGED_LOADS, Load, record_loads
 from console.catalog.models import Calibration, MemorySample
 from console.deployments.desired import desired_state
 from console.deployments.models import Deployment, Replica
@@ -81,6 +84,22 @@ def test_a_restarted_worker_is_a_new_load(host, model):
     apply_one(host, ready(replica, estimated, pid=2))
     assert MemorySample.objects.count() == 2
     assert Calibration.objects.get().samples == 2
+
+
+def test_a_rollouts_loads_are_each_kept_and_logged_in_a_bounded_number_of_lines(host, model, caplog):
+    # A rollout of 10,000 replicas has as many loads: a line each flooded the log, on intake's thread.
+    create_deployment("chat", "tiny", seq=64, replicas=LOGGED_LOADS + 5)
+    reconcile_once()
+    replicas = list(Replica.objects.order_by("pk"))
+    estimated = replicas[0].deployment.estimates["cpu"]["total_bytes"]
+    loads = [Load("h1", r.pk, ready(r, estimated + 10 * i).measurement, 100 + i) for i, r in enumerate(replicas)]
+    with caplog.at_level(logging.INFO, logger="modelgrid.memory"):
+        assert len(record_loads(loads)) == len(replicas)
+        assert record_loads(loads) == []  # kept once
+    assert MemorySample.objects.count() == len(replicas)
+    lines = [r.getMessage() for r in caplog.records if r.name == "modelgrid.memory"]
+    assert len(lines) == LOGGED_LOADS + 1
+    assert lines[-1].startswith("and 5 more loads (error: median ")
 
 
 def test_a_status_without_a_measurement_calibrates_nothing(host, model):
