@@ -462,8 +462,9 @@ def renewal_seconds(lease_s: float) -> float:
 
 def lapse_leases(now: datetime, lease_s: float) -> list[str]:
     """Hosts whose agent said nothing for a lease become unknown; returns their names. (Its agent may have spoken up
-    to a renewal interval after last_seen: a host lapses a lease and that interval after it, never sooner.)"""
-    silent_since = now - timedelta(seconds=lease_s + renewal_seconds(lease_s))
+    to a renewal interval and a lease sweep after last_seen, its message waiting for the sweep (LeaseChecks): a host
+    lapses a lease, that interval and a sweep after it, never sooner.)"""
+    silent_since = now - timedelta(seconds=lease_s + renewal_seconds(lease_s) + LEASE_SWEEP_SECONDS)
     silent = Host.objects.filter(connected=True, last_seen__lt=silent_since)
     lapsed = dict(silent.values_list("pk", "name"))
     # The filter again: one that spoke up since the read keeps its lease (and is not named).

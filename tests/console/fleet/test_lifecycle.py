@@ -54,6 +54,19 @@ def test_a_host_whose_lease_lapsed_is_unknown_and_keeps_its_replicas(leading, ho
     assert placed_on("chat") == "h1"  # kept where it was, though h2 has room
 
 
+def test_a_lease_lapses_a_lease_a_renewal_interval_and_a_lease_sweep_after_it_was_written(leading, host):
+    # The agent may have spoken up to a renewal interval (5 s) and a lease sweep (1 s) after last_seen, its message
+    # waiting for the batcher's next sweep (intake.LeaseChecks): a host lapses no sooner than that after it.
+    silent_for(host, 25.8)
+    reconcile_once()
+    host.refresh_from_db()
+    assert host.lifecycle == "connected"
+    silent_for(host, 26.2)
+    reconcile_once()
+    host.refresh_from_db()
+    assert host.lifecycle == "unknown"
+
+
 def test_an_unknown_host_gets_no_new_replicas(leading, host, model):
     silent_for(host, 30)
     reconcile_once()
