@@ -3,8 +3,8 @@
 message its links received in one tick, so a thousand hosts cost a handful of bulk statements per tick, not a
 transaction per message. Agent input only ever updates rows of the agent's own host.
 
-Every message renews its host's lease (last_seen, written again once a quarter of the lease has passed): liveness
-never waits on what a report says."""
+Every message renews its host's lease (last_seen, written again once a quarter of the lease has passed; a batcher
+looks at the leases due once a second: LeaseChecks): liveness never waits on what a report says."""
 
 from __future__ import annotations
 
@@ -113,9 +113,9 @@ class LeaseChecks:
     """Which hosts' leases a batcher looks at, and when: a host's once a renewal interval at most (its row was
     connected then, and written no longer than an interval before), and those due together, once a
     LEASE_SWEEP_SECONDS at most. A host's row is then at most two intervals and a sweep old (11 s of a 20 s lease),
-    and cannot have lapsed, which takes a lease and an interval. In a 1,000-host wave, the two statements that look
-    (one for hosts coming back, one for leases due) locked host rows and cost every batch, an ack's among them,
-    most of its time: 10 of the 14 s the hosts stage was busy while the fleet converged (sampled), waiting up to
+    and cannot have lapsed, which takes a lease, an interval and a sweep. In a 1,000-host wave, the two statements
+    that look (one for hosts coming back, one for leases due) locked host rows and cost every batch, an ack's among
+    them, most of its time: 10 of the 14 s the hosts stage was busy while the fleet converged (sampled), waiting up to
     0.76 s for rows a pass held; looking at each host once an interval still had nearly every batch look at a few
     (docs/benchmarks.md)."""
 
