@@ -131,6 +131,9 @@ class LeaseChecks:
         if not self._waiting or now - self._swept < LEASE_SWEEP_SECONDS:
             return set()
         self._swept = now
+        # A host looked at before `since` is due as one never looked at: only later ones are kept (so hosts gone
+        # from the fleet are not remembered for the life of the process).
+        self._at = {h: at for h, at in self._at.items() if at >= since}
         return set(self._waiting)
 
     def looked(self, hosts: set[int], at: float) -> None:

@@ -186,6 +186,7 @@ def test_a_batcher_looks_at_a_hosts_lease_once_a_renewal_interval_and_at_those_d
         apply_hosts([Item(h.pk, h.name, Ack(generation=3))], leases)
     clock[0] += 1
     assert h.pk in leases.due(set(), clock[0])
+    assert leases._at == {}  # a sweep keeps only hosts looked at within the interval: none here
 
 
 def test_a_quiet_report_renews_the_lease_and_keeps_what_it_leaves_out(model):
