@@ -122,14 +122,21 @@ def upsert_values(model: type[Model], fields: Sequence[str], rows: Sequence[tupl
     overwrite = ", ".join(f"{n} = EXCLUDED.{n}" for n in names)
     every = ", ".join([pk, *names])
     with _cursor() as cursor:
-        if connection.vendor != "postgresql":
-            cursor.executemany(f"INSERT INTO {table} ({every}) VALUES ({', '.join(['%s'] * (len(names) + 1))}) "
-                               f"ON CONFLICT ({pk}) DO UPDATE SET {overwrite}", prepared)
-            return
-        with transaction.atomic(savepoint=False):  # the table lives until commit: one is needed even in autocommit
-            staging = _staged(cursor, table, every, prepared)
-            cursor.execute(f"INSERT INTO {table} ({every}) SELECT {every} FROM {staging} ORDER BY {pk} "
-                           f"ON CONFLICT ({pk}) DO UPDATE SET {overwrite}")
+        _insert_on_conflict(cursor, table, every, len(names) + 1, prepared,
+                            f"ON CONFLICT ({pk}) DO UPDATE SET {overwrite}", order=pk)
+
+
+def _insert_on_conflict(cursor, table: str, columns: str, width: int, rows: Sequence[tuple], conflict: str,
+                        order: str = "") -> None:
+    """INSERT `rows` (of the quoted `columns`, `width` of them) with the `conflict` clause: on PostgreSQL by COPY
+    into a temporary table and one INSERT from it (in the `order` given), elsewhere executed for each row."""
+    if connection.vendor != "postgresql":
+        cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * width)}) {conflict}", rows)
+        return
+    with transaction.atomic(savepoint=False):  # the table lives until commit: one is needed even in autocommit
+        staging = _staged(cursor, table, columns, rows)
+        cursor.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {staging}"
+                       f"{f' ORDER BY {order}' if order else ''} {conflict}")
 
 
 def update_fields_by_pk(model: type[Model], changes: Iterable[tuple[object, Sequence[str]]]) -> None:
@@ -202,16 +209,12 @@ def insert_values(model: type[Model], fields: Sequence[str], rows: Sequence[tupl
     q = connection.ops.quote_name
     table, names = q(meta.db_table), ", ".join(q(c.column) for c in columns)
     prepared = [tuple(_prep(c, v) for c, v in zip(columns, row, strict=True)) for row in rows]
-    skip = " ON CONFLICT DO NOTHING" if skip_conflicts else ""
     with _cursor() as cursor:
-        if connection.vendor != "postgresql":
-            cursor.executemany(f"INSERT INTO {table} ({names}) VALUES ({', '.join(['%s'] * len(columns))}){skip}",
-                               prepared)
-            return
         if skip_conflicts:
-            with transaction.atomic(savepoint=False):  # the table lives until commit: one is needed even in autocommit
-                cursor.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM "
-                               f"{_staged(cursor, table, names, prepared)}{skip}")
+            _insert_on_conflict(cursor, table, names, len(columns), prepared, "ON CONFLICT DO NOTHING")
+            return
+        if connection.vendor != "postgresql":
+            cursor.executemany(f"INSERT INTO {table} ({names}) VALUES ({', '.join(['%s'] * len(columns))})", prepared)
             return
         # (Django logs the statement; its errors, a unique violation say, come as Django's through the wrapper.)
         with connection.wrap_database_errors, cursor.copy(f"COPY {table} ({names}) FROM STDIN") as copy:
