@@ -1,0 +1,35 @@
+"""The fleet benchmark's push -> ack timings from host rows' changes (bench/fleet_watch.py): each generation is
+timed from its commit to the ack that covers it, and a pass's generations are told apart from the next pass's."""
+
+from bench.fleet_watch import WAVE_GAP, HostEvent, HostWatch
+
+
+def watch_of(events: list[tuple[float, str, int, int]], tmp_path) -> HostWatch:
+    watch = HostWatch({"MODELGRID_DATA_DIR": str(tmp_path)})
+    watch.events = [HostEvent(at, host, generation, acked, True) for at, host, generation, acked in events]
+    return watch
+
+
+def test_each_generation_is_timed_to_the_ack_that_covers_it_and_each_pass_is_a_wave_of_its_own(tmp_path):
+    gap = WAVE_GAP / 5
+    watch = watch_of([
+        # a pass gives hosts a, b and c generation 1; a's and b's acks come 0.2 and 0.3 s later, c's never
+        (10.0, "a", 1, 0), (10.0 + gap, "b", 1, 0), (10.0 + 2 * gap, "c", 1, 0),
+        (10.2, "a", 1, 1), (10.3 + gap, "b", 1, 1),
+        # a lone change for a, acked at once: a wave of one host
+        (11.0, "a", 2, 1), (11.05, "a", 2, 2),
+        # the next pass gives a and b a generation each; one ack of b's newer generation covers both of b's
+        (12.0, "a", 3, 2), (12.0 + gap, "b", 2, 1), (12.0 + 2 * gap, "b", 3, 1),
+        (12.5, "a", 3, 3), (12.9 + 2 * gap, "b", 3, 3),
+        # before `since`: left out
+        (5.0, "d", 7, 0), (5.1, "d", 7, 7),
+    ], tmp_path)
+
+    latencies, never = watch.push_to_ack(since=9.0)
+    assert sorted(round(x, 3) for x in latencies) == [0.05, 0.2, 0.3, 0.5, 0.9, 0.91]
+    assert never == 1  # c's generation 1
+
+    waves = watch.waves(since=9.0, least=2)
+    assert [round(at, 3) for at, _ in waves] == [10.0, 12.0]  # the lone change is not a wave
+    assert [sorted(round(x, 3) for x in w) for _, w in waves] == [[0.2, 0.3], [0.5, 0.9, 0.91]]
+    assert [len(w) for _, w in watch.waves(since=9.0, least=1)] == [2, 1, 3]
