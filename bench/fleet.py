@@ -27,8 +27,8 @@ created through the REST API. Columns:
   commit becomes visible to the moment the console has recorded an ack of it. Both moments come from a
   trigger on fleet_host installed in the benchmark's own database (pg_notify, delivered at commit).
 * push -> ack p99 by wave: the same, for each pass that gave at least half the fleet a new generation at once (a
-  rollout's waves, in order): whether the first wave, on a console with nothing else to do, or a later one, meeting
-  the readings of those before, misses.
+  rollout's waves, in order): which wave misses, the first or a later one, which meets the readings of the waves
+  before it.
 * push -> ack, lone changes: the same, for --lone-changes deployments changed one at a time on the settled
   fleet (PATCH max_batch_size, half a second apart): one host's new generation each, outside a wave.
 * simulator loop lag p99 / max: how late this process's event loop ran (a 10 ms sleep's overshoot) from the

@@ -95,8 +95,8 @@ class HostWatch:
     def waves(self, since: float, least: int) -> list[tuple[float, list[float]]]:
         """push -> ack by wave: the generations one pass gave at least `least` hosts, whose commits became visible
         together (each within WAVE_GAP of the one before), as (when the first became visible, their push -> ack
-        seconds), in order. A table's p99 over a rollout's waves says little of which wave missed: the first, with
-        the console otherwise idle, or a later one that met the readings of those before."""
+        seconds), in order. A p99 over a whole rollout does not say which wave missed: the first, or a later one that
+        met the readings of the waves before it."""
         out: list[tuple[float, list[float]]] = []
         wave: list[tuple[float, float]] = []
         for committed, latency in sorted(self._acked(since)[0]) + [(float("inf"), 0.0)]:

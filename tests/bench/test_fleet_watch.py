@@ -18,7 +18,8 @@ def test_each_generation_is_timed_to_the_ack_that_covers_it_and_each_pass_is_a_w
         (10.2, "a", 1, 1), (10.3 + gap, "b", 1, 1),
         # a lone change for a, acked at once: a wave of one host
         (11.0, "a", 2, 1), (11.05, "a", 2, 2),
-        # the next pass gives a and b a generation each; one ack of b's newer generation covers both of b's
+        # the next pass gives a and b new generations (b two, as two passes within WAVE_GAP would); b's one ack of
+        # its newer generation covers both
         (12.0, "a", 3, 2), (12.0 + gap, "b", 2, 1), (12.0 + 2 * gap, "b", 3, 1),
         (12.5, "a", 3, 3), (12.9 + 2 * gap, "b", 3, 3),
         # before `since`: left out
