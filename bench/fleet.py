@@ -27,8 +27,7 @@ created through the REST API. Columns:
   commit becomes visible to the moment the console has recorded an ack of it. Both moments come from a
   trigger on fleet_host installed in the benchmark's own database (pg_notify, delivered at commit).
 * push -> ack p99 by wave: the same, for each pass that gave at least half the fleet a new generation at once (a
-  rollout's waves, in order): which wave misses, the first or a later one, which meets the readings of the waves
-  before it.
+  rollout's waves, in order): which wave misses, the first or a later one that meets the readings of those before.
 * push -> ack, lone changes: the same, for --lone-changes deployments changed one at a time on the settled
   fleet (PATCH max_batch_size, half a second apart): one host's new generation each, outside a wave.
 * simulator loop lag p99 / max: how late this process's event loop ran (a 10 ms sleep's overshoot) from the
@@ -407,7 +406,6 @@ async def measure(stack, fleet: SimFleet | ProcessFleet, watch: HostWatch, args,
         row["push -> ack p50 / p99"] = (f"{1000 * percentile(latencies, 0.5):.0f} / "
                                         f"{1000 * percentile(latencies, 0.99):.0f} ms")
         row["generations not acked"] = never
-        # Waves: passes that gave at least half the fleet a new generation at once.
         waves = watch.waves(since=first, least=max(run.hosts // 2, 1))
         row["push -> ack p99 by wave"] = (" / ".join(f"{1000 * percentile(w, 0.99):.0f}" for _, w in waves) + " ms"
                                           if waves else "")
