@@ -129,7 +129,8 @@ def upsert_values(model: type[Model], fields: Sequence[str], rows: Sequence[tupl
 def _insert_on_conflict(cursor, table: str, columns: str, width: int, rows: Sequence[tuple], conflict: str,
                         order: str = "") -> None:
     """INSERT `rows` (of the quoted `columns`, `width` of them) with the `conflict` clause: on PostgreSQL by COPY
-    into a temporary table and one INSERT from it (in the `order` given), elsewhere executed for each row."""
+    into a temporary table and one INSERT from it (in the `order` given), elsewhere executed for each row (where
+    `conflict` may be empty: a plain INSERT)."""
     if connection.vendor != "postgresql":
         cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * width)}) {conflict}", rows)
         return
@@ -210,11 +211,9 @@ def insert_values(model: type[Model], fields: Sequence[str], rows: Sequence[tupl
     table, names = q(meta.db_table), ", ".join(q(c.column) for c in columns)
     prepared = [tuple(_prep(c, v) for c, v in zip(columns, row, strict=True)) for row in rows]
     with _cursor() as cursor:
-        if skip_conflicts:
-            _insert_on_conflict(cursor, table, names, len(columns), prepared, "ON CONFLICT DO NOTHING")
-            return
-        if connection.vendor != "postgresql":
-            cursor.executemany(f"INSERT INTO {table} ({names}) VALUES ({', '.join(['%s'] * len(columns))})", prepared)
+        if skip_conflicts or connection.vendor != "postgresql":  # an INSERT for each row, or one from a COPY
+            _insert_on_conflict(cursor, table, names, len(columns), prepared,
+                                "ON CONFLICT DO NOTHING" if skip_conflicts else "")
             return
         # (Django logs the statement; its errors, a unique violation say, come as Django's through the wrapper.)
         with connection.wrap_database_errors, cursor.copy(f"COPY {table} ({names}) FROM STDIN") as copy:
