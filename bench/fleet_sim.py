@@ -241,7 +241,14 @@ class SimAgent:
         try:
             async for message in ws:
                 if message.type == aiohttp.WSMsgType.TEXT:
-                    self._on_console_message(message.data)
+                    if self._on_console_message(message.data):
+                        # The ack leaves now, from the task that applied the desired state, not from the send loop.
+                        # An agent on its own machine sends it at once; here a thousand agents share one loop, and
+                        # the send loop of each agent a wave reached ran only after every other agent read in the
+                        # same turn of the loop had applied its state: acks waited 80-260 ms for other hosts'
+                        # applies (a throwaway trace, docs/benchmarks.md). The report the apply asked for follows
+                        # from the send loop, so the console still hears the ack, then the report.
+                        await self._send_next(ws)
                 elif message.type == aiohttp.WSMsgType.ERROR:
                     break
         finally:
@@ -249,14 +256,21 @@ class SimAgent:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def _send_next(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """Send the outbox's next message (acks go first, agent.protocol.outbox). No await comes between taking a
+        message and writing its frame (aiohttp writes a frame whole before it waits to drain), so this and the send
+        loop keep the outbox's order on the wire."""
+        text = await self._outbox.get()
+        try:
+            if time.monotonic() >= self._muted_until:  # a hung agent says nothing
+                await ws.send_str(text)
+        finally:
+            self._outbox.task_done()
+
     async def _send_loop(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        outbox = self._outbox
         with contextlib.suppress(aiohttp.ClientError, ConnectionError):
             while True:
-                text = await outbox.get()
-                if time.monotonic() >= self._muted_until:  # a hung agent says nothing
-                    await ws.send_str(text)
-                outbox.task_done()
+                await self._send_next(ws)
 
     async def _report_loop(self) -> None:
         # Hosts start their timers at different moments, as real ones do; no thundering herd on the console.
@@ -270,27 +284,29 @@ class SimAgent:
         if self._outbox is not None:  # dropped while disconnected: the report on reconnect has everything
             self._outbox.post(message)
 
-    def _on_console_message(self, text: str) -> None:
+    def _on_console_message(self, text: str) -> bool:
+        """Act on one console message; True when that posted an ack (a desired state applied)."""
         try:
             message = parse_console_message(text)
         except ValidationError as e:
             self.metrics.errors.append(f"invalid console message: {e.errors()[0]['msg']}")
-            return
+            return False
         if isinstance(message, ErrorReply):
             self.metrics.errors.append(message.reason)
-            return
+            return False
         if isinstance(message, LogsRequest):
             self._post(LogsReply(request_id=message.request_id, replica_id=message.replica_id,
                                  error=f"{self.name} is a simulated host (bench/fleet_sim.py): its replicas have no "
                                  "worker processes, so no logs"))
-            return
+            return False
         received = time.monotonic()
         if self.applied_generation is not None and message.generation < self.applied_generation:
-            return  # stale
+            return False  # stale
         self.apply(message)
         self.applied_generation = message.generation
         self.metrics.acks.append((message.generation, received, time.monotonic()))
         self._post(Ack(generation=message.generation))
+        return True
 
     # -- converging ----------------------------------------------------------------------------------------
 

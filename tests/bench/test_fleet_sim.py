@@ -3,6 +3,8 @@ console in one report ahead of the ack, as the real agent sends them (agent.prot
 
 import dataclasses
 
+import aiohttp
+
 from agent.protocol import (
     Ack,
     DesiredReplica,
@@ -73,3 +75,42 @@ async def test_readings_and_statuses_kept_between_reports_follow_every_change():
         sim._cancel(replica)
     sim.spec = dataclasses.replace(sim.spec, gpus=2)  # as tests/e2e/test_chaos_fleet.py gives hosts other GPUs
     assert [g.used_bytes for g in sim.gpus()] == [0, GIB]
+
+
+class _Link:
+    """A websocket as _converse reads and writes it: the console's messages in turn, and what the agent sent, by
+    the time it asked for each next message."""
+
+    def __init__(self, messages: list[str]) -> None:
+        self.inbox = [aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, text, None) for text in messages]
+        self.sent: list[str] = []
+        self.sent_before_read: list[list[str]] = []
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        self.sent_before_read.append([parse_agent_message(text).type for text in self.sent])
+        if not self.inbox:
+            raise StopAsyncIteration
+        return self.inbox.pop(0)
+
+    async def send_str(self, text: str) -> None:
+        self.sent.append(text)
+
+
+async def test_an_ack_is_sent_before_the_next_console_message_is_read():
+    # A thousand simulated agents share one loop: left to each agent's send loop, an ack waited for every other
+    # agent's apply of that turn of the loop. The agent that applies a desired state sends its ack itself.
+    sim = SimAgent("http://127.0.0.1:1", "sim-6", "token")
+    sim._link_up()
+    replicas = [DesiredReplica(id=rid, deployment=f"d{rid}", model_path="/m", architecture="LlamaForCausalLM",
+                               gpus=[0], reserved_bytes=GIB) for rid in (1, 2)]
+    link = _Link([dump(DesiredState(generation=1, replicas=replicas[:1])),
+                  dump(LogsRequest(request_id="q1", replica_id=1)),
+                  dump(DesiredState(generation=2, replicas=replicas))])
+    await sim._converse(link)
+    # Each ack before the next read; a logs reply (not an ack) and the reports are left to the send loop.
+    assert link.sent_before_read == [[], ["ack"], ["ack"], ["ack", "ack"]]
+    for replica in sim.replicas.values():
+        sim._cancel(replica)
