@@ -1,10 +1,11 @@
 """The fleet benchmark's view of the console's host rows: every change of a host's generation, acked generation
-or connected flag, timed in the benchmark's process (bench/fleet.py)."""
+or connected flag, timed as it is committed (bench/fleet.py)."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import multiprocessing
 import threading
 import time
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from pathlib import Path
 # One pass commits every host's new generation in one transaction: its notifications arrive within milliseconds of
 # each other (1-4 ms for 1,000 hosts here), and passes are hundreds of ms apart.
 WAVE_GAP = 0.05
+LISTEN_TIMEOUT = 30.0  # for the listener process to start and LISTEN
+LISTENING = "listening"
 
 
 @dataclass
@@ -25,8 +28,9 @@ class HostEvent:
 
 
 class HostWatch:
-    """Every change of a host row's generation, acked generation or connected flag, timed in this process.
-    PostgreSQL: a trigger's pg_notify, delivered at commit. SQLite: polling the file every 0.2 s."""
+    """Every change of a host row's generation, acked generation or connected flag, timed on this machine's
+    monotonic clock. PostgreSQL: a trigger's pg_notify, delivered at commit to a listener process. SQLite: polling
+    the file every 0.2 s."""
 
     TRIGGER = """
     CREATE OR REPLACE FUNCTION fleet_bench_notify() RETURNS trigger AS $$
@@ -47,33 +51,47 @@ class HostWatch:
         self.sqlite = Path(env["MODELGRID_DATA_DIR"]) / "modelgrid.sqlite3"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="host-watch")
+        self._listener = None  # PostgreSQL: the process that times the notifications
+        self._pipe = None  # and the end this process reads them from
 
     @property
     def precise(self) -> bool:
         return self.database_url.startswith("postgres")
 
     def start(self) -> None:
+        """Once this returns, every change committed is seen."""
         if self.precise:
             import psycopg
 
             with psycopg.connect(self.database_url, autocommit=True) as conn:
                 conn.execute(self.TRIGGER)
+            # A process of its own times them: the simulated agents share this one's interpreter, and a thread here
+            # waited for a wave's applies before it could read the notifications their acks' commits sent.
+            context = multiprocessing.get_context("spawn")  # no fork of this process's event loop and threads
+            self._pipe, theirs = context.Pipe(duplex=False)
+            self._listener = context.Process(target=_listen, args=(self.database_url, theirs), daemon=True,
+                                             name="host-watch")
+            self._listener.start()
+            theirs.close()
+            if not self._pipe.poll(LISTEN_TIMEOUT) or self._pipe.recv() != LISTENING:
+                self._listener.kill()
+                raise RuntimeError(f"the host watch's listener did not LISTEN within {LISTEN_TIMEOUT:g} s")
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._listener is not None:
+            self._listener.terminate()  # its end of the pipe closes: _run's recv() ends
+            self._listener.join(5)
         self._thread.join(5)
 
     def _run(self) -> None:
         if self.precise:
-            import psycopg
-
-            with psycopg.connect(self.database_url, autocommit=True) as conn:
-                conn.execute("LISTEN fleet_bench")
-                while not self._stop.is_set():
-                    for note in conn.notifies(timeout=0.5):
-                        name, gen, acked, connected = note.payload.split(" ")
-                        self.events.append(HostEvent(time.monotonic(), name, int(gen), int(acked), connected == "t"))
+            with contextlib.suppress(EOFError, OSError):
+                while True:
+                    for at, payload in self._pipe.recv():
+                        name, gen, acked, connected = payload.split(" ")
+                        self.events.append(HostEvent(at, name, int(gen), int(acked), connected == "t"))
         else:
             import sqlite3
 
@@ -147,3 +165,17 @@ class HostWatch:
                 if done is not None:
                     to_commit.append(done - queued)
         return to_agent, to_commit
+
+
+def _listen(database_url: str, pipe) -> None:
+    """The listener process: each notification timed as it arrives (time.monotonic(), one clock for every process
+    on Linux), sent on in batches until the process is terminated."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("LISTEN fleet_bench")
+        pipe.send(LISTENING)
+        while True:
+            batch = [(time.monotonic(), note.payload) for note in conn.notifies(timeout=0.05, stop_after=200)]
+            if batch:
+                pipe.send(batch)

@@ -1,7 +1,15 @@
 """The fleet benchmark's push -> ack timings from host rows' changes (bench/fleet_watch.py): each generation is
 timed from its commit to the ack that covers it, and a pass's generations are told apart from the next pass's."""
 
+import subprocess
+import sys
+import time
+
+import pytest
+from django.db import connection
+
 from bench.fleet_watch import WAVE_GAP, HostEvent, HostWatch
+from console.fleet.models import Host
 
 
 def watch_of(events: list[tuple[float, str, int, int]], tmp_path) -> HostWatch:
@@ -34,3 +42,47 @@ def test_each_generation_is_timed_to_the_ack_that_covers_it_and_each_pass_is_a_w
     assert [round(at, 3) for at, _ in waves] == [10.0, 12.0]  # the lone change is not a wave
     assert [sorted(round(x, 3) for x in w) for _, w in waves] == [[0.2, 0.3], [0.5, 0.9, 0.91]]
     assert [len(w) for _, w in watch.waves(since=9.0, least=1)] == [2, 1, 3]
+
+
+def _interpreter_held_for(seconds: float):
+    """A C call that keeps this process's interpreter lock for about `seconds` (no other thread here runs
+    meanwhile); calibrated first."""
+    n = 2_000_000
+    began = time.monotonic()
+    sum(range(n))
+    n = int(n * seconds / max(time.monotonic() - began, 1e-3))
+    return lambda: sum(range(n))
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL only: on SQLite the watch polls the "
+                    "file, and the test database is not it (runs in the PostgreSQL + Redis pass)")
+@pytest.mark.django_db(transaction=True)
+def test_a_commit_is_timed_when_it_happens_even_while_this_process_is_busy(tmp_path):
+    # The simulated agents share the benchmark's interpreter: a listener thread there timed an ack's commit only once
+    # a wave's applies let it run. The listener is a process of its own.
+    settings = connection.settings_dict
+    url = f"postgresql://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
+    Host.objects.create(name="watched")
+    watch = HostWatch({"DATABASE_URL": url, "MODELGRID_DATA_DIR": str(tmp_path)})
+    watch.start()
+    try:
+        hold = _interpreter_held_for(3.0)
+        # Another process commits the changes while this one holds its interpreter.
+        writer = subprocess.Popen([sys.executable, "-c", (
+            "import sys, time, psycopg\n"
+            "time.sleep(0.5)\n"
+            "with psycopg.connect(sys.argv[1], autocommit=True) as conn:\n"
+            "    conn.execute(\"UPDATE fleet_host SET generation = 1 WHERE name = 'watched'\")\n"
+            "    conn.execute(\"UPDATE fleet_host SET acked_generation = 1 WHERE name = 'watched'\")\n"), url])
+        hold()
+        busy_until = time.monotonic()
+        assert writer.wait(30) == 0
+        deadline = time.monotonic() + 10
+        while len(watch.events) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [(e.host, e.generation, e.acked) for e in watch.events] == [("watched", 1, 0), ("watched", 1, 1)]
+        assert all(e.at < busy_until for e in watch.events)  # timed while this process held its interpreter
+    finally:
+        watch.stop()
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER IF EXISTS fleet_bench_notify ON fleet_host")
