@@ -66,7 +66,7 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
 from bench.fleet_procs import ProcessFleet  # noqa: E402
-from bench.fleet_sim import GIB, SimFleet, SimSpec  # noqa: E402
+from bench.fleet_sim import GIB, SimFleet, SimSpec, collector_paused, run_loop  # noqa: E402
 from bench.fleet_watch import HostWatch  # noqa: E402
 from bench.harness import median, percentile, print_table, running_stack, say  # noqa: E402
 from console.gctune import tune  # noqa: E402
@@ -509,11 +509,11 @@ def run_one(args, hosts: int, replicas: int, tmp: Path) -> Run:
         async def go() -> None:
             fleet = (ProcessFleet(stack.url, tokens, spec, args.connect_concurrency, args.sim_processes)
                      if args.sim_processes > 1 else SimFleet(stack.url, tokens, spec, args.connect_concurrency))
-            async with fleet:
+            async with fleet, collector_paused():
                 await measure(stack, fleet, watch, args, run)
 
         try:
-            asyncio.run(go())
+            run_loop(go())
         except Exception as e:  # a failed size still prints what it measured
             run.row["error"] = f"{type(e).__name__}: {e}"[:200]
             say(f"{hosts} hosts: {run.row['error']}")

@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from bench.fleet_sim import AgentMetrics, SimFleet, SimSpec
+from bench.fleet_sim import AgentMetrics, SimFleet, SimSpec, collector_paused, run_loop
 
 STOP_S = 30.0  # a child that does not stop after its agents are told to is killed
 
@@ -109,11 +109,11 @@ def _child(conn, console: str, tokens: dict[str, str], spec: SimSpec, concurrenc
     from console.gctune import tune
 
     tune()  # as in the parent: a few hundred agents' objects, and no full collection stalling them all at once
-    asyncio.run(_serve(conn, console, tokens, spec, concurrency))
+    run_loop(_serve(conn, console, tokens, spec, concurrency))
 
 
 async def _serve(conn, console: str, tokens: dict[str, str], spec: SimSpec, concurrency: int) -> None:
-    async with SimFleet(console, tokens, spec, concurrency) as fleet:
+    async with SimFleet(console, tokens, spec, concurrency) as fleet, collector_paused():  # as the parent measures
         while True:
             try:
                 what = await asyncio.to_thread(conn.recv)

@@ -2,8 +2,10 @@
 console in one report ahead of the ack, as the real agent sends them (agent.protocol.outbox)."""
 
 import dataclasses
+import gc
 
 import aiohttp
+import pytest
 
 from agent.protocol import (
     Ack,
@@ -15,7 +17,7 @@ from agent.protocol import (
     dump,
     parse_agent_message,
 )
-from bench.fleet_sim import GIB, SimAgent
+from bench.fleet_sim import GIB, SimAgent, collector_paused
 
 
 async def sent(sim: SimAgent) -> list:
@@ -66,6 +68,7 @@ async def test_readings_and_statuses_kept_between_reports_follow_every_change():
     sim._become(one, "ready")
     ready = sim._status(one)
     assert (ready.state, ready.measured_bytes, ready.measurement.weights_bytes) == ("ready", GIB, GIB)
+    assert [g.used_bytes for g in sim.gpus()][:3] == [0, GIB, 2 * GIB]
     sim._stop(sim.replicas[2], leaving=True)
     assert [g.used_bytes for g in sim.gpus()][:3] == [0, GIB, 0]
     (report,) = await sent(sim)
@@ -114,3 +117,19 @@ async def test_an_ack_is_sent_before_the_next_console_message_is_read():
     assert link.sent_before_read == [[], ["ack"], ["ack"], ["ack", "ack"]]
     for replica in sim.replicas.values():
         sim._cancel(replica)
+
+
+async def test_the_collector_is_paused_while_a_fleet_is_measured_and_restored_after():
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        async with collector_paused():
+            assert not gc.isenabled()
+            raise RuntimeError("a measurement failed")
+    assert gc.isenabled()
+    gc.disable()  # as some callers run
+    try:
+        async with collector_paused():
+            pass
+        assert not gc.isenabled()  # left as it was found
+    finally:
+        gc.enable()
