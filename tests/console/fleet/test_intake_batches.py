@@ -89,6 +89,19 @@ def test_a_ticks_acks_cost_statements_that_do_not_grow_with_them_and_never_go_ba
     assert acked == {h.name: 4 for h, _ in hosts} | {"b0": 5}  # the newest valid ack; an older one never lowers it
 
 
+def test_a_ticks_acks_are_checked_and_recorded_in_one_round_trip_on_postgresql(model):
+    """Each return from the database waits for the interpreter lock in a busy console: on PostgreSQL the hosts'
+    generations are read, and the acks they allow written, by one statement (elsewhere a read, then an UPDATE)."""
+    hosts = fleet(3, model)
+    Host.objects.update(generation=5, acked_generation=2)
+    with CaptureQueriesContext(connection) as ctx:
+        outcomes = apply_batch([Item(h.pk, h.name, Ack(generation=g)) for h, _ in hosts for g in (4, 9)])
+    assert [o.error is None for o in outcomes] == [True, False] * 3  # 9 was never sent: refused
+    acks = [sql for sql in logged(ctx.captured_queries) if "generation" in sql]
+    assert len(acks) == (1 if connection.vendor == "postgresql" else 2), acks
+    assert set(Host.objects.values_list("acked_generation", flat=True)) == {4}
+
+
 def test_a_steady_pass_rebuilds_no_desired_state(host, model):
     from console.deployments.services import create_deployment
 
