@@ -428,41 +428,46 @@ def _apply_statuses(items: list[Item], statuses: list[tuple[int, int, ReplicaSta
 
 
 def _apply_acks(items: list[Item], acks: list[tuple[int, int, Ack]]) -> dict[int, str | None]:
-    """Record the generation each agent applied: for the whole tick, one statement on PostgreSQL
-    (_acked_in_one_statement), elsewhere one read and one pipelined UPDATE (a read and a write per ack cost a
+    """Record the generation each agent applied, for the whole tick at once (a read and a write per ack cost a
     100-host tick 200 round trips, each waiting for the GIL behind a busy pass). A generation the console never
     sent the host is refused: an acknowledged generation it has not reached would make the scheduler treat a
     desired state as applied before the agent ever saw it. Returns each ack's refusal, or None. (Generations only
     grow, so a read after the ack came cannot refuse a valid one.)"""
-    if connection.vendor == "postgresql":
-        sent = _acked_in_one_statement(acks)
-    else:
-        sent = dict(Host.objects.filter(pk__in={h for _, h, _ in acks}).values_list("pk", "generation"))
-    errors: dict[int, str | None] = {}
+    record = _acked_in_one_statement if connection.vendor == "postgresql" else _acked_by_read_then_update
+    sent = record(acks)
+    return {i: (f"ack.generation {ack.generation} refused: the console has sent host {items[i].host_name!r} "
+                f"generations up to {sent.get(host_id, 0)}, so an ack may name at most that one")
+            if ack.generation > sent.get(host_id, 0) else None for i, host_id, ack in acks}
+
+
+def _newest_allowed(acks: list[tuple[int, int, Ack]], sent: dict[int, int]) -> dict[int, int]:
+    """Each host's newest ack that names a generation sent to it."""
     newest: dict[int, int] = {}
-    for i, host_id, ack in acks:
-        current = sent.get(host_id, 0)
-        if ack.generation > current:
-            errors[i] = (f"ack.generation {ack.generation} refused: the console has sent host "
-                         f"{items[i].host_name!r} generations up to {current}, so an ack may name at most that one")
-        else:
-            errors[i] = None
+    for _, host_id, ack in acks:
+        if ack.generation <= sent.get(host_id, 0):
             newest[host_id] = max(newest.get(host_id, 0), ack.generation)
-    if newest and connection.vendor != "postgresql":
+    return newest
+
+
+def _acked_by_read_then_update(acks: list[tuple[int, int, Ack]]) -> dict[int, int]:
+    """Record the acks with one read of the hosts' generations and one pipelined UPDATE, in key order; returns
+    each host's generation."""
+    sent = dict(Host.objects.filter(pk__in={h for _, h, _ in acks}).values_list("pk", "generation"))
+    newest = _newest_allowed(acks, sent)
+    if newest:
         q = connection.ops.quote_name
         with connection.cursor() as cursor:
             cursor.executemany(f"UPDATE {q(Host._meta.db_table)} SET {q('acked_generation')} = %s "
                                f"WHERE {q('id')} = %s AND {q('acked_generation')} < %s",
                                [(g, h, g) for h, g in sorted(newest.items())])
-    return errors
+    return sent
 
 
 def _acked_in_one_statement(acks: list[tuple[int, int, Ack]]) -> dict[int, int]:
-    """PostgreSQL: record the acks in one statement, which locks their hosts' rows in key order (as every writer of
-    host rows does), keeps each host's newest ack that names a generation sent to it, and returns each host's
-    generation, for _apply_acks to tell the acks it refused. A read, then a pipelined UPDATE, cost a wave's batch of
-    600 acks 45-121 ms of wall time on 4.5-12 ms of CPU: each return from the database waited for the interpreter
-    lock (docs/benchmarks.md)."""
+    """PostgreSQL: _acked_by_read_then_update in one statement, which locks the hosts' rows in key order (as every
+    writer of host rows does) and keeps the same newest allowed ack per host. The read, then the pipelined UPDATE,
+    cost a wave's batch of 600 acks 45-121 ms of wall time on 4.5-12 ms of CPU: each return from the database waited
+    for the interpreter lock (docs/benchmarks.md)."""
     table = connection.ops.quote_name(Host._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(f"""
