@@ -38,9 +38,12 @@ created through the REST API. Columns:
 * falsely offline: hosts the console marked not connected while their simulated agent's link was up; taken
   away: ready replicas the console told an agent to stop although nothing was deleted (moves).
 * GET / and GET /api/v1/deployments?page=1: median of 3 after the steady window, with the fleet running.
+* Python calibration: the median milliseconds of a fixed piece of interpreter work, timed in this process
+  before the console starts (bench/harness.python_speed). The same code's timings move with it from day to day;
+  CPU steal while converging: the share of every core the hypervisor gave other guests meanwhile.
 
---profile runs the console under a sampling profiler (a thread reading sys._current_frames(), started by a
-generated sitecustomize.py) and prints where its threads spent their time.
+--profile runs the console under a sampling profiler (bench/fleet_profile.py) and prints where its threads spent
+their time.
 """
 
 from __future__ import annotations
@@ -53,7 +56,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,15 +68,28 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
 from bench.fleet_procs import ProcessFleet  # noqa: E402
+from bench.fleet_profile import (  # noqa: E402
+    PROFILE_WRITE_S,
+    print_profile,
+    profile_between,
+    profile_env,
+    read_profile,
+)
 from bench.fleet_sim import GIB, SimFleet, SimSpec, collector_paused, run_loop  # noqa: E402
 from bench.fleet_watch import HostWatch  # noqa: E402
-from bench.harness import median, percentile, print_table, running_stack, say  # noqa: E402
+from bench.harness import (  # noqa: E402
+    cpu_steal,
+    median,
+    percentile,
+    print_table,
+    python_speed,
+    running_stack,
+    say,
+)
 from console.gctune import tune  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-PROFILE_ENV = "MODELGRID_FLEET_PROFILE"
-PROFILE_WRITE_S = 2.0  # how stale a phase boundary in the profile may be
 
 
 # -- the console side ----------------------------------------------------------------------------------------
@@ -165,119 +180,6 @@ def console_procs(stack) -> list[psutil.Process]:
     return [psutil.Process(stack.proc.pid), *stack.descendants()]
 
 
-# -- the profile ---------------------------------------------------------------------------------------------
-
-# Leaf Python frames of a thread that waits for work. With uvloop the event loop itself is C, so an idle loop's
-# leaf is asyncio's Runner.run; a thread pool's idle worker waits in _worker.
-IDLE_LEAVES = {("selectors.py", "select"), ("thread.py", "_worker"), ("threading.py", "wait"),
-               ("runners.py", "run"), ("queues.py", "get"), ("threading.py", "_wait_for_tstate_lock")}
-
-
-def start_sampler(out: str, interval: float = 0.01) -> None:
-    """In the console process (from the generated sitecustomize): sample every thread's Python stack every
-    `interval` s and write the counts of busy stacks to `out` every PROFILE_WRITE_S (os._exit at shutdown
-    skips atexit, so the file is kept current instead)."""
-    threading.Thread(target=_sample_forever, args=(out, interval), daemon=True, name="fleet-sampler").start()
-
-
-def _sample_forever(out: str, interval: float) -> None:
-    me = threading.get_ident()
-    names = {}
-    stacks: collections.Counter[str] = collections.Counter()
-    busy: collections.Counter[str] = collections.Counter()
-    ticks = 0
-    written = time.monotonic()
-    while True:
-        time.sleep(interval)
-        ticks += 1
-        if ticks % 100 == 1:
-            names = {t.ident: t.name for t in threading.enumerate()}
-        for ident, frame in sys._current_frames().items():
-            if ident == me:
-                continue
-            code = frame.f_code
-            if (Path(code.co_filename).name, code.co_name) in IDLE_LEAVES:
-                continue
-            parts = []
-            while frame is not None:
-                parts.append(f"{_short(frame.f_code.co_filename)}:{frame.f_code.co_name}")
-                frame = frame.f_back
-            thread = names.get(ident, str(ident)).replace("MainThread", "main (event loop)")
-            busy[thread] += 1
-            stacks[thread + ";" + ";".join(reversed(parts))] += 1
-        if time.monotonic() - written > PROFILE_WRITE_S:
-            written = time.monotonic()
-            with open(out + ".tmp", "w") as f:
-                json.dump({"interval": interval, "ticks": ticks, "busy": busy, "stacks": stacks}, f)
-            os.replace(out + ".tmp", out)
-
-
-def _short(filename: str) -> str:
-    for marker in ("/site-packages/", f"{ROOT}/", "/lib/python3"):
-        if marker in filename:
-            return filename.split(marker, 1)[1]
-    return filename
-
-
-def profile_env(tmp: Path, out: Path) -> dict:
-    """Environment that makes `manage.py up` start the sampler (and only `up`, not `manage.py shell`)."""
-    site = tmp / "profile-site"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(
-        "import os, sys\n"
-        f"if os.environ.get({PROFILE_ENV!r}) and 'up' in sys.argv:\n"
-        "    import bench.fleet\n"
-        f"    bench.fleet.start_sampler(os.environ[{PROFILE_ENV!r}])\n")
-    return {"PYTHONPATH": f"{site}:{ROOT}", PROFILE_ENV: str(out)}
-
-
-def read_profile(path: Path | None) -> dict | None:
-    """The sampler's latest counts (written every 5 s), or None."""
-    with contextlib.suppress(OSError, ValueError):
-        return json.loads(path.read_text()) if path is not None else None
-    return None
-
-
-def profile_between(before: dict | None, after: dict | None) -> dict | None:
-    """The samples taken between two readings of the profile file."""
-    if after is None:
-        return None
-    before = before or {"ticks": 0, "busy": {}, "stacks": {}}
-    diff = {k: collections.Counter(after[k]) - collections.Counter(before[k]) for k in ("busy", "stacks")}
-    return {"interval": after["interval"], "ticks": after["ticks"] - before["ticks"], **diff}
-
-
-def print_profile(data: dict | None, title: str, top: int = 20) -> None:
-    if not data or not data["ticks"]:
-        print(f"\n({title}: no profile samples)")
-        return
-    seconds = data["ticks"] * data["interval"]
-    rows = [{"thread": t, "busy samples": n, "busy % of wall": 100 * n / data["ticks"]}
-            for t, n in sorted(data["busy"].items(), key=lambda kv: -kv[1])[:8]]
-    print_table(f"{title}: busy samples per console thread over {seconds:.0f} s", rows,
-                ("ThreadPoolExecutor-0_0 is (normally) the one thread Channels runs every database_sync_to_async "
-                 "call in (thread_sensitive). 'Busy' is wall time with Python frames on the stack beyond an idle "
-                 "wait: it includes waiting for PostgreSQL inside psycopg and waiting for the GIL.",))
-    inclusive: collections.Counter[str] = collections.Counter()
-    entry: collections.Counter[str] = collections.Counter()
-    leaf: collections.Counter[str] = collections.Counter()
-    total = 0
-    for stack, n in data["stacks"].items():
-        thread, *frames = stack.split(";")
-        total += n
-        ours = [f for f in frames if f.startswith(("console/", "agent/"))]
-        for f in set(ours):
-            inclusive[f] += n
-        if ours:
-            entry[f"{thread}: {ours[0]}"] += n
-        leaf[frames[-1] if frames else "?"] += n
-    for name, counter in (("entry point (first project frame)", entry), ("inclusive, project functions", inclusive),
-                          ("self (leaf frame)", leaf)):
-        rows = [{"where": k, "samples": n, "% of busy": 100 * n / max(total, 1)}
-                for k, n in counter.most_common(top)]
-        print_table(f"{title}: {name}", rows)
-
-
 # -- one fleet size ------------------------------------------------------------------------------------------
 
 
@@ -339,7 +241,7 @@ async def measure(stack, fleet: SimFleet | ProcessFleet, watch: HostWatch, args,
     row["all connected"] = f"{time.monotonic() - began:.1f} s"
     say(f"{run.hosts} agents connected in {time.monotonic() - began:.1f} s; creating {deployments} deployments")
     await asyncio.sleep(3)  # their first reports land before the deployments do
-    cpu_before = cpu_seconds(console_procs(stack))
+    cpu_before, steal_before = cpu_seconds(console_procs(stack)), cpu_steal()
     p0 = read_profile(run.profile)
     first, last = await create_deployments(stack.url, stack.token, deployments, args.replicas_per_deployment,
                                            args.create_concurrency, args.bulk)
@@ -385,6 +287,9 @@ async def measure(stack, fleet: SimFleet | ProcessFleet, watch: HostWatch, args,
         row["after first create"] = f"{max(ready.values()) - first:.1f} s"
     busy = cpu_seconds(console_procs(stack)) - cpu_before
     row["console CPU while converging"] = f"{100 * busy / (converge_end - first):.0f}%"
+    if steal_before is not None:  # the hypervisor running other guests on this machine's cores meanwhile
+        stolen = cpu_steal() - steal_before
+        row["CPU steal while converging"] = f"{100 * stolen / ((converge_end - first) * os.cpu_count()):.0f}%"
     say(row["all ready after last create"] + f"; measuring steady CPU for {args.steady:.0f} s")
     await asyncio.sleep(3)  # the last statuses' effects
     console, simulator = console_procs(stack), [psutil.Process(), *fleet.processes()]
@@ -487,6 +392,8 @@ def falsely_offline(watch: HostWatch, fleet: SimFleet | ProcessFleet) -> int:
 
 def run_one(args, hosts: int, replicas: int, tmp: Path) -> Run:
     run = Run(hosts, replicas, {"fleet": f"{hosts} x {args.gpus_per_host} GPUs", "replicas": f"{replicas:,}"})
+    # Before anything starts: how fast this machine runs Python today (bench/harness.python_speed).
+    run.row["Python calibration"] = f"{python_speed():.1f} ms"
     data_dir = tmp / f"console-{hosts}"
     env = {"MODELGRID_STRATEGY": args.strategy}
     if args.profile:
