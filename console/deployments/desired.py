@@ -6,10 +6,11 @@ import hashlib
 import json
 
 from django.db import connection
-from django.db.models import Q
+from django.db.models import Q, TextField
+from django.db.models.functions import Cast
 
 from agent.protocol import DesiredReplica, DesiredState
-from console.bulk import update_in_key_order, upsert_values
+from console.bulk import JsonText, update_in_key_order, upsert_values
 from console.catalog.models import Adapter
 from console.deployments.models import Deployment, Replica
 from console.fleet.models import AgentCredential, Host, HostDesired
@@ -107,11 +108,12 @@ def desired_state(host: Host) -> DesiredState:
                         replicas=[DesiredReplica.model_validate(r) for r in row["desired__replicas"]])
 
 
-def stored_states(host_ids) -> dict[int, tuple[int, list[dict]]]:
-    """The desired states stored for these hosts, as bump_generations returns them (generation, replicas), in one
-    read; a host marked stale or never given one is left out (desired_state builds it)."""
+def stored_states(host_ids) -> dict[int, tuple[int, str]]:
+    """The desired states stored for these hosts, as bump_generations returns them (generation, the replicas' JSON
+    text), in one read; a host marked stale or never given one is left out (desired_state builds it). Read as
+    text: the push sends it as it is, never decoded and encoded again."""
     rows = (Host.objects.filter(pk__in=list(host_ids)).exclude(desired_digest="")
-            .values_list("pk", "generation", "desired__replicas"))
+            .values_list("pk", "generation", Cast("desired__replicas", TextField())))
     return {pk: (generation, replicas) for pk, generation, replicas in rows if replicas is not None}
 
 
@@ -122,18 +124,20 @@ def mark_stale(deployments) -> None:
     update_in_key_order(Host.objects.filter(replicas__deployment__in=deployments), desired_digest="")
 
 
-def bump_generations(host_ids=None) -> dict[int, tuple[int, list[dict]]]:
+def bump_generations(host_ids=None) -> dict[int, tuple[int, str]]:
     """Rebuild the desired state of these hosts (None: every host, plus any marked stale) and give each whose
     state changed a new generation, storing what is pushed; returns, per host that got one, its generation and
-    its desired replicas as stored (the push sends them without reading them back)."""
+    its desired replicas' JSON text as stored (the push sends it without reading it back). The text is the one
+    the digest hashes: serialized once, not again to store it and once more on the event loop for each push
+    (40 us a host of ten replicas each time: 1,000 hosts' wave held the loop 40 ms more before its last push)."""
     hosts = Host.objects.all() if host_ids is None else Host.objects.filter(Q(pk__in=list(host_ids)) |
                                                                              Q(desired_digest=""))
     hosts = list(hosts.only("pk", "generation", "desired_digest").order_by("pk"))  # by key, as intake locks hosts
     built = desired_rows_by_host([h.pk for h in hosts])
-    bumps = []  # (host, its new digest, its replicas)
+    bumps = []  # (host, its new digest, its replicas' JSON text)
     for host in hosts:
-        replicas = built[host.pk]
-        digest = hashlib.sha256(json.dumps(replicas, sort_keys=True).encode()).hexdigest()
+        replicas = JsonText(json.dumps(built[host.pk], sort_keys=True))
+        digest = hashlib.sha256(replicas.encode()).hexdigest()
         if digest != host.desired_digest:
             bumps.append((host, digest, replicas))
     if not bumps:

@@ -64,7 +64,7 @@ class PassResult:
     actions: tuple[str, ...] = ()  # the scheduler's actions that changed a replica (place, wake, ...)
     events: int = 0  # events this pass appended to the timeline
     # Per changed host, its new generation and desired replicas, for the push to send as they are.
-    states: dict[int, tuple[int, list[dict]]] = field(default_factory=dict, compare=False, repr=False)
+    states: dict[int, tuple[int, str]] = field(default_factory=dict, compare=False, repr=False)
     cpu_s: float = 0.0  # the pass's own CPU time (its wall time also counts waits for locks and the GIL)
     behind: tuple[int, ...] = ()  # connected hosts that have not acknowledged their current generation
     refused: tuple[str, ...] = ()  # the tier of each replica that became refused a place (scaled to zero is no refusal)

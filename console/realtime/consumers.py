@@ -281,19 +281,20 @@ class AgentConsumer(Consumer):
 
     async def desired_push(self, event):
         """A push (handed over by links.push, or a channel-layer event to the host's group): send this host's
-        desired state, whole: the one the event carries (as the pass built or stored it: no read of it), unless
-        this link sent that generation or a newer one already; else the one stored, read now and sent whatever
-        was sent before (a resend)."""
-        if "replicas" in event:
-            if event["generation"] <= self._sent_generation:
+        desired state, whole: the one the event carries (the replicas' JSON text as the pass built or stored it: no
+        read of it), unless this link sent that generation or a newer one already; else the one stored, read now
+        and sent whatever was sent before (a resend)."""
+        if "replicas_json" in event:
+            generation = event["generation"]
+            if generation <= self._sent_generation:
                 return
             # The secret of the token this link authenticated with: a rotation ends the link (link_revoked), so
             # it is the one the gateway reads too, and no push reads the database for it.
-            secret = self.credential.gateway_secret
-            # The replicas are the pass's own dump of DesiredReplica models: sent as they are, not validated again.
-            text = json.dumps({"type": "desired_state", "generation": event["generation"],
-                               "replicas": event["replicas"], "gateway_secret": secret}, separators=(",", ":"))
-            generation = event["generation"]
+            secret = json.dumps(self.credential.gateway_secret)
+            # The replicas are the pass's own JSON text of DesiredReplica models, spliced in as they are: not
+            # validated or serialized again here, on the loop every agent's messages need.
+            text = (f'{{"type":"desired_state","generation":{int(generation)},"replicas":{event["replicas_json"]},'
+                    f'"gateway_secret":{secret}}}')
         else:
             state = await own_thread(desired_state)(self.host)  # a read: it need not wait for a pass
             text, generation = dump(state), state.generation

@@ -46,15 +46,15 @@ def held(host_id: int) -> Link | None:
     return _links().get(host_id)
 
 
-async def push(host_id: int, state: tuple[int, list[dict]] | None = None) -> None:
-    """Hand the host's link held here (if any) its desired state: `state` (generation, replicas), else the one
-    stored, read by the link."""
+async def push(host_id: int, state: tuple[int, str] | None = None) -> None:
+    """Hand the host's link held here (if any) its desired state: `state` (generation, the replicas' JSON text),
+    else the one stored, read by the link."""
     link = held(host_id)
     if link is None:
         return
     event: dict = {"type": "desired.push"}
     if state is not None:
-        event["generation"], event["replicas"] = state
+        event["generation"], event["replicas_json"] = state
     try:
         await link.desired_push(event)
     except Exception as e:  # its socket just closed, say: the agent's reconnect gets the state anyway

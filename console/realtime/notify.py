@@ -93,13 +93,13 @@ async def _renew(layer, group: str, inbox: str) -> None:
             log.warning("channel layer: renewing %s failed (%s: %s)", group, type(e).__name__, e)
 
 
-async def push_desired(host_ids, states: dict[int, tuple[int, list[dict]]] | None = None) -> None:
+async def push_desired(host_ids, states: dict[int, tuple[int, str]] | None = None) -> None:
     """Send each host its desired state. A link this process holds gets it handed over: the state in `states`
-    (generation, replicas) as the pass built it, else the one stored, read and sent whole by the link even if it
-    sent it before (a resend: the agent never acknowledged it). The other hosts are named in one channel-layer
-    message, and each console process sends the links it holds theirs (console/realtime/pushes.py): one message
-    per host cost four Redis round trips each, and with the scheduler in a process of its own 1,000 hosts' pushes
-    reached the last agent 82 s after the pass committed."""
+    (generation, the replicas' JSON text) as the pass built it, else the one stored, read and sent whole by the
+    link even if it sent it before (a resend: the agent never acknowledged it). The other hosts are named in one
+    channel-layer message, and each console process sends the links it holds theirs (console/realtime/pushes.py):
+    one message per host cost four Redis round trips each, and with the scheduler in a process of its own 1,000
+    hosts' pushes reached the last agent 82 s after the pass committed."""
     states = states or {}
     here, elsewhere = [], []
     for host_id in host_ids:

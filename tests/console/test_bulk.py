@@ -1,13 +1,22 @@
 """console/bulk.py's inserts and updates: on PostgreSQL (the db_stack pass) by COPY (an update of many rows by COPY
 into a temporary table, then one UPDATE from it), elsewhere a statement per row."""
 
+import json
 from datetime import UTC, datetime
 
 import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from console.bulk import COPY_UPDATE_ROWS, insert, insert_values, update_fields_by_pk, update_values, upsert_values
+from console.bulk import (
+    COPY_UPDATE_ROWS,
+    JsonText,
+    insert,
+    insert_values,
+    update_fields_by_pk,
+    update_values,
+    upsert_values,
+)
 from console.deployments.models import Replica
 from console.deployments.services import create_deployment
 from console.fleet.models import Host, HostDesired
@@ -112,6 +121,16 @@ def test_an_upsert_creates_the_missing_rows_overwrites_the_others_and_the_last_o
     by_copy = any(s["sql"].startswith("COPY") for s in statements.captured_queries)
     assert by_copy == (connection.vendor == "postgresql")  # elsewhere an INSERT per row
     assert not any("UNNEST" in s["sql"] for s in statements.captured_queries)  # not bulk_create's arrays
+
+
+def test_json_serialized_already_is_stored_as_the_value_it_spells_and_a_plain_string_stays_a_string(db):
+    """The scheduler pass stores the JSON text it hashed and pushes (JsonText), not that text as a JSON string."""
+    hosts = Host.objects.bulk_create([Host(name=f"h{i}", endpoint="http://127.0.0.1:9") for i in range(2)])
+    text = json.dumps([{"id": 7, "reason": 'tab\there, a backslash \\N and "quotes"', "gpus": [0, 3]}])
+    upsert_values(HostDesired, ("replicas",), [(hosts[0].pk, JsonText(text)), (hosts[1].pk, text)])
+    stored = dict(HostDesired.objects.values_list("host_id", "replicas"))
+    assert stored[hosts[0].pk] == json.loads(text)
+    assert stored[hosts[1].pk] == text  # a str is a JSON string, as the field itself would store it
 
 
 def test_rows_that_would_break_a_unique_constraint_can_be_left_out_and_the_rest_are_written(db):

@@ -1,6 +1,9 @@
 """Agent messages are applied in batches: the statements a tick costs do not grow with the number of hosts,
 and a steady scheduler pass rebuilds no host's desired state."""
 
+import hashlib
+import json
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -324,8 +327,11 @@ def test_a_pass_gives_hosts_new_generations_in_statements_that_do_not_grow_with_
     assert sorted(states) == sorted(h.pk for h, _ in many)
     for h, replicas in many:
         h.refresh_from_db()
-        generation, desired = states[h.pk]
-        assert generation == h.generation == 2 and h.desired_digest
+        generation, text = states[h.pk]
+        assert generation == h.generation == 2
+        # One serialization: the text pushed is the one hashed into the digest, and the one stored.
+        assert h.desired_digest == hashlib.sha256(text.encode()).hexdigest()
+        desired = json.loads(text)
         assert sorted(r["id"] for r in desired) == sorted(r.pk for r in replicas)
         assert HostDesired.objects.get(host=h).replicas == desired
     assert bump_generations([h.pk for h, _ in many]) == {}  # rebuilt and unchanged: no new generation
@@ -363,7 +369,7 @@ def test_a_host_marked_stale_while_a_pass_builds_it_is_left_for_the_next_pass(mo
     assert sorted(states) == [other.pk]
     edited.refresh_from_db()
     assert edited.desired_digest == "" and edited.generation == 1  # stale: the next pass bumps it
-    assert HostDesired.objects.get(host=other).replicas == states[other.pk][1]
+    assert HostDesired.objects.get(host=other).replicas == json.loads(states[other.pk][1])
     monkeypatch.setattr(desired, "desired_rows_by_host", build)
     assert edited.pk in bump_generations([])  # stale hosts are rebuilt whatever the pass touched
 
