@@ -38,8 +38,9 @@ created through the REST API. Columns:
 * falsely offline: hosts the console marked not connected while their simulated agent's link was up; taken
   away: ready replicas the console told an agent to stop although nothing was deleted (moves).
 * GET / and GET /api/v1/deployments?page=1: median of 3 after the steady window, with the fleet running.
-* Python calibration: the median milliseconds of a fixed piece of interpreter work, timed in this process
-  before the console starts (bench/harness.python_speed). The same code's timings move with it from day to day;
+* Python calibration before / after: the median milliseconds of a fixed piece of interpreter work, timed in this
+  process before the console starts and after it stopped (bench/harness.python_speed). The same code's timings
+  move with it from day to day, and this machine's moves within minutes (12-26 ms between runs of one day);
   CPU steal while converging: the share of every core the hypervisor gave other guests meanwhile.
 
 --profile runs the console under a sampling profiler (bench/fleet_profile.py) and prints where its threads spent
@@ -392,8 +393,8 @@ def falsely_offline(watch: HostWatch, fleet: SimFleet | ProcessFleet) -> int:
 
 def run_one(args, hosts: int, replicas: int, tmp: Path) -> Run:
     run = Run(hosts, replicas, {"fleet": f"{hosts} x {args.gpus_per_host} GPUs", "replicas": f"{replicas:,}"})
-    # Before anything starts: how fast this machine runs Python today (bench/harness.python_speed).
-    run.row["Python calibration"] = f"{python_speed():.1f} ms"
+    # Before anything starts and after it all stopped: how fast this machine ran Python (bench/harness.python_speed).
+    run.row["Python calibration before / after"] = f"{python_speed():.1f}"
     data_dir = tmp / f"console-{hosts}"
     env = {"MODELGRID_STRATEGY": args.strategy}
     if args.profile:
@@ -433,6 +434,7 @@ def run_one(args, hosts: int, replicas: int, tmp: Path) -> Run:
             if args.console_log:
                 Path(args.console_log).write_text("".join(stack.lines))
                 say(f"the console's output: {args.console_log}")
+    run.row["Python calibration before / after"] += f" / {python_speed():.1f} ms"
     for phase, samples in run.phases.items() if args.profile else ():
         print_profile(samples, f"Console profile, {hosts} hosts, {phase}")
     return run
