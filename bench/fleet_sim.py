@@ -322,7 +322,9 @@ class SimAgent:
         self._generation = desired.generation
         wanted = {r.id: r for r in desired.replicas}
         for rid, replica in self.replicas.items():
-            if rid in wanted:
+            # Kept when equal: its worker spec (and status) stay built (SimReplica.spec), where every push of a
+            # host's ten replicas built ten specs again.
+            if rid in wanted and wanted[rid] != replica.desired:
                 replica.desired = wanted[rid]
         self._moves += 1
         for action in plan.actions:
