@@ -72,7 +72,7 @@ CALIBRATION = [{"id": i, "deployment": f"fleet-{i:05d}", "state": "ready", "gpus
 def python_speed(repeats: int = 15) -> float:
     """Milliseconds this machine takes for a fixed piece of the interpreter work a console does (JSON both ways,
     dicts, a loop), the median of `repeats`: the same code measured on two days differs as much as its machine
-    did. (A 1,000-host run that took 6 s to create its deployments on one day took 15-21 s on another with the
+    did. (A 1,000-host run that took 6 s to create its deployments on one day took 14-23 s on another with the
     same code, and this figure, sampled for a minute, sat at 22-25 ms most of the time and at 12-13 ms now and
     then: tables are comparable only beside it.)"""
     took = []

@@ -63,7 +63,7 @@ class PassResult:
     replanned: bool = False
     actions: tuple[str, ...] = ()  # the scheduler's actions that changed a replica (place, wake, ...)
     events: int = 0  # events this pass appended to the timeline
-    # Per changed host, its new generation and desired replicas, for the push to send as they are.
+    # Per changed host, its new generation and its desired replicas' JSON text, for the push to send as it is.
     states: dict[int, tuple[int, str]] = field(default_factory=dict, compare=False, repr=False)
     cpu_s: float = 0.0  # the pass's own CPU time (its wall time also counts waits for locks and the GIL)
     behind: tuple[int, ...] = ()  # connected hosts that have not acknowledged their current generation
