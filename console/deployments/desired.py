@@ -95,17 +95,23 @@ def gateway_secret(host: Host) -> str:
     return credential.gateway_secret if credential is not None else ""
 
 
+def desired_text(host: Host) -> tuple[int, str]:
+    """The desired state a host was last given, as a push sends it: (its generation, its replicas' JSON text),
+    the text the scheduler pass stored; built now where marked stale or never stored (the next pass stores it
+    under a new generation). What a new link sends first: a fleet reconnecting after a console restart reads
+    each host's text, where validating and serializing its replicas again cost every hello its CPU."""
+    stored = stored_states([host.pk]).get(host.pk)
+    if stored is not None:
+        return stored
+    generation = Host.objects.filter(pk=host.pk).values_list("generation", flat=True).first() or 0
+    return generation, json.dumps(desired_rows_by_host([host.pk])[host.pk], sort_keys=True)
+
+
 def desired_state(host: Host) -> DesiredState:
-    """The desired state a host was last given (stored at its generation by the scheduler pass), with the
-    secret its agent's inference port accepts."""
-    row = Host.objects.filter(pk=host.pk).values("generation", "desired_digest", "desired__replicas").first()
-    secret = gateway_secret(host)
-    if row is None or not row["desired_digest"] or row["desired__replicas"] is None:
-        # Marked stale, or never stored: built now (the next pass stores it under a new generation).
-        return DesiredState(generation=row["generation"] if row else 0, gateway_secret=secret,
-                            replicas=desired_replicas(host))
-    return DesiredState(generation=row["generation"], gateway_secret=secret,
-                        replicas=[DesiredReplica.model_validate(r) for r in row["desired__replicas"]])
+    """desired_text as the protocol's message, with the secret its agent's inference port accepts."""
+    generation, replicas = desired_text(host)
+    return DesiredState(generation=generation, gateway_secret=gateway_secret(host),
+                        replicas=[DesiredReplica.model_validate(r) for r in json.loads(replicas)])
 
 
 def stored_states(host_ids) -> dict[int, tuple[int, str]]:

@@ -27,7 +27,7 @@ from agent.protocol import (
     parse_agent_message,
 )
 from console.dbthreads import own_thread
-from console.deployments.desired import desired_state
+from console.deployments.desired import desired_text
 from console.fleet import intake
 from console.fleet.logs import LOGS_REPLY
 from console.fleet.models import AgentCredential, Host
@@ -285,19 +285,18 @@ class AgentConsumer(Consumer):
         read of it), unless this link sent that generation or a newer one already; else the one stored, read now
         and sent whatever was sent before (a resend)."""
         if "replicas_json" in event:
-            generation = event["generation"]
+            generation, replicas = event["generation"], event["replicas_json"]
             if generation <= self._sent_generation:
                 return
-            # The secret of the token this link authenticated with: a rotation ends the link (link_revoked), so
-            # it is the one the gateway reads too, and no push reads the database for it.
-            secret = json.dumps(self.credential.gateway_secret)
-            # The replicas are the pass's own JSON text of DesiredReplica models, spliced in as they are: not
-            # validated or serialized again here, on the loop every agent's messages need.
-            text = (f'{{"type":"desired_state","generation":{int(generation)},"replicas":{event["replicas_json"]},'
-                    f'"gateway_secret":{secret}}}')
         else:
-            state = await own_thread(desired_state)(self.host)  # a read: it need not wait for a pass
-            text, generation = dump(state), state.generation
+            generation, replicas = await own_thread(desired_text)(self.host)  # a read: it need not wait for a pass
+        # The secret of the token this link authenticated with: a rotation ends the link (link_revoked), so it is
+        # the one the gateway reads too, and no push reads the database for it.
+        secret = json.dumps(self.credential.gateway_secret)
+        # The replicas are the JSON text of DesiredReplica models the pass stored, spliced in as it is: not
+        # validated or serialized again here, on the loop every agent's messages need.
+        text = (f'{{"type":"desired_state","generation":{int(generation)},"replicas":{replicas},'
+                f'"gateway_secret":{secret}}}')
         self._sent_generation = max(self._sent_generation, generation)
         await self.send(text_data=text)
 

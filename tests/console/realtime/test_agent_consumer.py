@@ -190,7 +190,7 @@ async def test_a_push_carrying_the_passs_state_is_sent_as_it_is_and_an_older_one
     def no_read(host):
         raise AssertionError("the pass's state was read back")
 
-    monkeypatch.setattr(consumers, "desired_state", no_read)
+    monkeypatch.setattr(consumers, "desired_text", no_read)
     await push_desired([host.pk], result.states)
     raw = await comm.receive_from(timeout=5)
     assert f'"replicas":{replicas},' in raw  # the pass's very text, spliced in
@@ -203,6 +203,38 @@ async def test_a_push_carrying_the_passs_state_is_sent_as_it_is_and_an_older_one
                                                                "replicas_json": "[]"})
     assert await comm.receive_nothing(timeout=0.3)
     await comm.disconnect()
+
+
+async def test_a_new_link_is_sent_the_state_as_stored_and_a_host_marked_stale_its_state_built_now(token, model):
+    """A hello's first push is the stored JSON text spliced in as it is (a fleet reconnecting after a console restart
+    costs no validating and serializing of every host's replicas); a host marked stale has its state built now,
+    under the generation it has."""
+    from console.deployments.desired import stored_states
+    from console.deployments.reconcile import reconcile_once
+    from console.deployments.services import create_deployment
+
+    comm, _ = await connect(token)
+    await comm.send_to(text_data=json.dumps(hello()))
+    await comm.receive_from(timeout=5)
+    host = await database_sync_to_async(Host.objects.get)(name="h1")
+    await database_sync_to_async(create_deployment)("chat", "tiny")
+    generation, _ = (await database_sync_to_async(reconcile_once)()).states[host.pk]
+    await comm.disconnect()
+    _, stored = (await database_sync_to_async(stored_states)([host.pk]))[host.pk]
+
+    async def first_push() -> str:
+        comm, _ = await connect(token)
+        await comm.send_to(text_data=json.dumps(hello()))
+        raw = await comm.receive_from(timeout=5)
+        await comm.disconnect()
+        return raw
+
+    raw = await first_push()
+    assert f'"generation":{generation},"replicas":{stored},' in raw
+    assert [r["deployment"] for r in json.loads(raw)["replicas"]] == ["chat"]
+    await database_sync_to_async(Host.objects.filter(pk=host.pk).update)(desired_digest="")  # as mark_stale
+    rebuilt = json.loads(await first_push())
+    assert (rebuilt["generation"], rebuilt["replicas"]) == (generation, json.loads(stored))
 
 
 async def test_rotating_a_hosts_token_ends_its_links_and_the_new_token_gets_the_new_secret(token):
