@@ -16,16 +16,6 @@ from console.deployments.models import Deployment, Replica
 from console.fleet.models import AgentCredential, Host, HostDesired
 
 
-def desired_by_host(host_ids) -> dict[int, list[DesiredReplica]]:
-    """The desired replicas of these hosts."""
-    return {host_id: [DesiredReplica.model_validate(r) for r in rows]
-            for host_id, rows in desired_rows_by_host(host_ids).items()}
-
-
-def desired_replicas(host: Host) -> list[DesiredReplica]:
-    return desired_by_host([host.pk])[host.pk]
-
-
 def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
     """The desired replicas of these hosts as stored and pushed (each a DesiredReplica in JSON form, every field
     named), built in a few queries whatever their number from plain rows: a pass that placed 10,000 replicas
