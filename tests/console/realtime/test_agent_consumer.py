@@ -32,6 +32,20 @@ def token():
     return AgentCredential.issue("h1")[1]
 
 
+async def linked_with_chat_placed(token):
+    """h1's link has said hello and read its first push, and a pass has placed deployment chat (model tiny) on
+    h1: (the link, the host, the pass's result)."""
+    from console.deployments.reconcile import reconcile_once
+    from console.deployments.services import create_deployment
+
+    comm, _ = await connect(token)
+    await comm.send_to(text_data=json.dumps(hello()))
+    await comm.receive_from(timeout=5)
+    host = await database_sync_to_async(Host.objects.get)(name="h1")
+    await database_sync_to_async(create_deployment)("chat", "tiny")
+    return comm, host, await database_sync_to_async(reconcile_once)()
+
+
 async def test_it_refuses_a_wrong_token_at_the_handshake(token, caplog):
     comm, connected = await connect("mg_agent_not-the-token")
     assert not connected
@@ -173,16 +187,9 @@ async def test_a_push_carrying_the_passs_state_is_sent_as_it_is_and_an_older_one
     of a generation older than one already sent is dropped."""
     from channels.layers import get_channel_layer
 
-    from console.deployments.reconcile import reconcile_once
-    from console.deployments.services import create_deployment
     from console.realtime.notify import host_group, push_desired
 
-    comm, _ = await connect(token)
-    await comm.send_to(text_data=json.dumps(hello()))
-    await comm.receive_from(timeout=5)
-    host = await database_sync_to_async(Host.objects.get)(name="h1")
-    await database_sync_to_async(create_deployment)("chat", "tiny")
-    result = await database_sync_to_async(reconcile_once)()
+    comm, host, result = await linked_with_chat_placed(token)
     assert result.changed_hosts == (host.pk,)
     generation, replicas = result.states[host.pk]
     from console.realtime import consumers
@@ -210,15 +217,9 @@ async def test_a_new_link_is_sent_the_state_as_stored_and_a_host_marked_stale_it
     costs no validating and serializing of every host's replicas); a host marked stale has its state built now,
     under the generation it has."""
     from console.deployments.desired import stored_states
-    from console.deployments.reconcile import reconcile_once
-    from console.deployments.services import create_deployment
 
-    comm, _ = await connect(token)
-    await comm.send_to(text_data=json.dumps(hello()))
-    await comm.receive_from(timeout=5)
-    host = await database_sync_to_async(Host.objects.get)(name="h1")
-    await database_sync_to_async(create_deployment)("chat", "tiny")
-    generation, _ = (await database_sync_to_async(reconcile_once)()).states[host.pk]
+    comm, host, result = await linked_with_chat_placed(token)
+    generation, _ = result.states[host.pk]
     await comm.disconnect()
     _, stored = (await database_sync_to_async(stored_states)([host.pk]))[host.pk]
 
@@ -330,16 +331,10 @@ async def test_a_push_named_by_another_process_sends_the_link_held_here_its_stor
     are left to the process that does."""
     from channels.layers import get_channel_layer
 
-    from console.deployments.reconcile import reconcile_once
-    from console.deployments.services import create_deployment
     from console.realtime.notify import PUSH_GROUP
 
-    comm, _ = await connect(token)
-    await comm.send_to(text_data=json.dumps(hello()))
-    await comm.receive_from(timeout=5)
-    host = await database_sync_to_async(Host.objects.get)(name="h1")
-    await database_sync_to_async(create_deployment)("chat", "tiny")
-    generation, replicas = (await database_sync_to_async(reconcile_once)()).states[host.pk]
+    comm, host, result = await linked_with_chat_placed(token)
+    generation, replicas = result.states[host.pk]
     await get_channel_layer().group_send(PUSH_GROUP, {"type": "desired.pushes", "hosts": [host.pk + 1000, host.pk]})
     sent = json.loads(await comm.receive_from(timeout=5))
     assert (sent["type"], sent["generation"], sent["replicas"]) == ("desired_state", generation, json.loads(replicas))
