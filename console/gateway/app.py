@@ -1,6 +1,6 @@
 """The front door: OpenAI-compatible /v1 and Open Inference Protocol /v2 for every deployment in the fleet,
-plus the console's /metrics. Served by the console's own ASGI process (console/asgi.py routes these
-paths here).
+plus the console's /metrics and the agents' relayed (agent_metrics.py). Served by the console's own ASGI
+process (console/asgi.py routes these paths here).
 
 Listing models, readiness and health are answered here from the gateway's snapshot of the fleet; inference
 and model metadata go to a replica (proxy.py). Every answer from a replica names it (`x-modelgrid-replica`)
@@ -17,6 +17,7 @@ from starlette.routing import Route
 from console import __version__
 from console.dbthreads import own_thread
 from console.deployments.serving import SERVING_HINTS
+from console.gateway import agent_metrics
 from console.gateway.auth import Caller, bearer
 from console.gateway.core import Gateway, Refused
 from console.gateway.errors import NO_TOKEN, OPENAI, V2, Family
@@ -42,6 +43,8 @@ def make_app(gateway: Gateway | None = None) -> Starlette:
         Route("/v2/models/{name}/ready", _wrap(gw, V2, _model_ready), methods=["GET"]),
         Route("/v2/models/{name}/infer", _proxied(gw, V2), methods=["POST"]),
         Route("/metrics", _wrap(gw, V2, _metrics), methods=["GET"]),
+        Route("/metrics/agents", _wrap(gw, V2, agent_metrics.targets), methods=["GET"]),
+        Route("/metrics/agents/{name}", _wrap(gw, V2, agent_metrics.relay), methods=["GET"]),
     ])
     app.state.gateway = gw
     return app

@@ -38,10 +38,16 @@ class DeploymentView:
     slo_latency_ms: int | None = None  # its p95 latency target
 
 
+class HostView(NamedTuple):
+    endpoint: str  # the agent's inference base URL ("" until its hello names one)
+    secret: str  # what that agent's inference port accepts
+
+
 @dataclass(frozen=True)
 class FleetView:
     deployments: dict[str, DeploymentView] = field(default_factory=dict)
     adapters: dict[str, str] = field(default_factory=dict)  # adapter name -> its deployment
+    hosts: dict[str, HostView] = field(default_factory=dict)  # by name, for scraping agents' metrics
     loaded: bool = False
 
     def resolve(self, name: str) -> tuple[DeploymentView, str | None] | None:
@@ -77,8 +83,9 @@ _REPLICAS = CarriedRows(Replica, _Replica._fields, ("deployment_id", "index"))
 def load_fleet() -> FleetView:
     """Read the fleet from the database (sync; the gateway calls it off the event loop)."""
     secrets = {c.host_name: c.gateway_secret for c in AgentCredential.objects.only("host_name", "token_hash")}
-    hosts = {pk: (endpoint.rstrip("/"), secrets.get(name, ""), connected)
-             for pk, name, endpoint, connected in Host.objects.values_list("pk", "name", "endpoint", "connected")}
+    rows = list(Host.objects.values_list("pk", "name", "endpoint", "connected"))
+    hosts = {pk: (endpoint.rstrip("/"), secrets.get(name, ""), connected) for pk, name, endpoint, connected in rows}
+    by_name = {name: HostView(*hosts[pk][:2]) for pk, name, _, _ in rows}
     replicas: dict[int, list[_Replica]] = {}
     for row in _REPLICAS.read():
         replicas.setdefault(row[0], []).append(_Replica(*row))
@@ -101,4 +108,4 @@ def load_fleet() -> FleetView:
             serving=serving_state(rows, standby), ready=tuple(ready), adapters=tuple(names.get(pk, ())),
             demand_status=demand_status, demand_reason=demand_reason, created=int(created.timestamp()),
             slo_latency_ms=slo)
-    return FleetView(deployments, adapters, loaded=True)
+    return FleetView(deployments, adapters, by_name, loaded=True)

@@ -39,14 +39,18 @@ class Upstream:
     async def send(self, replica: ReplicaView, method: str, path: str, body: bytes,
                    content_type: str | None) -> aiohttp.ClientResponse:
         """The agent's response, headers read and body not yet; Unreachable if nothing came back."""
-        headers = {"Authorization": f"Bearer {replica.secret}"}
+        return await self.request(replica.endpoint, replica.secret, replica.label, method, path, body, content_type)
+
+    async def request(self, endpoint: str, secret: str, label: str, method: str, path: str, body: bytes = b"",
+                      content_type: str | None = None) -> aiohttp.ClientResponse:
+        """As send(), to the agent at `endpoint` holding `secret`; `label` names it in the Unreachable."""
+        headers = {"Authorization": f"Bearer {secret}"}
         if content_type:
             headers["Content-Type"] = content_type
         try:
-            return await self.session().request(method, replica.endpoint + path, data=body or None,
-                                                headers=headers)
+            return await self.session().request(method, endpoint + path, data=body or None, headers=headers)
         except (TimeoutError, aiohttp.ClientConnectionError) as e:
-            raise Unreachable(f"{replica.label} at {replica.endpoint}: {e or type(e).__name__}") from e
+            raise Unreachable(f"{label} at {endpoint}: {e or type(e).__name__}") from e
 
     async def close(self) -> None:
         if self._session is not None:

@@ -96,6 +96,12 @@ def test_the_official_clients_work_against_the_console_url(stack, tiny_llama, mi
     direct = httpx.post(f"{endpoint}/v2/models/gw-chat/infer", json={"inputs": []}, timeout=10)
     assert direct.status_code == 401
     assert httpx.get(f"{endpoint}/metrics", timeout=10).status_code == 401
+    # ... and Prometheus reaches it through the console, which holds the secret the agent got in its desired state.
+    with stack.gateway() as gateway:
+        [target] = gateway.get("/metrics/agents").json()
+        scraped = gateway.get(target["labels"]["__metrics_path__"])
+    assert scraped.status_code == 200, scraped.text
+    assert 'deployment="gw-chat",status="200"}' in scraped.text
     assert api.delete("/deployments/gw-chat").status_code == 204
     assert api.delete("/deployments/gw-embed").status_code == 204
 
