@@ -286,4 +286,11 @@ def deployment_page_data(dep: Deployment) -> dict:
         "idle_after": idle_after(dep),
         "endpoints": sorted({r["endpoint"] for r in data["replicas"] if r["endpoint"]}),
         "adapter_errors": [(r["index"], r["adapter_error"]) for r in data["replicas"] if r["adapter_error"]],
+        "log_options": log_options(data["replicas"]),
     }
+
+
+def log_options(replicas: list[dict]) -> str:
+    """What the Worker logs card's replica picker says, in one string: the page sends it back with each status poll,
+    and the picker is drawn again only when it changed (a replica added, gone, placed or in another state)."""
+    return " ".join(f"{r['index']}:{r['state']}:{r['host'] or ''}" for r in replicas)

@@ -107,7 +107,19 @@ def status(request, name: str):
         if request.htmx:
             return render(request, "deployments/_gone.html", {"name": name}, status=STOP_POLLING)
         raise Http404(f"no deployment named {name!r}") from None
-    return render_partial_or_full(request, STATUS, _context(dep))
+    context = _context(dep)
+    # The page sends what its log picker lists and the replica chosen; a picker gone stale comes back drawn again.
+    shown = request.GET.get("log_options")
+    if shown is not None and shown != context["d"]["log_options"]:
+        context |= {"logs_oob": True, "log_replica": _index(request.GET.get("replica"))}
+    return render_partial_or_full(request, STATUS, context)
+
+
+def _index(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 @login_required_htmx

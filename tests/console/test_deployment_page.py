@@ -306,3 +306,38 @@ def test_the_policy_form_shows_the_idle_timeout_and_takes_a_scale_to_zero_change
     assert (dep.min_replicas, dep.max_replicas, dep.idle_timeout_s) == (0, 1, 600)
     assert "min replicas 2 → 0" in html and "idle timeout 300 s → 600 s" in html
     assert "scales to zero after 10 min idle" in html  # the status, refreshed out of band
+
+
+def log_picker(html: str) -> tuple[str, list[str], str | None]:
+    """The Worker logs card's replica picker: the signature it carries, its options' texts, the one selected."""
+    options = re.findall(r'<option value="(\d+)"( selected)?>([^<]*)</option>', html)
+    signature = re.search(r'<input type="hidden" name="log_options" id="log-options" value="([^"]*)"', html)
+    assert signature, "no picker signature"
+    return signature.group(1), [text for _, _, text in options], next((v for v, s, _ in options if s), None)
+
+
+def test_the_status_poll_carries_the_log_picker_and_leaves_it_while_its_replicas_stay_as_they_are(user_client, fleet):
+    html = user_client.get("/deployments/chat/").content.decode()
+    status = html.index('id="deployment-status"')
+    assert 'hx-include="#log-replica, #log-options"' in html[status - 300:status + 300]
+    signature, options, _ = log_picker(html)
+    assert options == ["#0 · ready on gpu-a", "#1 · ready on gpu-b", "#2 · loading on gpu-a"]
+    poll = user_client.get("/deployments/chat/status/", {"replica": "1", "log_options": signature}, **HTMX)
+    assert 'id="worker-logs"' not in poll.content.decode()
+
+
+def test_the_log_picker_follows_replicas_that_change_keeping_the_one_chosen(user_client, fleet):
+    from console.deployments.models import Replica
+
+    signature, _, _ = log_picker(user_client.get("/deployments/chat/").content.decode())
+    dep = Deployment.objects.get(name="chat")
+    Replica.objects.filter(deployment=dep, index=2).update(observed_state="ready")
+    Replica.objects.create(deployment=dep, index=3)  # the scheduler's next replica, not placed yet
+    html = user_client.get("/deployments/chat/status/", {"replica": "1", "log_options": signature},
+                           **HTMX).content.decode()
+    card = html[html.index('<section class="card worker-logs" id="worker-logs" hx-swap-oob="true"'):]
+    new_signature, options, chosen = log_picker(card)
+    assert options == ["#0 · ready on gpu-a", "#1 · ready on gpu-b", "#2 · ready on gpu-a", "#3 · pending, not placed"]
+    assert chosen == "1" and new_signature != signature
+    again = user_client.get("/deployments/chat/status/", {"replica": "1", "log_options": new_signature}, **HTMX)
+    assert 'id="worker-logs"' not in again.content.decode()

@@ -1,5 +1,6 @@
 """The deployment page's Worker logs card in headless Chromium: a replica that fails to load shows the worker's
-own error in the live tail, and choosing a replica that is not there shows why in words."""
+own error in the live tail, a replica added later joins its picker live, and choosing a replica that is not there
+shows why in words."""
 
 import os
 
@@ -43,6 +44,14 @@ async def test_the_log_tail_of_a_replica_that_failed_shows_the_workers_error(sta
                 lines = card.locator(".log-lines")
                 await expect(lines).to_contain_text(f"cannot load {path}")
                 await expect(lines).to_contain_text("RuntimeError: You set `ignore_mismatched_sizes` to `False`")
+                # A second replica joins the picker without a reload; chosen, it stays chosen while the picker is
+                # drawn again for its next state.
+                assert api.patch("/deployments/broken-page", json={"replicas": 2, "max_replicas": 2}).status_code == 200
+                second = card.locator("#log-replica option[value='1']")
+                await expect(second).to_have_count(1, timeout=30_000)
+                await card.locator("#log-replica").select_option("1")
+                await expect(second).not_to_have_text(await second.text_content(), timeout=60_000)
+                await expect(card.locator("#log-replica")).to_have_value("1")
                 if os.environ.get("MODELGRID_SCREENSHOTS"):
                     await card.screenshot(path=os.path.join(os.environ["MODELGRID_SCREENSHOTS"], "worker-logs.png"))
             finally:
