@@ -127,9 +127,8 @@ def _index(value: str | None) -> int | None:
 async def replica_log(request, name: str):
     """The worker logs card's tail: the last lines of the replica chosen (?replica=INDEX), or the refusal that says
     why there are none; polled by the page every 2 s. Async: it waits up to 5 s for the replica's agent."""
-    try:
-        index = int(request.GET.get("replica", "0"))
-    except ValueError:
+    index = _index(request.GET.get("replica", "0"))
+    if index is None:
         index = -1  # no replica has it: refused below like any other index that does not exist
     try:
         lines, error = await replica_logs(name, index, LOG_LINES), ""
