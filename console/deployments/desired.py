@@ -85,6 +85,12 @@ def gateway_secret(host: Host) -> str:
     return credential.gateway_secret if credential is not None else ""
 
 
+def replicas_text(rows: list[dict]) -> JsonText:
+    """A host's desired replicas as the JSON text that is hashed, stored and pushed: one spelling everywhere, so a
+    state built now reads exactly as the one a pass stored."""
+    return JsonText(json.dumps(rows, sort_keys=True))
+
+
 def desired_text(host: Host) -> tuple[int, str]:
     """The desired state a host was last given, as a push sends it: (its generation, its replicas' JSON text),
     the text the scheduler pass stored; built now where marked stale or never stored (the next pass stores it
@@ -94,7 +100,7 @@ def desired_text(host: Host) -> tuple[int, str]:
     if stored is not None:
         return stored
     generation = Host.objects.filter(pk=host.pk).values_list("generation", flat=True).first() or 0
-    return generation, json.dumps(desired_rows_by_host([host.pk])[host.pk], sort_keys=True)
+    return generation, replicas_text(desired_rows_by_host([host.pk])[host.pk])
 
 
 def desired_state(host: Host) -> DesiredState:
@@ -132,7 +138,7 @@ def bump_generations(host_ids=None) -> dict[int, tuple[int, str]]:
     built = desired_rows_by_host([h.pk for h in hosts])
     bumps = []  # (host, its new digest, its replicas' JSON text)
     for host in hosts:
-        replicas = JsonText(json.dumps(built[host.pk], sort_keys=True))
+        replicas = replicas_text(built[host.pk])
         digest = hashlib.sha256(replicas.encode()).hexdigest()
         if digest != host.desired_digest:
             bumps.append((host, digest, replicas))
