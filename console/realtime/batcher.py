@@ -22,6 +22,7 @@ from django.conf import settings
 from agent.protocol import Ack, HostReport
 from console.dbthreads import dedicated_thread, own_thread
 from console.fleet import intake
+from console.realtime import links
 from console.realtime.notify import refresh_dashboards, refresh_gateways, wake_scheduler_async
 from console.realtime.perloop import for_this_loop
 
@@ -33,6 +34,9 @@ _READINGS_THREAD = dedicated_thread("intake-readings")
 # How long the hosts stage's thread goes on taking batches that came due before it hands back to the event loop
 # (on SQLite that thread is Channels' one database thread, which everything else needs too).
 DRAIN_SECONDS = 0.5
+# How long a batch's readings wait, at most, for the acks due to this process (links.acks_due) before they are
+# applied: see Batcher._finish.
+READINGS_WAIT_SECONDS = 0.3
 
 
 def quiet(message) -> bool:
@@ -123,13 +127,20 @@ class Batcher:
     def _read(self, batch: list[tuple[intake.Item, asyncio.Future]], staged: intake.Staged) -> None:
         # The readings' stage after the last batch's, on a task of its own: the next tick's acks and leases need not
         # wait for this tick's readings (those seldom touch host rows, and then last: see intake).
-        self._readings = asyncio.get_running_loop().create_task(self._finish(self._readings, batch, staged),
-                                                                name="agent-intake-readings")
+        self._readings = asyncio.get_running_loop().create_task(
+            self._finish(self._readings, batch, staged, time.monotonic()), name="agent-intake-readings")
 
     async def _finish(self, before: asyncio.Task | None, batch: list[tuple[intake.Item, asyncio.Future]],
-                      staged: intake.Staged) -> None:
+                      staged: intake.Staged, since: float) -> None:
         if before is not None:
             await before  # each link's messages keep their order
+        # Acks first: while pushes sent from here wait for their acks (a wave of them, a pass having changed many
+        # hosts), the readings (replicas' states and GPU readings, which nothing waits for within a second) hold
+        # back, up to READINGS_WAIT_SECONDS from when their batch's hosts stage was done. Applying them is most of
+        # intake's work, on a thread that shares the one interpreter lock with the event loop that sends the
+        # pushes and reads the acks.
+        while links.acks_due() and time.monotonic() - since < READINGS_WAIT_SECONDS:
+            await asyncio.sleep(0.01)
         try:
             outcomes = await own_thread(intake.apply_readings, _READINGS_THREAD)([item for item, _ in batch], staged)
         except Exception as e:

@@ -194,6 +194,8 @@ class AgentConsumer(Consumer):
             # Handed over without waiting for it to be applied: the next message is read at once (an ack is
             # not held up behind a report's batch). The batcher keeps the link's order; a bound on messages in
             # flight keeps a link that outruns the database from queueing without limit.
+            if isinstance(message, Ack):
+                links.acknowledged(self.host.pk, message.generation)
             await self._in_flight.acquire()
             applied = batcher().enqueue(intake.Item(self.host.pk, self.host.name, message))
             applied.add_done_callback(self._applied)
@@ -332,6 +334,8 @@ class AgentConsumer(Consumer):
                 f'"gateway_secret":{secret}}}')
         self._sent_generation = max(self._sent_generation, generation)
         await self.send(text_data=text)
+        if self.host is not None:
+            links.sent(self.host.pk, generation)
 
 
 class DashboardConsumer(Consumer):

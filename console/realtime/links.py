@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Protocol
 
 from console.realtime.perloop import for_this_loop
@@ -23,7 +24,12 @@ class Link(Protocol):
 
 
 _held: dict[asyncio.AbstractEventLoop, dict[int, Link]] = {}
+# Per loop: host -> (the generation its link here was sent, when), until an ack covers it or the link ends.
+_unanswered: dict[asyncio.AbstractEventLoop, dict[int, tuple[int, float]]] = {}
 log = logging.getLogger("modelgrid.realtime")
+# A push this long without its ack no longer counts as due (its agent hung, or the ack was lost): the resend of
+# pushes not acknowledged repairs it, and nothing here should wait on it meanwhile.
+ACK_EXPECTED_SECONDS = 2.0
 
 
 def _links() -> dict[int, Link]:
@@ -40,6 +46,29 @@ def release(host_id: int, link: Link) -> None:
     links = _links()
     if links.get(host_id) is link:
         del links[host_id]
+        _due().pop(host_id, None)
+
+
+def _due() -> dict[int, tuple[int, float]]:
+    return for_this_loop(_unanswered, dict)
+
+
+def sent(host_id: int, generation: int) -> None:
+    """The host's link here sent its agent `generation`: an ack is due."""
+    _due()[host_id] = generation, time.monotonic()
+
+
+def acknowledged(host_id: int, generation: int) -> None:
+    """The host's agent acknowledged `generation` (read here, not applied yet)."""
+    due = _due()
+    if host_id in due and due[host_id][0] <= generation:
+        del due[host_id]
+
+
+def acks_due() -> int:
+    """How many pushes sent from here in the last ACK_EXPECTED_SECONDS are still waiting for their ack."""
+    since = time.monotonic() - ACK_EXPECTED_SECONDS
+    return sum(1 for _, at in _due().values() if at >= since)
 
 
 def held(host_id: int) -> Link | None:

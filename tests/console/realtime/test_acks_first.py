@@ -1,0 +1,123 @@
+"""Acks before readings: while pushes this process sent wait for their acks, a batch's readings (replicas' states,
+GPU readings) hold back, for a bounded while, so that the event loop sending the pushes and reading the acks does
+not share the interpreter with intake's largest stage meanwhile (console/realtime/batcher.py)."""
+
+import asyncio
+import json
+
+import pytest
+
+from agent.protocol import Ack, HostReport
+from console.fleet import intake
+from console.fleet.models import AgentCredential
+from console.realtime import batcher as module
+from console.realtime import links
+from console.realtime.batcher import Batcher
+
+from .agent_link import linked
+
+
+class _Link:
+    async def desired_push(self, event: dict) -> None: ...
+
+
+async def test_a_push_is_due_until_an_ack_covers_it_or_its_link_ends():
+    one, two = _Link(), _Link()
+    links.hold(1, one)
+    links.hold(2, two)
+    try:
+        links.sent(1, 5)
+        links.sent(2, 3)
+        assert links.acks_due() == 2
+        links.acknowledged(1, 4)  # an older generation's ack: generation 5 is still due
+        assert links.acks_due() == 2
+        links.acknowledged(1, 6)  # a newer one covers it
+        assert links.acks_due() == 1
+        links.release(2, _Link())  # not host 2's link here: its push stays due
+        assert links.acks_due() == 1
+        links.release(2, two)
+        assert links.acks_due() == 0
+    finally:
+        links.release(1, one)
+        links.release(2, two)
+
+
+async def test_a_push_long_unanswered_is_no_longer_due(monkeypatch):
+    """An agent that hung (or an ack lost) must not hold every later batch's readings back: the resend repairs it."""
+    link = _Link()
+    links.hold(1, link)
+    try:
+        monkeypatch.setattr(links, "ACK_EXPECTED_SECONDS", 0.05)
+        links.sent(1, 1)
+        assert links.acks_due() == 1
+        await asyncio.sleep(0.1)
+        assert links.acks_due() == 0
+    finally:
+        links.release(1, link)
+
+
+@pytest.fixture
+def stages(monkeypatch):
+    log = []
+    monkeypatch.setattr(intake, "apply_hosts", lambda items, leases=None: (
+        log.append(("hosts", [i.message.type for i in items])) or intake.Staged([intake.Outcome() for _ in items])))
+    monkeypatch.setattr(intake, "apply_readings", lambda items, staged: (
+        log.append(("readings", [i.message.type for i in items])) or staged.outcomes))
+    monkeypatch.setattr(module, "own_thread", lambda fn, executor=None: lambda *a: asyncio.to_thread(fn, *a))
+    return log
+
+
+async def test_readings_wait_for_the_acks_due_and_go_when_they_come(stages, monkeypatch):
+    monkeypatch.setattr(module, "READINGS_WAIT_SECONDS", 30)
+    link = _Link()
+    links.hold(7, link)
+    try:
+        links.sent(7, 2)
+        b = Batcher(tick=0.01, quiet_tick=0.01)
+        report = b.enqueue(intake.Item(1, "a", HostReport(gpus=[])))
+        await asyncio.sleep(0.3)
+        assert stages == [("hosts", ["report"])] and not report.done()  # its readings hold back
+        ack = b.enqueue(intake.Item(7, "g", Ack(generation=2)))  # the ack's own batch is not held back
+        async with asyncio.timeout(5):
+            while ("hosts", ["ack"]) not in stages:
+                await asyncio.sleep(0.01)
+        assert not report.done()
+        links.acknowledged(7, 2)  # as the link does when it reads the ack
+        async with asyncio.timeout(5):
+            await asyncio.gather(report, ack)
+        assert stages == [("hosts", ["report"]), ("hosts", ["ack"]), ("readings", ["report"]), ("readings", ["ack"])]
+    finally:
+        links.release(7, link)
+
+
+async def test_readings_wait_no_longer_than_their_bound(stages, monkeypatch):
+    monkeypatch.setattr(module, "READINGS_WAIT_SECONDS", 0.2)
+    link = _Link()
+    links.hold(7, link)
+    try:
+        links.sent(7, 2)  # never acknowledged
+        report = Batcher(tick=0.01, quiet_tick=0.01).enqueue(intake.Item(1, "a", HostReport(gpus=[])))
+        async with asyncio.timeout(5):
+            await report
+        assert stages == [("hosts", ["report"]), ("readings", ["report"])]
+        assert links.acks_due() == 1
+    finally:
+        links.release(7, link)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_link_counts_its_push_due_until_its_agent_acks_it(monkeypatch):
+    from channels.db import database_sync_to_async
+
+    monkeypatch.setattr(links, "ACK_EXPECTED_SECONDS", 60)  # due until the ack, however slow this machine
+    token = (await database_sync_to_async(AgentCredential.issue)("h1"))[1]
+    comm = await linked(token)  # the hello was answered with a push
+    try:
+        assert links.acks_due() == 1
+        await comm.send_to(text_data=json.dumps({"type": "ack", "generation": 0}))
+        async with asyncio.timeout(5):
+            while links.acks_due():
+                await asyncio.sleep(0.01)
+    finally:
+        await comm.disconnect()
+    assert links.acks_due() == 0
