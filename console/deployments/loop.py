@@ -19,6 +19,7 @@ from console.dbthreads import own_thread
 from console.deployments.leader import Elector, NotLeader, current_leader
 from console.deployments.reconcile import PassResult, Scope, reconcile_once, start_leading
 from console.gateway.metrics import METRICS
+from console.realtime import links
 from console.realtime.notify import (
     SCHEDULER_GROUP,
     listen,
@@ -34,6 +35,7 @@ IDLE_REST = 10.0  # with nothing to wake it, a pass comes no sooner than this ma
 
 
 RESEND_SECONDS = 10.0  # a host still behind its generation this long after its push is pushed again
+CHORES_WAIT_SECONDS = 2.0
 
 
 async def run_pass(fence: Callable[[], None] | None = None, pushed: dict[int, float] | None = None,
@@ -169,6 +171,9 @@ async def _chore_loop(elector: Elector, stop: asyncio.Event) -> None:
     """The leader's chores (console/chores.py) every CHORE_SECONDS, each after a check that it still leads."""
     while not stop.is_set():
         try:
+            # Chores can wait a little: while a wave of pushes waits for its acks, they come after (up to
+            # CHORES_WAIT_SECONDS), off the interpreter the event loop needs to read those acks.
+            await links.after_acks(time.monotonic(), CHORES_WAIT_SECONDS)
             # A thread of its own on PostgreSQL: chores take a while at fleet scale, and must not hold up intake
             # and requests on Channels' one database thread. They write only their own rows (series, alerts,
             # events), so they cannot deadlock with a pass.

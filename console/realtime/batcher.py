@@ -139,8 +139,7 @@ class Batcher:
         # back, up to READINGS_WAIT_SECONDS from when their batch's hosts stage was done. Applying them is most of
         # intake's work, on a thread that shares the one interpreter lock with the event loop that sends the
         # pushes and reads the acks.
-        while links.acks_due() and time.monotonic() - since < READINGS_WAIT_SECONDS:
-            await asyncio.sleep(0.01)
+        await links.after_acks(since, READINGS_WAIT_SECONDS)
         try:
             outcomes = await own_thread(intake.apply_readings, _READINGS_THREAD)([item for item, _ in batch], staged)
         except Exception as e:

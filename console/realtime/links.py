@@ -71,6 +71,14 @@ def acks_due() -> int:
     return sum(1 for _, at in _due().values() if at >= since)
 
 
+async def after_acks(since: float, limit: float) -> None:
+    """Until no acks are due here (acks_due), or `limit` seconds after `since` (time.monotonic()): how work that
+    can wait (intake's readings, the leader's chores) lets a wave of pushes be answered first, on the one
+    interpreter the event loop shares with it."""
+    while acks_due() and time.monotonic() - since < limit:
+        await asyncio.sleep(0.01)
+
+
 def held(host_id: int) -> Link | None:
     return _links().get(host_id)
 

@@ -235,3 +235,38 @@ def test_a_pass_that_only_derived_deployments_states_asks_for_no_other(model_dir
     Replica.objects.update(observed_state="ready", pid=42)  # as an agent's report would
     result = reconcile_once()
     assert result.changed and not result.replanned  # the deployment is ready now; its plan is the same
+
+
+async def test_the_chores_wait_for_the_acks_due_here_then_run(monkeypatch):
+    """While a wave of pushes waits for its acks, the leader's chores come after (for a bounded while)."""
+    from console.deployments import loop as module
+    from console.realtime import links
+
+    ran = []
+
+    async def no_webhooks(on_db):
+        return 0
+
+    class Link:
+        async def desired_push(self, event): ...
+
+    monkeypatch.setattr(module, "_fenced_chores", lambda elector: ran.append(elector))
+    monkeypatch.setattr(module, "deliver", no_webhooks)
+    monkeypatch.setattr(module, "CHORES_WAIT_SECONDS", 60)
+    monkeypatch.setattr(links, "ACK_EXPECTED_SECONDS", 60)
+    link, stop = Link(), asyncio.Event()
+    links.hold(9, link)
+    links.sent(9, 1)
+    task = asyncio.create_task(module._chore_loop("the elector", stop))
+    try:
+        await asyncio.sleep(0.3)
+        assert ran == []  # an ack is due
+        links.acknowledged(9, 1)
+        async with asyncio.timeout(5):
+            while not ran:
+                await asyncio.sleep(0.01)
+        assert ran == ["the elector"]
+    finally:
+        stop.set()
+        links.release(9, link)
+        await asyncio.wait_for(task, 5)
