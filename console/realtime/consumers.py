@@ -333,9 +333,10 @@ class AgentConsumer(Consumer):
         text = (f'{{"type":"desired_state","generation":{int(generation)},"replicas":{replicas},'
                 f'"gateway_secret":{secret}}}')
         self._sent_generation = max(self._sent_generation, generation)
-        await self.send(text_data=text)
         if self.host is not None:
+            # Due from before the send: the ack may be read while this send still waits to drain.
             links.sent(self.host.pk, generation)
+        await self.send(text_data=text)
 
 
 class DashboardConsumer(Consumer):
