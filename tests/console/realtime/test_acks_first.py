@@ -52,8 +52,14 @@ async def test_a_push_long_unanswered_is_no_longer_due(monkeypatch):
         assert links.acks_due() == 1
         await asyncio.sleep(0.1)
         assert links.acks_due() == 0
+        links.sent(2, 1)
+        await asyncio.sleep(0.1)
+        links.sent(1, 2)  # sent again, after host 2's went stale: due, though host 1 was first sent before it
+        assert links.acks_due() == 1
+        assert await asyncio.wait_for(links.after_acks(0.0, float("inf")), 5) is None  # waits until it goes stale
     finally:
         links.release(1, link)
+        links.release(2, link)
 
 
 @pytest.fixture
