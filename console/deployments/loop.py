@@ -44,9 +44,18 @@ async def run_pass(fence: Callable[[], None] | None = None, pushed: dict[int, fl
     desired state was last pushed) lets a push that was lost (the channel layer failed it, the link dropped
     it) be repaired: a host that has not acknowledged its generation RESEND_SECONDS after is pushed again. `scope`
     is reconcile_once's: "tick" and "states" plan nothing unless a lease or an eviction changed something."""
-    began = time.perf_counter()
-    result = await database_sync_to_async(reconcile_once)(fence, scope)
-    took = time.perf_counter() - began
+    with links.planning():  # until its pushes are handed over: readings and chores wait (links.after_acks)
+        began = time.perf_counter()
+        result = await database_sync_to_async(reconcile_once)(fence, scope)
+        took = time.perf_counter() - began
+        now, pushed = time.monotonic(), {} if pushed is None else pushed
+        hosts = set(result.changed_hosts)
+        for host in result.behind:  # first seen behind now: its push may still be on its way
+            if now - pushed.setdefault(host, now) >= RESEND_SECONDS:
+                hosts.add(host)
+        if hosts:
+            await push_desired(sorted(hosts), result.states)
+            pushed.update(dict.fromkeys(hosts, now))
     if result.planned:
         METRICS.pass_seconds.observe(took)
     for action in result.actions:
@@ -55,14 +64,6 @@ async def run_pass(fence: Callable[[], None] | None = None, pushed: dict[int, fl
         METRICS.refused.labels(tier).inc()
     for tier in result.preempted:
         METRICS.preemptions.labels(tier).inc()
-    now, pushed = time.monotonic(), {} if pushed is None else pushed
-    hosts = set(result.changed_hosts)
-    for host in result.behind:  # first seen behind now: its push may still be on its way
-        if now - pushed.setdefault(host, now) >= RESEND_SECONDS:
-            hosts.add(host)
-    if hosts:
-        await push_desired(sorted(hosts), result.states)
-        pushed.update(dict.fromkeys(hosts, now))
     if result.actions or hosts:
         log.info("pass: %d action(s) in %.2f s (%.2f s of CPU); %d host(s) pushed in %.2f s", len(result.actions),
                  took, result.cpu_s, len(hosts), time.perf_counter() - began - took)

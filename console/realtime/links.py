@@ -12,8 +12,11 @@ reach only the old link, and the new one then has what its hello read, or the re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 from console.realtime.perloop import for_this_loop
@@ -28,6 +31,15 @@ _held: dict[asyncio.AbstractEventLoop, dict[int, Link]] = {}
 # order sent, so the pushes no longer due (ACK_EXPECTED_SECONDS) are the oldest and the newest entry is the last.
 _unanswered: dict[asyncio.AbstractEventLoop, dict[int, tuple[int, float]]] = {}
 log = logging.getLogger("modelgrid.realtime")
+
+
+@dataclass
+class _Passes:
+    running: int = 0
+    ended: float = float("-inf")  # time.monotonic() when the last one ended
+
+
+_passes: dict[asyncio.AbstractEventLoop, _Passes] = {}  # per loop: the scheduler passes under way there
 # A push this long without its ack no longer counts as due (its agent hung, or the ack was lost): the resend of
 # pushes not acknowledged repairs it, and nothing here should wait on it meanwhile.
 ACK_EXPECTED_SECONDS = 2.0
@@ -84,11 +96,35 @@ def _any_due() -> bool:
     return bool(due) and next(reversed(due.values()))[1] >= time.monotonic() - ACK_EXPECTED_SECONDS
 
 
+@contextlib.contextmanager
+def planning() -> Iterator[None]:
+    """A scheduler pass is under way on this event loop, from before it plans until its pushes are handed over:
+    what after_acks holds back waits for it. The pass's commit sends a wave at once (a push to each of a thousand
+    hosts in a rollout). Intake's readings that began during a pass took the interpreter from it, and those that
+    reached the replica rows it had locked to write waited there and then ran on into that wave the moment it
+    committed: up to 0.6 s of a thread sharing the interpreter lock with the event loop that sends the pushes and
+    reads the acks (a throwaway trace, docs/benchmarks.md)."""
+    passes = for_this_loop(_passes, _Passes)
+    passes.running += 1
+    try:
+        yield
+    finally:
+        passes.running -= 1
+        passes.ended = time.monotonic()
+
+
+def planning_now() -> bool:
+    return for_this_loop(_passes, _Passes).running > 0
+
+
 async def after_acks(since: float, limit: float) -> None:
-    """Until no acks are due here (acks_due), or `limit` seconds after `since` (time.monotonic()): how work that
-    can wait (intake's readings, the leader's chores) lets a wave of pushes be answered first, on the one
-    interpreter the event loop shares with it."""
-    while _any_due() and time.monotonic() - since < limit:
+    """Until no scheduler pass is under way here (planning) and no acks are due here (acks_due), or, for the acks,
+    `limit` seconds after `since` (time.monotonic()) or after the last pass here ended, whichever is later: how work
+    that can wait (intake's readings, the leader's chores) lets a wave of pushes be sent and answered first, on the
+    one interpreter the event loop shares with it. A pass is waited for however long it runs (it ends by itself,
+    and its wave follows at once), so in a 1,000-host rollout, passes seconds long, readings wait seconds longer."""
+    passes = for_this_loop(_passes, _Passes)
+    while passes.running or (_any_due() and time.monotonic() - max(since, passes.ended) < limit):
         await asyncio.sleep(0.01)
 
 

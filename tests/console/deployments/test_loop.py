@@ -270,3 +270,31 @@ async def test_the_chores_wait_for_the_acks_due_here_then_run(monkeypatch):
         stop.set()
         links.release(9, link)
         await asyncio.wait_for(task, 5)
+
+
+async def test_a_pass_counts_as_under_way_until_its_pushes_are_handed_over(monkeypatch):
+    """Intake's readings and the chores wait for a pass here (console/realtime/links.planning): from before it
+    plans until its pushes have gone out, so that nothing starts between its commit and its wave."""
+    from console.deployments import loop as module
+    from console.deployments.reconcile import PassResult
+    from console.realtime import links
+
+    seen = []
+
+    def reconcile(fence, scope):
+        seen.append(("pass", links.planning_now()))
+        return PassResult(changed_hosts=(3,), changed=False, planned=True, states={3: (1, "[]")})
+
+    async def push(hosts, states):
+        seen.append(("push", links.planning_now()))
+
+    def on_this_loop(fn):  # the pass's thread has no event loop to ask
+        async def call(*args):
+            return fn(*args)
+        return call
+
+    monkeypatch.setattr(module, "database_sync_to_async", on_this_loop)
+    monkeypatch.setattr(module, "reconcile_once", reconcile)
+    monkeypatch.setattr(module, "push_desired", push)
+    await module.run_pass()
+    assert seen == [("pass", True), ("push", True)] and not links.planning_now()

@@ -127,3 +127,47 @@ async def test_a_link_counts_its_push_due_until_its_agent_acks_it(monkeypatch):
     finally:
         await comm.disconnect()
     assert links.acks_due() == 0
+
+
+async def test_readings_wait_while_a_pass_is_under_way_however_long(stages, monkeypatch):
+    """A pass's commit sends its wave: readings started meanwhile (and blocked on the replica rows it holds) ran
+    into that wave the moment it committed. They wait for the pass, however long past their bound it runs."""
+    monkeypatch.setattr(module, "READINGS_WAIT_SECONDS", 0.1)
+    with links.planning():
+        report = Batcher(tick=0.01, quiet_tick=0.01).enqueue(intake.Item(1, "a", HostReport(gpus=[])))
+        await asyncio.sleep(0.4)
+        assert stages == [("hosts", ["report"])] and not report.done()
+    async with asyncio.timeout(5):
+        await report
+    assert stages == [("hosts", ["report"]), ("readings", ["report"])]
+
+
+async def test_after_a_pass_the_readings_bound_counts_from_its_end(stages, monkeypatch):
+    """The acks the pass's pushes made due are waited for as long as after any push: the bound counts from when the
+    pass ended, not from when the batch's hosts stage was done (seconds before, through a long pass)."""
+    monkeypatch.setattr(module, "READINGS_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(links, "ACK_EXPECTED_SECONDS", 60)
+    link = _Link()
+    links.hold(7, link)
+    try:
+        with links.planning():
+            report = Batcher(tick=0.01, quiet_tick=0.01).enqueue(intake.Item(1, "a", HostReport(gpus=[])))
+            await asyncio.sleep(0.5)  # longer than the bound
+            links.sent(7, 2)  # the pass's push
+        await asyncio.sleep(0.1)
+        assert not report.done()
+        async with asyncio.timeout(5):
+            await report  # the bound, from the pass's end: the ack never came
+        assert links.acks_due() == 1
+    finally:
+        links.release(7, link)
+
+
+async def test_passes_under_way_are_counted_per_event_loop_and_end_on_error():
+    assert not links.planning_now()
+    with pytest.raises(RuntimeError), links.planning():
+        with links.planning():
+            assert links.planning_now()
+        assert links.planning_now()  # the outer one still runs
+        raise RuntimeError("the pass failed")
+    assert not links.planning_now()
