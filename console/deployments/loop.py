@@ -172,8 +172,8 @@ async def _chore_loop(elector: Elector, stop: asyncio.Event) -> None:
     """The leader's chores (console/chores.py) every CHORE_SECONDS, each after a check that it still leads."""
     while not stop.is_set():
         try:
-            # Chores can wait a little: while a wave of pushes waits for its acks, they come after (up to
-            # CHORES_WAIT_SECONDS), off the interpreter the event loop needs to read those acks.
+            # Chores can wait a little: while a pass runs here, and then while its wave of pushes waits for its acks
+            # (up to CHORES_WAIT_SECONDS), they come after, off the interpreter the event loop needs meanwhile.
             await links.after_acks(time.monotonic(), CHORES_WAIT_SECONDS)
             # A thread of its own on PostgreSQL: chores take a while at fleet scale, and must not hold up intake
             # and requests on Channels' one database thread. They write only their own rows (series, alerts,

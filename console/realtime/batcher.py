@@ -34,8 +34,8 @@ _READINGS_THREAD = dedicated_thread("intake-readings")
 # How long the hosts stage's thread goes on taking batches that came due before it hands back to the event loop
 # (on SQLite that thread is Channels' one database thread, which everything else needs too).
 DRAIN_SECONDS = 0.5
-# How long a batch's readings wait, at most, for the acks due to this process (links.acks_due) before they are
-# applied: see Batcher._finish.
+# How long a batch's readings wait, at most, for the acks due to this process (links.acks_due), from when its hosts
+# stage was done or the last pass here that pushed ended, whichever is later: see Batcher._finish.
 READINGS_WAIT_SECONDS = 0.3
 
 
@@ -134,11 +134,11 @@ class Batcher:
                       staged: intake.Staged, since: float) -> None:
         if before is not None:
             await before  # each link's messages keep their order
-        # Acks first: while pushes sent from here wait for their acks (a wave of them, a pass having changed many
-        # hosts), the readings (replicas' states and GPU readings, which nothing waits for within a second) hold
-        # back, up to READINGS_WAIT_SECONDS from when their batch's hosts stage was done. Applying them is most of
-        # intake's work, on a thread that shares the one interpreter lock with the event loop that sends the
-        # pushes and reads the acks.
+        # A pass and its acks first: while a scheduler pass runs here, and then while the pushes sent from here wait
+        # for their acks (a wave of them, a pass having changed many hosts), the readings (replicas' states and GPU
+        # readings, which nothing waits for within a second) hold back (links.after_acks: for the acks, up to
+        # READINGS_WAIT_SECONDS). Applying them is most of intake's work, on a thread that shares the one
+        # interpreter lock with the event loop that sends the pushes and reads the acks.
         await links.after_acks(since, READINGS_WAIT_SECONDS)
         try:
             outcomes = await own_thread(intake.apply_readings, _READINGS_THREAD)([item for item, _ in batch], staged)

@@ -35,14 +35,21 @@ log = logging.getLogger("modelgrid.realtime")
 
 @dataclass
 class _Passes:
-    running: int = 0
-    ended: float = float("-inf")  # time.monotonic() when the last one ended
+    begun: int = 0  # scheduler passes begun on this loop (planning)
+    ended: int = 0  # and ended
+    since: float = float("-inf")  # time.monotonic() when the last one began
+    sent: float = float("-inf")  # when a link here last sent a push
+    pushed: float = float("-inf")  # when the last pass that sent pushes ended
 
 
 _passes: dict[asyncio.AbstractEventLoop, _Passes] = {}  # per loop: the scheduler passes under way there
 # A push this long without its ack no longer counts as due (its agent hung, or the ack was lost): the resend of
 # pushes not acknowledged repairs it, and nothing here should wait on it meanwhile.
 ACK_EXPECTED_SECONDS = 2.0
+# A pass is waited for (after_acks) at most this long after it began: one whose pushes cannot be handed over (an
+# agent that stopped reading, the channel layer down) must not hold intake's readings back with it. At 1,000 hosts
+# a pass takes 1.5-4 s here.
+PASS_WAIT_SECONDS = 10.0
 
 
 def _links() -> dict[int, Link]:
@@ -68,9 +75,10 @@ def _due() -> dict[int, tuple[int, float]]:
 
 def sent(host_id: int, generation: int) -> None:
     """The host's link here sent its agent `generation`: an ack is due."""
-    due = _due()
+    due, now = _due(), time.monotonic()
     due.pop(host_id, None)  # to the end: the entries stay in the order sent
-    due[host_id] = generation, time.monotonic()
+    due[host_id] = generation, now
+    for_this_loop(_passes, _Passes).sent = now
 
 
 def acknowledged(host_id: int, generation: int) -> None:
@@ -99,32 +107,39 @@ def _any_due() -> bool:
 @contextlib.contextmanager
 def planning() -> Iterator[None]:
     """A scheduler pass is under way on this event loop, from before it plans until its pushes are handed over:
-    what after_acks holds back waits for it. The pass's commit sends a wave at once (a push to each of a thousand
-    hosts in a rollout). Intake's readings that began during a pass took the interpreter from it, and those that
-    reached the replica rows it had locked to write waited there and then ran on into that wave the moment it
-    committed: up to 0.6 s of a thread sharing the interpreter lock with the event loop that sends the pushes and
-    reads the acks (a throwaway trace, docs/benchmarks.md)."""
+    after_acks waits for it. The pass's commit sends a wave at once (a push to each of a thousand hosts in a
+    rollout). Intake's readings that began during a pass took the interpreter from it, and those that reached the
+    replica rows it had locked to write waited there and then ran on into that wave the moment it committed: up to
+    0.6 s of a thread sharing the interpreter lock with the event loop that sends the pushes and reads the acks (a
+    throwaway trace, docs/benchmarks.md)."""
     passes = for_this_loop(_passes, _Passes)
-    passes.running += 1
+    passes.begun += 1
+    passes.since = began = time.monotonic()
     try:
         yield
     finally:
-        passes.running -= 1
-        passes.ended = time.monotonic()
+        passes.ended += 1
+        if passes.sent >= began:  # it pushed: the acks' bound counts from here (after_acks)
+            passes.pushed = time.monotonic()
 
 
 def planning_now() -> bool:
-    return for_this_loop(_passes, _Passes).running > 0
+    """Whether a scheduler pass is under way on this event loop (planning)."""
+    passes = for_this_loop(_passes, _Passes)
+    return passes.ended < passes.begun
 
 
 async def after_acks(since: float, limit: float) -> None:
-    """Until no scheduler pass is under way here (planning) and no acks are due here (acks_due), or, for the acks,
-    `limit` seconds after `since` (time.monotonic()) or after the last pass here ended, whichever is later: how work
-    that can wait (intake's readings, the leader's chores) lets a wave of pushes be sent and answered first, on the
-    one interpreter the event loop shares with it. A pass is waited for however long it runs (it ends by itself,
-    and its wave follows at once), so in a 1,000-host rollout, passes seconds long, readings wait seconds longer."""
+    """Until the scheduler passes under way here when called have ended (planning; each waited for at most
+    PASS_WAIT_SECONDS after it began) and no acks are due here (acks_due), or, for the acks, `limit` seconds after
+    `since` (time.monotonic()) or after the last pass here that pushed ended, whichever is later: how work that can
+    wait (intake's readings, the leader's chores) lets a pass and its wave of pushes be sent and answered first, on
+    the one interpreter the event loop shares with it. A pass begun after the call is not waited for. In a
+    1,000-host rollout, passes seconds long, readings are applied seconds later for it."""
     passes = for_this_loop(_passes, _Passes)
-    while passes.running or (_any_due() and time.monotonic() - max(since, passes.ended) < limit):
+    under_way = passes.begun
+    while ((passes.ended < under_way and time.monotonic() - passes.since < PASS_WAIT_SECONDS)
+           or (_any_due() and time.monotonic() - max(since, passes.pushed) < limit)):
         await asyncio.sleep(0.01)
 
 

@@ -298,3 +298,20 @@ async def test_a_pass_counts_as_under_way_until_its_pushes_are_handed_over(monke
     monkeypatch.setattr(module, "push_desired", push)
     await module.run_pass()
     assert seen == [("pass", True), ("push", True)] and not links.planning_now()
+
+
+async def test_a_pass_that_fails_is_no_longer_under_way(monkeypatch):
+    from console.deployments import loop as module
+    from console.deployments.leader import NotLeader
+    from console.realtime import links
+
+    def deposed(fence, scope):
+        raise NotLeader("another console leads now")
+
+    async def on_this_loop_fn(*args):
+        return deposed(*args)
+
+    monkeypatch.setattr(module, "database_sync_to_async", lambda fn: on_this_loop_fn)
+    with pytest.raises(NotLeader):
+        await module.run_pass()
+    assert not links.planning_now()

@@ -1,9 +1,11 @@
-"""Acks before readings: while pushes this process sent wait for their acks, a batch's readings (replicas' states,
-GPU readings) hold back, for a bounded while, so that the event loop sending the pushes and reading the acks does
-not share the interpreter with intake's largest stage meanwhile (console/realtime/batcher.py)."""
+"""Acks before readings: while a scheduler pass runs in this process, and then while the pushes it sent wait for their
+acks, a batch's readings (replicas' states, GPU readings) hold back, for a bounded while, so that the event loop
+sending the pushes and reading the acks does not share the interpreter with intake's largest stage meanwhile
+(console/realtime/batcher.py)."""
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -129,32 +131,45 @@ async def test_a_link_counts_its_push_due_until_its_agent_acks_it(monkeypatch):
     assert links.acks_due() == 0
 
 
-async def test_readings_wait_while_a_pass_is_under_way_however_long(stages, monkeypatch):
+async def test_readings_wait_while_a_pass_is_under_way_past_their_own_bound(stages, monkeypatch):
     """A pass's commit sends its wave: readings started meanwhile (and blocked on the replica rows it holds) ran
-    into that wave the moment it committed. They wait for the pass, however long past their bound it runs."""
+    into that wave the moment it committed. They wait for the pass, past their own bound for the acks."""
     monkeypatch.setattr(module, "READINGS_WAIT_SECONDS", 0.1)
     with links.planning():
         report = Batcher(tick=0.01, quiet_tick=0.01).enqueue(intake.Item(1, "a", HostReport(gpus=[])))
-        await asyncio.sleep(0.4)
+        async with asyncio.timeout(5):
+            while not stages:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
         assert stages == [("hosts", ["report"])] and not report.done()
     async with asyncio.timeout(5):
         await report
     assert stages == [("hosts", ["report"]), ("readings", ["report"])]
 
 
+async def test_a_pass_is_waited_for_no_longer_than_its_bound(stages, monkeypatch):
+    """A pass whose pushes cannot be handed over (an agent that stopped reading) must not hold the readings with it."""
+    monkeypatch.setattr(links, "PASS_WAIT_SECONDS", 0.2)
+    with links.planning():
+        report = Batcher(tick=0.01, quiet_tick=0.01).enqueue(intake.Item(1, "a", HostReport(gpus=[])))
+        async with asyncio.timeout(5):
+            await report
+        assert stages == [("hosts", ["report"]), ("readings", ["report"])]
+
+
 async def test_after_a_pass_the_readings_bound_counts_from_its_end(stages, monkeypatch):
     """The acks the pass's pushes made due are waited for as long as after any push: the bound counts from when the
     pass ended, not from when the batch's hosts stage was done (seconds before, through a long pass)."""
-    monkeypatch.setattr(module, "READINGS_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(module, "READINGS_WAIT_SECONDS", 1.0)
     monkeypatch.setattr(links, "ACK_EXPECTED_SECONDS", 60)
     link = _Link()
     links.hold(7, link)
     try:
         with links.planning():
             report = Batcher(tick=0.01, quiet_tick=0.01).enqueue(intake.Item(1, "a", HostReport(gpus=[])))
-            await asyncio.sleep(0.5)  # longer than the bound
+            await asyncio.sleep(1.2)  # longer than the bound
             links.sent(7, 2)  # the pass's push
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)
         assert not report.done()
         async with asyncio.timeout(5):
             await report  # the bound, from the pass's end: the ack never came
@@ -163,11 +178,46 @@ async def test_after_a_pass_the_readings_bound_counts_from_its_end(stages, monke
         links.release(7, link)
 
 
-async def test_passes_under_way_are_counted_per_event_loop_and_end_on_error():
+async def test_a_pass_that_pushed_nothing_leaves_the_acks_bound_where_it_was(monkeypatch):
+    monkeypatch.setattr(links, "ACK_EXPECTED_SECONDS", 60)
+    link = _Link()
+    links.hold(7, link)
+    try:
+        with links.planning():
+            links.sent(7, 2)
+        with links.planning():
+            pass  # a tick: nothing pushed
+        since = time.monotonic() - 10  # long past the bound below
+        waiting = asyncio.create_task(links.after_acks(since, 0.5))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()  # 0.5 s from the end of the pass that pushed
+        async with asyncio.timeout(5):
+            await waiting
+        with links.planning():
+            pass
+        async with asyncio.timeout(0.2):  # the bound has passed, from the last pass that pushed
+            await links.after_acks(since, 0.5)
+    finally:
+        links.release(7, link)
+
+
+async def test_only_the_passes_under_way_when_the_wait_began_are_waited_for():
+    with links.planning():
+        waiting = asyncio.create_task(links.after_acks(time.monotonic(), 0.0))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+    with links.planning():  # the next pass, back to back: not waited for
+        async with asyncio.timeout(2):
+            await waiting
+
+
+async def test_a_pass_ends_on_error_and_counts_on_its_own_event_loop_only():
+    async def elsewhere() -> bool:
+        return links.planning_now()
+
     assert not links.planning_now()
     with pytest.raises(RuntimeError), links.planning():
-        with links.planning():
-            assert links.planning_now()
-        assert links.planning_now()  # the outer one still runs
+        assert links.planning_now()
+        assert not await asyncio.to_thread(asyncio.run, elsewhere())
         raise RuntimeError("the pass failed")
     assert not links.planning_now()
