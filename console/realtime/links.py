@@ -42,7 +42,7 @@ class _Passes:
     pushed: float = float("-inf")  # when the last pass that sent pushes ended
 
 
-_passes: dict[asyncio.AbstractEventLoop, _Passes] = {}  # per loop: the scheduler passes under way there
+_passes: dict[asyncio.AbstractEventLoop, _Passes] = {}  # per loop: its scheduler passes, and when it last pushed
 # A push this long without its ack no longer counts as due (its agent hung, or the ack was lost): the resend of
 # pushes not acknowledged repairs it, and nothing here should wait on it meanwhile.
 ACK_EXPECTED_SECONDS = 2.0
@@ -89,7 +89,8 @@ def acknowledged(host_id: int, generation: int) -> None:
 
 
 def acks_due() -> int:
-    """How many pushes sent from here in the last ACK_EXPECTED_SECONDS are still waiting for their ack."""
+    """How many pushes sent from here in the last ACK_EXPECTED_SECONDS are still waiting for their ack (for tests
+    and diagnostics: the waits ask _any_due, which reads only the newest)."""
     since, count = time.monotonic() - ACK_EXPECTED_SECONDS, 0
     for _, at in reversed(_due().values()):
         if at < since:
@@ -124,7 +125,8 @@ def planning() -> Iterator[None]:
 
 
 def planning_now() -> bool:
-    """Whether a scheduler pass is under way on this event loop (planning)."""
+    """Whether a scheduler pass is under way on this event loop (planning), for tests and diagnostics: after_acks
+    reads the counts itself, to wait only for the passes under way when it was called."""
     passes = for_this_loop(_passes, _Passes)
     return passes.ended < passes.begun
 
