@@ -287,10 +287,19 @@ class ContinuousBatcher:
     def _advance(self, batch: _Batch, logits: torch.Tensor, out: StepOutput) -> None:
         """Each row's next token: streamed, or the end of its sequence."""
         sequences = batch.sequences
-        tokens, logprobs = choose(logits, [s.request for s in sequences], [s.generator for s in sequences])
+        try:
+            tokens, logprobs, broken = choose(logits, [s.request for s in sequences], [s.generator for s in sequences])
+        except Exception as e:  # noqa: BLE001 (the batch's sequences fail; the worker and its other batches go on)
+            kind, text = _failure(e)
+            out.failed.extend(Failure(s.request_id, text, kind) for s in sequences)
+            self._keep(batch, [])
+            return
         keep = []
         for row, (sequence, token, logprob) in enumerate(zip(sequences, tokens, logprobs, strict=True)):
             request = sequence.request
+            if row in broken:
+                out.failed.append(Failure(sequence.request_id, broken[row], "error"))
+                continue
             if token in self.eos or token in request.stop_token_ids:
                 out.finished.append((sequence.request_id, self._result(sequence, "stop")))
                 continue

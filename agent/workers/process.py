@@ -252,19 +252,30 @@ def _submit(model: Any, batcher: Any, channel: WorkerChannel, request_id: int, r
 
 def _step(model: Any, batcher: Any, channel: WorkerChannel) -> bool:
     """One batcher step, each of its phases' tokens streamed in one message as soon as the phase is done (a
-    newcomer's first token does not wait for the running batch's forward); False when the agent is gone."""
-    for out in batcher.phases():
-        sent = channel.send(Tokens(out.tokens, batcher.stats()))
-        for request_id, result in out.finished:
-            sent = sent and channel.send(Reply(request_id, result))
-        for failure in out.failed:
-            sent = sent and channel.send(Refusal(failure.request_id, failure.text, failure.kind))
-        if any(f.kind == "oom" for f in out.failed):
-            log.warning("out of memory while generating: %s", out.failed[0].text)
-            model.recover_from_oom()
-        if not sent:
-            return False
+    newcomer's first token does not wait for the running batch's forward); False when the agent is gone.
+    A step that raises outside any one sequence's forward fails every generation under way, not the worker."""
+    try:
+        for out in batcher.phases():
+            if not _send_step(model, batcher, channel, out):
+                return False
+    except Exception as e:  # noqa: BLE001 (its sequences are told; the model serves the next ones)
+        log.exception("a generation step failed")
+        failed = batcher.abort(f"the generation step failed: {describe_error(e)}", "error")
+        return all(channel.send(Refusal(f.request_id, f.text, f.kind)) for f in failed)
     return True
+
+
+def _send_step(model: Any, batcher: Any, channel: WorkerChannel, out: Any) -> bool:
+    """One phase's tokens, finished and failed sequences to the agent; False when it is gone."""
+    sent = channel.send(Tokens(out.tokens, batcher.stats()))
+    for request_id, result in out.finished:
+        sent = sent and channel.send(Reply(request_id, result))
+    for failure in out.failed:
+        sent = sent and channel.send(Refusal(failure.request_id, failure.text, failure.kind))
+    if any(f.kind == "oom" for f in out.failed):
+        log.warning("out of memory while generating: %s", out.failed[0].text)
+        model.recover_from_oom()
+    return sent
 
 
 def _run(

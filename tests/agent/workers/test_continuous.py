@@ -111,6 +111,51 @@ def test_top_k_of_one_is_greedy(model):
     assert list(result.token_ids) == reference(model, PROMPTS[0], 8)
 
 
+def test_extreme_but_valid_sampling_settings_sample_and_share_the_batch(model):
+    # temperature 1e-40 overflowed the scaled logits to inf, and top_p 1e-300 (0 in float32) cut every token:
+    # either raised in torch.multinomial and took the whole worker down.
+    engine = batcher(model)
+    requests = [GenerationRequest(PROMPTS[0], 6, temperature=1e-40, seed=1),
+                GenerationRequest(PROMPTS[1], 6, temperature=1.0, top_p=1e-300, seed=2),
+                GenerationRequest(PROMPTS[2], 6, temperature=0)]
+    streamed, finished, failed = run(engine, requests)
+    assert failed == {}
+    assert list(finished[0].token_ids) == reference(model, PROMPTS[0], 6)  # as cold as it gets: greedy
+    assert list(finished[1].token_ids) == reference(model, PROMPTS[1], 6)  # only the top token is left
+    assert list(finished[2].token_ids) == reference(model, PROMPTS[2], 6)
+
+
+def test_a_sequence_whose_logits_are_not_finite_fails_alone(model):
+    # A broken model (an absurd rope_theta in bf16, bad weights) makes NaN logits: that sequence fails with a
+    # reason; the others in its batch carry on with their solo tokens.
+    from agent.workers.sampling import choose
+
+    logits = torch.zeros(3, 8)
+    logits[0, 3] = 5.0
+    logits[1, 2] = float("nan")
+    logits[2, :] = float("-inf")
+    requests = [GenerationRequest((1,), 2, temperature=0.7, seed=1)] * 3
+    tokens, _, failures = choose(logits, requests, [torch.Generator().manual_seed(1) for _ in requests])
+    assert tokens[0] == 3 and set(failures) == {1, 2}
+    assert "not finite" in failures[1]
+
+
+def test_a_sampling_step_that_raises_fails_its_sequences_and_the_batcher_goes_on(model, monkeypatch):
+    from agent.workers import continuous
+
+    engine = batcher(model)
+    engine.submit(0, GenerationRequest(PROMPTS[0], 4, temperature=0))
+
+    def broken(*args):
+        raise RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED")
+
+    monkeypatch.setattr(continuous, "choose", broken)
+    _, finished, failed = run(engine, [])
+    assert failed[0].kind == "error" and "CUBLAS" in failed[0].text and not finished and not engine.busy
+    monkeypatch.undo()
+    assert run(engine, [GenerationRequest(PROMPTS[1], 3, temperature=0)])[1][0].finish_reason == "length"
+
+
 def test_logprobs_are_the_models_own_and_list_the_top_alternatives(model):
     result = run(batcher(model), [GenerationRequest(PROMPTS[0], 3, temperature=0, logprobs=5)])[1][0]
     with torch.inference_mode():

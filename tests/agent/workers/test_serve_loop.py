@@ -147,3 +147,26 @@ def test_an_answer_too_big_to_send_under_the_cap_is_an_oom_error_and_the_worker_
     serve(model, channel, ValueError)
     assert channel.events == [("recovered",), ("sent", Refusal, 1), ("after", "infer"),
                               ("sent", Reply, 2), ("after", "infer")]
+
+
+class BrokenBatcher(Batcher):
+    """Its first step raises outside any one sequence's forward (a bug, a driver error)."""
+
+    def __init__(self, events, length=2):
+        super().__init__(events, length)
+        self.broken = True
+
+    def phases(self):
+        if self.broken:
+            self.broken = False
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        yield self.step()
+
+
+def test_a_step_that_raises_fails_the_running_generations_and_the_worker_serves_on():
+    channel = Channel([[Generate(1, REQUEST), Generate(2, REQUEST)], [Generate(3, REQUEST)], [], [], [Stop()]])
+    model = Model(channel.events)
+    model.batcher = BrokenBatcher(channel.events, length=2)
+    serve(model, channel, ValueError)
+    assert channel.events[:2] == [("sent", Refusal, 1), ("sent", Refusal, 2)]
+    assert ("sent", Reply, 3) in channel.events
