@@ -26,10 +26,40 @@ async def test_it_pings_while_answers_come_and_names_the_silence_once_they_stop(
         beat.pong()
         beat.beat()
     assert pings == list(range(1, 16)) and verdicts == []
-    clock.now += 10.5  # silence past the timeout
-    beat.beat()
-    assert verdicts == ["no heartbeat for 10 s"] and len(pings) == 15
+    while not verdicts:  # silence past the timeout, each tick on time
+        clock.now += 1.05
+        beat.beat()
+    assert verdicts == ["no heartbeat for 10 s"] and len(pings) == 15 + 8  # the 10th tick past the last pong judges
     beat.stop()
+
+
+async def test_an_agent_that_was_paused_does_not_blame_its_worker_for_its_own_silence():
+    clock = Clock()
+    beat, pings, verdicts = heartbeat(clock)
+    beat.start()
+    clock.now += 40  # SIGSTOP, or a loop blocked 40 s: no ping went out, so no pong could come back
+    beat.beat()
+    assert verdicts == [] and pings == [1]
+    beat.pong()
+    for _ in range(20):
+        clock.now += 1
+        beat.pong()
+        beat.beat()
+    assert verdicts == []
+
+
+async def test_a_worker_still_silent_after_the_agent_woke_is_judged_on_the_agents_waking_time():
+    clock = Clock()
+    beat, pings, verdicts = heartbeat(clock)
+    beat.start()
+    clock.now += 40
+    beat.beat()
+    ticks = 0
+    while not verdicts:
+        clock.now += 1
+        beat.beat()
+        ticks += 1
+    assert verdicts == ["no heartbeat for 10 s"] and 8 <= ticks <= 10
 
 
 async def test_silence_outside_the_watched_states_is_not_judged():
