@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING
 
 import agent
+from agent.serving.textpool import DEFAULT_TEXT_TIMEOUT, DEFAULT_TEXT_WORKERS
 from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT
 from agent.workers.rendezvous import DEFAULT_ORPHAN_TIMEOUT
 
@@ -74,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="how long a generation may run when the request names no timeout of its own (default "
                      f"{DEFAULT_GENERATION_TIMEOUT:g})")
 
+    run.add_argument("--text-timeout", default=DEFAULT_TEXT_TIMEOUT, type=_positive, metavar="SECONDS",
+                     help="how long tokenizing one request's prompt or rendering its chat template may take before "
+                     "the request fails with a 400 and the process doing it is replaced "
+                     f"(default {DEFAULT_TEXT_TIMEOUT:g})")
+    run.add_argument("--text-workers", default=DEFAULT_TEXT_WORKERS, type=_at_least_one, metavar="N",
+                     help="processes that tokenize prompts and render chat templates, off the agent's event loop "
+                     f"(default {DEFAULT_TEXT_WORKERS})")
     run.add_argument("--state-dir", default=None, metavar="DIR",
                      help="where replica workers wait for the next agent when this one stops or crashes: their "
                      "sockets and this agent's key (default: $MODELGRID_DATA_DIR/agents/NAME when that is set, else "
@@ -167,6 +175,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         cap_cpu_workers=args.cap_cpu_workers,
         cpu_threads=args.cpu_threads,
         generation_timeout=args.generation_timeout,
+        text_timeout=args.text_timeout,
+        text_workers=args.text_workers,
         state_dir=args.state_dir or default_state_dir(args.name),
         stop_workers_on_exit=args.stop_workers_on_exit,
         orphan_timeout=args.orphan_timeout,

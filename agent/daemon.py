@@ -50,6 +50,7 @@ from agent.replicas import Replicas, ReplicaSettings
 from agent.restarts import RestartBackoff
 from agent.serving import make_app, start_server
 from agent.serving.auth import GatewayAuth
+from agent.serving.textpool import DEFAULT_TEXT_TIMEOUT, DEFAULT_TEXT_WORKERS, TextPool
 from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from agent.workers.rendezvous import DEFAULT_ORPHAN_TIMEOUT
@@ -82,6 +83,8 @@ class AgentConfig:
     cap_cpu_workers: bool = True  # hold CPU workers to their reservation (address-space cap)
     cpu_threads: int | None = None  # torch threads per CPU worker; None: the host's cores shared among them
     generation_timeout: float = DEFAULT_GENERATION_TIMEOUT  # seconds a generation may run unless it says otherwise
+    text_timeout: float = DEFAULT_TEXT_TIMEOUT  # seconds one request's tokenizing or chat templating may take
+    text_workers: int = DEFAULT_TEXT_WORKERS  # processes that tokenize and render chat templates
     state_dir: str | None = None  # replica workers outlive the agent there; None: they die with it (as before)
     stop_workers_on_exit: bool = False  # with a state_dir: stop the workers on stop instead of leaving them
     orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT  # seconds a worker left without an agent waits before it exits
@@ -150,7 +153,8 @@ class Agent:
             await self._start_mps()
             try:
                 app = make_app(self, metrics=self.metrics, auth=self.gateway,
-                               generation_timeout=self.config.generation_timeout)
+                               generation_timeout=self.config.generation_timeout,
+                               text=TextPool(self.config.text_workers, self.config.text_timeout))
                 runner, port = await start_server(app, self.config.listen_host, self.config.listen_port)
             except BaseException:
                 await self._stop_mps()

@@ -42,6 +42,7 @@ from agent.serving.tensors import (
     output_values,
     parse_infer_request,
 )
+from agent.serving.textpool import TextPool
 from agent.serving.tokenization import Tokenizers
 from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT
 from agent.workers.spec import SIGNATURES
@@ -65,13 +66,15 @@ def make_app(
     metrics: Metrics | None = None,
     auth: GatewayAuth | None = None,
     generation_timeout: float | None = None,
+    text: TextPool | None = None,
 ) -> web.Application:
     """The inference application over `source.handles()` (a Supervisor): v2, /v1 and /metrics.
     `generation_timeout`: seconds a generation may run when the request names none (default 300).
 
     Every route but GET /v2/health/live needs the secret held by `auth` (the Agent sets it from each
     desired state); without one (the default: a GatewayAuth with no secret) they are all refused.
-    `metrics` defaults to a private registry, so /metrics answers even when the daemon passes none.
+    `metrics` defaults to a private registry, so /metrics answers even when the daemon passes none. `text`
+    tokenizes prompts and renders chat templates off the loop (a pool of its own by default).
     """
     auth = auth if auth is not None else GatewayAuth()
     app = web.Application(
@@ -92,7 +95,7 @@ def make_app(
     app.router.add_post("/v2/models/{name}/infer", infer)
     app.router.add_get("/metrics", prometheus_metrics)
     # OpenAI-style /v1/models, /v1/embeddings and /v1/completions, with their own error shape.
-    add_openai_routes(app, generation_timeout or DEFAULT_GENERATION_TIMEOUT)
+    add_openai_routes(app, generation_timeout or DEFAULT_GENERATION_TIMEOUT, text)
     return app
 
 

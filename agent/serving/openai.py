@@ -24,9 +24,10 @@ from aiohttp import web
 
 from agent.serving.batching import pad_rows
 from agent.serving.body import read_json
-from agent.serving.chat import ChatError, ChatTemplates
+from agent.serving.chat import ChatError, parse_messages
 from agent.serving.dispatch import DISPATCHER, BadInput, Dispatcher, Route, ServingError
 from agent.serving.generate import Choice, Delta, LogprobEntry, run_all, stream_sse, usage_of
+from agent.serving.textpool import TextPool
 from agent.serving.tokenization import NoTokenizer, TextCodec, Tokenizers
 from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT, MAX_TOP_LOGPROBS, GenerationRequest
 
@@ -49,7 +50,7 @@ MAX_CHOICES = 16  # n per request
 MAX_GENERATION_TIMEOUT = 3600.0
 TIMEOUT_HEADER = "X-ModelGrid-Timeout"
 GENERATION_TIMEOUT = web.AppKey("generation_timeout", float)
-CHAT_TEMPLATES = web.AppKey("chat_templates", ChatTemplates)
+TEXT = web.AppKey("text", TextPool)  # tokenizing and chat templating, off the event loop
 
 # Options the API knows but this server does not implement: refused unless left at their default.
 UNSUPPORTED = {
@@ -63,12 +64,15 @@ UNSUPPORTED = {
 }
 
 
-def add_openai_routes(app: web.Application, generation_timeout: float = DEFAULT_GENERATION_TIMEOUT) -> None:
-    """Mount /v1 on `app`, which must hold a Dispatcher under DISPATCHER."""
+def add_openai_routes(app: web.Application, generation_timeout: float = DEFAULT_GENERATION_TIMEOUT,
+                      text: TextPool | None = None) -> None:
+    """Mount /v1 on `app`, which must hold a Dispatcher under DISPATCHER; `text` tokenizes and renders chat
+    templates (a pool of its own by default, closed with the app)."""
     v1 = web.Application(middlewares=[_openai_errors])
     v1[GENERATION_TIMEOUT] = generation_timeout
     v1[TOKENIZERS] = Tokenizers()
-    v1[CHAT_TEMPLATES] = ChatTemplates()
+    v1[TEXT] = text if text is not None else TextPool()
+    v1.on_cleanup.append(_close_text)
     v1.router.add_get("/models", list_models)
     v1.router.add_get("/models/{model}", get_model)
     v1.router.add_post("/embeddings", embeddings)
@@ -104,8 +108,11 @@ async def embeddings(request: web.Request) -> web.Response:
     with dispatcher.observe(route) as seen:
         inputs = _embedding_inputs(body.get("input"))
         texts = [i for i in inputs if isinstance(i, str)]
-        encoded = iter(_codec(request, route, truncate=True).encode(texts) if texts else [])
-        limit = request.config_dict[TOKENIZERS].max_positions(route.replicas[0].spec.model_path)
+        codec = await _codec(request, route, truncate=True)
+        if texts and codec.max_chars:  # past what the positions hold, a text is cut before it is tokenized
+            texts = [t[: codec.max_chars] for t in texts]
+        encoded = iter(await _encode(request, route, texts, truncate=True, param="input") if texts else [])
+        limit = codec.max_positions
         sequences = [next(encoded) if isinstance(i, str) else i[:limit] if limit else i for i in inputs]
         if not all(sequences):
             raise BadInput("an input must hold at least one token", param="input")
@@ -131,8 +138,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     route = _route(dispatcher, body, "causal-lm", "/v1/completions needs a causal language model")
     with dispatcher.observe(route):
         _refuse_unsupported(body)
-        codec = _codec(request, route, truncate=False)
-        prompts = _prompts(body.get("prompt"), codec)
+        codec = await _codec(request, route, truncate=False)
+        prompts = await _prompts(request, route, body.get("prompt"), codec)
         logprobs = _integer(body, "logprobs", None, minimum=0, maximum=MAX_TOP_LOGPROBS)
         params = _params(request, body, route, codec, prompts, logprobs, default_max_tokens=16)
         created, ident = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
@@ -160,12 +167,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     route = _route(dispatcher, body, "causal-lm", "/v1/chat/completions needs a causal language model")
     with dispatcher.observe(route):
         _refuse_unsupported(body)
-        codec = _codec(request, route, truncate=False)
+        codec = await _codec(request, route, truncate=False)
         try:
-            text = request.config_dict[CHAT_TEMPLATES].render(route.replicas[0].spec.model_path, body.get("messages"))
+            messages = parse_messages(body.get("messages"))
         except ChatError as e:
             raise BadInput(f"model {route.name!r}: {e}", param=e.param) from None
-        prompt = codec.encode_plain(text)  # the template wrote the special tokens itself
+        _check_length(route, codec, sum(len(m["content"]) for m in messages), "messages")
+        prompt = await request.config_dict[TEXT].chat(route.name, route.replicas[0].spec.model_path, messages)
         if not prompt:
             raise BadInput("the chat template rendered an empty prompt", param="messages")
         wants = body.get("logprobs")
@@ -321,11 +329,31 @@ def _route(dispatcher: Dispatcher, body: dict[str, Any], task: str, hint: str) -
     return route
 
 
-def _codec(request: web.Request, route: Route, *, truncate: bool) -> TextCodec:
+async def _codec(request: web.Request, route: Route, *, truncate: bool) -> TextCodec:
+    """The model's tokenizer in the daemon (for decoding and lengths), read off the loop the first time."""
+    tokenizers, path = request.config_dict[TOKENIZERS], route.replicas[0].spec.model_path
     try:
-        return request.config_dict[TOKENIZERS].get(route.replicas[0].spec.model_path, truncate=truncate)
+        return tokenizers.cached(path, truncate) or await asyncio.to_thread(tokenizers.get, path, truncate=truncate)
     except NoTokenizer as e:
         raise BadInput(f"model {route.name!r} has no tokenizer: {e}") from None
+
+
+async def _encode(request: web.Request, route: Route, texts: list[str], *, truncate: bool, param: str
+                  ) -> list[list[int]]:
+    return await request.config_dict[TEXT].encode(route.name, route.replicas[0].spec.model_path, texts,
+                                                  truncate=truncate, param=param)
+
+
+def _check_length(route: Route, codec: TextCodec, chars: int, param: str) -> None:
+    """Refuse, from its length alone and before any tokenizing, a text the model's positions cannot hold."""
+    if codec.max_chars and chars > codec.max_chars:
+        raise BadInput(f"'{param}' holds {chars} characters; model {route.name!r} takes at most "
+                       f"{codec.max_positions} tokens, which cannot hold more than {codec.max_chars} characters",
+                       param=param)
+
+
+async def _close_text(app: web.Application) -> None:
+    await app[TEXT].close()
 
 
 def _embedding_inputs(raw: Any) -> list[str | list[int]]:
@@ -345,7 +373,7 @@ def _embedding_inputs(raw: Any) -> list[str | list[int]]:
     )
 
 
-def _prompts(raw: Any, codec: TextCodec) -> list[list[int]]:
+async def _prompts(request: web.Request, route: Route, raw: Any, codec: TextCodec) -> list[list[int]]:
     """Token ids of each prompt: a string, a list of strings, a token id list, or a list of those."""
     if isinstance(raw, str):
         raw = [raw]
@@ -357,7 +385,9 @@ def _prompts(raw: Any, codec: TextCodec) -> list[list[int]]:
             param="prompt",
         )
     texts = [p for p in raw if isinstance(p, str)]
-    encoded = iter(codec.encode(texts) if texts else [])
+    for text in texts:
+        _check_length(route, codec, len(text), "prompt")
+    encoded = iter(await _encode(request, route, texts, truncate=False, param="prompt") if texts else [])
     prompts = [next(encoded) if isinstance(p, str) else p for p in raw]
     if any(not p for p in prompts):
         raise BadInput("a prompt must hold at least one token", param="prompt")

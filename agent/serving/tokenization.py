@@ -15,12 +15,22 @@ class NoTokenizer(ValueError):
     """The model directory has no usable tokenizer.json; the client can still send token ids."""
 
 
+# A text longer than its model's positions could hold at this many times its longest token's length is refused
+# (or, for a truncating model, cut) before it is tokenized: normalizers may shorten a text (BERT's drops control
+# characters), so the bound keeps a margin.
+TEXT_SLACK = 2
+
+
 class TextCodec:
     """One model's tokenizer, and the longest sequence its positions allow (None: no known limit)."""
 
     def __init__(self, tokenizer: Tokenizer, max_positions: int | None, truncate: bool) -> None:
         self.max_positions = max_positions
         self._tokenizer = tokenizer
+        # A token stands for at most this many characters (byte-level vocabularies spell a byte as a character).
+        longest = max(map(len, tokenizer.get_vocab(with_added_tokens=True)), default=1)
+        # The most characters a prompt this model can take may hold (None: no known limit).
+        self.max_chars = TEXT_SLACK * max_positions * max(longest, 1) if max_positions else None
         # tokenizer.json may carry its own padding and truncation (all-MiniLM-L6-v2 pads every text to
         # 128 ids): padding is the batcher's business, the length limit the model's positions.
         tokenizer.no_padding()
@@ -52,6 +62,10 @@ class Tokenizers:
     def __init__(self) -> None:
         self._codecs: dict[tuple[str, bool], TextCodec] = {}
         self._positions: dict[str, int | None] = {}
+
+    def cached(self, model_path: str, truncate: bool) -> TextCodec | None:
+        """The codec of `model_path` when it has been read already."""
+        return self._codecs.get((model_path, truncate))
 
     def get(self, model_path: str, *, truncate: bool) -> TextCodec:
         """The codec of `model_path`; NoTokenizer naming the file when there is none."""
