@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING
 
 import agent
+from agent.replicas import DEFAULT_DRAIN_TIMEOUT
 from agent.serving.textpool import DEFAULT_TEXT_TIMEOUT, DEFAULT_TEXT_WORKERS
 from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT
 from agent.workers.rendezvous import DEFAULT_ORPHAN_TIMEOUT
@@ -82,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--text-workers", default=DEFAULT_TEXT_WORKERS, type=_at_least_one, metavar="N",
                      help="processes that tokenize prompts and render chat templates, off the agent's event loop "
                      f"(default {DEFAULT_TEXT_WORKERS})")
+    run.add_argument("--drain-timeout", default=DEFAULT_DRAIN_TIMEOUT, type=_positive, metavar="SECONDS",
+                     help="a replica that leaves this host (scaled down, moved, put to sleep) takes no new requests "
+                     "and gets this long to finish those it has before it goes (default "
+                     f"{DEFAULT_DRAIN_TIMEOUT:g})")
     run.add_argument("--state-dir", default=None, metavar="DIR",
                      help="where replica workers wait for the next agent when this one stops or crashes: their "
                      "sockets and this agent's key (default: $MODELGRID_DATA_DIR/agents/NAME when that is set, else "
@@ -180,6 +185,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         state_dir=args.state_dir or default_state_dir(args.name),
         stop_workers_on_exit=args.stop_workers_on_exit,
         orphan_timeout=args.orphan_timeout,
+        drain_timeout=args.drain_timeout,
     )
     return asyncio.run(_serve(Agent(config, backend)))
 

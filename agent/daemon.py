@@ -46,7 +46,7 @@ from agent.protocol import (
 )
 from agent.protocol.outbox import Outbox
 from agent.protocol.reports import Reporter
-from agent.replicas import Replicas, ReplicaSettings
+from agent.replicas import DEFAULT_DRAIN_TIMEOUT, Replicas, ReplicaSettings
 from agent.restarts import RestartBackoff
 from agent.serving import make_app, start_server
 from agent.serving.auth import GatewayAuth
@@ -88,6 +88,7 @@ class AgentConfig:
     state_dir: str | None = None  # replica workers outlive the agent there; None: they die with it (as before)
     stop_workers_on_exit: bool = False  # with a state_dir: stop the workers on stop instead of leaving them
     orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT  # seconds a worker left without an agent waits before it exits
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # a leaving replica finishes its requests within this, then goes
 
     def replica_settings(self) -> ReplicaSettings:
         """The fields of this config that are the replicas' (same names, same meaning)."""

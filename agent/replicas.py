@@ -47,6 +47,7 @@ CPU_CAP_SLACK = 256 * 1024 * 1024
 CPU_CAP_PER_THREAD = 16 * 1024 * 1024
 DEFAULT_ADAPTER_POOL_BYTES = 256 * 1024 * 1024  # device tier when the console names no budget
 ADOPTION_TIMEOUT = 10.0  # seconds an adopted worker gets to list its adapters before the agent goes on without
+DEFAULT_DRAIN_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class ReplicaSettings:
     cpu_threads: int | None = None  # torch threads per CPU worker; None: the host's cores shared (cpu_thread_share)
     state_dir: str | None = None  # where replica workers wait for the next agent; None: they die with this one
     orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT  # seconds a worker without an agent waits before it exits
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # a replica leaving finishes its requests within this, then goes
 
 
 def host_cores() -> int:
@@ -162,7 +164,7 @@ class Replicas:
             self._configure(handle)
         for replica_id in plan.ids("promote"):
             self._handle(replica_id).promote()
-        frees = [self.supervisor.stop(a.replica_id) for a in plan.actions if a.verb == "stop"]
+        frees = [self._retire(a.replica_id) for a in plan.actions if a.verb == "stop"]
         frees += [self._evict(a.replica_id, a.detail) for a in plan.actions if a.verb == "evict"]
         frees += [self._sleep(self._handle(i)) for i in plan.ids("sleep")]
         for replica_id in plan.ids("demote"):
@@ -296,8 +298,23 @@ class Replicas:
 
     # --- sleep, wake, evict ---------------------------------------------------------------------
 
+    async def _drain(self, handle: WorkerHandle) -> None:
+        """A replica that leaves (stopped, moved, restarted, put to sleep) takes no new requests and finishes
+        those it has first, within the drain timeout."""
+        if handle.state == "ready" and not await handle.drained(self.settings.drain_timeout):
+            log.warning("replica %d: requests still running after the %g s drain timeout end with it",
+                        handle.spec.replica_id, self.settings.drain_timeout)
+
+    async def _retire(self, replica_id: int) -> None:
+        handle = self.supervisor.get(replica_id)
+        if handle is not None:
+            await self._drain(handle)
+        await self.supervisor.stop(replica_id)
+
     async def _sleep(self, handle: WorkerHandle) -> None:
         """Put one replica to sleep within the host-RAM budget, evicting the least recently used."""
+        await self._drain(handle)
+        handle.draining = False  # asleep it serves nothing anyway; woken, it serves again
         rid = handle.spec.replica_id
         weights = sleep_bytes(handle)
         others = [Sleeper(h.spec.replica_id, h.host_bytes, h.last_used)

@@ -35,7 +35,12 @@ from agent.protocol.messages import (
     parse_console_message,
 )
 
+# On an agent's refusal that no replica of that model here acted on (none serves it now: sleeping, draining,
+# loading): the gateway may send the request to another replica instead.
+UNSERVED_HEADER = "X-ModelGrid-Unserved"
+
 __all__ = [
+    "UNSERVED_HEADER",
     "ENDED",
     "LIVE_STATES",
     "LOADED",

@@ -33,7 +33,7 @@ from agent.serving.dispatch import (
     describe,
     not_ready_text,
 )
-from agent.serving.openai import add_openai_routes, openai_error
+from agent.serving.openai import add_openai_routes, openai_error, unserved_mark
 from agent.serving.tensors import (
     ENCODE_CHUNK_VALUES,
     MAX_REQUEST_TOKENS,
@@ -220,7 +220,7 @@ async def _json_errors(
     try:
         return await handler(request)
     except ServingError as e:
-        return error(e.status, str(e))
+        return unserved_mark(error(e.status, str(e)), e)
     except web.HTTPException as e:
         if e.status < 400:
             raise

@@ -89,6 +89,13 @@ class Busy(ServingError):
 
 class NotReady(ServingError):
     status, code = 503, "model_not_ready"
+    unserved = False  # True: refused before any replica here acted on it (another replica may take it)
+
+
+class NoneServing(NotReady):
+    """No replica of the model here serves now (sleeping, preloaded, draining, loading): nothing was started."""
+
+    unserved = True
 
 
 class OutOfMemory(ServingError):
@@ -191,17 +198,18 @@ class Dispatcher:
         return [(d, None) for d in deployments] + [(a, d) for a, d in adapters if a not in deployments]
 
     def check(self, route: Route) -> None:
-        """NotReady, saying which replica is in which state and why, when no replica of the route is ready."""
-        if not any(h.state == "ready" for h in route.replicas):
-            raise NotReady(not_ready_text(route.name, route.replicas))
+        """NotReady, saying which replica is in which state and why, when no replica of the route serves."""
+        if not any(_serves(h) for h in route.replicas):
+            raise NoneServing(not_ready_text(route.name, route.replicas))
 
     async def pick(self, route: Route) -> Any:
         """The ready replica with the least work queued; NotReady at once, saying why, when none is (a
-        sleeping or preloaded replica is not woken or promoted for a request: the console decides that)."""
-        ready = [h for h in route.replicas if h.state == "ready"]
+        sleeping or preloaded replica is not woken or promoted for a request: the console decides that; a
+        draining one finishes what it has and takes nothing new)."""
+        ready = [h for h in route.replicas if _serves(h)]
         if ready:
             return min(ready, key=lambda h: h.queued + self._depth(h))
-        raise NotReady(not_ready_text(route.name, route.replicas))
+        raise NoneServing(not_ready_text(route.name, route.replicas))
 
     async def infer(self, route: Route, inputs: dict[str, np.ndarray]) -> Result:
         """One request through the picked replica's batcher."""
@@ -214,7 +222,14 @@ class Dispatcher:
             batcher = None
         if batcher is None:
             batcher = self._batchers[replica] = Batcher.from_settings(_forward(replica), settings)
-        return await batcher.submit(inputs, route.adapter)
+        counted = hasattr(replica, "picked")  # counted until answered, so a drain waits for it
+        if counted:
+            replica.picked += 1
+        try:
+            return await batcher.submit(inputs, route.adapter)
+        finally:
+            if counted:
+                replica.picked -= 1
 
     def settings_for(self, replica: Any) -> BatchSettings:
         """A replica's batching: its deployment's when the console sent it, else the agent's default."""
@@ -284,8 +299,14 @@ def _forward(replica: Any) -> RunBatch:
     return run
 
 
+def _serves(handle: Any) -> bool:
+    return handle.state == "ready" and not getattr(handle, "draining", False)
+
+
 def describe(handle: Any) -> str:
-    text = f"replica {handle.spec.replica_id} of {handle.spec.deployment!r} is {handle.state}"
+    state = "draining (it is leaving this host)" if handle.state == "ready" and getattr(handle, "draining", False) \
+        else handle.state
+    text = f"replica {handle.spec.replica_id} of {handle.spec.deployment!r} is {state}"
     return f"{text}: {handle.reason}" if handle.reason else text
 
 

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 from aiohttp import web
 
+from agent.protocol import UNSERVED_HEADER
 from agent.serving.batching import pad_rows
 from agent.serving.body import read_json
 from agent.serving.chat import ChatError, parse_messages
@@ -85,6 +86,13 @@ def openai_error(status: int, message: str, code: str | None = None, param: str 
     kind = ERROR_TYPES.get(status, "server_error" if status < 503 or status > 504 else "service_unavailable_error")
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return web.json_response(body, status=status)
+
+
+def unserved_mark(response: web.Response, error: ServingError) -> web.Response:
+    """Tell the console's gateway that nothing here acted on the request, so another replica may take it."""
+    if getattr(error, "unserved", False):
+        response.headers[UNSERVED_HEADER] = "1"
+    return response
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -489,7 +497,7 @@ async def _openai_errors(
         code = e.reason.lower().replace(" ", "_")
         return openai_error(e.status, f"{e.reason}: {request.method} {request.path}", code=code)
     except ServingError as e:
-        return openai_error(e.status, str(e), e.code, e.param)
+        return unserved_mark(openai_error(e.status, str(e), e.code, e.param), e)
     except Exception as e:  # a bug of ours: still an answer in the client's shape
         log.exception("%s %s failed", request.method, request.path)
         return openai_error(500, f"internal error: {e}", "server_error")

@@ -69,6 +69,9 @@ class WorkerHandle:
         self.sleep_wake: SleepWake | None = None
         self.last_used = time.monotonic()  # for least-recently-used eviction of sleeping replicas
         self.transition: str | None = None  # "sleep" or "wake" while one runs
+        # Leaving (stopped, moved, put to sleep): it takes no new requests while those it has finish (drained()).
+        self.draining = False
+        self.picked = 0  # requests routed to it and not yet answered (in the serving batcher or the worker)
         self._calls = 0  # commands waiting or running (generations are counted by the link)
         self._stopping = False
         self._wake_task: asyncio.Task | None = None
@@ -97,6 +100,17 @@ class WorkerHandle:
     def queued(self) -> int:
         """Commands and generations waiting or running, for least-busy routing."""
         return self._calls + self.link.open_streams
+
+    async def drained(self, timeout: float, poll: float = 0.05) -> bool:
+        """Take no new requests, and wait up to `timeout` s for those it has to finish; False when some were
+        still running at the deadline (they end with the worker)."""
+        self.draining = True
+        deadline = time.monotonic() + timeout
+        while self.picked or self.queued:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(poll)
+        return True
 
     @property
     def engine_stats(self) -> EngineStats:

@@ -14,6 +14,7 @@ import aiohttp
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
+from agent.protocol import UNSERVED_HEADER
 from console.gateway.auth import bearer
 from console.gateway.core import Gateway, Refused
 from console.gateway.errors import NO_TOKEN, Family
@@ -151,6 +152,7 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
     query = request.scope.get("query_string", b"")
     path = request.scope["path"] + (f"?{query.decode('latin-1')}" if query else "")
     tried: set[int] = set()
+    unserved = None  # a first replica's agent refused it untouched: its answer, should no other replica take it
     for attempt in range(2):
         replica = gw.pick(dep, adapter, tried)
         if replica is None:
@@ -158,6 +160,8 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
                 dep, more = await gw.ready_view(dep.name)
                 queue_s += more
                 replica = gw.pick(dep, adapter, tried)
+            if replica is None and unserved is not None:
+                break
             if replica is None:
                 raise Refused(503, f"no ready replica of model {dep.name!r} could be reached", retry_after=2,
                               code="model_not_ready")
@@ -172,12 +176,21 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
                 continue
             if content is None:
                 return _stream(gw, dep, adapter, upstream_response, headers, arrived, replica)
-        for name in PASSED_HEADERS:
-            if name in upstream_response.headers:
-                headers[name] = upstream_response.headers[name]
-        return Response(content, status_code=upstream_response.status, headers=headers)
+            if attempt == 0 and upstream_response.status == 503 and UNSERVED_HEADER in upstream_response.headers:
+                unserved = upstream_response, content  # none of it serves there now (draining, asleep): nothing
+                continue  # ran, so another replica may take it
+        return _answer(upstream_response, content, headers)
+    if unserved is not None:
+        return _answer(*unserved, headers)
     raise Refused(502, f"model {dep.name!r}: its replicas could not be reached ({', '.join(map(str, tried))})",
                   retry_after=2, code="upstream_unreachable")
+
+
+def _answer(upstream_response: aiohttp.ClientResponse, content: bytes, headers: dict) -> Response:
+    for name in PASSED_HEADERS:
+        if name in upstream_response.headers:
+            headers[name] = upstream_response.headers[name]
+    return Response(content, status_code=upstream_response.status, headers=headers)
 
 
 async def _exchange(upstream: Upstream, replica, request: Request, path: str,

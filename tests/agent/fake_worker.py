@@ -5,13 +5,15 @@ agent.workers.processes.WORKER_COMMAND here). It "loads" in milliseconds, measur
 forward with logits that all hold its own pid, so a test sees which process served a request. Each load appends
 "<replica id> <pid>" to the file named by MODELGRID_FAKE_LOADS, if set, so a test can count reloads. It writes a
 line to stdout (print) and one straight to fd 2 (as C code does) while it loads, and one to stdout per forward; a
-model directory holding a file `fail-load` makes the load fail with that file's text.
+model directory holding a file `fail-load` makes the load fail with that file's text, and one holding `slow-forward`
+makes each forward take that file's number of seconds.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,9 @@ class FakeModel:
         if self.asleep:
             raise RuntimeError("the model is asleep: wake it before inference")
         ids = inputs["input_ids"]
+        slow = Path(self.spec.model_path) / "slow-forward"
+        if slow.exists():
+            time.sleep(float(slow.read_text()))
         print(f"fake worker {os.getpid()}: forward of {ids.shape[0]} row(s)")
         return {"logits": np.full((*ids.shape, WIDTH), os.getpid(), dtype=np.float32)}
 

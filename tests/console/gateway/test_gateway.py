@@ -13,6 +13,7 @@ from aiohttp import web
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 
+from agent.protocol import UNSERVED_HEADER
 from console.accounts.models import ApiToken, Scope
 from console.catalog.services import register_model
 from console.deployments.models import Deployment, Replica
@@ -31,6 +32,7 @@ class FakeAgent:
 
     def __init__(self, secret: str, name: str) -> None:
         self.secret, self.name, self.delay, self.seen, self.cancelled = secret, name, 0.0, [], 0
+        self.draining = False  # answers as an agent whose replica of the model is leaving: 503, nothing run
         app = web.Application()
         app.router.add_post("/v2/models/{name}/infer", self.answer)
         app.router.add_post("/v1/completions", self.answer)
@@ -48,6 +50,9 @@ class FakeAgent:
             return web.json_response({"error": "bad secret"}, status=401)
         body = await request.read()
         self.seen.append((request.path, body))
+        if self.draining:
+            return web.json_response({"error": "model 'chat' is not ready: replica 1 of 'chat' is draining"},
+                                     status=503, headers={UNSERVED_HEADER: "1"})
         if b'"big"' in body:
             return await self.big(request)
         try:
@@ -203,6 +208,21 @@ async def test_a_replica_that_cannot_be_reached_is_retried_once_elsewhere_then_a
     assert [r.status_code for r in answers] == [200] * 4
     assert {r.json()["agent"] for r in answers} == {"h2"}
     assert gateway.suspects  # the unreachable replica is avoided without another connection attempt
+
+
+async def test_a_replica_whose_agent_refuses_it_untouched_is_retried_once_elsewhere(fleet):
+    # A scale-down under load: the gateway's view still lists the leaving replica; its agent drains it and
+    # refuses new requests before running them, so the other replica takes them and no client sees a 503.
+    agents, hosts, token = fleet
+    agents[0].draining = True
+    gateway = _gateway()
+    async with _client(gateway, token) as client:
+        answers = [await client.post("/v2/models/chat/infer", json=INFER) for _ in range(6)]
+        agents[1].draining = True  # no replica left to take it: the agent's own answer, reason and all
+        refused = await client.post("/v2/models/chat/infer", json=INFER)
+    await gateway.close()
+    assert [r.status_code for r in answers] == [200] * 6 and {r.json()["agent"] for r in answers} == {"h2"}
+    assert refused.status_code == 503 and "draining" in refused.json()["error"]
 
 
 async def test_a_client_that_goes_away_cancels_the_upstream_request(fleet):
