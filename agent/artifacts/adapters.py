@@ -22,6 +22,7 @@ from agent.artifacts.limits import MAX_LORA_RANK, MAX_PATTERNS
 from agent.artifacts.model_dir import ModelArtifact, model_path
 from agent.artifacts.patterns import PatternMatcher
 from agent.artifacts.safetensors_header import TensorInfo, read_safetensors_header
+from agent.artifacts.tree import check_tree
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -107,6 +108,7 @@ def read_adapter_dir(path: str | Path, roots: Roots = None) -> AdapterArtifact:
     config_path = path / CONFIG_NAME
     if kind_of(config_path, roots) == "missing":
         raise ArtifactError(f"{path}: no {CONFIG_NAME}, so this is not a PEFT adapter directory")
+    check_tree(path, roots)  # every file the worker may read from it, not only the two read here
     matcher = PatternMatcher(str(config_path))
     config = _read_config(config_path, roots, matcher)
     weights = path / WEIGHTS_NAME

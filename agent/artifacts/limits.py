@@ -15,6 +15,8 @@ MAX_JSON_BYTES = 16 * 1024 * 1024  # config.json, adapter_config.json, model.saf
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # the safetensors format's own header limit
 MAX_JSON_DEPTH = 64  # nesting of any artifact JSON; real configs nest 3 or 4 levels
 MAX_INT_DIGITS = 20  # an int64 has 19 digits; longer is refused before int() ever parses it
+MAX_DIR_ENTRIES = 10_000  # files and directories checked in one model or adapter directory; real ones hold ~10-300
+MAX_DIR_DEPTH = 8  # directory levels walked below a model directory; real ones nest one or two
 
 # --- config.json integers -----------------------------------------------------------------------
 MAX_LAYERS = 1024
@@ -44,6 +46,15 @@ _FIELD_GROUPS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (MAX_LABELS, ("num_labels",)),
 )
 CONFIG_INT_MAX: dict[str, int] = {name: bound for bound, names in _FIELD_GROUPS for name in names}
+
+# --- config.json numbers the worker computes with -------------------------------------------------
+# float32 overflows at ~3.4e38 (rope_theta 1e308 became inf in the rotary frequencies and killed the
+# worker); real configs hold no float above ~4e9, so anything past this is refused, whatever its key.
+MAX_CONFIG_MAGNITUDE = 1e15
+ROPE_THETA_RANGE = (1.0, 1e12)  # real rotary bases run from 1e4 to ~3.6e9 (Llama-3 Gradient 1M)
+EPSILON_MAX = 1.0  # norm epsilons, above 0 (a zero vector would divide by zero); real ones are 1e-12..1e-5
+ROPE_FACTOR_MAX = 1024.0  # rope scaling factors, above 0 (positions are divided by them); real ones reach ~128
+MAX_ROPE_NUMBER = float(MAX_POSITIONS)  # any other number of rope_scaling / rope_parameters (lengths, betas)
 
 # --- safetensors headers ------------------------------------------------------------------------
 MAX_RANK = 8  # dimensions of one tensor

@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from agent.artifacts.config import read_config
+from agent.artifacts.config_checks import check_config
 from agent.artifacts.dtypes import stored_dtype
 from agent.artifacts.errors import ArtifactError, shown
 from agent.artifacts.files import Roots, kind_of, list_dir, read_json, real_path
 from agent.artifacts.roots import Kind, resolve_in_roots
 from agent.artifacts.safetensors_header import TensorInfo, read_safetensors_header
+from agent.artifacts.tree import check_tree
+from agent.artifacts.weight_shapes import check_weights
 
 # Architectures (config.json "architectures") the worker knows how to serve, by task.
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
@@ -114,7 +117,9 @@ def _read(path: Path, *, servable_only: bool, require_weights: bool, roots: Root
     config_path = path / "config.json"
     if kind_of(config_path, roots) == "missing":
         raise ArtifactError(f"{path}: no config.json, so this is not a model directory")
+    check_tree(path, roots)  # the files read later (tokenizer, chat template) as well as those read here
     config = read_config(config_path, roots)
+    check_config(config)
     architecture, model_type = config.architecture, config.model_type
     task = _task_for(architecture, model_type) if servable_only else servable_task(architecture, model_type)
 
@@ -124,7 +129,11 @@ def _read(path: Path, *, servable_only: bool, require_weights: bool, roots: Root
     if not has_weights and not require_weights:
         return ModelArtifact(real, architecture, model_type, task, "", 0, 0, (), config.raw, ())
     files = _weight_files(path, roots)
-    tensors: list[TensorInfo] = [t for f in files for t in read_safetensors_header(f, roots)]
+    tensors: list[TensorInfo] = []
+    for f in files:
+        found = read_safetensors_header(f, roots)
+        check_weights(config, found, f)
+        tensors += found
     if not tensors:
         raise ArtifactError(f"{path}: the safetensors files hold no tensors")
     return ModelArtifact(

@@ -1,8 +1,10 @@
 """Read a safetensors header without loading a single weight.
 
 Format: 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets}},
-then the raw data. We check every offset against the file size so a truncated or lying file
-is refused here, not when a worker tries to load it.
+then the raw data. The header is held to the format's own rules (those `safe_open` enforces): each
+tensor's offsets span exactly its dtype x shape bytes, the tensors tile the data section with no
+gap, overlap or trailing byte, and `__metadata__` maps names to strings. A lying file is refused
+here, naming the tensor, instead of crash-looping the worker that tries to load it.
 """
 
 from __future__ import annotations
@@ -61,19 +63,66 @@ def read_safetensors_header(
         raise ArtifactError(f"{path}: header is not a JSON object")
 
     data_size = size - 8 - header_len
-    tensors = []
+    _check_metadata(path, header.get("__metadata__"))
+    tensors, spans = [], []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
         dtype, shape, (start, end) = _entry(path, name, entry)
         nbytes = math.prod(shape) * DTYPE_BYTES[dtype]
-        if not (0 <= start <= end <= data_size) or end - start != nbytes:
-            raise ArtifactError(
-                f"{path}: tensor {shown(name)} data_offsets [{start}, {end}] do not match its shape "
-                f"{list(shape)} or run past the end of the file ({data_size} data bytes)"
-            )
+        where = f"{path}: tensor {shown(name)}"
+        if end < start:
+            raise ArtifactError(f"{where} data_offsets [{start}, {end}] end before they start")
+        if end > data_size:
+            raise ArtifactError(f"{where} data_offsets [{start}, {end}] run past the end of the file "
+                                f"(its data section is {data_size:,} bytes)")
+        if end - start != nbytes:
+            raise ArtifactError(f"{where} data_offsets [{start}, {end}] cover {end - start:,} bytes, but its dtype "
+                                f"{dtype} and shape {list(shape)} make {nbytes:,} bytes")
         tensors.append(TensorInfo(name, dtype, shape, nbytes))
+        spans.append((start, end, name))
+    _check_tiling(path, spans, data_size)
     return tensors
+
+
+def _check_metadata(path: Path, metadata: Any) -> None:
+    """`__metadata__` is absent, null or an object of strings: the loader refuses anything else."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise ArtifactError(f"{path}: header field '__metadata__' must be an object of strings, got {shown(metadata)}")
+    for key, value in metadata.items():
+        if not isinstance(value, str):
+            raise ArtifactError(f"{path}: header field '__metadata__' must map names to strings; {shown(key)} is "
+                                f"{shown(value)}")
+
+
+_TILING = "safetensors requires the tensors to cover the data section exactly, without gaps or overlaps"
+
+
+def _check_tiling(path: Path, spans: list[tuple[int, int, str]], data_size: int) -> None:
+    """The tensors, sorted by offsets, cover [0, data_size) end to end, as `safe_open` checks.
+
+    Two tensors over the same bytes would alias in the loaded model; a gap or trailing data is
+    bytes no tensor declares, which the loader refuses outright ("file not fully covered").
+    """
+    covered, previous = 0, None
+    for start, end, name in sorted(spans):
+        where = f"{path}: tensor {shown(name)} data_offsets [{start}, {end}]"
+        if start < covered:
+            (p_start, p_end, p_name) = previous
+            raise ArtifactError(f"{where} overlap tensor {shown(p_name)} [{p_start}, {p_end}]; {_TILING}")
+        if start > covered:
+            after = f"after tensor {shown(previous[2])}" if previous else "before it"
+            raise ArtifactError(f"{where} leave bytes {covered} to {start} of the data section uncovered ({after}); "
+                                f"{_TILING}")
+        covered, previous = end, (start, end, name)
+    if covered != data_size:
+        trailing = f"{data_size - covered:,} bytes of trailing data"
+        if previous is None:
+            raise ArtifactError(f"{path}: {trailing} after the header, which declares no tensors; {_TILING}")
+        raise ArtifactError(f"{path}: {trailing} after the last tensor {shown(previous[2])} (the data section is "
+                            f"{data_size:,} bytes, the tensors cover {covered:,}); {_TILING}")
 
 
 def _entry(path: Path, name: str, entry: Any) -> tuple[str, tuple[int, ...], tuple[int, int]]:

@@ -154,7 +154,7 @@ def test_it_accepts_gpt2_conv1d_weights_stored_in_out_and_a_head_model_prefix(tm
     model = tmp_path / "gpt2"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-                                                   "n_embd": 16, "n_layer": 1, "vocab_size": 32}))
+                                                   "n_embd": 16, "n_head": 4, "n_layer": 1, "vocab_size": 32}))
     save_file({"wte.weight": np.zeros((32, 16), np.float32), "h.0.attn.c_attn.weight": np.zeros((16, 48), np.float32)},
               str(model / "model.safetensors"))
     adapter = read_adapter_dir(write_adapter(tmp_path / "a", {"transformer.h.0.attn.c_attn": (8, 16, 48)},
