@@ -4,6 +4,8 @@
 import json
 import logging
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from ninja import NinjaAPI
 from ninja.errors import HttpError, ValidationError
@@ -51,6 +53,7 @@ class StrictJsonParser(Parser):
 # Refusals any operation can give, documented on each so clients (and schemathesis) can expect them.
 _EVERY_OPERATION = {401: "no valid bearer token or session", 403: "a token of another scope (inference)"}
 _WITH_BODY = {400: "the body is not acceptable JSON (malformed, too deep, a huge integer, NaN)",
+              413: "the body is larger than the API's limit (DATA_UPLOAD_MAX_MEMORY_SIZE); nothing was stored",
               422: "a field is invalid; each item names it"}
 
 
@@ -122,6 +125,14 @@ def http_error(request, exc: HttpError):
         return _refusal(request, 400, [{"loc": ["body"], "msg": str(exc.__cause__), "type": "invalid_json"}])
     return _refusal(request, exc.status_code,
                     [{"loc": [], "msg": str(exc), "type": _HTTP_TYPES.get(exc.status_code, "http_error")}])
+
+
+@api.exception_handler(RequestDataTooBig)
+def too_large(request, exc: RequestDataTooBig):
+    # Django raises it when the body is first read (ninja's parsing, before the view): a client's error, not a 500.
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return _refusal(request, 413, [{"loc": ["body"], "msg": f"request body is larger than the API's limit of "
+                                    f"{limit:,} bytes (DATA_UPLOAD_MAX_MEMORY_SIZE)", "type": "request_too_large"}])
 
 
 @api.exception_handler(Http404)

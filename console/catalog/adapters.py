@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from agent.artifacts import ArtifactError, check_adapter_matches, read_adapter_dir, read_model_dir
 from console.catalog.memory import deployment_estimates
 from console.catalog.models import Adapter
-from console.catalog.services import can_be_name, validate_name
+from console.catalog.names import is_name, validate_name
 from console.errors import Conflict, Invalid, NotFound
 from console.events.record import Note, record
 from console.realtime.notify import wake_scheduler
@@ -37,6 +37,9 @@ def register_adapter(name: str, deployment: str, path: str, pinned: bool = False
         raise Invalid(str(e), field="path") from None
     try:
         with transaction.atomic():
+            # Found again, locked: deleted while the files were read, it would leave the pool's update nothing to
+            # update and the adapter a deployment that is gone (console/deployments/rowlocks.py).
+            dep = get_deployment(deployment, missing=Invalid, lock="change")
             refuse_taken_name(name, "adapter")
             row = Adapter.objects.create(
                 name=name, deployment=dep, path=str(adapter.path), rank=max(m.rank for m in adapter.modules),
@@ -53,7 +56,7 @@ def register_adapter(name: str, deployment: str, path: str, pinned: bool = False
 
 def get_adapter(name: str) -> Adapter:
     try:
-        if can_be_name(name):
+        if is_name(name):
             return Adapter.objects.select_related("deployment").get(name=name)
     except Adapter.DoesNotExist:
         pass
@@ -61,9 +64,16 @@ def get_adapter(name: str) -> Adapter:
 
 
 def delete_adapter(name: str, actor: str = "") -> None:
+    from console.deployments.models import Deployment  # deployments depends on catalog
+    from console.deployments.rowlocks import locked
+
     adapter = get_adapter(name)
     with transaction.atomic():
-        dep = adapter.deployment
+        # Its deployment's row first, as every writer of both takes them (a deployment deleted meanwhile took the
+        # adapter along, and two deletes of one adapter take turns here).
+        dep = locked(Deployment.objects.filter(pk=adapter.deployment_id), "change").first()
+        if dep is None or not Adapter.objects.filter(pk=adapter.pk).exists():
+            raise NotFound(f"no adapter named {name!r}")
         adapter.delete()
         _refresh_pool(dep)
         record([Note(f"adapter/{name}", "Deleted", f"removed from deployment {dep.name}", actor=actor,

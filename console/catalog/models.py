@@ -1,13 +1,9 @@
 from __future__ import annotations
 
-from django.core.validators import RegexValidator
 from django.db import models
 from django.utils import timezone
 
-NAME_VALIDATOR = RegexValidator(
-    r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$",
-    "Use 1-63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit.",
-)
+from console.catalog.names import NAME_VALIDATOR
 
 
 class Model(models.Model):

@@ -7,20 +7,22 @@ from ninja import Field, Schema
 from pydantic import ConfigDict
 
 from console.catalog.memory import MAX_BATCH, MAX_SEQ
+from console.catalog.names import MAX_NAME, NAME_PATTERN
 
-NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"  # console.catalog.models.NAME_VALIDATOR
 MAX_PATH = 1000  # the path columns
 
 
 class RequestBody(Schema):
-    """A request body: a field the API does not know is refused (a typo is not silently ignored)."""
+    """A request body: a field the API does not know is refused (a typo is not silently ignored), and a value of
+    another JSON type than the schema says is refused, not coerced ("yes", 1 or "true" for a boolean, "3" or 2.0
+    for an integer); a JSON integer is still a number. Query and path parameters arrive as text and stay lax."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 def name_field(what: str):
     # The pattern is documented, not enforced here: the services refuse a bad name in plainer words.
-    return Field(json_schema_extra={"pattern": NAME_PATTERN}, max_length=63,
+    return Field(json_schema_extra={"pattern": NAME_PATTERN}, max_length=MAX_NAME,
                  description=f"the {what}'s name: 1-63 lowercase letters, digits, '.', '_' or '-', starting and "
                  "ending with a letter or digit; deployments and adapters share one namespace")
 

@@ -6,20 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from agent.artifacts import ArtifactError, estimate_model, inspect_model_dir
-from console.catalog.models import NAME_VALIDATOR, Model
+from console.catalog.models import Model
+from console.catalog.names import is_name, validate_name
 from console.errors import Conflict, DomainError, Invalid, NotFound
 from console.events.record import Note, record
-
-
-def validate_name(name: str, what: str) -> None:
-    try:
-        NAME_VALIDATOR(name)
-    except ValidationError as e:
-        raise Invalid(f"{what} name {name!r} is not valid: {e.messages[0]}", field="name") from None
 
 
 def register_model(name: str, path: str, actor: str = "") -> Model:
@@ -58,17 +51,11 @@ def artifact_fields(path: str) -> dict:
             "estimate": estimate.as_dict()}
 
 
-def can_be_name(name: str) -> bool:
-    """Whether `name` could name a row at all: lookups of anything else (a NUL, which PostgreSQL cannot even
-    compare) answer "no such" without asking the database."""
-    return isinstance(name, str) and NAME_VALIDATOR.regex.fullmatch(name) is not None
-
-
 def get_model(name: str, missing: type[DomainError] = NotFound) -> Model:
     """The model called `name`; `missing` is raised when there is none (NotFound, or Invalid when the name came
     inside a request body)."""
     try:
-        if can_be_name(name):
+        if is_name(name):  # else "no such" without asking (PostgreSQL cannot even compare a NUL)
             return Model.objects.get(name=name)
     except Model.DoesNotExist:
         pass

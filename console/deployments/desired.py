@@ -48,6 +48,8 @@ def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
     pools = {pk: _adapter_fields(adapters.get(pk, []), requests.get(pk, {})) for pk in deployments}
     # Deployment.serving_dtype and .adapter_pool_bytes, from plain values (no instances here).
     for pk, host_id, dep_id, reserved, state, mps in replicas:
+        if dep_id not in deployments:  # deleted, with its replicas, since they were read: the delete marked the host
+            continue
         name, path, architecture, dtype, stored_dtype, batch, seq, max_batch_size, delay = deployments[dep_id]
         out[host_id].append({
             "id": pk, "deployment": name, "model_path": path, "architecture": architecture,

@@ -5,7 +5,8 @@ from django.db import models
 from django.utils import timezone
 
 from agent.protocol import REPLICA_STATES
-from console.catalog.models import NAME_VALIDATOR, Model
+from console.catalog.models import Model
+from console.catalog.names import NAME_VALIDATOR
 from console.deployments.policy import FIELDS as POLICY_FIELDS
 from console.deployments.policy import validate_policy
 from console.errors import Invalid

@@ -26,6 +26,7 @@ from console.catalog.models import DeviceKind
 from console.deployments.desired import bump_generations
 from console.deployments.models import Deployment, DeploymentState, Replica
 from console.deployments.observed import refresh_observations
+from console.deployments.rowlocks import hold_existing
 from console.deployments.snapshot import (
     DeploymentRow,
     GpuRow,
@@ -139,7 +140,9 @@ def _reservations(deployments: list[DeploymentRow], device: str) -> tuple[dict[i
         try:
             total, family = stored.get(dep.pk, (None, None))
             if total is None:  # a row from before estimates were stored per deployment
-                row = Deployment.objects.get(pk=dep.pk)
+                row = Deployment.objects.filter(pk=dep.pk).first()
+                if row is None:  # deleted since the pass read it: nothing to plan
+                    continue
                 row.estimates = deployment_estimates(row)
                 row.save(update_fields=["estimates"])
                 total, family = row.estimates[device]["total_bytes"], row.estimates[device]["family"]
@@ -172,9 +175,10 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbac
     device = fleet_device_kind(gpus)
     needs, problems = _reservations(deployments, device)
     changed = False
+    writes = _Writes()
     for dep in deployments:
         if dep.pk in problems:
-            if _ensure_rows(dep, rows.by_deployment.get(dep.pk, []), problems[dep.pk]):
+            if _ensure_rows(dep, rows.by_deployment.get(dep.pk, []), problems[dep.pk], writes):
                 changed = True
                 notes.append(Note(deployment_object(dep.name), "CannotEstimate", problems[dep.pk], warning=True,
                                   actor="scheduler", deployment=dep.name))
@@ -206,24 +210,33 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbac
             changed = True
     planned_rows: dict[str, set[int]] = {}
     indexed = {dep.pk: {r.index: r for r in rows.by_deployment.get(dep.pk, ())} for dep in planned}
-    writes = _Writes()
+    applied: list[tuple[int, str, bool]] = []  # (deployment, action, a setback) of each replica that changed
     for p in result.replicas:
         dep = by_name[p.deployment]
         planned_rows.setdefault(p.deployment, set()).add(p.index)
         was = getattr(indexed[dep.pk].get(p.index), "action", "")
         if _apply(dep, indexed[dep.pk], p, gpus, needs[dep.pk], device, now, touched, rows, writes, notes):
             changed = True
-            if p.action != "keep":
-                actions.append(p.action)
-            if p.action in ("refuse", "preempt") and p.action != was and "scaled to zero" not in p.reason:
-                setbacks.append((p.action, dep.priority))
+            setback = p.action in ("refuse", "preempt") and p.action != was and "scaled to zero" not in p.reason
+            applied.append((dep.pk, p.action, setback))
     for dep in planned:  # rows the plan no longer mentions: scaled away
         gone = [r for r in indexed[dep.pk].values() if r.index not in planned_rows.get(dep.name, set())]
         if gone:
             touched.update(r.host_id for r in gone if r.host_id)
             writes.dropped.extend(gone)
             changed = True
-    writes.write()
+    deleted = writes.write()
+    if deleted:  # since the rows were read: what was planned for them was not written, so it is not told either
+        names = {d.name for d in deployments if d.pk in deleted}
+        notes[:] = [n for n in notes if n.deployment not in names]
+    tiers = {d.pk: d.priority for d in planned}
+    for pk, action, setback in applied:
+        if pk in deleted:
+            continue
+        if action != "keep":
+            actions.append(action)
+        if setback:
+            setbacks.append((action, tiers[pk]))
     changed |= _answer_demand(deployments, {d.deployment: d for d in result.demands}, now)
     busy = any(d.traffic_rps or d.observed_p95_ms is not None or d.demand for d in deployments)
     return _Planned(changed, next_change(request), busy)
@@ -246,16 +259,17 @@ def _answer_demand(deployments: list[DeploymentRow], outcomes: dict, now: dateti
     return changed
 
 
-def _ensure_rows(dep: DeploymentRow, existing: list[ReplicaRow], reason: str) -> bool:
-    """A deployment the scheduler cannot plan: its replicas wait unplaced, saying why."""
+def _ensure_rows(dep: DeploymentRow, existing: list[ReplicaRow], reason: str, writes: _Writes) -> bool:
+    """A deployment the scheduler cannot plan: its replicas wait unplaced, saying why (written with the plan's)."""
     rows = {r.index: r for r in existing}
     changed = False
     for index in range(dep.replicas):
         row = rows.get(index)
         if row is None:
-            Replica.objects.create(deployment_id=dep.pk, index=index, reason=reason)
+            writes.born.append((Replica(deployment_id=dep.pk, index=index, reason=reason), []))
         elif row.reason != reason:
-            Replica.objects.filter(pk=row.pk).update(reason=reason)
+            row.reason = reason
+            writes.changed.append((row, ["reason"]))
         else:
             continue
         changed = True
@@ -272,7 +286,18 @@ class _Writes:
     regpu: list[tuple[ReplicaRow, list[int]]] = field(default_factory=list)  # rows on other GPUs now
     dropped: list[ReplicaRow] = field(default_factory=list)  # rows to delete
 
-    def write(self) -> None:
+    def write(self) -> set[int]:
+        """Write it all; returns the deployments deleted since the pass read them, for which nothing was written."""
+        # Their deployments are held first (console/deployments/rowlocks.py): a deployment deleted meanwhile gets no
+        # rows (they would fail this pass's commit), and one deleted later takes these rows along.
+        rows = [r for r, _ in self.born] + [r for r, _ in self.changed] + [r for r, _ in self.regpu] + self.dropped
+        wanted = {r.deployment_id for r in rows}
+        deleted = wanted - hold_existing(wanted)
+        if deleted:
+            self.born = [(r, gpus) for r, gpus in self.born if r.deployment_id not in deleted]
+            self.changed = [(r, fields) for r, fields in self.changed if r.deployment_id not in deleted]
+            self.regpu = [(r, gpus) for r, gpus in self.regpu if r.deployment_id not in deleted]
+            self.dropped = [r for r in self.dropped if r.deployment_id not in deleted]
         # Every existing row written below is locked first, in one sweep in key order as intake locks them
         # (console/fleet/intake.py), so the writes may take them in any order (update_fields_by_pk's own lock then
         # finds its rows already held).
@@ -291,6 +316,7 @@ class _Writes:
             created = Replica.objects.filter(deployment_id__in={d for d, _ in keys}).values_list(
                 "deployment_id", "index", "pk")
             insert([through(replica_id=pk, gpu_id=g) for dep, index, pk in created for g in keys.get((dep, index), ())])
+        return deleted
 
 
 # The fields a pass owns on a replica row (intake owns the observed ones, which a move resets).

@@ -10,10 +10,12 @@ from django.db import IntegrityError, transaction
 from console.bulk import insert, update_in_key_order
 from console.catalog.memory import model_positions, serving_dtype, settings_estimates
 from console.catalog.models import Model
-from console.catalog.services import can_be_name, get_model, validate_name
+from console.catalog.names import is_name, validate_name
+from console.catalog.services import get_model
 from console.deployments import policy
 from console.deployments.desired import mark_stale
 from console.deployments.models import Deployment
+from console.deployments.rowlocks import Lock, locked
 from console.deployments.schemas import MAX_BULK
 from console.errors import Conflict, DomainError, Invalid, NotFound, describe
 from console.events.record import Note, deployment_object, record
@@ -71,7 +73,7 @@ def update_deployment(name: str, changes: dict[str, Any], actor: str = "") -> De
         field = sorted(unknown)[0]
         raise Invalid(f"{field!r} cannot be changed (changeable: {', '.join(POLICY_FIELDS)})", field=field)
     with transaction.atomic():
-        deployment = get_deployment(name)
+        deployment = get_deployment(name, lock="change")  # else a delete meanwhile leaves the save nothing to update
         current = stored_policy(deployment)
         chosen = policy.validate_policy(policy.merged(current, changes)).model_dump()
         fields = [f for f in POLICY_FIELDS if chosen[f] != current[f]]
@@ -123,12 +125,14 @@ def unused_deployment_name(base: str) -> str:
     return name
 
 
-def get_deployment(name: str, missing: type[DomainError] = NotFound) -> Deployment:
+def get_deployment(name: str, missing: type[DomainError] = NotFound, lock: Lock | None = None) -> Deployment:
     """The deployment called `name`; `missing` is raised when there is none (NotFound, or Invalid when
-    the name came inside a request body)."""
+    the name came inside a request body). With `lock` (inside a transaction) its row stays locked until the end of
+    the transaction (console/deployments/rowlocks.py), before any row that points at it is read or written."""
+    rows = Deployment.objects.select_related("model")
     try:
-        if can_be_name(name):
-            return Deployment.objects.select_related("model").get(name=name)
+        if is_name(name):
+            return (locked(rows, lock) if lock else rows).get(name=name)
     except Deployment.DoesNotExist:
         pass
     raise missing(f"no deployment named {name!r}", field="deployment" if missing is Invalid else None)
@@ -137,9 +141,11 @@ def get_deployment(name: str, missing: type[DomainError] = NotFound) -> Deployme
 def delete_deployment(name: str, actor: str = "") -> None:
     """Delete the deployment and its replicas; the next scheduler pass tells the agents to stop them."""
     with transaction.atomic():
-        deployment = get_deployment(name)
+        # Locked before its replicas are read: a pass that wrote some has committed them by then (they go with it),
+        # and a pass that has not finds it gone. A DELETE right after the POST raced the first pass here.
+        deployment = get_deployment(name, lock="delete")
         # Its rows go with it, so the pass would not see which hosts ran it: they are marked stale, after the
-        # delete (replicas first, then hosts: the order a scheduler pass takes its row locks in).
+        # delete (deployment, replicas, then hosts: the order a scheduler pass takes its row locks in).
         hosts = list(Host.objects.filter(replicas__deployment=deployment).values_list("pk", flat=True))
         replicas = deployment.replica_set.count()
         deployment.delete()
@@ -245,7 +251,7 @@ def _taken_names(names: list) -> dict[str, str]:
     refuse_taken_name), each with the refusal to give; two queries for any number of names."""
     from console.catalog.models import Adapter  # catalog's adapters hang off deployments
 
-    wanted = [n for n in names if isinstance(n, str) and can_be_name(n)]
+    wanted = [n for n in names if is_name(n)]
     taken = {n: f"a deployment named {n!r} already exists"
              for n in Deployment.objects.filter(name__in=wanted).values_list("name", flat=True)}
     for n in Adapter.objects.filter(name__in=wanted).values_list("name", flat=True):

@@ -70,3 +70,21 @@ def test_it_refuses_an_unknown_deployment_and_a_taken_name(api, chat, tmp_path):
     assert api.post("/api/v1/adapters", {"name": "sql", "deployment": "chat", "path": str(path)}).status_code == 201
     r = api.post("/api/v1/adapters", {"name": "sql", "deployment": "chat", "path": str(path)})
     assert r.status_code == 409 and Adapter.objects.count() == 1
+
+
+def test_it_refuses_a_name_with_a_trailing_newline_and_stores_nothing(api, chat, tmp_path):
+    path = write_adapter(tmp_path / "sql", {UP: (8, 16, 32)})
+    r = api.post("/api/v1/adapters", {"name": "sql\n", "deployment": "chat", "path": str(path)})
+    assert r.status_code == 422, r.content
+    assert r.json()["detail"][0]["loc"] == ["body", "name"]
+    assert "ends with a newline" in refusal(r)
+    assert not Adapter.objects.exists()
+
+
+@pytest.mark.parametrize("value", ["yes", 1, "true"])
+def test_it_refuses_pinned_that_is_not_a_json_boolean(api, chat, tmp_path, value):
+    path = write_adapter(tmp_path / "sql", {UP: (8, 16, 32)})
+    r = api.post("/api/v1/adapters", {"name": "sql", "deployment": "chat", "path": str(path), "pinned": value})
+    assert r.status_code == 422, r.content
+    assert r.json()["detail"][0]["loc"] == ["body", "pinned"]
+    assert not Adapter.objects.exists()

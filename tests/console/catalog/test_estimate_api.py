@@ -104,3 +104,11 @@ def test_the_command_exits_2_naming_the_problem(tmp_path):
     with pytest.raises(CommandError, match="field 'num_hidden_layers'") as e:
         call_command("estimate", case["path"])
     assert e.value.returncode == 2
+
+
+@pytest.mark.parametrize("field, value", [("batch", "3"), ("batch", True), ("seq", "128"), ("seq", 128.0),
+                                          ("adapter_pool_bytes", "1024"), ("dtype", 16), ("path", 1)])
+def test_a_value_of_the_wrong_json_type_is_refused_not_coerced(api, model_dir, field, value):
+    r = api.post("/api/v1/estimate", {"path": str(model_dir), field: value})
+    assert r.status_code == 422, r.content
+    assert [e["loc"] for e in r.json()["detail"]] == [["body", field]]

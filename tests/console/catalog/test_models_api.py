@@ -60,3 +60,19 @@ def test_it_will_not_delete_a_model_in_use(api, model_dir):
     r = api.delete("/api/v1/models/tiny")
     assert r.status_code == 409
     assert "used by deployment(s) d" in refusal(r)
+
+
+@pytest.mark.parametrize("name", ["ghost\n", "ghost\r\n", "gho\nst"])
+def test_it_refuses_a_name_with_a_newline_and_stores_nothing(api, model_dir, name):
+    r = api.post("/api/v1/models", {"name": name, "path": str(model_dir)})
+    assert r.status_code == 422, r.content
+    assert r.json()["detail"][0]["loc"] == ["body", "name"]
+    assert f"model name {name!r} is not valid" in refusal(r)
+    assert not Model.objects.exists()
+
+
+@pytest.mark.parametrize("body", [{"name": 1, "path": "x"}, {"name": "tiny", "path": ["x"]}])
+def test_it_refuses_a_name_or_path_that_is_not_a_json_string(api, body):
+    r = api.post("/api/v1/models", body)
+    assert r.status_code == 422, r.content
+    assert not Model.objects.exists()

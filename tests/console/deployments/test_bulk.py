@@ -123,3 +123,17 @@ def test_a_deployment_named_bulk_stays_reachable(api, registered, client):
     assert r.status_code == 200 and r.json()["replica_count"] == 2
     assert api.delete("/api/v1/deployments/bulk").status_code == 204
     assert not Deployment.objects.exists()
+
+
+def test_a_name_with_a_trailing_newline_is_refused_at_its_item(api, registered):
+    r = api.post(BULK, {"deployments": [{"name": "fine", "model": "tiny"}, {"name": "ghost\n", "model": "tiny"}]})
+    assert r.status_code == 422 and locs(r) == [["body", "deployments", 1, "name"]]
+    assert "ends with a newline" in refusal(r)
+    assert not Deployment.objects.exists()
+
+
+def test_an_item_of_the_wrong_json_type_is_refused_at_its_item(api, registered):
+    r = api.post(BULK, {"deployments": [{"name": "a", "model": "tiny"}, {"name": "b", "model": "tiny",
+                                                                        "standby": "yes"}]})
+    assert r.status_code == 422 and locs(r) == [["body", "deployments", 1, "standby"]]
+    assert not Deployment.objects.exists()

@@ -85,3 +85,51 @@ def test_it_changes_the_policy_and_refuses_a_bad_change_whole(api, registered, c
     r = client.patch("/api/v1/deployments/chat", data='{"min_replicas": 5}', **patch)
     assert r.status_code == 422 and refusal(r) == "max_replicas 4 is below min_replicas 5"
     assert refused_fields(r) == ["max_replicas"]
+
+
+@pytest.mark.parametrize("name", ["ghost\n", "ghost\r\n", "\nghost"])
+def test_it_refuses_a_name_that_could_not_be_reached_again_and_stores_nothing(api, registered, name):
+    r = api.post("/api/v1/deployments", {"name": name, "model": "tiny"})
+    assert r.status_code == 422, r.content
+    assert refused_fields(r) == ["name"]
+    assert f"deployment name {name!r} is not valid" in refusal(r)
+    assert not Deployment.objects.exists()
+
+
+# A JSON value of another type than the schema says is refused, never coerced ("yes" is not true, 1 is not
+# true, "3" is not 3, 2.0 is not 2).
+WRONG_TYPES = [("standby", "yes"), ("standby", 1), ("latency_critical", "true"), ("replicas", "3"),
+               ("replicas", 2.0), ("max_batch_size", "16"), ("max_batch_delay_ms", "5"), ("slo_latency_ms", True),
+               ("idle_timeout_s", "300"), ("priority", 1), ("selector", {"gpu": 1})]
+
+
+@pytest.mark.parametrize("field, value", WRONG_TYPES)
+def test_it_refuses_a_value_of_the_wrong_json_type_and_stores_nothing(api, registered, field, value):
+    r = api.post("/api/v1/deployments", {"name": "chat", "model": "tiny", field: value})
+    assert r.status_code == 422, r.content
+    assert refused_fields(r) == [field]
+    assert not Deployment.objects.exists()
+
+
+@pytest.mark.parametrize("field, value", [("batch", "3"), ("batch", True), ("seq", "128"), ("dtype", 16),
+                                          ("model", 1)])
+def test_it_refuses_serving_settings_of_the_wrong_json_type(api, registered, field, value):
+    r = api.post("/api/v1/deployments", {"name": "chat", "model": "tiny", field: value})
+    assert r.status_code == 422, r.content
+    assert refused_fields(r) == [field]
+    assert not Deployment.objects.exists()
+
+
+@pytest.mark.parametrize("field, value", WRONG_TYPES)
+def test_a_change_of_the_wrong_json_type_is_refused_and_changes_nothing(api, registered, field, value):
+    api.post("/api/v1/deployments", {"name": "chat", "model": "tiny"})
+    before = api.get("/api/v1/deployments/chat").json()
+    r = api.patch("/api/v1/deployments/chat", {field: value})
+    assert r.status_code == 422, r.content
+    assert refused_fields(r) == [field]
+    assert api.get("/api/v1/deployments/chat").json() == before
+
+
+def test_a_whole_number_is_still_a_float(api, registered):
+    r = api.post("/api/v1/deployments", {"name": "chat", "model": "tiny", "max_batch_delay_ms": 5})
+    assert r.status_code == 201 and r.json()["max_batch_delay_ms"] == 5.0

@@ -29,3 +29,24 @@ def test_desired_rows_are_desired_replicas_as_pushed(model):
     assert first["adapter_hints"] == {"sql": 1.0, "support": 1.0}  # both asked for, both fit the device tier
     embed = next(r for r in rows[hosts["gpu-a"]] if r["deployment"] == "embed")
     assert (embed["adapters"], embed["adapter_pool_bytes"], embed["adapter_hints"]) == ([], 0, {})
+
+
+def test_replicas_whose_deployment_was_deleted_after_they_were_read_are_left_out(model):
+    # A delete that commits between the read of the replicas and the read of their deployments (PostgreSQL reads
+    # each statement afresh): those replicas are gone too, and the host was marked stale by the delete.
+    from console.catalog.models import Adapter
+    from console.deployments.models import Deployment, Replica
+
+    scene(model.path)
+    hosts = dict(Host.objects.values_list("name", "pk"))
+    chat = Deployment.objects.get(name="chat")
+    Deployment.objects.filter(pk=chat.pk)._raw_delete("default")  # its replicas stay until commit (deferred keys)
+    try:
+        rows = desired_rows_by_host(hosts.values())
+    finally:  # what the delete would have taken along, before the test's end checks the keys
+        orphans = list(Replica.objects.filter(deployment_id=chat.pk).order_by().values_list("pk", flat=True))
+        Replica.gpus.through.objects.filter(replica_id__in=orphans)._raw_delete("default")
+        Replica.objects.filter(pk__in=orphans)._raw_delete("default")
+        Adapter.objects.filter(deployment_id=chat.pk)._raw_delete("default")
+    assert all(r["deployment"] != "chat" for host_rows in rows.values() for r in host_rows)
+    assert any(r["deployment"] == "embed" for r in rows[hosts["gpu-a"]])
