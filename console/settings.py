@@ -235,6 +235,10 @@ AXES_COOLOFF_TIME = timedelta(
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "console.accounts.throttle.locked_out"
+# `up` has uvicorn replace REMOTE_ADDR with X-Forwarded-For only from these proxies (comma-separated addresses or
+# networks). uvicorn's own default trusts loopback, which in the embedded mode is every client, so one sent to a
+# locked-out sign-in started a fresh count; here none is trusted unless named.
+FORWARDED_ALLOW_IPS = envstr("FORWARDED_ALLOW_IPS", "").strip()
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
@@ -304,6 +308,13 @@ MODELGRID_GATEWAY_QUEUE_MAX = envint("MODELGRID_GATEWAY_QUEUE_MAX", 256)
 MODELGRID_GATEWAY_TOKEN_CONCURRENCY = envint("MODELGRID_GATEWAY_TOKEN_CONCURRENCY", 64)
 MODELGRID_GATEWAY_DEPLOYMENT_CONCURRENCY = envint("MODELGRID_GATEWAY_DEPLOYMENT_CONCURRENCY", 256)
 MODELGRID_GATEWAY_MAX_BODY_BYTES = envint("MODELGRID_GATEWAY_MAX_BODY_BYTES", 16 * 1024 * 1024)
+# `up`'s HTTP connections (console/connections.py): at most this many open (0: half the process's descriptor
+# limit), each sending a request's headers within the first timeout and its body within the second.
+MODELGRID_MAX_CONNECTIONS = int(_at_least("MODELGRID_MAX_CONNECTIONS", envint("MODELGRID_MAX_CONNECTIONS", 0), 0))
+MODELGRID_HEADER_TIMEOUT_SECONDS = _at_least("MODELGRID_HEADER_TIMEOUT_SECONDS",
+                                             envfloat("MODELGRID_HEADER_TIMEOUT_SECONDS", 10.0), 0.1)
+MODELGRID_BODY_TIMEOUT_SECONDS = _at_least("MODELGRID_BODY_TIMEOUT_SECONDS",
+                                           envfloat("MODELGRID_BODY_TIMEOUT_SECONDS", 60.0), 0.1)
 # Temporal sharing by demand: a replica without requests this long is idle (it may sleep for an equal or
 # higher tier's waiting requests); a replica just placed or woken keeps its GPU at least this long.
 MODELGRID_IDLE_GRACE_SECONDS = envfloat("MODELGRID_IDLE_GRACE_SECONDS", 2.0)

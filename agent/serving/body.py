@@ -25,8 +25,15 @@ MAX_VALUES = 1 << 18
 _CONTAINERS = (list, dict)  # what json.loads makes of arrays and objects
 
 
+BODY_TIMEOUT_S = 60.0  # a body that trickles in holds a connection and a handler: it must arrive within this
+
+
 class TooLarge(ServingError):
     status, code = 413, "request_too_large"
+
+
+class SlowBody(ServingError):
+    status, code = 408, "request_timeout"
 
 
 async def read_json(
@@ -39,11 +46,15 @@ async def read_json(
     if declared is not None and declared > max_bytes:
         raise TooLarge(f"the request body is {declared} bytes; this server takes at most {_size(max_bytes)}")
     chunks, size = [], 0
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > max_bytes:
-            raise TooLarge(f"the request body is over {_size(max_bytes)}, the most this server takes")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in request.content.iter_any():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise TooLarge(f"the request body is over {_size(max_bytes)}, the most this server takes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise SlowBody(f"the request body did not arrive within {BODY_TIMEOUT_S:g} s ({size} bytes came)") from None
     return await asyncio.to_thread(parse_json, b"".join(chunks), max_depth=max_depth, max_values=max_values)
 
 

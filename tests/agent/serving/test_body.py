@@ -1,5 +1,6 @@
 """Reading a JSON body within limits (agent.serving.body): size, count of values, nesting depth."""
 
+import asyncio
 import json
 import time
 
@@ -93,3 +94,17 @@ async def test_read_json_refuses_a_streamed_body_once_it_passes_the_limit(post):
 async def test_read_json_refuses_deep_nesting_with_a_400(post):
     status, answer = await post(deep(100_000))
     assert status == 400 and f"more than {MAX_DEPTH} levels deep" in answer["error"]
+
+
+async def test_read_json_gives_up_on_a_body_that_trickles_in(post, monkeypatch):
+    from agent.serving import body
+
+    monkeypatch.setattr(body, "BODY_TIMEOUT_S", 0.3)
+
+    async def trickle():  # a byte now and then: it would hold the handler and its connection for ever
+        for _ in range(100):
+            yield b" "
+            await asyncio.sleep(0.1)
+
+    status, answer = await post(trickle())
+    assert status == 408 and answer["error"].startswith("the request body did not arrive within 0.3 s")

@@ -20,6 +20,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
+from console.connections import raise_descriptor_limit, server_options
 from console.deployments.loop import scheduler_loop
 from console.events.record import command_actor
 from console.fleet.models import AgentCredential
@@ -217,8 +218,9 @@ class Command(BaseCommand):
 
         port = sock.getsockname()[1]
         # After SERVER_DRAIN_TIMEOUT uvicorn cancels the requests still running (a sync view's thread runs on).
+        raise_descriptor_limit()
         config = uvicorn.Config(application, lifespan="off", log_level="warning", ws="websockets-sansio",
-                                timeout_graceful_shutdown=SERVER_DRAIN_TIMEOUT)
+                                timeout_graceful_shutdown=SERVER_DRAIN_TIMEOUT, **server_options())
         server = _Server(config)
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started:
