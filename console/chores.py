@@ -15,12 +15,13 @@ CHORE_SECONDS = 10.0
 
 def _chores() -> list[tuple[str, Callable[[datetime], object]]]:
     # Imported here: chores reach into several apps, and this module is imported by the loop at start-up.
+    from console.accounts.retention import prune as prune_sign_ins
     from console.alerts.evaluate import evaluate
     from console.events.record import prune
     from console.series.sampler import sample
 
     # The alerts after the sample: the foreign-memory rule reads the points the sample just wrote.
-    return [("series", sample), ("alerts", evaluate), ("events", prune)]
+    return [("series", sample), ("alerts", evaluate), ("events", prune), ("sign-ins", prune_sign_ins)]
 
 
 def run_chores(now: datetime | None = None) -> None:

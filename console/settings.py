@@ -235,10 +235,18 @@ AXES_COOLOFF_TIME = timedelta(
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "console.accounts.throttle.locked_out"
+# Stores a bounded excerpt of each failed attempt (django-axes' own handler appends 2 KiB to one row per failure).
+AXES_HANDLER = "console.accounts.throttle.BoundedRecords"
+# The address a sign-in is counted under is REMOTE_ADDR, never a header a client may have written itself.
+AXES_CLIENT_IP_CALLABLE = "console.accounts.throttle.client_address"
 # `up` has uvicorn replace REMOTE_ADDR with X-Forwarded-For only from these proxies (comma-separated addresses or
 # networks). uvicorn's own default trusts loopback, which in the embedded mode is every client, so one sent to a
 # locked-out sign-in started a fresh count; here none is trusted unless named.
 FORWARDED_ALLOW_IPS = envstr("FORWARDED_ALLOW_IPS", "").strip()
+# Expired sessions, and sign-in records (django-axes' access logs, failure logs and attempts) older than this, are
+# deleted by the scheduler leader's chores (console/accounts/retention.py); an attempt lasts its cool-off at least.
+MODELGRID_SIGN_IN_RETENTION_DAYS = _at_least("MODELGRID_SIGN_IN_RETENTION_DAYS",
+                                             envfloat("MODELGRID_SIGN_IN_RETENTION_DAYS", 30.0), 0.001)
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
@@ -337,3 +345,8 @@ MODELGRID_SERIES_FINE_RETENTION_SECONDS = _at_least("MODELGRID_SERIES_FINE_RETEN
 MODELGRID_SERIES_COARSE_RETENTION_SECONDS = _at_least("MODELGRID_SERIES_COARSE_RETENTION_SECONDS",
                                                       envfloat("MODELGRID_SERIES_COARSE_RETENTION_SECONDS",
                                                                30 * 86400.0), 3600.0)
+
+# Alert webhooks reach public addresses only; these hosts (names or addresses, as the URL writes them) are exempt,
+# e.g. an Alertmanager inside the cluster (console/alerts/targets.py).
+MODELGRID_WEBHOOK_ALLOWED_HOSTS = [h.strip().lower().strip("[]").rstrip(".")
+                                   for h in envstr("MODELGRID_WEBHOOK_ALLOWED_HOSTS", "").split(",") if h.strip()]

@@ -3,6 +3,8 @@ desired_state, error, logs_request. Every message is one JSON object on the webs
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, TypeAdapter
@@ -34,12 +36,16 @@ BIG = 2**63 - 1  # bigint: bytes, generations, counters, replica ids
 SMALL = 2**31 - 1  # integer: GPU indexes, pids, batch and sequence sizes
 MAX_NAME = 200  # host, GPU and deployment names (Host.name, Gpu.name)
 MAX_TEXT = 4000  # free text (reasons): longer is cut, not refused, so a long error never loses a status
-MAX_GPUS = 1024  # per host, or per replica's gang
+# GPUs per host (or in one replica's gang), and the memory of one GPU: 64 x 4 PiB stays far inside a 64-bit sum
+# per host, and far beyond any real machine (an H200 has 141 GiB). The console sums a fleet's memory as a float.
+MAX_GPUS = 64
+MAX_GPU_BYTES = 2**52
 MAX_ITEMS = 10_000  # replicas, deployments or adapters in one message (the 1 MiB message cap comes first)
 MAX_LOG_LINES = 1000  # lines of a worker log in one logs reply
 MAX_LOG_LINE = 1000  # characters of one log line: longer is cut
 
 Count = Annotated[int, Field(ge=0, le=BIG)]
+GpuBytes = Annotated[int, Field(ge=0, le=MAX_GPU_BYTES)]
 Small = Annotated[int, Field(ge=0, le=SMALL)]
 Id = Annotated[int, Field(ge=0, le=BIG)]
 Size = Annotated[int, Field(ge=1, le=SMALL)]  # a batch or sequence size
@@ -66,10 +72,42 @@ def _clip(value: object, limit: int = MAX_TEXT) -> object:
     return value
 
 
+# An advertised inference endpoint is a base URL and nothing more. The console builds each URL to an agent from
+# these parts: a path, query or user info would let an agent token choose what the console fetches (its metrics
+# relay once fetched `http://127.0.0.1:PORT/any/path?` + `/metrics`).
+ENDPOINT_FORM = "scheme://host:port (http or https, a host and a port only: no path, query, fragment or user info)"
+# A host is a bracketed IPv6 address, or a name or IPv4 address (underscores allowed: some machines' names have them).
+_ENDPOINT = re.compile(r"(?i)(https?)://(\[[0-9a-f:.]+\]|[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_])?)(?::([0-9]{1,5}))?")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def endpoint_parts(endpoint: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an advertised endpoint, lowercase, an IPv6 host in brackets, the scheme's port when
+    none is written; None for "" (no endpoint). Raises ValueError when it is more or less than a base URL."""
+    if endpoint == "":
+        return None
+    match = _ENDPOINT.fullmatch(endpoint)
+    port = int(match.group(3)) if match and match.group(3) else None
+    if match is None or port == 0 or (port or 0) > 65535:
+        raise ValueError(f"an endpoint must be {ENDPOINT_FORM}, got {endpoint[:100]!r}")
+    scheme, host = match.group(1).lower(), match.group(2).lower()
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"an endpoint must be {ENDPOINT_FORM}; {host} is no IPv6 address") from None
+    return scheme, host, port or _DEFAULT_PORTS[scheme]
+
+
+def _endpoint(value: str) -> str:
+    endpoint_parts(value)
+    return value
+
+
 Name = _text(MAX_NAME)
 Uuid = _text(100)  # Gpu.uuid
 Version = _text(50)  # Host.agent_version
-Endpoint = _text(300)  # Host.endpoint
+Endpoint = Annotated[_text(300), AfterValidator(_endpoint)]  # Host.endpoint
 Text = Annotated[_text(MAX_TEXT), BeforeValidator(_clip)]
 LogLine = Annotated[_text(MAX_LOG_LINE), BeforeValidator(lambda value: _clip(value, MAX_LOG_LINE))]
 RequestId = Annotated[_text(64), Field(min_length=1)]
@@ -85,13 +123,13 @@ class GpuInfo(_Message):
     index: Small
     uuid: Uuid
     name: Name
-    total_bytes: Count
-    used_bytes: Count
+    total_bytes: GpuBytes
+    used_bytes: GpuBytes
     utilization: float | None = Field(default=None, ge=0, le=100)
     simulated: bool
     # Of used_bytes, what this agent's own workers hold (loading, serving, draining or waking); the rest is
     # foreign. None: not reported (an older agent), so the console falls back to its own accounting.
-    own_bytes: Count | None = None
+    own_bytes: GpuBytes | None = None
 
 
 class Measurement(_Message):

@@ -6,8 +6,9 @@ from pydantic import ConfigDict
 
 from console.accounts.auth import actor_of
 from console.alerts.models import Alert, AlertRule, RuleKind
+from console.alerts.targets import url_refusal
 from console.catalog.schemas import ErrorOut, RequestBody
-from console.errors import NotFound
+from console.errors import Invalid, NotFound
 from console.events.record import Note, record
 
 router = Router()
@@ -71,6 +72,9 @@ def list_rules(request):
               summary="Change an alert rule (told on the timeline)")
 def update_rule(request, kind: str, body: RulePatch):
     changes = body.dict(exclude_unset=True, exclude_none=True)
+    refused = url_refusal(changes["webhook_url"]) if changes.get("webhook_url") else None
+    if refused:
+        raise Invalid(refused, "webhook_url")
     with transaction.atomic():
         if kind not in RuleKind.values:
             raise NotFound(f"no alert rule {kind!r}; the rules are {', '.join(RuleKind.values)}")

@@ -15,6 +15,7 @@ from console.deployments.models import Deployment
 from console.events.models import Event
 from console.events.record import Note, record
 from console.fleet.models import Gpu, Host
+from console.fleet.presenters import float_sum
 from console.scheduler.explain import seconds
 
 FAILURES = ("Failed", "OutOfMemory", "HeartbeatTimeout")
@@ -51,7 +52,7 @@ def _foreign_above(threshold: float) -> list[str]:
     history is read (memory cannot have grown by more than is there), so a fleet without foreign use costs one
     query, not a series read per host. Where an agent does not say what it owns, all it uses counts."""
     used = (Gpu.objects.filter(host__connected=True).values("host__name")
-            .annotate(foreign=Sum(Greatest(F("used_bytes") - Coalesce("own_bytes", 0), 0))))
+            .annotate(foreign=float_sum(Greatest(F("used_bytes") - Coalesce("own_bytes", 0), 0))))
     return [row["host__name"] for row in used if (row["foreign"] or 0) > threshold]
 
 

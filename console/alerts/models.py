@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.db import models
 
 
@@ -25,6 +26,14 @@ class AlertRule(models.Model):
 
     def __str__(self) -> str:
         return self.kind
+
+    def clean(self) -> None:
+        # The admin's form; the API checks the same before it saves.
+        from console.alerts.targets import url_refusal
+
+        refused = url_refusal(self.webhook_url) if self.webhook_url else None
+        if refused:
+            raise ValidationError({"webhook_url": refused})
 
     @classmethod
     def in_force(cls) -> list[AlertRule]:

@@ -1,6 +1,7 @@
 """Delivering what alerts owe their rules' webhooks: an outbox of POSTs in the database, sent by the scheduler
 leader's chore loop from the event loop (aiohttp, never a database thread), each retried with doubling
-backoff until delivered or given up; every delivery and every giving up is told on the timeline."""
+backoff until delivered or given up; every delivery and every giving up is told on the timeline. Only public
+addresses are reached (console/alerts/targets.py), and redirects are not followed."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import aiohttp
 from channels.db import database_sync_to_async
 from django.db import transaction
 from django.utils import timezone
+from yarl import URL
 
 from console.alerts.evaluate import _note
 from console.alerts.models import WebhookDelivery
+from console.alerts.targets import PublicResolver, RefusedTarget, literal_refusal
 from console.events.record import record
 
 log = logging.getLogger("modelgrid.alerts")
@@ -32,13 +35,25 @@ def due(now: datetime) -> list[WebhookDelivery]:
 
 
 async def post(session: aiohttp.ClientSession, delivery: WebhookDelivery) -> str | None:
-    """POST one delivery; None when the receiver took it (2xx), else why not."""
+    """POST one delivery; None when the receiver took it (2xx), else why not. `session` must resolve names with
+    PublicResolver (as deliver's does): addresses written in the URL are checked here."""
     try:
-        async with session.post(delivery.url, json=delivery.payload,
+        refused = literal_refusal(URL(delivery.url).host or "")
+        if refused:
+            return refused
+        # A redirect is not followed: its target would be reached unchecked.
+        async with session.post(delivery.url, json=delivery.payload, allow_redirects=False,
                                 headers={"User-Agent": "ModelGrid-alerts"}) as response:
             if 200 <= response.status < 300:
                 return None
-            return f"HTTP {response.status} {response.reason or ''}".strip()
+            said = f"HTTP {response.status} {response.reason or ''}".strip()
+            if 300 <= response.status < 400:
+                said += " (redirects are not followed: point the webhook at where it leads)"
+            return said
+    except aiohttp.ClientConnectorError as e:
+        if isinstance(e.os_error, RefusedTarget):
+            return str(e.os_error)
+        return f"{type(e).__name__}: {e}"
     except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
         return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
@@ -74,7 +89,8 @@ async def deliver(on_db=database_sync_to_async) -> int:
     todo = await on_db(due)(now)
     if not todo:
         return 0
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as session:
+    connector = aiohttp.TCPConnector(resolver=PublicResolver())
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S), connector=connector) as session:
         errors = await asyncio.gather(*(post(session, d) for d in todo))
     await on_db(settle)(list(zip(todo, errors, strict=True)), timezone.now())
     return len(todo)

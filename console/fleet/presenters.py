@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, Prefetch, Q, QuerySet, Sum
+from django.db.models import Count, F, FloatField, Prefetch, Q, QuerySet, Sum
+from django.db.models.functions import Cast
 
 from console.deployments.models import Deployment, Replica
 from console.fleet.labels import gpu_labels
@@ -110,6 +111,16 @@ def _ordered(counts: dict[str, int], order: tuple[str, ...]) -> list[tuple[str, 
     return known + sorted((s, n) for s, n in counts.items() if s not in order and n)
 
 
+def float_sum(expression) -> Sum:
+    """A sum of byte counts that cannot overflow: SQLite fails a 64-bit integer SUM past 2**63 ("integer overflow"),
+    which a few dozen hosts of the largest GPUs the protocol allows reach, or rows stored under older bounds."""
+    return Sum(Cast(F(expression) if isinstance(expression, str) else expression, FloatField()))
+
+
+def _whole(value) -> int:
+    return int(value or 0)
+
+
 def fleet_summary() -> dict:
     """The whole fleet in figures, whatever page is shown: hosts by state, GPUs and their memory, replicas by
     observed state, deployments by state. Five aggregate queries, however large the fleet."""
@@ -117,20 +128,20 @@ def fleet_summary() -> dict:
     hosts = Host.objects.aggregate(n_total=Count("pk"),
                                    **{f"n_{s}": Count("pk", filter=q) for s, q in _LIFECYCLE.items()})
     gpus = Gpu.objects.aggregate(n_count=Count("pk"), n_simulated=Count("pk", filter=Q(simulated=True)),
-                                 n_total_bytes=Sum("total_bytes"), n_used_bytes=Sum("used_bytes"))
+                                 n_total_bytes=float_sum("total_bytes"), n_used_bytes=float_sum("used_bytes"))
     gpus = {k.removeprefix("n_"): v for k, v in gpus.items()}
     # As each GPU's bar counts it: a replica's reservation on every GPU it spans.
-    reserved = Replica.gpus.through.objects.aggregate(b=Sum("replica__reserved_bytes"))["b"] or 0
+    reserved = _whole(Replica.gpus.through.objects.aggregate(b=float_sum("replica__reserved_bytes"))["b"])
     replicas = dict(Replica.objects.order_by().values_list("observed_state").annotate(n=Count("pk")))
     deployments = dict(Deployment.objects.order_by().values_list("state").annotate(n=Count("pk")))
     violating = Deployment.objects.filter(violating=True).count()
-    total_bytes = gpus["total_bytes"] or 0
+    total_bytes, used_bytes = _whole(gpus["total_bytes"]), _whole(gpus["used_bytes"])
     return {
         "hosts": {"total": hosts["n_total"], "states": [(s, hosts[f"n_{s}"]) for s in HOST_STATES]},
         "gpus": {"count": gpus["count"], "simulated": gpus["simulated"]},
-        "memory": {"total_bytes": total_bytes, "reserved_bytes": reserved, "used_bytes": gpus["used_bytes"] or 0,
+        "memory": {"total_bytes": total_bytes, "reserved_bytes": reserved, "used_bytes": used_bytes,
                    "reserved_pct": round(100 * reserved / total_bytes, 1) if total_bytes else 0.0,
-                   "used_pct": round(100 * (gpus["used_bytes"] or 0) / total_bytes, 1) if total_bytes else 0.0},
+                   "used_pct": round(100 * used_bytes / total_bytes, 1) if total_bytes else 0.0},
         "replicas": {"total": sum(replicas.values()), "states": _ordered(replicas, REPLICA_STATE_ORDER)},
         "deployments": {"total": sum(deployments.values()), "states": _ordered(deployments, DEPLOYMENT_STATE_ORDER),
                         "violating": violating},

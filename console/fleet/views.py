@@ -42,7 +42,7 @@ def _segments(gpu: dict) -> dict:
     total = gpu["total_bytes"] or 1
     segments = []
     for r in gpu["replicas"]:
-        width = max(100 * r["reserved_bytes"] / total, 0.8)  # keep tiny replicas visible
+        width = min(max(100 * r["reserved_bytes"] / total, 0.8), 100)  # keep tiny replicas visible
         fill = 100 * (r["measured_bytes"] or 0) / (r["reserved_bytes"] or 1)
         progress = load_progress(r["state"], r["loaded_bytes"], r["loading_total_bytes"])
         toward = heading_for(r["state"], r["desired_state"])
@@ -54,7 +54,8 @@ def _segments(gpu: dict) -> dict:
     return gpu | {
         "segments": segments,
         "foreign_bytes": foreign,
-        "foreign_width": round(100 * foreign / total, 3),
+        # An agent may say a GPU uses more than it has: the bar still ends at the GPU's edge.
+        "foreign_width": round(min(100 * foreign / total, 100), 3),
         "reserved_pct": round(100 * gpu["reserved_bytes"] / total, 1),
     }
 

@@ -16,6 +16,7 @@ import aiohttp
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from agent.protocol.messages import ENDPOINT_FORM, endpoint_parts
 from console.gateway.core import Gateway, Refused
 from console.gateway.metrics import CONTENT_TYPE
 from console.gateway.upstream import Unreachable
@@ -45,12 +46,21 @@ async def relay(gw: Gateway, request: Request) -> Response:
         raise Refused(503, f"host {name!r} has no inference endpoint yet: its agent has not connected since it was "
                       "added", code="no_endpoint")
     try:
+        # Rebuilt from its parts: whatever else a stored endpoint carries (a path, a query: an older console took
+        # them) must not choose what is fetched.
+        scheme, address, port = endpoint_parts(host.endpoint)
+    except ValueError:
+        raise Refused(503, f"host {name!r} advertises the endpoint {host.endpoint[:100]!r}, which is not "
+                      f"{ENDPOINT_FORM}; it is not fetched until its agent says hello with one that is",
+                      code="bad_endpoint") from None
+    base = f"{scheme}://{address}:{port}"
+    try:
         async with asyncio.timeout(SCRAPE_TIMEOUT_S):
-            response = await gw.upstream.request(host.endpoint, host.secret, f"host {name!r}", "GET", "/metrics")
+            response = await gw.upstream.request(base, host.secret, f"host {name!r}", "GET", "/metrics")
             async with response:
                 body = await response.read()
     except (Unreachable, TimeoutError, aiohttp.ClientError) as e:
-        detail = str(e) if isinstance(e, Unreachable) else f"host {name!r} at {host.endpoint}: {e or type(e).__name__}"
+        detail = str(e) if isinstance(e, Unreachable) else f"host {name!r} at {base}: {e or type(e).__name__}"
         raise Refused(502, f"agent unreachable: {detail}", code="agent_unreachable") from e
     if response.status != 200:
         said = body[:QUOTED_BYTES].decode("utf-8", "replace")

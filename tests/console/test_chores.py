@@ -29,3 +29,14 @@ def test_the_real_chores_prune_the_timeline(settings):
     record([Note("host/new", "Connected", "hello")])
     chores.run_chores()
     assert list(Event.objects.values_list("object", flat=True)) == ["host/new"]
+
+
+def test_the_real_chores_purge_expired_sessions_and_old_sign_in_records(settings):
+    from axes.models import AccessLog
+    from django.contrib.sessions.models import Session
+
+    Session.objects.create(session_key="gone", session_data="", expire_date=timezone.now() - timezone.timedelta(1))
+    AccessLog.objects.create(username="ann", user_agent="", http_accept="", path_info="/")
+    AccessLog.objects.update(attempt_time=timezone.now() - timezone.timedelta(days=31))
+    chores.run_chores()
+    assert not Session.objects.exists() and not AccessLog.objects.exists()

@@ -15,7 +15,7 @@ from agent.protocol import (
     ReplicaStatus,
     parse_agent_message,
 )
-from agent.protocol.messages import BIG, MAX_TEXT, SMALL
+from agent.protocol.messages import BIG, MAX_GPU_BYTES, MAX_GPUS, MAX_TEXT, SMALL
 
 GiB = 1 << 30
 GPU = {"index": 0, "uuid": "GPU-0", "name": "H100", "total_bytes": 80 * GiB, "used_bytes": 0, "simulated": False}
@@ -67,7 +67,11 @@ HOSTILE = {
     "a NUL in a host name": {"type": "hello", "protocol": 1, "host": "h\x001", "agent_version": "1",
                              "endpoint": "http://h1:8100", "gpus": []},
     "a NUL in a deployment name": report(serving=[SERVING | {"deployment": "chat\x00"}]),
-    "more GPUs than a host has": report(gpus=[GPU | {"index": i} for i in range(1025)]),
+    "more GPUs than a host has": report(gpus=[GPU | {"index": i} for i in range(MAX_GPUS + 1)]),
+    "a GPU larger than any machine": report(gpus=[GPU | {"total_bytes": MAX_GPU_BYTES + 1}]),
+    "a GPU using more than any machine has": report(gpus=[GPU | {"used_bytes": MAX_GPU_BYTES + 1}]),
+    "a hello with more GPUs than a host has": {"type": "hello", "protocol": 1, "host": "h1", "agent_version": "1",
+                                               "endpoint": "", "gpus": [GPU] * (MAX_GPUS + 1)},
 }
 
 
@@ -90,9 +94,9 @@ def test_deeply_nested_json_is_refused_without_a_crash():
 
 
 def test_the_largest_values_the_columns_hold_are_accepted():
-    msg = parse(report(gpus=[GPU | {"index": SMALL, "total_bytes": BIG, "used_bytes": BIG, "own_bytes": BIG}],
-                       ram_free_bytes=BIG))
-    assert msg.gpus[0].index == SMALL and msg.ram_free_bytes == BIG
+    gpu = GPU | {"index": SMALL, "total_bytes": MAX_GPU_BYTES, "used_bytes": MAX_GPU_BYTES, "own_bytes": MAX_GPU_BYTES}
+    msg = parse(report(gpus=[gpu | {"index": i} for i in range(MAX_GPUS)], ram_free_bytes=BIG))
+    assert msg.gpus[0].total_bytes == MAX_GPU_BYTES and msg.ram_free_bytes == BIG
     msg = parse(status(replica_id=BIG, pid=SMALL, measured_bytes=BIG, measurement=MEASUREMENT | {"batch": SMALL}))
     assert (msg.replica_id, msg.pid, msg.measurement.batch) == (BIG, SMALL, SMALL)
 

@@ -132,3 +132,20 @@ async def test_an_unknown_host_an_endpointless_one_and_an_unreachable_one_are_re
     assert "no inference endpoint" in no_endpoint.json()["error"]
     assert unreachable.status_code == 502
     assert "h2" in unreachable.json()["error"] and "127.0.0.1:9" in unreachable.json()["error"]
+
+
+async def test_an_endpoint_with_more_than_a_scheme_host_and_port_is_never_fetched(agents):
+    # Stored as an older console took it from an agent's hello: the relay would have fetched
+    # http://127.0.0.1:PORT/v2/health/live?/metrics, any loopback URL of the agent token holder's choosing.
+    asked, token, _client = agents
+    base = await sync_to_async(lambda: Host.objects.get(name="h1").endpoint)()
+    for tail in ("/v2/health/live?", "/private", "?x=", "#", "/metrics#"):
+        await sync_to_async(Host.objects.filter(name="h1").update)(endpoint=base + tail)
+        async with _client(token) as client:
+            r = await client.get("/metrics/agents/h1")
+        assert r.status_code == 503, (tail, r.text)
+        assert "scheme://host:port" in r.json()["error"] and "h1" in r.json()["error"]
+    await sync_to_async(Host.objects.filter(name="h1").update)(endpoint=base.replace("http://", "http://u:p@"))
+    async with _client(token) as client:
+        assert (await client.get("/metrics/agents/h1")).status_code == 503
+    assert asked["h1"] == []

@@ -106,11 +106,12 @@ async def test_an_ack_beyond_the_hosts_generation_is_refused(token):
 
 
 async def test_the_largest_values_in_bounds_are_stored(token):
-    from agent.protocol.messages import BIG, SMALL
+    from agent.protocol.messages import BIG, MAX_GPU_BYTES, SMALL
 
     comm = await linked(token)
     replica_id = await database_sync_to_async(chat_replica)()
-    big_gpu = GPU | {"index": SMALL, "total_bytes": BIG, "used_bytes": BIG, "own_bytes": BIG, "utilization": 100.0}
+    big_gpu = GPU | {"index": SMALL, "total_bytes": MAX_GPU_BYTES, "used_bytes": MAX_GPU_BYTES,
+                     "own_bytes": MAX_GPU_BYTES, "utilization": 100.0}
     await comm.send_to(text_data=json.dumps(report(
         gpus=[big_gpu], ram_free_bytes=BIG, serving=[SERVING | {"requests": BIG, "p95_ms": 1.7e308}],
         replicas=[status(replica_id, state="sleeping", pid=SMALL, measured_bytes=BIG, loaded_bytes=BIG,
@@ -123,7 +124,7 @@ async def test_the_largest_values_in_bounds_are_stored(token):
     reply = json.loads(await comm.receive_from(timeout=5))
     assert reply["type"] == "error" and "generation" in reply["reason"]
     gpu = await database_sync_to_async(Gpu.objects.get)(host__name="h1", index=SMALL)
-    assert (gpu.total_bytes, gpu.own_bytes) == (BIG, BIG)
+    assert (gpu.total_bytes, gpu.own_bytes) == (MAX_GPU_BYTES, MAX_GPU_BYTES)
     replica = await database_sync_to_async(Replica.objects.get)(pk=replica_id)
     assert (replica.pid, replica.host_bytes, replica.observed_state) == (SMALL, BIG, "sleeping")
     assert replica.adapter_stats[0]["nbytes"] == BIG and len(replica.observed_reason) == 4000
