@@ -171,7 +171,7 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbac
     # estimates must be rebuilt; the gateway's figures are folded in by refresh_observations.)
     deployments = deployment_rows()
     rows = _Rows.read()
-    specs, gpus = gpu_specs(settings.MODELGRID_GPU_BUFFER_BYTES, rows.all(), rows.gpus_of)
+    specs, gpus = gpu_specs(settings.MODELGRID_GPU_BUFFER_BYTES, rows.all(), rows.gpus_of, _leading_since_wall)
     device = fleet_device_kind(gpus)
     needs, problems = _reservations(deployments, device)
     changed = False
@@ -451,14 +451,16 @@ def _refresh_deployment_states() -> bool:
 
 
 _leading_since: float | None = None  # when this process began passing (its reconnect grace counts from then)
+_leading_since_wall: datetime | None = None  # the same on the clock leases are written with: hosts not heard since
+# then have stale readings (snapshot.gpu_specs)
 _last_sweep = float("-inf")
 
 
 def start_leading() -> None:
     """This process has just become the scheduler: agents get the reconnect grace before any lease lapses,
     and the first pass rebuilds every host's desired state."""
-    global _leading_since, _last_sweep
-    _leading_since, _last_sweep = time.monotonic(), float("-inf")
+    global _leading_since, _leading_since_wall, _last_sweep
+    _leading_since, _leading_since_wall, _last_sweep = time.monotonic(), timezone.now(), float("-inf")
     forget_all()  # nothing read in an earlier term is carried into this one
 
 

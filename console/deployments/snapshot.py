@@ -116,35 +116,32 @@ def schedulable_hosts():
     return Host.objects.filter(Q(connected=True) | Q(unknown_since__isnull=False, evicted_at=None))
 
 
-def gpu_specs(buffer_bytes: int, replicas: Iterable[ReplicaRow], gpus_of: dict[int, list[int]]
-              ) -> tuple[list[GpuSpec], dict[str, GpuRow]]:
+def gpu_specs(buffer_bytes: int, replicas: Iterable[ReplicaRow], gpus_of: dict[int, list[int]],
+              heard_since: datetime | None = None) -> tuple[list[GpuSpec], dict[str, GpuRow]]:
     """Schedulable GPUs, with the memory other processes use on them. `replicas` are every replica row and
-    `gpus_of` their GPUs' primary keys (the pass reads both once)."""
+    `gpus_of` their GPUs' primary keys (the pass reads both once). GPUs of hosts that are unknown, or whose
+    agent has not spoken since `heard_since` (when this scheduler began leading), are stale: their readings
+    are from before, so the plan holds their replicas as they are and puts nothing new there."""
     on_gpu: dict[int, list[ReplicaRow]] = {}
     for r in replicas:
         for g in gpus_of.get(r.pk, ()):
             on_gpu.setdefault(g, []).append(r)
     rows = (Gpu.objects.filter(host__in=schedulable_hosts())
             .values_list("pk", "index", "name", "total_bytes", "used_bytes", "own_bytes", "simulated", "host_id",
-                         "host__name", "host__connected", "host__labels"))
+                         "host__name", "host__connected", "host__labels", "host__last_seen"))
     specs, by_id = [], {}
-    for pk, index, name, total, used, own, simulated, host_id, host, connected, labels in rows:
+    for pk, index, name, total, used, own, simulated, host_id, host, connected, labels, seen in rows:
         here = on_gpu.get(pk, ())
-        if connected:
-            # What our own workers hold is ours, the rest of the reading is foreign. The agent says what its
-            # workers hold, draining and loading ones included (their rows may already point elsewhere); an
-            # agent that does not say is credited with what its ready replicas here measured. A reading
-            # never replaces a reservation: reservations come from the replica rows alone.
-            foreign = foreign_bytes(used, own, sum(r.measured_bytes or 0 for r in here if r.observed_state == "ready")
-                                    if own is None else 0)
-        else:
-            # Cordoned: an unknown host keeps what it has and takes nothing new, so the plan sees its GPUs
-            # exactly full (whatever its replicas do not reserve counts as taken).
-            reserved = sum(-(-r.reserved_bytes // max(len(gpus_of[r.pk]), 1)) for r in here if r.host_id == host_id)
-            foreign = max(total - reserved - buffer_bytes, 0)
+        # What our own workers hold is ours, the rest of the reading is foreign. The agent says what its workers
+        # hold, draining and loading ones included (their rows may already point elsewhere); an agent that does not
+        # say is credited with what its ready replicas here measured. A reading never replaces a reservation:
+        # reservations come from the replica rows alone.
+        foreign = foreign_bytes(used, own, sum(r.measured_bytes or 0 for r in here if r.observed_state == "ready")
+                                if own is None else 0)
+        stale = not connected or (heard_since is not None and seen is not None and seen < heard_since)
         gid = gpu_id(host, index)
         specs.append(GpuSpec(id=gid, host=host, total_bytes=total, used_bytes=foreign,
-                             labels=labels_of(name, labels)))
+                             labels=labels_of(name, labels), stale=stale))
         by_id[gid] = GpuRow(pk, gid, host_id, simulated)
     return specs, by_id
 
@@ -212,5 +209,6 @@ def replica_specs(deployments: list[DeploymentRow], rows: dict[int, list[Replica
                                          last_request_at=used, ready_since=since))
             elif r.host_id is not None:  # ready or preloaded (standby): either holds its GPUs
                 specs.append(ReplicaSpec(dep.name, r.index, tuple(gpu_ids.get(r.pk, ())), r.reserved_bytes,
-                                         "ready", last_request_at=used, ready_since=since))
+                                         "ready", last_request_at=used, ready_since=since,
+                                         mps_percentage=r.mps_percentage))
     return tuple(specs)

@@ -9,11 +9,14 @@ from console.scheduler import explain
 from console.scheduler.demand import demand_outcomes
 from console.scheduler.gangs import gang_shortfall
 from console.scheduler.sharing import MIN_MPS, mps_of, mps_text, weight_totals
-from console.scheduler.types import Move, Plan, PlannedReplica, Unplaced
+from console.scheduler.types import Move, Plan, PlannedReplica, Replica, Unplaced, host_of
 from console.scheduler.units import BATCH_CLASS, Unit
 
 if TYPE_CHECKING:
     from console.scheduler.planner import Run
+
+STALE_WORDS = ("host {host}'s readings are stale (it is unknown, or has not reported since this scheduler began "
+               "leading): nothing is placed on it or taken from it until it reports")
 
 
 def assemble(run: Run, elapsed_ms: float) -> Plan:
@@ -73,6 +76,8 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
                 "action": "keep", "reserved_bytes": u.share * width, "mps_percentage": pct, "reason": reason,
                 "from_gpus": (), "preempted_by": None})
             replicas.append(planned)
+    held = [r for d in run.demands.values() for r in d.held]
+    replicas.extend(_held(r) for r in held)
     for u in run.retired:
         decision = run.decisions[u.demand.name]
         replicas.append(PlannedReplica(u.demand.name, u.index, (), None, "stopped", "stop", 0, None,
@@ -81,7 +86,7 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
     for r in run.orphans:
         replicas.append(PlannedReplica(r.deployment, r.index, (), None, "stopped", "stop", 0, None,
                                        "stopped: its deployment no longer exists", r.gpus))
-    if run.retired or run.orphans or not _names_in_order(run):
+    if held or run.retired or run.orphans or not _names_in_order(run):
         replicas.sort(key=attrgetter("deployment", "index"))  # else they are in order already (units by index)
     scale = tuple(sorted(run.decisions.values(), key=attrgetter("deployment")))
     used, total, in_use = 0, 0, 0
@@ -102,8 +107,31 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
         elapsed_ms=round(elapsed_ms, 3),
         search=run.search,
         demands=tuple(outcomes.values()),
-        gpu_state=(tuple(ledger.gpus), tuple(ledger.reserved), ledger.buffer),
+        gpu_state=_gpu_state(run, held),
     )
+
+
+def _held(r: Replica) -> PlannedReplica:
+    """A replica on a host whose readings are stale, as it is."""
+    if r.state == "sleeping":
+        return PlannedReplica(r.deployment, r.index, (), r.host, "sleeping", "keep", 0, None,
+                              f"stays asleep in {r.host} RAM: {STALE_WORDS.format(host=r.host)}")
+    host = host_of(r.gpus[0])
+    return PlannedReplica(r.deployment, r.index, r.gpus, host, "ready", "keep", r.reserved_bytes, r.mps_percentage,
+                          f"kept on {', '.join(r.gpus)}: {STALE_WORDS.format(host=host)}")
+
+
+def _gpu_state(run: Run, held: list[Replica]) -> tuple:
+    """(gpus, reserved, buffer) of every GPU, the stale ones with what their held replicas reserve."""
+    ledger = run.ledger
+    if not run.stale:
+        return tuple(ledger.gpus), tuple(ledger.reserved), ledger.buffer
+    on = {g.id: 0 for g in run.stale}
+    for r in held:
+        for g in r.gpus:
+            on[g] += r.reserved_bytes // len(r.gpus)
+    return (tuple(ledger.gpus) + run.stale, tuple(ledger.reserved) + tuple(on[g.id] for g in run.stale),
+            ledger.buffer)
 
 
 _new, _set = object.__new__, object.__setattr__

@@ -77,13 +77,18 @@ class Run:
         self.request = request
         self.settings = request.settings
         self.deadline = started + request.settings.search_budget_s
-        self.ledger = Ledger(request.gpus, request.buffer_bytes)
+        # GPUs of hosts whose readings are stale are not in the ledger: nothing is placed there or taken from there,
+        # and their replicas are held as they are (units.build_units, outcome.assemble).
+        self.stale = tuple(g for g in request.gpus if g.stale)
+        stale_hosts = frozenset(g.host for g in self.stale)
+        gpus = [g for g in request.gpus if not g.stale] if self.stale else request.gpus
+        self.ledger = Ledger(gpus, request.buffer_bytes)
         self.book = IndexBook(self.ledger)
         self.placer = make_placer(request.strategy, self.ledger, self.book)
         self.decisions = {d.name: decide(d, request.now, request.settings) for d in request.deployments}
         self.demands, self.wanted, self.retired, self.orphans = build_units(
-            request.deployments, self.decisions, request.replicas, request.now, self.ledger)
-        self.ram = {h.name: h.ram_free_bytes for h in request.hosts}
+            request.deployments, self.decisions, request.replicas, request.now, self.ledger, stale_hosts)
+        self.ram = {h.name: h.ram_free_bytes for h in request.hosts if h.name not in stale_hosts}
         limit = request.settings.max_moves
         self.moves_left = float("inf") if limit is None else limit
         self.failed: list[Unit] = []

@@ -32,6 +32,9 @@ class Gpu:
     total_bytes: int
     used_bytes: int = 0  # foreign use only: never ModelGrid's own reservations
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # Its host's readings are stale (unknown, or not heard from since this scheduler began leading): nothing is
+    # placed onto it or taken from it; its replicas are held as they are until the host reports again.
+    stale: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class Replica:
     host: str | None = None  # where a sleeping replica's weights are; None: the host of its GPUs
     last_request_at: float | None = None  # when it last had a request in flight; None: never
     ready_since: float | None = None  # when it was last placed, woken or moved onto its GPUs; None: long ago
+    mps_percentage: int | None = None  # as last planned (a replica held on a stale host keeps it)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ class Demand:
     """One deployment as the planner sees it: resolved counts, per-GPU share, tier, value of a replica."""
 
     __slots__ = ("dep", "name", "tier", "rank", "width", "share", "low", "target", "violating", "key", "value",
-                 "ready", "lc", "profile", "sleep_bytes", "mps_weight", "waiting", "idle", "units", "members")
+                 "ready", "lc", "profile", "sleep_bytes", "mps_weight", "waiting", "idle", "units", "members", "held")
 
     def __init__(self, dep: Deployment, decision: ScaleDecision, now: float | None = None) -> None:
         self.dep = dep
@@ -58,6 +58,7 @@ class Demand:
         self.idle = "" if now is None or dep.idle_timeout_s is None else idle_cause(dep, now)
         self.units: list[Unit] | None = None  # its wanted units, kept only while requests wait for it
         self.members: list[Unit] = []  # its wanted units, by index (build_units)
+        self.held: list[Replica] = []  # its replicas on hosts whose readings are stale: kept as they are, no units
 
     @property
     def status(self) -> str:
@@ -140,12 +141,14 @@ def _index(item: Replica | Unit) -> int:
 
 def build_units(
     deployments: Iterable[Deployment], decisions: dict[str, ScaleDecision], replicas: Iterable[Replica],
-    now: float | None = None, ledger: Ledger | None = None,
+    now: float | None = None, ledger: Ledger | None = None, stale_hosts: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, Demand], list[Unit], list[Unit], list[Replica]]:
     """(demands, wanted units by deployment and index, existing units to retire, orphaned replicas).
 
     `now` (the pass's time) decides which deployments are idle; None: none is. With `ledger` (empty), the
-    existing replicas that most plainly stay are reserved as they are built (see _existing_units).
+    existing replicas that most plainly stay are reserved as they are built (see _existing_units). Replicas on
+    `stale_hosts` are held (Demand.held): they count towards their deployment's replicas and minimum, keep their
+    indices, and are never units, so nothing can move, stop, preempt, wake or retire them.
     """
     demands = {d.name: Demand(d, decisions[d.name], now) for d in deployments}
     by_dep: dict[str, list[Replica]] = {}
@@ -164,13 +167,20 @@ def build_units(
             if len({r.index for r in rows}) < len(rows):  # a duplicate (deployment, index): the first one counts
                 seen: set[int] = set()
                 rows = [r for r in rows if not (r.index in seen or seen.add(r.index))]  # type: ignore[func-returns-value]
+        used_rows = rows
+        if stale_hosts and rows:
+            held = [r for r in rows if _host_of_replica(r) in stale_hosts]
+            if held:
+                rows = [r for r in rows if _host_of_replica(r) not in stale_hosts]
+                demand.held = held
+                demand.low = max(demand.low - len(held), 0)
         # Ready replicas are kept before sleeping ones; a "ready" row without GPUs was never placed: it is new.
         ready = [r for r in rows if r.gpus and r.state == "ready"]
         existing = ready if len(ready) == len(rows) else ready + [r for r in rows if r.state == "sleeping"]
-        target = demand.target
+        target = max(demand.target - len(demand.held), 0)
         units = _existing_units(demand, existing[:target], ledger) if existing else []
         if len(units) < target:
-            used = {r.index for r in rows}
+            used = {r.index for r in used_rows}
             index = 0
             while len(units) < target:
                 while index in used:
@@ -210,6 +220,11 @@ def build_units(
                 unit.phase, unit.klass = rest_phase, rest_class
     orphans = [r for rows in by_dep.values() for r in rows]
     return demands, wanted, retired, orphans
+
+
+def _host_of_replica(r: Replica) -> str | None:
+    """Where a replica is: its sleeping host, else its GPUs' host (None: not placed)."""
+    return r.host or (host_of(r.gpus[0]) if r.gpus else None)
 
 
 _new_unit = object.__new__

@@ -156,3 +156,41 @@ def test_the_agents_failure_reason_survives_the_next_pass(leading, host, model):
     assert replica.reason and "CUDA" not in replica.reason  # the scheduler's own reason, beside it
     dep = Deployment.objects.get()
     assert dep.state == "failed" and "CUDA out of memory" in dep.reason
+
+
+def test_a_console_restart_keeps_a_replica_whose_estimate_grew_after_it_was_placed(leading, host, model):
+    """The probe's case: a replica measured bigger than its estimate (the next estimate is calibrated up), then a
+    restart. Passes that ran before the agent was back found no room for the bigger estimate on the unknown
+    host and stopped the healthy critical replica; its host's readings are stale, so it is held as it is."""
+    from agent.protocol import Measurement
+
+    create_deployment("crit", "tiny", priority="critical")
+    reconcile_once()
+    replica = Replica.objects.get()
+    grown = replica.reserved_bytes * 3 // 2
+    measured = Measurement(device="cpu", batch=1, seq=16, weights_bytes=grown, peak_bytes=grown, total_bytes=grown)
+    apply_one(host, ReplicaStatus(replica_id=replica.pk, state="ready", measured_bytes=grown, measurement=measured))
+    reconcile_once()
+    before = Replica.objects.values_list("host_id", "desired_state", "reserved_bytes").get()
+    generation = Host.objects.get(pk=host.pk).generation
+    apply_batch([Item(host.pk, host.name, Closed(epoch=host.link_epoch))])  # SIGTERM closes the link
+    reconcile.start_leading()
+    for _ in range(3):
+        reconcile_once()
+    replica.refresh_from_db()
+    assert Replica.objects.values_list("host_id", "desired_state", "reserved_bytes").get() == before
+    assert "readings are stale" in replica.reason and replica.action == "keep"
+    assert Host.objects.get(pk=host.pk).generation == generation  # nothing was pushed to it
+
+
+def test_a_host_not_heard_since_the_scheduler_began_leading_gets_nothing_new_until_it_speaks(leading, host, model):
+    from agent.protocol import HostReport
+
+    Host.objects.filter(pk=host.pk).update(last_seen=timezone.now() - timedelta(seconds=8))  # before this term
+    reconcile.start_leading()
+    create_deployment("chat", "tiny")
+    reconcile_once()
+    assert placed_on("chat") is None
+    apply_one(host, HostReport(gpus=[]))  # its agent speaks: the lease is written again, the readings are its own
+    reconcile_once()
+    assert placed_on("chat") == "h1"
