@@ -29,7 +29,7 @@ def agent(*args: str, env_token: str | None = None) -> subprocess.Popen:
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str]:
-    out, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=90)
     return proc.returncode, out + err
 
 
@@ -71,8 +71,8 @@ def test_it_announces_its_endpoint_and_exits_cleanly_on_sigterm(tmp_path):
         "--state-dir", str(tmp_path / "state"), env_token="mg_agent_x"
     )
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], 20)
-        assert ready, "no output within 20 s"
+        ready, _, _ = select.select([proc.stdout], [], [], 90)
+        assert ready, "no output within 90 s"
         line = proc.stdout.readline()
         assert line.startswith("ModelGrid agent cli-test serving inference on http://127.0.0.1:"), line
         time.sleep(0.3)
