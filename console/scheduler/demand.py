@@ -44,7 +44,7 @@ def lift(d: Demand) -> None:
     units = d.units
     if units is None or d.ready or any(u.phase == "demand" for u in units):
         return
-    above = units[d.low:]
+    above = units[d.units_low:]
     if above:
         unit = next((u for u in above if u.asleep), above[0])
         unit.phase, unit.klass = "demand", 4 + d.rank
@@ -218,8 +218,12 @@ def demand_outcomes(run: Run, demanded: list[Demand]) -> dict[str, DemandOutcome
     for d in sorted(demanded, key=lambda d: d.name):
         units = d.units or []
         ready = next((u for u in units if u.state == "ready"), None)
+        held = next((r for r in d.held if r.state == "ready"), None)
         if ready is not None:
             found[d.name] = DemandOutcome(d.name, "served", _served(run, ready))
+        elif held is not None:
+            found[d.name] = DemandOutcome(d.name, "served", f"ready on {', '.join(held.gpus)} (held: its host's "
+                                                            "readings are stale until it reports)")
         elif not units:
             found[d.name] = DemandOutcome(d.name, "refused", "its max_replicas is 0: no replica may run "
                                                              f"({explain.waiting_requests(d.waiting)})")

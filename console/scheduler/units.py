@@ -66,6 +66,11 @@ class Demand:
         return slo_text(self.dep.slo_latency_ms, self.dep.observed_latency_ms, self.violating)
 
     @property
+    def units_low(self) -> int:
+        """How many of its units are in its minimum classes: its minimum less its held replicas."""
+        return max(self.low - len(self.held), 0)
+
+    @property
     def rest_phase(self) -> str:
         """The phase of its replicas above the minimum: "slo" while a non-batch tier violates its SLO, else
         "extra". A replica lifted into phase "demand" has this phase again in the next pass, once one is ready."""
@@ -173,7 +178,9 @@ def build_units(
             if held:
                 rows = [r for r in rows if _host_of_replica(r) not in stale_hosts]
                 demand.held = held
-                demand.low = max(demand.low - len(held), 0)
+                # Held ready replicas count as ready (requests for the deployment are not lifted elsewhere for
+                # them), and towards its minimum: the units take the rest of the minimum classes.
+                demand.ready = sum(1 for r in held if r.state == "ready")
         # Ready replicas are kept before sleeping ones; a "ready" row without GPUs was never placed: it is new.
         ready = [r for r in rows if r.gpus and r.state == "ready"]
         existing = ready if len(ready) == len(rows) else ready + [r for r in rows if r.state == "sleeping"]
@@ -198,7 +205,7 @@ def build_units(
             demand.units = units
         demand.members = units
         wanted.extend(units)
-        low, rank = demand.low, demand.rank
+        low, rank = demand.units_low, demand.rank
         if demand.idle:  # scaled to zero: none of its replicas is placed; the ready ones leave their GPUs
             cause = f"{demand.idle}: scaled to zero"
             for unit in units:

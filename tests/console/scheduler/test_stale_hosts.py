@@ -73,3 +73,13 @@ def test_the_ledger_shows_a_stale_gpu_with_what_its_held_replicas_reserve():
     result = run([gpu("h/0", 24, stale=True), gpu("g/0", 24)], [Deployment("m", 4 * GiB)],
                  [Replica("m", 0, ("h/0",), 4 * GiB)])
     assert {b.gpu: b.reserved_bytes for b in result.ledger} == {"g/0": 0, "h/0": 4 * GiB}
+
+
+def test_a_held_ready_replica_serves_its_deployments_waiting_requests():
+    # After a console restart every host is stale until its agent speaks: requests waiting meanwhile are served by
+    # the held replica, not lifted onto another GPU (nor refused when there is none).
+    result = run([gpu("h/0", 24, stale=True), gpu("g/0", 24)], [Deployment("m", 4 * GiB, demand=3)],
+                 [Replica("m", 0, ("h/0",), 4 * GiB)])
+    assert [(r.index, r.action) for r in result.replicas] == [(0, "keep")]
+    (outcome,) = result.demands
+    assert outcome.status == "served" and "held" in outcome.reason
