@@ -29,6 +29,9 @@ from tests.e2e.stack import ADMIN_PASSWORD, Stack, _database_env, alive, free_po
 
 pytestmark = [pytest.mark.e2e, pytest.mark.db_stack]
 LEASE_S = 3  # short, so that a paused agent lapses within the test
+HEARTBEAT_S = 4  # the agent's --heartbeat-timeout: short, so that a pause outlasts it within the test
+# What a fault must not bring about for a replica that was fine: nothing moves, stops, or is taken from it.
+TAKING = {"Moved", "Stopped", "Preempted", "Slept", "Refused", "HeartbeatTimeout"}
 
 
 def scaled_out_or_skip() -> None:
@@ -74,7 +77,8 @@ class Fleet:
     def start_agent(self) -> None:
         self.agent, self.agent_lines = launch(
             [sys.executable, "-m", "agent", "run", "--console", self.url.rstrip("/"), "--name", "h1",
-             "--gpus", "sim:1x24GiB", "--warm-workers", "0", "--state-dir", str(self.state_dir)],
+             "--gpus", "sim:1x24GiB", "--warm-workers", "0", "--state-dir", str(self.state_dir),
+             "--heartbeat-timeout", str(HEARTBEAT_S)],
             self.env | {"MODELGRID_AGENT_TOKEN": self.agent_token}, "connected to the console at")
 
     def replica(self) -> dict:
@@ -110,6 +114,12 @@ class Fleet:
     def host_state(self) -> str:
         (h,) = self.console.api().get("/hosts").json()
         return h["state"]
+
+    def taken_since(self, since: float) -> list[str]:
+        """Events since `since` (unix time) that took something from the deployment's replicas."""
+        events = self.console.api().get("/events", params={"object": "deployment/chat", "since": f"{since:.3f}",
+                                                            "limit": 500}).json()["events"]
+        return [f"{e['reason']}: {e['message']}" for e in events if e["reason"] in TAKING]
 
 
 def _pings(client) -> bool:
@@ -154,10 +164,10 @@ def fleet(tiny_llama, tmp_path_factory):
         drop_db()
 
 
-def completions_under_load(fleet: Fleet, stop: threading.Event, failures: list, done: list) -> None:
+def completions_under_load(fleet: Fleet, stop: threading.Event, failures: list, done: list, retries: int = 6) -> None:
     # The official client, with its own retries: a request that met a closed port while the console restarted
-    # is retried, as any client of a service behind a restart would.
-    client = openai.OpenAI(base_url=fleet.url + "v1", api_key=fleet.console.token, max_retries=6, timeout=60)
+    # is retried, as any client of a service behind a restart would (none in a scale-down: nothing restarts).
+    client = openai.OpenAI(base_url=fleet.url + "v1", api_key=fleet.console.token, max_retries=retries, timeout=60)
     while not stop.is_set():
         try:
             client.completions.create(model="chat", prompt="hello", max_tokens=2)
@@ -168,6 +178,7 @@ def completions_under_load(fleet: Fleet, stop: threading.Event, failures: list, 
 
 def test_a_console_restart_under_load_fails_no_request_and_restarts_no_worker(fleet):
     pid = fleet.settled()["pid"]
+    since = time.time()
     stop, failures, done = threading.Event(), [], []
     clients = [threading.Thread(target=completions_under_load, args=(fleet, stop, failures, done)) for _ in range(4)]
     for t in clients:
@@ -187,16 +198,18 @@ def test_a_console_restart_under_load_fails_no_request_and_restarts_no_worker(fl
             t.join(90)
     assert failures == []
     assert fleet.converged(began, "console SIGTERM restart")["pid"] == pid
+    assert fleet.taken_since(since) == []
 
 
 def test_a_killed_console_moves_nothing(fleet):
     pid = fleet.settled()["pid"]
-    began = time.monotonic()
+    since, began = time.time(), time.monotonic()
     fleet.console.proc.kill()
     fleet.console.proc.wait(10)
     time.sleep(LEASE_S + 1)  # down for longer than a lease
     fleet.start_console()
     assert fleet.converged(began, "console kill -9")["pid"] == pid
+    assert fleet.taken_since(since) == []
 
 
 def test_a_redis_restart_drops_nothing(fleet):
@@ -233,17 +246,60 @@ def test_a_duplicate_agent_connection_takes_nothing_down(fleet):
 
 
 def test_an_agent_paused_past_its_lease_is_unknown_and_comes_back_without_moving(fleet):
+    """Paused past its lease and its workers' heartbeat timeout, under load: the agent does not blame its worker for
+    its own silence, nothing is taken from the unknown host, and the requests sent meanwhile are answered."""
     pid = fleet.settled()["pid"]
-    fleet.agent.send_signal(signal.SIGSTOP)
-    began = time.monotonic()
+    stop, failures, done = threading.Event(), [], []
+    clients = [threading.Thread(target=completions_under_load, args=(fleet, stop, failures, done)) for _ in range(2)]
+    for t in clients:
+        t.start()
+    since, began = time.time(), time.monotonic()
     try:
-        wait_for(lambda: fleet.host_state() == "unknown", LEASE_S + 10, interval=0.5, what="the host to be unknown")
-        print(f"paused agent: unknown after {time.monotonic() - began:.1f} s")
-        assert fleet.replica()["host"] == "h1"  # kept: unknown is not gone
+        wait_for(lambda: len(done) >= 4, 30, what="requests to flow")
+        fleet.agent.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: fleet.host_state() == "unknown", LEASE_S + 10, interval=0.5,
+                     what="the host to be unknown")
+            print(f"paused agent: unknown after {time.monotonic() - began:.1f} s")
+            time.sleep(2 * HEARTBEAT_S)  # paused well past the heartbeat timeout too
+            assert fleet.replica()["host"] == "h1"  # kept: unknown is not gone
+        finally:
+            fleet.agent.send_signal(signal.SIGCONT)
+        wait_for(lambda: fleet.host_state() == "connected", 30, interval=0.5, what="the host to be connected again")
+        before = len(done)
+        wait_for(lambda: len(done) >= before + 4, 60, what="requests to flow again")
     finally:
-        fleet.agent.send_signal(signal.SIGCONT)
-    wait_for(lambda: fleet.host_state() == "connected", 30, what="the host to be connected again")
+        stop.set()
+        for t in clients:
+            t.join(90)
     assert fleet.converged(began, "agent paused past its lease")["pid"] == pid
+    assert failures == [] and fleet.taken_since(since) == []
+
+
+def test_a_scale_down_under_load_drains_and_fails_no_request(fleet):
+    fleet.settled()
+    api = fleet.console.api()
+    assert api.patch("/deployments/chat", json={"min_replicas": 2, "max_replicas": 2}).status_code == 200
+    wait_for(lambda: [r["state"] for r in api.get("/deployments/chat").json()["replicas"]] == ["ready"] * 2, 120,
+             interval=0.5, what="two replicas ready")
+    stop, failures, done = threading.Event(), [], []
+    clients = [threading.Thread(target=completions_under_load, args=(fleet, stop, failures, done, 0))
+               for _ in range(4)]
+    for t in clients:
+        t.start()
+    try:
+        wait_for(lambda: len(done) >= 8, 30, what="requests to flow")
+        assert api.patch("/deployments/chat", json={"min_replicas": 1, "max_replicas": 1}).status_code == 200
+        wait_for(lambda: len(api.get("/deployments/chat").json()["replicas"]) == 1, 60, interval=0.2,
+                 what="the scale-down")
+        before = len(done)
+        wait_for(lambda: len(done) >= before + 8, 60, what="requests to flow after it")
+    finally:
+        stop.set()
+        for t in clients:
+            t.join(90)
+    fleet.spec = fleet.specs()
+    assert failures == []  # the leaving replica finished what it had; the gateway sent the rest to the other
 
 
 def test_a_killed_agent_is_replaced_and_adopts_the_worker(fleet):

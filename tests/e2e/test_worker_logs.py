@@ -15,26 +15,30 @@ from tests.refusals import refusal
 pytestmark = [pytest.mark.e2e, pytest.mark.db_stack]
 
 
-def mismatched(tiny_llama, path):
-    """The tiny Llama with a config that says its MLP is twice as wide as its weights: the headers and the
-    estimate are fine, and transformers refuses the weights only in the worker, while loading."""
+def mismatched(api, tiny_llama, path, name):
+    """The tiny Llama, registered as `name`; then its config is edited to name an activation transformers does not
+    have (as a model directory changed after registration is): the headers and the estimate were fine, and
+    transformers refuses the model only in the worker, while building it."""
     shutil.copytree(tiny_llama, path)
+    assert api.post("/models", json={"name": name, "path": str(path)}).status_code == 201
     config = json.loads((path / "config.json").read_text())
-    config["intermediate_size"] *= 2
+    config["hidden_act"] = "gelu_of_no_kind"
     (path / "config.json").write_text(json.dumps(config))
     return path
 
 
+WORKERS_ERROR = "KeyError: 'gelu_of_no_kind'"
+
+
 def test_a_replica_that_fails_to_load_has_the_workers_own_error_in_its_log_tail(stack, tiny_llama, tmp_path):
     api = stack.api()
-    path = mismatched(tiny_llama, tmp_path / "wide-mlp")
-    assert api.post("/models", json={"name": "wide-mlp", "path": str(path)}).status_code == 201
+    path = mismatched(api, tiny_llama, tmp_path / "wide-mlp", "wide-mlp")
     assert api.post("/deployments", json={"name": "broken", "model": "wide-mlp"}).status_code == 201
     try:
         failed = wait_for(lambda: next((r for r in api.get("/deployments/broken").json()["replicas"]
                                         if r["state"] == "failed" and r["observed_reason"]), None),
                           timeout=120, what="broken's replica to fail to load")
-        assert failed["observed_reason"].startswith("RuntimeError: You set `ignore_mismatched_sizes` to `False`")
+        assert failed["observed_reason"].startswith(WORKERS_ERROR)
 
         r = api.get(f"/deployments/broken/replicas/{failed['index']}/logs?tail=300")
         assert r.status_code == 200, r.text
@@ -43,9 +47,8 @@ def test_a_replica_that_fails_to_load_has_the_workers_own_error_in_its_log_tail(
         assert 0 < len(lines) <= 300
         assert f"cannot load {path}" in text, text[-3000:]  # the worker's own log line
         assert "Traceback (most recent call last):" in text
-        assert "RuntimeError: You set `ignore_mismatched_sizes` to `False`" in text  # the worker's exception itself
-        # ... and "the above report" it points to, which transformers writes as a warning: what did not match.
-        assert any("mlp.up_proj.weight" in line and "MISMATCH" in line for line in lines), text[-3000:]
+        assert WORKERS_ERROR in text  # the worker's exception itself
+        assert any("ACT2FN" in line or "activations.py" in line for line in lines), text[-3000:]  # and where
 
         short = api.get(f"/deployments/broken/replicas/{failed['index']}/logs?tail=2").json()["lines"]
         assert len(short) == 2

@@ -9,15 +9,14 @@ from playwright.async_api import async_playwright, expect
 
 from tests.e2e.stack import ADMIN_PASSWORD, wait_for
 from tests.e2e.test_dashboard_browser import ARGS, CHROMIUM
-from tests.e2e.test_worker_logs import mismatched
+from tests.e2e.test_worker_logs import WORKERS_ERROR, mismatched
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.db_stack]
 
 
 async def test_the_log_tail_of_a_replica_that_failed_shows_the_workers_error(stack, tiny_llama, tmp_path):
     api = stack.api()
-    path = mismatched(tiny_llama, tmp_path / "wide-mlp-page")
-    assert api.post("/models", json={"name": "wide-mlp-page", "path": str(path)}).status_code == 201
+    path = mismatched(api, tiny_llama, tmp_path / "wide-mlp-page", "wide-mlp-page")
     assert api.post("/deployments", json={"name": "broken-page", "model": "wide-mlp-page"}).status_code == 201
     try:
         wait_for(lambda: any(r["state"] == "failed" for r in api.get("/deployments/broken-page").json()["replicas"]),
@@ -35,15 +34,15 @@ async def test_the_log_tail_of_a_replica_that_failed_shows_the_workers_error(sta
                 # (The agent restarts it after a backoff, so the page may open on a retry still starting: it shows
                 # the failure once the retry fails too, live. A slow machine takes seconds per load.)
                 await expect(page.locator("#replicas .observed-reason")).to_contain_text(
-                    "RuntimeError: You set `ignore_mismatched_sizes` to `False`", timeout=60_000)
+                    WORKERS_ERROR, timeout=60_000)
                 await expect(page.locator("#events tr.event[data-reason=Failed] .message").first).to_contain_text(
-                    "RuntimeError: You set `ignore_mismatched_sizes` to `False`")
-                # ... and its log tail has the traceback and what transformers reported before it.
+                    WORKERS_ERROR)
+                # ... and its log tail has the traceback.
                 card = page.locator("#worker-logs")
                 await expect(card.locator("h2")).to_contain_text("Worker logs")
                 lines = card.locator(".log-lines")
                 await expect(lines).to_contain_text(f"cannot load {path}")
-                await expect(lines).to_contain_text("RuntimeError: You set `ignore_mismatched_sizes` to `False`")
+                await expect(lines).to_contain_text(WORKERS_ERROR)
                 # A second replica joins the picker without a reload; chosen, it stays chosen while the picker is
                 # drawn again for its next state.
                 assert api.patch("/deployments/broken-page", json={"replicas": 2, "max_replicas": 2}).status_code == 200
