@@ -63,7 +63,10 @@ def literal_refusal(host: str) -> str | None:
 def url_refusal(url: str) -> str | None:
     """Why `url` may not be a webhook (sync: resolves its host name), or None. A name that does not resolve now is
     let through: the delivery checks again when it is sent, and fails with its own reason then."""
-    host = urlsplit(url).hostname or ""
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError as e:  # an unbalanced "[" in its host: "Invalid IPv6 URL"
+        return f"{url!r} is not a URL ({e})"
     if not host:
         return f"{url!r} names no host"
     if allowed(host):

@@ -42,6 +42,12 @@ def test_a_rule_whose_webhook_targets_an_internal_address_is_refused_and_unchang
     assert not Event.objects.filter(reason="AlertRuleChanged").exists()
 
 
+def test_a_webhook_that_is_no_url_is_refused_in_words(api, db):
+    # Schemathesis found it: an unbalanced "[" made the URL parser raise, and the API answer 500.
+    r = api.patch("/api/v1/alerts/rules/host_offline", {"webhook_url": "http://0D[\u00b4k"})
+    assert r.status_code == 422 and "is not a URL" in r.json()["detail"][0]["msg"]
+
+
 def test_a_public_target_and_an_allowed_host_are_taken(api, db, settings):
     assert api.patch("/api/v1/alerts/rules/host_offline", {"webhook_url": f"https://{PUBLIC}/h"}).status_code == 200
     settings.MODELGRID_WEBHOOK_ALLOWED_HOSTS = ["alertmanager.internal", "127.0.0.1"]
