@@ -285,6 +285,9 @@ async def measure(stack, fleet: SimFleet | ProcessFleet, watch: HostWatch, args,
     run.phases["creating and converging"] = profile_between(p0, read_profile(run.profile))
     row["all ready after last create"] = (f"{max(ready.values()) - last:.1f} s" if converged
                                           else f"not converged ({len(ready)}/{total} in {args.timeout:.0f} s)")
+    if converged and seen >= total:  # the console's intake backlog: how far its API is behind the agents
+        behind = float(row["console shows all ready"][:-2]) - (max(ready.values()) - last)
+        row["API behind the agents"] = f"{behind:.1f} s"
     if converged:
         row["after first create"] = f"{max(ready.values()) - first:.1f} s"
     busy = cpu_seconds(console_procs(stack)) - cpu_before
@@ -334,6 +337,8 @@ async def measure(stack, fleet: SimFleet | ProcessFleet, watch: HostWatch, args,
     if reasons:
         say("link losses by reason: " + ", ".join(f"{why}: {n}" for why, n in reasons.most_common()))
     row["taken away"] = sum(a.metrics.taken_away for a in fleet.agents.values())
+    row["links superseded"] = sum(n for why, n in reasons.items() if "4409" in why)
+    row["deadlocks in the console's log"] = sum("deadlock detected" in line for line in stack.lines)
     errors = [e for a in fleet.agents.values() for e in a.metrics.errors]
     row["console errors"] = len(errors)
     if errors:
@@ -413,7 +418,7 @@ def run_one(args, hosts: int, replicas: int, tmp: Path) -> Run:
         watch = HostWatch(stack.env)
         watch.start()
         spec = SimSpec(gpus=args.gpus_per_host, gpu_bytes=int(args.gpu_gib * GIB),
-                       report_interval=args.report_interval, load_s=args.load_s, seed=hosts)
+                       report_interval=args.report_interval, load_s=args.load_s, seed=hosts, busy=args.busy)
 
         async def go() -> None:
             fleet = (ProcessFleet(stack.url, tokens, spec, args.connect_concurrency, args.sim_processes)
@@ -450,6 +455,8 @@ def main() -> None:
     parser.add_argument("--replicas-per-host", type=int, default=10)
     parser.add_argument("--replicas-per-deployment", type=int, default=1)
     parser.add_argument("--report-interval", type=float, default=2.0)
+    parser.add_argument("--busy", action="store_true",
+                        help="busy GPUs: every reading and serving figure moves, so every report is whole")
     parser.add_argument("--load-s", type=float, default=1.0, help="modelled load time of a replica")
     parser.add_argument("--strategy", default="balance",
                         help="MODELGRID_STRATEGY; balance spreads the tiny replicas over every host")

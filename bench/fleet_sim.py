@@ -35,6 +35,7 @@ from agent.protocol import (
     LOADED,
     PROTOCOL_VERSION,
     Ack,
+    DeploymentServing,
     DesiredReplica,
     DesiredState,
     ErrorReply,
@@ -78,6 +79,9 @@ class SimSpec:
     backoff_max: float = 10.0
     handshake_timeout: float = 15.0
     seed: int = 0
+    # Busy GPUs: every reading moves (utilisation, memory), and so do the hosts' serving figures, so every report
+    # is whole, as real agents under traffic send them.
+    busy: bool = False
 
 
 @dataclass
@@ -460,8 +464,29 @@ class SimAgent:
                      endpoint=f"http://{self.name}.sim.invalid:9000", gpus=self.gpus())
 
     def _report(self, gone: list[ReplicaStatus] = ()) -> HostReport:
-        return self._reporter.report(self.gpus(), [self._status(r) for r in self.replicas.values()], [], 64 * GIB,
-                                     gone=gone)
+        statuses = [self._status(r) for r in self.replicas.values()]
+        if self.spec.busy:
+            return self._reporter.report(self._busy_gpus(), statuses, self._serving(), 64 * GIB, full=True,
+                                         gone=gone)
+        return self._reporter.report(self.gpus(), statuses, [], 64 * GIB, gone=gone)
+
+    def _busy_gpus(self) -> list[GpuInfo]:
+        """This moment's readings of busy GPUs: what the replicas hold and some KV cache, at some utilisation."""
+        readings = []
+        for gpu in self.gpus():
+            used = gpu.used_bytes + (self._rng.randrange(1, 64) << 20 if gpu.used_bytes else 0)
+            readings.append(gpu.model_copy(update={"used_bytes": min(used, gpu.total_bytes), "own_bytes":
+                                                   min(used, gpu.total_bytes),
+                                                   "utilization": round(self._rng.uniform(20, 95), 1)}))
+        return readings
+
+    def _serving(self) -> list[DeploymentServing]:
+        deployments = sorted({r.desired.deployment for r in self.replicas.values() if r.state == "ready"})
+        rng = self._rng
+        return [DeploymentServing(deployment=d, requests=rng.randrange(50, 500),
+                                  request_rate=round(rng.uniform(1, 8), 2), error_rate=0.0,
+                                  p50_ms=round(rng.uniform(20, 60), 1), p95_ms=round(rng.uniform(60, 200), 1))
+                for d in deployments]
 
 
 def _spec(desired: DesiredReplica) -> WorkerSpec:

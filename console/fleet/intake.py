@@ -95,6 +95,17 @@ class Staged:
     statuses: list[tuple[int, int, ReplicaStatus]] = field(default_factory=list)  # (position, host, status)
     news: set[int] = field(default_factory=set)  # hosts whose news the scheduler should see
 
+    @staticmethod
+    def joined(parts: list[tuple[int, Staged]]) -> Staged:
+        """Several batches' stages as one, each (its first item's position in the joined items, its stage)."""
+        joined = Staged([])
+        for offset, part in parts:
+            joined.outcomes += part.outcomes
+            joined.reports += [(i + offset, host, report) for i, host, report in part.reports]
+            joined.statuses += [(i + offset, host, status) for i, host, status in part.statuses]
+            joined.news |= part.news
+        return joined
+
 
 # Two stages, each its own transaction, so that neither can take part in a deadlock with a scheduler pass (which
 # takes replica rows, then host rows): first the links (leases, closed links, acks), host rows only, short and
@@ -330,7 +341,7 @@ def _apply_reports(reports: dict[int, HostReport]) -> set[int]:
         for host_id, name in Replica.objects.filter(host_id__in=given).values_list(
                 "host_id", "deployment__name").distinct():
             here.setdefault(host_id, set()).add(name)
-    changed = []
+    changed, news = [], set()
     for host in Host.objects.filter(pk__in=given).only("pk", "serving", "ram_free_bytes") if given else ():
         report = given[host.pk]
         serving = host.serving if report.serving is None else {
@@ -338,28 +349,37 @@ def _apply_reports(reports: dict[int, HostReport]) -> set[int]:
             if s.deployment in here.get(host.pk, ())}
         ram = host.ram_free_bytes if report.ram_free_bytes is None else report.ram_free_bytes
         if (host.serving, host.ram_free_bytes) != (serving, ram):
+            if host.ram_free_bytes != ram:
+                news.add(host.pk)  # room for sleeping replicas: the plan reads it; traffic it reads at its interval
             host.serving, host.ram_free_bytes = serving, ram
             changed.append(host)
     if changed:
         update_by_pk(sorted(changed, key=lambda h: h.pk), ["serving", "ram_free_bytes"])
     listed = {host_id: r.gpus for host_id, r in reports.items() if r.gpus}
-    return {h.pk for h in changed} | (_sync_gpus(listed) if listed else set())
+    return news | (_sync_gpus(listed) if listed else set())
 
 
 _GPU_FIELDS = ("uuid", "name", "total_bytes", "used_bytes", "own_bytes", "utilization", "simulated")
+FOREIGN_NEWS_BYTES = 256 << 20  # other processes' memory on a GPU moving less than this waits for the next pass
 
 
 def _sync_gpus(gpus_by_host: dict[int, list[GpuInfo]], prune: bool = False) -> set[int]:
-    """Write the GPUs' readings; only rows whose reading moved are written. Returns the hosts of those."""
+    """Write the GPUs' readings; only rows whose reading moved are written. Returns the hosts where what the plan
+    reads of a GPU changed: one appeared, its size changed, or the memory other processes use on it moved by more
+    than FOREIGN_NEWS_BYTES. A busy GPU's utilisation and its own workers' memory move with every reading; waking
+    the scheduler for each was a pass per report."""
     rows = {(g.host_id, g.index): g for g in Gpu.objects.filter(host_id__in=gpus_by_host)}
-    create, update = [], []
+    create, update, news = [], [], set()
     for host_id, gpus in gpus_by_host.items():
         for info in gpus:
             values = {f: getattr(info, f) for f in _GPU_FIELDS}
             row = rows.get((host_id, info.index))
             if row is None:
                 create.append(Gpu(host_id=host_id, index=info.index, **values))
+                news.add(host_id)
             elif any(getattr(row, f) != v for f, v in values.items()):
+                if _plan_moves(row, info):
+                    news.add(host_id)
                 for f, v in values.items():
                     setattr(row, f, v)
                 update.append(row)
@@ -370,7 +390,17 @@ def _sync_gpus(gpus_by_host: dict[int, list[GpuInfo]], prune: bool = False) -> s
     if prune:
         for host_id, gpus in gpus_by_host.items():
             Gpu.objects.filter(host_id=host_id).exclude(index__in=[g.index for g in gpus]).delete()
-    return {g.host_id for g in create + update}
+    return news
+
+
+def _plan_moves(row: Gpu, info: GpuInfo) -> bool:
+    """Whether a new reading changes what the plan reads of this GPU (its size, what other processes use)."""
+    if row.total_bytes != info.total_bytes or (row.own_bytes is None) != (info.own_bytes is None):
+        return True
+    if info.own_bytes is None:  # an older agent: the plan credits its replicas' measurements, not its reading
+        return row.used_bytes != info.used_bytes
+    before, after = row.used_bytes - (row.own_bytes or 0), info.used_bytes - info.own_bytes
+    return abs(after - before) > FOREIGN_NEWS_BYTES
 
 
 _STATUS_FIELDS = ("observed_state", "pid", "measured_bytes", "loaded_bytes", "loading_total_bytes", "host_bytes",

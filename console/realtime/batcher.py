@@ -40,9 +40,10 @@ READINGS_WAIT_SECONDS = 0.3
 
 
 def quiet(message) -> bool:
-    """A report that lists nothing and changes nothing: it only renews its host's lease, which can wait a while."""
-    return (isinstance(message, HostReport) and not message.gpus and not message.replicas
-            and message.serving is None and message.ram_free_bytes is None)
+    """A report that tells no replica's state: a lease renewal, or readings (GPUs, serving figures), which nothing
+    waits for within a second; it can wait a while and share its batch. A busy host's readings move in every report:
+    each at the tick was a batch and a scheduler pass per report."""
+    return isinstance(message, HostReport) and not message.replicas
 
 
 class Batcher:
@@ -55,7 +56,10 @@ class Batcher:
         self._due = math.inf  # when (time.monotonic) the pending batch is applied: a tick after its most urgent message
         self._sooner = asyncio.Event()  # a message came that makes the batch due sooner
         self._task: asyncio.Task | None = None
-        self._readings: asyncio.Task | None = None  # the last batch's second stage
+        # Batches whose first stage is done, waiting for their readings (in order, each with when it was staged),
+        # and the task that applies them.
+        self._staged: list[tuple[list[tuple[intake.Item, asyncio.Future]], intake.Staged, float]] = []
+        self._readings: asyncio.Task | None = None
         self._leases = intake.LeaseChecks()  # whose leases this process looked at lately (hosts stage's thread)
 
     def enqueue(self, item: intake.Item) -> asyncio.Future:
@@ -125,21 +129,32 @@ class Batcher:
             _to_loop(loop, context, self._read, batch, staged)
 
     def _read(self, batch: list[tuple[intake.Item, asyncio.Future]], staged: intake.Staged) -> None:
-        # The readings' stage after the last batch's, on a task of its own: the next tick's acks and leases need not
-        # wait for this tick's readings (those seldom touch host rows, and then last: see intake).
-        self._readings = asyncio.get_running_loop().create_task(
-            self._finish(self._readings, batch, staged, time.monotonic()), name="agent-intake-readings")
+        # The readings' stage on a task of its own: the next tick's acks and leases need not wait for this tick's
+        # readings (those seldom touch host rows, and then last: see intake).
+        self._staged.append((batch, staged, time.monotonic()))
+        if self._readings is None or self._readings.done():
+            self._readings = asyncio.get_running_loop().create_task(self._apply_readings(),
+                                                                    name="agent-intake-readings")
 
-    async def _finish(self, before: asyncio.Task | None, batch: list[tuple[intake.Item, asyncio.Future]],
-                      staged: intake.Staged, since: float) -> None:
-        if before is not None:
-            await before  # each link's messages keep their order
-        # A pass and its acks first: while a scheduler pass runs here, and then while the pushes sent from here wait
-        # for their acks (a wave of them, a pass having changed many hosts), the readings (replicas' states and GPU
-        # readings, which nothing waits for within a second) hold back (links.after_acks: for the acks, up to
-        # READINGS_WAIT_SECONDS). Applying them is most of intake's work, on a thread that shares the one
-        # interpreter lock with the event loop that sends the pushes and reads the acks.
-        await links.after_acks(since, READINGS_WAIT_SECONDS)
+    async def _apply_readings(self) -> None:
+        """Every batch staged by the time the wait below ends, applied together, in order (each link's messages keep
+        theirs): readings never fall behind by more than that wait and one application, however many batches came
+        meanwhile. One application per batch, each waiting for a pass, fell behind by 20 s at 100 busy hosts."""
+        while self._staged:
+            # A pass and its acks first: while a scheduler pass runs here, and then while the pushes sent from here
+            # wait for their acks (a wave of them, a pass having changed many hosts), the readings (replicas' states
+            # and GPU readings, which nothing waits for within a second) hold back (links.after_acks: for the acks,
+            # up to READINGS_WAIT_SECONDS). Applying them is most of intake's work, on a thread that shares the one
+            # interpreter lock with the event loop that sends the pushes and reads the acks.
+            await links.after_acks(self._staged[0][2], READINGS_WAIT_SECONDS)
+            taken, self._staged = self._staged, []
+            batch, parts = [], []
+            for pairs, staged, _ in taken:
+                parts.append((len(batch), staged))
+                batch += pairs
+            await self._finish(batch, intake.Staged.joined(parts) if len(parts) > 1 else parts[0][1])
+
+    async def _finish(self, batch: list[tuple[intake.Item, asyncio.Future]], staged: intake.Staged) -> None:
         try:
             outcomes = await own_thread(intake.apply_readings, _READINGS_THREAD)([item for item, _ in batch], staged)
         except Exception as e:

@@ -17,7 +17,7 @@ from agent.protocol import (
     dump,
     parse_agent_message,
 )
-from bench.fleet_sim import GIB, SimAgent, collector_paused
+from bench.fleet_sim import GIB, SimAgent, SimSpec, collector_paused
 
 
 async def sent(sim: SimAgent) -> list:
@@ -78,6 +78,23 @@ async def test_readings_and_statuses_kept_between_reports_follow_every_change():
         sim._cancel(replica)
     sim.spec = dataclasses.replace(sim.spec, gpus=2)  # as tests/e2e/test_chaos_fleet.py gives hosts other GPUs
     assert [g.used_bytes for g in sim.gpus()] == [0, GIB]
+
+
+async def test_a_busy_host_sends_every_report_whole_with_moving_readings_and_serving_figures():
+    sim = SimAgent("http://127.0.0.1:1", "sim-6", "token", dataclasses.replace(SimSpec(), busy=True))
+    sim._link_up()
+    replica = DesiredReplica(id=1, deployment="d1", model_path="/m", architecture="LlamaForCausalLM", gpus=[0],
+                             reserved_bytes=GIB)
+    sim._on_console_message(dump(DesiredState(generation=1, replicas=[replica])))
+    sim._become(sim.replicas[1], "ready")
+    first, second = sim._report(), sim._report()
+    for report in (first, second):
+        assert len(report.gpus) == 8 and [s.replica_id for s in report.replicas] == [1]
+        assert [s.deployment for s in report.serving] == ["d1"]
+        assert report.gpus[0].used_bytes == report.gpus[0].own_bytes > GIB  # the KV cache on top of the weights
+    assert [g.utilization for g in first.gpus] != [g.utilization for g in second.gpus]
+    for r in sim.replicas.values():
+        sim._cancel(r)
 
 
 class _Link:

@@ -425,3 +425,46 @@ def test_a_replicas_state_is_news_for_the_plan_only_where_the_plan_reads_it(mode
     (outcome,) = apply_batch([Item(h.pk, h.name, ReplicaStatus(replica_id=replicas[0].pk, state="ready", pid=7,
                                                                measured_bytes=GiB))])
     assert outcome.observed and outcome.news
+
+
+def test_a_busy_hosts_readings_are_written_but_wake_the_scheduler_only_when_what_it_plans_with_moves(model):
+    # A busy GPU's utilisation and its own workers' memory (their KV cache) move in every report, and so do the
+    # host's serving figures: waking a pass for each was a pass per report. Other processes' memory is what the plan
+    # reads of a reading.
+    from agent.protocol import DeploymentServing
+
+    (h, replicas), = fleet(1, model)
+
+    def gpu(used, own, utilization):
+        return GpuInfo(index=0, uuid="SIM-0-0", name="sim", total_bytes=24 * GiB, used_bytes=used, own_bytes=own,
+                       utilization=utilization, simulated=True)
+
+    def serving(rate):
+        return [DeploymentServing(deployment="d0", requests=10, request_rate=rate, error_rate=0.0)]
+
+    apply_batch([Item(h.pk, h.name, HostReport(gpus=[gpu(2 * GiB, 2 * GiB, 10.0)], serving=serving(1.0),
+                                               ram_free_bytes=GiB))])
+    busier = HostReport(gpus=[gpu(2 * GiB + (60 << 20), 2 * GiB + (60 << 20), 93.5)], serving=serving(4.0),
+                        ram_free_bytes=None)
+    (outcome,) = apply_batch([Item(h.pk, h.name, busier)])
+    assert outcome.error is None and not outcome.news
+    row = Gpu.objects.get(host=h, index=0)
+    assert (row.used_bytes, row.utilization) == (2 * GiB + (60 << 20), 93.5)  # written all the same
+    assert Host.objects.get(pk=h.pk).serving["d0"]["request_rate"] == 4.0
+    foreign = HostReport(gpus=[gpu(3 * GiB, 2 * GiB, 93.5)], serving=None, ram_free_bytes=None)  # 1 GiB not ours
+    (outcome,) = apply_batch([Item(h.pk, h.name, foreign)])
+    assert outcome.news
+
+
+def test_batches_staged_apart_are_read_together_in_order(model):
+    # Readings held back while passes run are applied together, as one: positions are offset batch by batch, and a
+    # replica's later status wins over its earlier one, as when they came in separate batches.
+    (h, replicas), = fleet(1, model)
+    first = [Item(h.pk, h.name, ReplicaStatus(replica_id=replicas[0].pk, state="loading"))]
+    second = [Item(h.pk, h.name, Ack(generation=0)),
+              Item(h.pk, h.name, ReplicaStatus(replica_id=replicas[0].pk, state="ready", pid=4))]
+    joined = intake.Staged.joined([(0, apply_hosts(first)), (1, apply_hosts(second))])
+    assert [i for i, _, _ in joined.statuses] == [0, 2]
+    outcomes = apply_readings(first + second, joined)
+    assert [o.observed for o in outcomes] == [True, False, True]
+    assert Replica.objects.values_list("observed_state", "pid").get(pk=replicas[0].pk) == ("ready", 4)

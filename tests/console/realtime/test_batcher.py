@@ -1,5 +1,5 @@
-"""The intake batcher: a quiet report (a lease renewal) may wait for the quiet tick; anything else brings its
-batch forward to the tick, and the quiet ones waiting go with it, in order."""
+"""The intake batcher: a quiet report (a lease renewal, readings) may wait for the quiet tick; anything else brings
+its batch forward to the tick, and the quiet ones waiting go with it, in order."""
 
 import asyncio
 
@@ -13,10 +13,16 @@ from console.realtime.batcher import Batcher, quiet
 QUIET = HostReport(gpus=[], replicas=[], serving=None, ram_free_bytes=None)
 
 
-def test_only_a_report_that_lists_and_changes_nothing_is_quiet():
+def test_a_report_that_tells_no_replicas_state_is_quiet():
+    from agent.protocol import DeploymentServing, GpuInfo, ReplicaStatus
+
     assert quiet(QUIET)
-    assert not quiet(HostReport(gpus=[]))  # serving [] and a None sleep room: says the host serves nothing
-    assert not quiet(HostReport(gpus=[], serving=None, ram_free_bytes=1))
+    assert quiet(HostReport(gpus=[]))  # serving [] and a None sleep room: says the host serves nothing
+    busy = GpuInfo(index=0, uuid="u", name="g", total_bytes=8, used_bytes=5, own_bytes=5, utilization=70,
+                   simulated=True)
+    serving = [DeploymentServing(deployment="d", requests=9, request_rate=3.0, error_rate=0.0)]
+    assert quiet(HostReport(gpus=[busy], serving=serving, ram_free_bytes=1))  # a busy host's readings move each time
+    assert not quiet(HostReport(gpus=[], replicas=[ReplicaStatus(replica_id=1, state="ready")]))
     assert not quiet(Ack(generation=1))
 
 
@@ -43,7 +49,10 @@ async def test_a_quiet_report_waits_for_the_quiet_tick_unless_something_else_com
         await asyncio.gather(first, ack)
     assert applied == [["HostReport", "Ack"]]  # together, in arrival order
 
-    alone = batcher.enqueue(intake.Item(1, "a", HostReport(gpus=[])))  # not quiet: the short tick
+    from agent.protocol import ReplicaStatus
+
+    status = HostReport(gpus=[], replicas=[ReplicaStatus(replica_id=1, state="ready")])
+    alone = batcher.enqueue(intake.Item(1, "a", status))  # not quiet: a replica's state, at the short tick
     async with asyncio.timeout(5):
         await alone
     assert applied[-1] == ["HostReport"]
