@@ -200,7 +200,8 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbac
     )
     result = plan(request)
     by_name = {d.name: d for d in planned}
-    for decision in result.scale:
+    # Deployment rows are written in key order, as every writer of several of them takes their locks.
+    for decision in sorted(result.scale, key=lambda d: by_name[d.deployment].pk):
         dep = by_name[decision.deployment]
         if decision.target != dep.replicas:
             notes.append(Note(deployment_object(dep.name), "Scaled", f"scaled from {dep.replicas} to "
@@ -237,7 +238,7 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbac
             actions.append(action)
         if setback:
             setbacks.append((action, tiers[pk]))
-    changed |= _answer_demand(deployments, {d.deployment: d for d in result.demands}, now)
+    changed |= _answer_demand(sorted(deployments, key=lambda d: d.pk), {d.deployment: d for d in result.demands}, now)
     busy = any(d.traffic_rps or d.observed_p95_ms is not None or d.demand for d in deployments)
     return _Planned(changed, next_change(request), busy)
 

@@ -113,7 +113,11 @@ def write(batch: Batch) -> bool:
     started = False
     if batch.stats:
         with transaction.atomic():
-            for dep in Deployment.objects.select_for_update().filter(name__in=list(batch.stats)):
+            # Locked in key order, as every writer of several deployment rows takes them (a scheduler pass holds
+            # many at once: another order could deadlock with it), and no stronger than an update (the pass's FOR
+            # KEY SHARE on the deployments whose replicas it writes goes on meanwhile).
+            rows = Deployment.objects.filter(name__in=list(batch.stats)).order_by("pk")
+            for dep in rows.select_for_update(of=("self",), no_key=True):
                 stats = dict(dep.gateway_stats or {})
                 figures, before = batch.stats[dep.name], stats.get(batch.process)
                 if figures["requests"] == 0 and before is None:
