@@ -24,6 +24,10 @@ from console.gateway.upstream import PASSED_HEADERS, Unreachable, Upstream
 CLIENT_CLOSED = 499
 PARSE_INLINE_BYTES = 256 * 1024  # bodies above this are parsed in a worker thread, off the event loop
 MAX_DEPTH = 32  # as the agents take (agent.serving.body): a v2 tensor nested by shape is 4 deep
+# JSON values a body may hold for the gateway to parse it (for its model or adapter name): as the agents take at most
+# (embeddings: 2,048 inputs of 512 token ids). Parsing holds the interpreter lock however it is threaded, ~1 us a
+# value: counted first, at C speed, so a body of millions of values never stalls the gateway's loop.
+MAX_VALUES = 1 << 20
 TOO_DEEP = f"the request body nests arrays and objects more than {MAX_DEPTH} levels deep, the most this gateway takes"
 
 
@@ -110,6 +114,10 @@ async def _parse(body: bytes):
 
 
 def _parse_now(body: bytes):
+    values = body.count(b",") + 1  # every value but the first follows a comma (see agent.serving.body)
+    if values > MAX_VALUES:
+        raise Refused(413, f"the request body holds about {values} JSON values; this gateway takes at most "
+                      f"{MAX_VALUES}", code="request_too_large")
     try:
         parsed = json.loads(body)
     except RecursionError:  # nested past the interpreter's recursion limit, far past MAX_DEPTH

@@ -413,6 +413,7 @@ async def test_a_deeply_nested_or_huge_body_is_refused_naming_the_limit_and_reac
         past_limit = await client.post("/v1/completions", content=completion(b"[" * 32 + b"]" * 32))  # 33 with {}
         long_int = await client.post("/v1/completions", content=completion(b"[" + b"9" * 5000 + b"]"))
         huge = await client.post("/v1/completions", content=completion(b'"' + b"x" * (100 << 20) + b'"'))
+        many = await client.post("/v1/completions", content=completion(b"[" + b"1," * (1 << 20) + b"1]"))
         at_limit = await client.post("/v1/completions", content=completion(b"[" * 31 + b"]" * 31))
     await gateway.close()
     depth = "the request body nests arrays and objects more than 32 levels deep, the most this gateway takes"
@@ -421,5 +422,6 @@ async def test_a_deeply_nested_or_huge_body_is_refused_naming_the_limit_and_reac
     assert (past_limit.status_code, past_limit.json()["error"]["message"]) == (400, depth)
     assert long_int.status_code == 400 and "not valid JSON" in long_int.json()["error"]["message"]
     assert huge.status_code == 413 and "at most 16777216" in huge.json()["error"]["message"]
+    assert many.status_code == 413 and "this gateway takes at most 1048576" in many.json()["error"]["message"]
     assert at_limit.status_code == 200
     assert [body for a in agents for _, body in a.seen] == [completion(b"[" * 31 + b"]" * 31)]  # only that one
