@@ -7,6 +7,7 @@ from aiohttp import web
 
 from agent.serving.app import make_app
 from agent.serving.auth import GatewayAuth
+from agent.serving.connections import GuardedRunner
 
 KEEPALIVE_S = 30.0
 
@@ -16,7 +17,7 @@ async def start_server(app: web.Application, host: str, port: int) -> tuple[web.
     # handler_cancellation: a client that goes away cancels its handler, and so its generation in the worker.
     # keepalive_timeout also closes a connection that sends no complete request within it (aiohttp's default is an
     # hour); the gateway's pool drops its idle connections after 15 s, well before.
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, keepalive_timeout=KEEPALIVE_S)
+    runner = GuardedRunner(app, access_log=None, handler_cancellation=True, keepalive_timeout=KEEPALIVE_S)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
