@@ -9,6 +9,7 @@ import pytest
 import uvicorn
 
 from console.connections import guarded_http
+from tests.sockets import closed
 
 
 async def app(scope, receive, send):
@@ -50,15 +51,6 @@ async def idle_connections(port: int, count: int) -> list:
 async def get(port: int) -> int:
     async with httpx.AsyncClient(timeout=5) as client:
         return (await client.get(f"http://127.0.0.1:{port}/")).status_code
-
-
-async def closed(reader: asyncio.StreamReader) -> bool:
-    try:
-        return await asyncio.wait_for(reader.read(1), 5) == b""
-    except ConnectionError:
-        return True
-    except TimeoutError:  # still open
-        return False
 
 
 async def test_idle_connections_past_the_limit_make_room_for_a_request(server):

@@ -176,26 +176,38 @@ def completions_under_load(fleet: Fleet, stop: threading.Event, failures: list, 
             failures.append(repr(e))
 
 
+@contextlib.contextmanager
+def under_load(fleet: Fleet, clients: int, retries: int = 6):
+    """`clients` threads sending completions until the block ends; yields (failures, done), both lists."""
+    stop, failures, done = threading.Event(), [], []
+    threads = [threading.Thread(target=completions_under_load, args=(fleet, stop, failures, done, retries))
+               for _ in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: len(done) >= 2 * clients, 30, what="requests to flow")
+        yield failures, done
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(90)
+
+
+def flowing(done: list, what: str, more: int = 8) -> None:
+    before = len(done)
+    wait_for(lambda: len(done) >= before + more, 60, what=f"requests to flow {what}")
+
+
 def test_a_console_restart_under_load_fails_no_request_and_restarts_no_worker(fleet):
     pid = fleet.settled()["pid"]
     since = time.time()
-    stop, failures, done = threading.Event(), [], []
-    clients = [threading.Thread(target=completions_under_load, args=(fleet, stop, failures, done)) for _ in range(4)]
-    for t in clients:
-        t.start()
-    try:
-        wait_for(lambda: len(done) >= 8, 30, what="requests to flow")
+    with under_load(fleet, 4) as (failures, done):
         began = time.monotonic()
         fleet.console.proc.send_signal(signal.SIGTERM)
         assert fleet.console.proc.wait(15) == 0
         fleet.start_console()
-        before = len(done)
-        wait_for(lambda: len(done) >= before + 8, 60, what="requests to flow through the restarted console")
+        flowing(done, "through the restarted console")
         print(f"console SIGTERM restart: requests flow again after {time.monotonic() - began:.1f} s")
-    finally:
-        stop.set()
-        for t in clients:
-            t.join(90)
     assert failures == []
     assert fleet.converged(began, "console SIGTERM restart")["pid"] == pid
     assert fleet.taken_since(since) == []
@@ -249,13 +261,8 @@ def test_an_agent_paused_past_its_lease_is_unknown_and_comes_back_without_moving
     """Paused past its lease and its workers' heartbeat timeout, under load: the agent does not blame its worker for
     its own silence, nothing is taken from the unknown host, and the requests sent meanwhile are answered."""
     pid = fleet.settled()["pid"]
-    stop, failures, done = threading.Event(), [], []
-    clients = [threading.Thread(target=completions_under_load, args=(fleet, stop, failures, done)) for _ in range(2)]
-    for t in clients:
-        t.start()
-    since, began = time.time(), time.monotonic()
-    try:
-        wait_for(lambda: len(done) >= 4, 30, what="requests to flow")
+    with under_load(fleet, 2) as (failures, done):
+        since, began = time.time(), time.monotonic()
         fleet.agent.send_signal(signal.SIGSTOP)
         try:
             wait_for(lambda: fleet.host_state() == "unknown", LEASE_S + 10, interval=0.5,
@@ -266,12 +273,7 @@ def test_an_agent_paused_past_its_lease_is_unknown_and_comes_back_without_moving
         finally:
             fleet.agent.send_signal(signal.SIGCONT)
         wait_for(lambda: fleet.host_state() == "connected", 30, interval=0.5, what="the host to be connected again")
-        before = len(done)
-        wait_for(lambda: len(done) >= before + 4, 60, what="requests to flow again")
-    finally:
-        stop.set()
-        for t in clients:
-            t.join(90)
+        flowing(done, "again", 4)
     assert fleet.converged(began, "agent paused past its lease")["pid"] == pid
     assert failures == [] and fleet.taken_since(since) == []
 
@@ -282,22 +284,11 @@ def test_a_scale_down_under_load_drains_and_fails_no_request(fleet):
     assert api.patch("/deployments/chat", json={"min_replicas": 2, "max_replicas": 2}).status_code == 200
     wait_for(lambda: [r["state"] for r in api.get("/deployments/chat").json()["replicas"]] == ["ready"] * 2, 120,
              interval=0.5, what="two replicas ready")
-    stop, failures, done = threading.Event(), [], []
-    clients = [threading.Thread(target=completions_under_load, args=(fleet, stop, failures, done, 0))
-               for _ in range(4)]
-    for t in clients:
-        t.start()
-    try:
-        wait_for(lambda: len(done) >= 8, 30, what="requests to flow")
+    with under_load(fleet, 4, retries=0) as (failures, done):  # no retries: nothing restarts
         assert api.patch("/deployments/chat", json={"min_replicas": 1, "max_replicas": 1}).status_code == 200
         wait_for(lambda: len(api.get("/deployments/chat").json()["replicas"]) == 1, 60, interval=0.2,
                  what="the scale-down")
-        before = len(done)
-        wait_for(lambda: len(done) >= before + 8, 60, what="requests to flow after it")
-    finally:
-        stop.set()
-        for t in clients:
-            t.join(90)
+        flowing(done, "after it")
     fleet.spec = fleet.specs()
     assert failures == []  # the leaving replica finished what it had; the gateway sent the rest to the other
 

@@ -8,6 +8,7 @@ import pytest
 from aiohttp import web
 
 from agent.serving.connections import GuardedRunner
+from tests.sockets import closed
 
 
 @pytest.fixture
@@ -32,15 +33,6 @@ async def server():
     yield runner
     release.set()
     await runner.cleanup()
-
-
-async def closed(reader: asyncio.StreamReader) -> bool:
-    try:
-        return await asyncio.wait_for(reader.read(1), 5) == b""
-    except ConnectionError:
-        return True
-    except TimeoutError:  # still open
-        return False
 
 
 async def test_idle_connections_past_the_limit_make_room_and_a_busy_one_is_kept(server):

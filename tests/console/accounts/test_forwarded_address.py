@@ -11,22 +11,12 @@ import pytest
 import uvicorn
 from asgiref.sync import async_to_sync
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.test import RequestFactory
+
+from tests.console.accounts.conftest import PASSWORD
 
 # Requests go through the whole ASGI stack, which opens and closes its own connections (the pool, on PostgreSQL).
 pytestmark = pytest.mark.django_db(transaction=True)
-PASSWORD = "a-long-password"
-
-
-@pytest.fixture(autouse=True)
-def fast_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def ann():
-    return get_user_model().objects.create_user("ann", password=PASSWORD)
 
 
 def served(forwarded_allow_ips: str | None = None):

@@ -12,21 +12,10 @@ from django.test import Client
 from django.utils import timezone
 
 from console.accounts.models import ApiToken
+from tests.console.accounts.conftest import PASSWORD
 
 pytestmark = pytest.mark.django_db
-PASSWORD = "a-long-password"
 LOCKED = "Too many failed sign-ins"
-
-
-@pytest.fixture(autouse=True)
-def fast_hashing(settings):
-    # Dozens of sign-ins per test: the production hasher's 1,000,000 rounds would take most of a minute.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def ann():
-    return get_user_model().objects.create_user("ann", password=PASSWORD)
 
 
 def sign_in(username: str, password: str, address: str = "10.0.0.1", url: str = "/accounts/login/"):
