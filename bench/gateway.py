@@ -280,7 +280,7 @@ def error_message(text: str) -> str:
         return text.replace("\n", " ")
 
 
-# The scheduler logs each action as its event's reason ("woken replica/NAME#0: ..."; console/deployments/reconcile.py).
+# The scheduler logs each action as its event's reason ("woken replica/NAME#0: ..."; console/control/reconcile.py).
 ACTIONS = {"placed": "place", "moved": "move", "woken": "wake", "slept": "sleep", "preempted": "preempt",
            "stopped": "stop", "refused": "refuse"}
 

@@ -85,8 +85,8 @@ def build_fleet(tmp: Path, hosts: int, gpus: int, replicas: int) -> None:
 
     from bench.fleet import write_model
     from console.catalog.services import register_model
+    from console.control.reconcile import reconcile_once, start_leading
     from console.deployments.models import Deployment, Replica
-    from console.deployments.reconcile import reconcile_once, start_leading
     from console.deployments.services import create_deployment
     from console.fleet.models import Gpu, Host
 
@@ -114,7 +114,7 @@ def time_pass(label: str, runs: int, before=None, tick: bool = False) -> tuple[f
     from django.db import connection, reset_queries
     from django.test.utils import CaptureQueriesContext
 
-    from console.deployments.reconcile import reconcile_once
+    from console.control.reconcile import reconcile_once
 
     took, cpu, queries = [], [], 0
     for _ in range(runs):
@@ -192,7 +192,7 @@ def main() -> None:
             print_table("One scheduler pass (reconcile_once), in process", [row])
             if args.profile:
                 profiler = cProfile.Profile()
-                from console.deployments.reconcile import reconcile_once
+                from console.control.reconcile import reconcile_once
 
                 profiler.runcall(reconcile_once)
                 pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)

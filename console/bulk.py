@@ -34,7 +34,7 @@ _PLAIN = (type(None), int, str, bool, float)
 
 class JsonText(str):
     """A JSON column's value serialized already: written as it is. (The scheduler pass stores the very text it
-    hashed and pushes, instead of serializing each host's desired state again: console/deployments/desired.py.)"""
+    hashed and pushes, instead of serializing each host's desired state again: console/control/desired.py.)"""
 
 
 def _prep(field: Field, value):

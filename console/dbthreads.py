@@ -14,7 +14,7 @@ def own_thread(fn, executor: Executor | None = None):
     scheduler pass on Channels' one database thread: one of `executor`'s, else one of the event loop's default
     threads (shared by every other such call: see dedicated_thread). Only for calls that cannot deadlock with a
     pass: reads, and transactions that lock one kind of row, replica rows by primary key as a pass writes them
-    (intake batches, console/fleet/intake.py). SQLite takes one writer at a time anyway (and an in-memory test
+    (intake batches, console/intake/stages.py). SQLite takes one writer at a time anyway (and an in-memory test
     database refuses concurrent connections), so there every call shares that thread."""
     if connection.vendor == "sqlite":
         return database_sync_to_async(fn)

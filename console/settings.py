@@ -98,6 +98,7 @@ INSTALLED_APPS = [
     "console.fleet",
     "console.catalog",
     "console.deployments",
+    "console.control",
     "console.realtime",
     "console.events",
     "console.series",
@@ -280,7 +281,7 @@ LOGGING = {
 MODELGRID_SCHEDULER_INTERVAL = envfloat("MODELGRID_SCHEDULER_INTERVAL", 5.0)
 # Such an unwoken pass plans only when something is due (an idle timeout, a residency, a cooldown ending), while any
 # deployment has traffic, or this long after the last plan (the safety net of a level-triggered loop); otherwise
-# it only checks leases (console/deployments/loop.py).
+# it only checks leases (console/control/loop.py).
 MODELGRID_SCHEDULER_RESYNC_SECONDS = envfloat("MODELGRID_SCHEDULER_RESYNC_SECONDS", 60.0)
 MODELGRID_GPU_BUFFER_BYTES = envint("MODELGRID_GPU_BUFFER_BYTES", 0)
 # Placement (console/scheduler, docs/placement.md): the strategy, and the pacing of replica-count changes.
@@ -306,7 +307,7 @@ MODELGRID_INTAKE_TICK_SECONDS = envfloat("MODELGRID_INTAKE_TICK_SECONDS", 0.02)
 MODELGRID_INTAKE_QUIET_TICK_SECONDS = envfloat("MODELGRID_INTAKE_QUIET_TICK_SECONDS", 0.25)
 # Browsers' live dashboards are re-rendered at most this often, however busy the fleet.
 MODELGRID_DASHBOARD_REFRESH_SECONDS = envfloat("MODELGRID_DASHBOARD_REFRESH_SECONDS", 1.0)
-# Scheduler leader election (console/deployments/leader.py): a console that does not lead tries again this often.
+# Scheduler leader election (console/control/leader.py): a console that does not lead tries again this often.
 MODELGRID_LEADER_RETRY_SECONDS = _at_least("MODELGRID_LEADER_RETRY_SECONDS",
                                            envfloat("MODELGRID_LEADER_RETRY_SECONDS", 2.0), 0.1)
 

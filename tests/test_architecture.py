@@ -37,8 +37,8 @@ def test_the_agent_never_imports_django_or_the_console():
 
 
 def test_the_scheduler_core_is_pure():
-    forbidden = ("django", "ninja", "channels", "agent", "console.fleet", "console.catalog",
-                 "console.deployments", "console.realtime", "console.accounts", "asyncio", "socket")
+    forbidden = ("django", "ninja", "channels", "agent", "console.fleet", "console.catalog", "console.deployments",
+                 "console.control", "console.intake", "console.realtime", "console.accounts", "asyncio", "socket")
     assert offenders(files("console/scheduler"), forbidden) == []
 
 

@@ -82,7 +82,7 @@ def delete_adapter(name: str, actor: str = "") -> None:
 
 
 def _refresh_pool(dep) -> None:
-    from console.deployments.desired import mark_stale  # deployments depends on catalog
+    from console.control.desired import mark_stale  # deployments depends on catalog
 
     dep.estimates = deployment_estimates(dep)
     dep.save(update_fields=["estimates"])

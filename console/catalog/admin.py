@@ -51,7 +51,7 @@ class ModelAdmin(AuditedAdmin):
     # (console/deployments/admin.py), the hosts running them are rebuilt and the scheduler woken, not at its resync.
     # What its files say (figures, each deployment's estimate) is stored with it: admission reserves by them.
     def save_model(self, request, obj, form, change):
-        from console.deployments.desired import mark_stale  # deployments depends on catalog
+        from console.control.desired import mark_stale  # deployments depends on catalog
         from console.deployments.models import Deployment
 
         for field, value in (form.read or {}).items():

@@ -9,9 +9,9 @@ from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
 from console.catalog.memory import memory_summary
+from console.control.snapshot import live_demand
 from console.deployments.models import Deployment, Replica
 from console.deployments.serving import SERVING_HINTS, serving_state
-from console.deployments.snapshot import live_demand
 from console.fleet.models import Gpu
 
 # Observed states on the way to `ready`: while a replica is in one of them and meant to be ready, its

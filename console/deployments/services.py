@@ -12,8 +12,8 @@ from console.catalog.memory import model_positions, serving_dtype, settings_esti
 from console.catalog.models import Model
 from console.catalog.names import is_name, validate_name
 from console.catalog.services import get_model
+from console.control.desired import mark_stale
 from console.deployments import policy
-from console.deployments.desired import mark_stale
 from console.deployments.models import Deployment
 from console.deployments.rowlocks import Lock, locked
 from console.deployments.schemas import MAX_BULK

@@ -29,14 +29,14 @@ from agent.protocol import (
     dump,
     parse_agent_message,
 )
+from console.control.desired import desired_text
 from console.dbthreads import own_thread
-from console.deployments.desired import desired_text
-from console.fleet import intake
 from console.fleet.logs import LOGS_REPLY
 from console.fleet.models import AgentCredential, Host
 from console.fleet.views import grid_context
+from console.intake import stages as intake
+from console.intake.batcher import batcher
 from console.realtime import links, pushes
-from console.realtime.batcher import batcher
 from console.realtime.notify import (
     DASHBOARD_GROUP,
     host_group,

@@ -7,7 +7,7 @@ one round trip at a time, so a pass that changed 100 hosts reached the last of t
 function call. Hosts whose links are in another process (or in none) are named in one channel-layer message per
 push (console/realtime/pushes.py); in the moment a newer link elsewhere supersedes one held here, a push may
 reach only the old link, and the new one then has what its hello read, or the resend of a push not acknowledged
-(console/deployments/loop.py)."""
+(console/control/loop.py)."""
 
 from __future__ import annotations
 

@@ -3,15 +3,15 @@ hosts whose links it does not hold: those it gave a new desired state, and those
 acknowledged: console/realtime/notify.push_desired). Every console process listens, and sends the links it holds
 of the first the states the pass stored, read for all of them at once, and has each of the others read and send
 its own whole. A message lost (Redis restarting) is repaired by the leader's resend of pushes not acknowledged
-(console/deployments/loop.py) or by the agent's reconnect."""
+(console/control/loop.py) or by the agent's reconnect."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
+from console.control.desired import stored_states
 from console.dbthreads import own_thread
-from console.deployments.desired import stored_states
 from console.realtime import links, notify
 from console.realtime.perloop import for_this_loop
 

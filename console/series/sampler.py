@@ -9,8 +9,8 @@ from datetime import datetime
 
 from django.db.models import Count, Q, Sum
 
+from console.control.observed import gateway_detail
 from console.deployments.models import Deployment, Replica
-from console.deployments.observed import gateway_detail
 from console.fleet.models import Gpu, Host
 from console.series.metrics import DEPLOYMENT, FLEET, HOST
 from console.series.store import Key, prune, record

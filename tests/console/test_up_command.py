@@ -46,7 +46,7 @@ def test_a_scheduler_process_without_redis_is_one_clear_error(tmp_path):
 def test_the_console_socket_is_tcp_so_small_answers_are_not_held_back_by_nagle():
     import socket
 
-    from console.deployments.management.commands.up import _listen
+    from console.control.management.commands.up import _listen
 
     sock = _listen("127.0.0.1", 0)
     try:
@@ -60,7 +60,7 @@ STUCK_THREAD = """
 import os, sys, threading
 import django
 django.setup()
-from console.deployments.management.commands.up import _ExitDeadline
+from console.control.management.commands.up import _ExitDeadline
 
 def before_exit():
     print("before exit", flush=True)
@@ -83,7 +83,7 @@ def test_the_exit_deadline_ends_the_process_despite_a_stuck_non_daemon_thread(tm
 
 
 def test_the_shutdown_budget_fits_in_ten_seconds():
-    from console.deployments.management.commands import up
+    from console.control.management.commands import up
 
     # SIGTERM to exit: the agent's stop (the longest part) plus the scheduler's and the interpreter's grace
     # must end before the hard deadline, and that before the 10 s promised in docs/operations.md.
@@ -93,7 +93,7 @@ def test_the_shutdown_budget_fits_in_ten_seconds():
 
 @pytest.mark.django_db
 def test_the_local_agent_keeps_its_token_across_restarts_while_it_still_authenticates(tmp_path):
-    from console.deployments.management.commands.up import LOCAL_AGENT_TOKEN_FILE, local_agent_token
+    from console.control.management.commands.up import LOCAL_AGENT_TOKEN_FILE, local_agent_token
     from console.fleet.models import AgentCredential
 
     token = local_agent_token("local", tmp_path)

@@ -23,7 +23,7 @@ DEPLOYMENTS = {"chat": 3, "code": 2}
 
 
 def _leader_holder(stack) -> str:
-    code = "from console.deployments.leader import current_leader as c; print(c().holder)"
+    code = "from console.control.leader import current_leader as c; print(c().holder)"
     return stack.manage("shell", "-c", code).splitlines()[-1].strip()
 
 

@@ -1,4 +1,4 @@
-"""The scheduler leader's row (console/deployments/leader.py): its epoch is the fencing token of every pass.
+"""The scheduler leader's row (console/control/leader.py): its epoch is the fencing token of every pass.
 
 Raw SQL, not a model: the row is read and written only by leader.py, with SELECT ... FOR UPDATE, and it has no
 place in the ORM's state (nothing to make migrations for). The same DDL works on SQLite and PostgreSQL."""

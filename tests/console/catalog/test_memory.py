@@ -7,13 +7,13 @@ import pytest
 from agent.protocol import Measurement, ReplicaStatus
 from console.catalog.memory import LOGGED_LOADS, Load, record_loads
 from console.catalog.models import Calibration, MemorySample
-from console.deployments.desired import desired_state
+from console.control.desired import desired_state
+from console.control.reconcile import reconcile_once
 from console.deployments.models import Deployment, Replica
-from console.deployments.reconcile import reconcile_once
 from console.deployments.services import create_deployment, update_deployment
 from console.errors import Invalid
-from console.fleet.intake import apply_one
 from console.fleet.models import Gpu, Host
+from console.intake.stages import apply_one
 
 pytestmark = pytest.mark.django_db
 GiB = 1024**3

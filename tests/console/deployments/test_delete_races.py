@@ -16,7 +16,8 @@ from django.db.models.signals import pre_delete
 
 from console.catalog import adapters
 from console.catalog.models import Adapter
-from console.deployments import policy, reconcile
+from console.control import reconcile
+from console.deployments import policy
 from console.deployments.models import Deployment, Replica
 from console.deployments.services import create_deployment, delete_deployment, update_deployment
 from tests.adapter_files import write_adapter

@@ -1,7 +1,7 @@
 import pytest
 
+from console.control.reconcile import reconcile_once
 from console.deployments.models import Deployment
-from console.deployments.reconcile import reconcile_once
 from tests.refusals import refusal, refused_fields
 
 pytestmark = pytest.mark.django_db

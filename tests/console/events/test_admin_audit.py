@@ -72,7 +72,7 @@ def test_a_model_edit_in_the_admin_rebuilds_the_desired_states_of_its_deployment
     import shutil
 
     from console.catalog import admin as catalog_admin
-    from console.deployments.desired import bump_generations
+    from console.control.desired import bump_generations
     from console.deployments.models import Replica
 
     woken = []

@@ -10,14 +10,14 @@ from django.utils import timezone
 
 from agent.protocol import GpuInfo, Hello, Measurement, ReplicaStatus
 from console.accounts.tokens import token_prefix
-from console.deployments import reconcile
+from console.control import reconcile
+from console.control.reconcile import reconcile_once
 from console.deployments.models import Replica
-from console.deployments.reconcile import reconcile_once
 from console.deployments.services import create_deployment, update_deployment
 from console.events.models import Event
-from console.fleet.intake import Closed, Item, apply_batch, apply_one, register_hello
 from console.fleet.models import AgentCredential, Host
-from tests.console.deployments.test_reconcile import sized
+from console.intake.stages import Closed, Item, apply_batch, apply_one, register_hello
+from tests.console.control.test_reconcile import sized
 
 pytestmark = pytest.mark.django_db
 GiB = 1024**3

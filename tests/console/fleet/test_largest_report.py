@@ -12,9 +12,9 @@ from django.utils import timezone
 from agent.protocol import GpuInfo, Hello, HostReport, parse_agent_message
 from console.alerts.evaluate import evaluate
 from console.alerts.models import Alert
-from console.fleet import intake
 from console.fleet.models import AgentCredential, Gpu, Host
 from console.fleet.presenters import fleet_summary
+from console.intake import stages as intake
 
 pytestmark = pytest.mark.django_db
 

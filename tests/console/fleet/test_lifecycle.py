@@ -7,12 +7,12 @@ import pytest
 from django.utils import timezone
 
 from agent.protocol import ReplicaStatus
-from console.deployments import reconcile
+from console.control import reconcile
+from console.control.reconcile import reconcile_once
 from console.deployments.models import Deployment, Replica
-from console.deployments.reconcile import reconcile_once
 from console.deployments.services import create_deployment
-from console.fleet.intake import Closed, Item, apply_batch, apply_one
 from console.fleet.models import Gpu, Host
+from console.intake.stages import Closed, Item, apply_batch, apply_one
 
 pytestmark = pytest.mark.django_db
 GiB = 1024**3

@@ -12,8 +12,8 @@ from django.db import connection, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from console.fleet import intake
 from console.fleet.models import Host
+from console.intake import stages as intake
 
 pytestmark = [pytest.mark.django_db(transaction=True),
               pytest.mark.skipif(connection.vendor != "postgresql",

@@ -1,7 +1,7 @@
 """Acks before readings: while a scheduler pass runs in this process, and then while the pushes it sent wait for their
 acks, a batch's readings (replicas' states, GPU readings) hold back, for a bounded while, so that the event loop
 sending the pushes and reading the acks does not share the interpreter with intake's largest stage meanwhile
-(console/realtime/batcher.py)."""
+(console/intake/batcher.py)."""
 
 import asyncio
 import json
@@ -10,11 +10,11 @@ import time
 import pytest
 
 from agent.protocol import Ack, HostReport
-from console.fleet import intake
 from console.fleet.models import AgentCredential
-from console.realtime import batcher as module
+from console.intake import batcher as module
+from console.intake import stages as intake
+from console.intake.batcher import Batcher
 from console.realtime import links
-from console.realtime.batcher import Batcher
 
 from .agent_link import linked
 

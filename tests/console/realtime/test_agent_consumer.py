@@ -35,7 +35,7 @@ def token():
 async def linked_with_chat_placed(token):
     """h1's link has said hello and read its first push, and a pass has placed deployment chat (model tiny) on
     h1: (the link, the host, the pass's result)."""
-    from console.deployments.reconcile import reconcile_once
+    from console.control.reconcile import reconcile_once
     from console.deployments.services import create_deployment
 
     comm, _ = await connect(token)
@@ -216,7 +216,7 @@ async def test_a_new_link_is_sent_the_state_as_stored_and_a_host_marked_stale_it
     """A hello's first push is the stored JSON text spliced in as it is (a fleet reconnecting after a console restart
     costs no validating and serializing of every host's replicas); a host marked stale has its state built now,
     under the generation it has."""
-    from console.deployments.desired import stored_states
+    from console.control.desired import stored_states
 
     comm, host, result = await linked_with_chat_placed(token)
     generation, _ = result.states[host.pk]

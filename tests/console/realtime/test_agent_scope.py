@@ -8,9 +8,9 @@ from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from console.catalog.services import register_model
+from console.control.observed import refresh_observations
+from console.control.reconcile import reconcile_once
 from console.deployments.models import Deployment, Replica
-from console.deployments.observed import refresh_observations
-from console.deployments.reconcile import reconcile_once
 from console.deployments.services import create_deployment
 from console.fleet.models import AgentCredential, Gpu, Host
 from tests.console.realtime.agent_link import GPU, GiB, linked

@@ -9,8 +9,8 @@ from channels.db import database_sync_to_async
 from django.db import DatabaseError
 
 from console.deployments.models import Deployment, Replica
-from console.fleet import intake
 from console.fleet.models import AgentCredential, Gpu, Host
+from console.intake import stages as intake
 from tests.console.realtime.agent_link import GPU, HELLO, linked
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -138,7 +138,7 @@ async def test_a_link_reads_its_next_message_before_the_last_is_applied_and_keep
     # An ack sent right after a report joins the report's batch instead of waiting for the report to be
     # applied first (a link used to hand over one message at a time), and is applied after it.
     settings.MODELGRID_INTAKE_TICK_SECONDS = 0.3
-    from console.realtime import batcher
+    from console.intake import batcher
 
     batcher._batchers.clear()  # a batcher with this tick
     batches = []

@@ -1,4 +1,4 @@
-from console.deployments.checks import scheduler_settings
+from console.control.checks import scheduler_settings
 
 
 def test_an_unknown_strategy_is_a_system_check_error(settings):

@@ -4,7 +4,7 @@ import signal
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from console.deployments.loop import scheduler_loop
+from console.control.loop import scheduler_loop
 from console.gctune import tune
 
 

@@ -7,8 +7,8 @@ import pytest
 from django.db import connection
 
 from agent.protocol import Ack, HostReport
-from console.fleet import intake
-from console.realtime.batcher import Batcher, quiet
+from console.intake import stages as intake
+from console.intake.batcher import Batcher, quiet
 
 QUIET = HostReport(gpus=[], replicas=[], serving=None, ram_free_bytes=None)
 
@@ -63,7 +63,7 @@ async def test_the_next_ticks_hosts_stage_does_not_wait_for_the_last_ticks_repli
     replica stages keep their order, and every message gets its outcome once its own tick's replicas are done."""
     import threading
 
-    from console.realtime import batcher as module
+    from console.intake import batcher as module
 
     held = threading.Event()
     log = []
@@ -102,7 +102,7 @@ async def test_an_ack_that_came_during_a_batch_is_applied_next_without_waiting_f
     import threading
     import time
 
-    from console.realtime import batcher as module
+    from console.intake import batcher as module
 
     first_running = threading.Event()
     started: list[tuple[str, float]] = []
@@ -132,7 +132,7 @@ async def test_an_ack_that_came_during_a_batch_is_applied_next_without_waiting_f
 
 
 async def test_a_hosts_stage_that_cannot_even_start_fails_its_batch_and_the_next_is_tried(monkeypatch):
-    from console.realtime import batcher as module
+    from console.intake import batcher as module
 
     calls = []
 

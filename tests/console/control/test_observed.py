@@ -6,11 +6,11 @@ import pytest
 from django.utils import timezone
 
 from agent.protocol import DeploymentServing, HostReport
+from console.control.observed import refresh_observations
 from console.deployments.models import Deployment, Replica
-from console.deployments.observed import refresh_observations
 from console.deployments.services import create_deployment
-from console.fleet.intake import apply_one
 from console.fleet.models import Host
+from console.intake.stages import apply_one
 
 pytestmark = pytest.mark.django_db
 
@@ -73,8 +73,8 @@ def test_hosts_that_went_offline_no_longer_count(host, model):
 
 
 def test_a_deployment_violating_its_slo_gets_more_replicas_from_the_loop(host, model):
+    from console.control.reconcile import reconcile_once
     from console.deployments.models import Replica
-    from console.deployments.reconcile import reconcile_once
 
     create_deployment("chat", "tiny", min_replicas=1, max_replicas=3, slo_latency_ms=100)
     reconcile_once()

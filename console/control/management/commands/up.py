@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from console.connections import raise_descriptor_limit, server_options
-from console.deployments.loop import scheduler_loop
+from console.control.loop import scheduler_loop
 from console.events.record import command_actor
 from console.fleet.models import AgentCredential
 from console.gctune import tune

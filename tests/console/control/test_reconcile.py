@@ -2,9 +2,9 @@ import logging
 
 import pytest
 
-from console.deployments.desired import desired_state
+from console.control.desired import desired_state
+from console.control.reconcile import reconcile_once
 from console.deployments.models import Deployment, Replica
-from console.deployments.reconcile import reconcile_once
 from console.deployments.services import create_deployment, delete_deployment, update_deployment
 from console.fleet.models import Gpu, Host
 from console.scheduler.strategies import PLACERS
@@ -241,7 +241,7 @@ def _told(caplog) -> list[str]:
 
 def test_a_pass_logs_each_of_its_first_actions_and_counts_the_rest_in_one_line(host, model, caplog, monkeypatch):
     # A rollout's pass places a thousand replicas: a log line each cost the pass 0.7 s in 25 s of a wave.
-    monkeypatch.setattr("console.deployments.reconcile.LOGGED_ACTIONS", 3)
+    monkeypatch.setattr("console.control.reconcile.LOGGED_ACTIONS", 3)
     caplog.set_level(logging.INFO, logger="modelgrid.scheduler")
     for i in range(5):
         create_deployment(f"chat-{i}", "tiny")

@@ -15,9 +15,9 @@ from django.conf import settings
 
 from console.alerts.webhooks import deliver
 from console.chores import CHORE_SECONDS, run_chores
+from console.control.leader import Elector, NotLeader, current_leader
+from console.control.reconcile import PassResult, Scope, reconcile_once, start_leading
 from console.dbthreads import own_thread
-from console.deployments.leader import Elector, NotLeader, current_leader
-from console.deployments.reconcile import PassResult, Scope, reconcile_once, start_leading
 from console.gateway.metrics import METRICS
 from console.realtime import links
 from console.realtime.notify import (

@@ -6,9 +6,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from console.control.reconcile import reconcile_once
 from console.deployments.models import Deployment, Replica
-from console.deployments.reconcile import reconcile_once
-from tests.console.deployments.test_reconcile import sized
+from tests.console.control.test_reconcile import sized
 
 pytestmark = pytest.mark.django_db
 GiB = 1024**3

@@ -1,5 +1,5 @@
 """Apply what agents report to the database. Synchronous; the agent link's batcher
-(console/realtime/batcher.py) calls `apply_hosts` then `apply_readings` on a thread of their own with every
+(console/intake/batcher.py) calls `apply_hosts` then `apply_readings` on a thread of their own with every
 message its links received in one tick, so a thousand hosts cost a handful of bulk statements per tick, not a
 transaction per message. Agent input only ever updates rows of the agent's own host.
 

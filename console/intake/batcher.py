@@ -1,6 +1,6 @@
 """Agent messages from every link of this console process, applied together: a link hands its messages over
 (without waiting for each to be applied before reading the next); a single task takes whatever arrived during
-one tick and applies it in two stages (console/fleet/intake.py): hosts (leases, closed links, acks), then
+one tick and applies it in two stages (console/intake/stages.py): hosts (leases, closed links, acks), then
 readings (replicas' states, GPU readings, reports' host fields). Each stage takes its batches one after another
 in arrival order, so each link's messages still apply in the order it sent them, and a thousand agents cost a few
 statements per tick instead of a transaction each; the next batch's hosts need not wait for the last batch's
@@ -21,7 +21,7 @@ from django.conf import settings
 
 from agent.protocol import Ack, HostReport
 from console.dbthreads import dedicated_thread, own_thread
-from console.fleet import intake
+from console.intake import stages as intake
 from console.realtime import links
 from console.realtime.notify import refresh_dashboards, refresh_gateways, wake_scheduler_async
 from console.realtime.perloop import for_this_loop

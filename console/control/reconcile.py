@@ -23,11 +23,9 @@ from console.bulk import insert, lock_rows, update_fields_by_pk, update_in_key_o
 from console.carried import CarriedRows, forget_all
 from console.catalog.memory import Reservation, corrections, deployment_estimates, reservation
 from console.catalog.models import DeviceKind
-from console.deployments.desired import bump_generations
-from console.deployments.models import Deployment, DeploymentState, Replica
-from console.deployments.observed import refresh_observations
-from console.deployments.rowlocks import hold_existing
-from console.deployments.snapshot import (
+from console.control.desired import bump_generations
+from console.control.observed import refresh_observations
+from console.control.snapshot import (
     DeploymentRow,
     GpuRow,
     ReplicaRow,
@@ -40,10 +38,12 @@ from console.deployments.snapshot import (
     replica_rows,
     replica_specs,
 )
+from console.deployments.models import Deployment, DeploymentState, Replica
+from console.deployments.rowlocks import hold_existing
 from console.errors import Invalid
 from console.events.record import Note, deployment_object, host_object, record, replica_object
-from console.fleet.intake import lapse_leases
 from console.fleet.models import Host
+from console.intake.stages import lapse_leases
 from console.scheduler import PlanInput, PlannedReplica, Settings, plan
 from console.scheduler.horizon import next_change
 
@@ -300,7 +300,7 @@ class _Writes:
             self.regpu = [(r, gpus) for r, gpus in self.regpu if r.deployment_id not in deleted]
             self.dropped = [r for r in self.dropped if r.deployment_id not in deleted]
         # Every existing row written below is locked first, in one sweep in key order as intake locks them
-        # (console/fleet/intake.py), so the writes may take them in any order (update_fields_by_pk's own lock then
+        # (console/intake/stages.py), so the writes may take them in any order (update_fields_by_pk's own lock then
         # finds its rows already held).
         lock_rows(Replica, [r.pk for r, _ in self.changed] + [r.pk for r, _ in self.regpu]
                   + [r.pk for r in self.dropped])

@@ -6,12 +6,12 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from console.deployments.loop import run_pass
+from console.control.loop import run_pass
+from console.control.reconcile import reconcile_once
 from console.deployments.models import Deployment
-from console.deployments.reconcile import reconcile_once
 from console.gateway.metrics import METRICS
-from tests.console.deployments.test_demand_reconcile import settled
-from tests.console.deployments.test_reconcile import sized
+from tests.console.control.test_demand_reconcile import settled
+from tests.console.control.test_reconcile import sized
 
 pytestmark = pytest.mark.django_db
 

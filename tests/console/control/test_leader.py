@@ -1,4 +1,4 @@
-"""The scheduler leader election (console/deployments/leader.py) and the epoch fence, on the suite's database:
+"""The scheduler leader election (console/control/leader.py) and the epoch fence, on the suite's database:
 a file lock on SQLite, a PostgreSQL advisory lock on the db_stack pass."""
 
 import asyncio
@@ -13,11 +13,11 @@ import pytest
 from channels.db import database_sync_to_async
 from django.db import connection
 
-from console.deployments import leader
-from console.deployments.leader import Elector, FileLock, NotLeader, current_leader
-from console.deployments.loop import scheduler_loop
+from console.control import leader
+from console.control.leader import Elector, FileLock, NotLeader, current_leader
+from console.control.loop import scheduler_loop
+from console.control.reconcile import reconcile_once
 from console.deployments.models import Replica
-from console.deployments.reconcile import reconcile_once
 from console.deployments.services import create_deployment
 
 pytestmark = pytest.mark.django_db(transaction=True)

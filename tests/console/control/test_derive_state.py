@@ -1,7 +1,7 @@
 """A deployment's state says what its replicas are: one whose replicas all sleep in host memory reads `asleep`,
 one scaled to zero with nothing in memory `idle`, never `ready`."""
 
-from console.deployments.reconcile import _StateRow, derive_state
+from console.control.reconcile import _StateRow, derive_state
 
 ZERO = "idle for 312 s (idle_timeout_s 300): scaled to zero; a request places it"
 

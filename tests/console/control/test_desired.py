@@ -4,7 +4,7 @@ with the deployment's adapters and the favourites its replicas asked for."""
 import pytest
 
 from agent.protocol import DesiredReplica
-from console.deployments.desired import desired_rows_by_host
+from console.control.desired import desired_rows_by_host
 from console.fleet.models import Host
 from tests.console.fleet_scene import MiB, scene
 

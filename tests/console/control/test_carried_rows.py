@@ -10,9 +10,9 @@ from django.test.utils import CaptureQueriesContext
 
 from console.bulk import update_values
 from console.carried import CarriedRows
+from console.control.snapshot import DeploymentRow, ReplicaRow, deployment_rows
 from console.deployments.models import Deployment, Replica
 from console.deployments.services import create_deployment
-from console.deployments.snapshot import DeploymentRow, ReplicaRow, deployment_rows
 
 pytestmark = pytest.mark.django_db
 

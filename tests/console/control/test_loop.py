@@ -5,7 +5,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from console.catalog.services import register_model
-from console.deployments.loop import scheduler_loop
+from console.control.loop import scheduler_loop
 from console.deployments.models import Replica
 from console.deployments.services import create_deployment
 from console.fleet.models import Gpu, Host
@@ -66,8 +66,8 @@ async def test_a_wake_up_from_the_leaders_own_process_needs_no_channel_layer(mod
 
 async def test_an_agents_report_that_frees_memory_wakes_the_loop(model_dir):
     from agent.protocol import GpuInfo, HostReport
-    from console.fleet.intake import Item
-    from console.realtime.batcher import batcher
+    from console.intake.batcher import batcher
+    from console.intake.stages import Item
 
     await database_sync_to_async(setup_fleet_and_model)(model_dir)
     # Something else fills the GPU: the deployment waits unplaced.
@@ -84,7 +84,7 @@ async def test_an_agents_report_that_frees_memory_wakes_the_loop(model_dir):
 
 
 async def test_a_push_the_host_never_acknowledged_is_sent_again(model_dir, monkeypatch):
-    from console.deployments import loop as scheduler
+    from console.control import loop as scheduler
 
     await database_sync_to_async(setup_fleet_and_model)(model_dir)
     host = await database_sync_to_async(Host.objects.get)(name="h1")
@@ -113,7 +113,7 @@ class Passes:
     """Every pass the loop runs, as reconcile_once returned it."""
 
     def __init__(self, monkeypatch) -> None:
-        from console.deployments import loop as scheduler
+        from console.control import loop as scheduler
 
         self.seen: list = []
         real = scheduler.reconcile_once
@@ -162,8 +162,8 @@ async def test_a_deployment_goes_idle_on_time_though_nothing_wakes_the_scheduler
 async def test_replicas_states_alone_update_their_deployments_without_a_plan(model_dir, monkeypatch, settings):
     from agent.protocol import ReplicaStatus
     from console.deployments.models import Deployment
-    from console.fleet.intake import Item
-    from console.realtime.batcher import batcher
+    from console.intake.batcher import batcher
+    from console.intake.stages import Item
 
     settings.MODELGRID_SCHEDULER_RESYNC_SECONDS = 3600
     settings.MODELGRID_MIN_RESIDENCY_SECONDS = 0  # no time rule turns after the placement
@@ -189,7 +189,7 @@ async def test_replicas_states_alone_update_their_deployments_without_a_plan(mod
 def test_a_pass_says_when_the_clock_changes_its_plan_and_whether_traffic_is_seen(model_dir, db):
     from django.utils import timezone
 
-    from console.deployments.reconcile import reconcile_once
+    from console.control.reconcile import reconcile_once
 
     setup_fleet_and_model(model_dir)
     create_deployment("chat", "tiny", replicas=1, min_replicas=0, max_replicas=1, idle_timeout_s=300)
@@ -208,7 +208,7 @@ def test_the_chores_check_for_leadership_without_waiting_for_a_passs_row_lock(db
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from console.deployments.leader import Elector, NotLeader
+    from console.control.leader import Elector, NotLeader
 
     elector = Elector()
     assert elector.try_lead()
@@ -224,7 +224,7 @@ def test_the_chores_check_for_leadership_without_waiting_for_a_passs_row_lock(db
 
 
 def test_a_pass_that_only_derived_deployments_states_asks_for_no_other(model_dir, db):
-    from console.deployments.reconcile import reconcile_once
+    from console.control.reconcile import reconcile_once
 
     setup_fleet_and_model(model_dir)
     create_deployment("chat", "tiny")
@@ -239,7 +239,7 @@ def test_a_pass_that_only_derived_deployments_states_asks_for_no_other(model_dir
 
 async def test_the_chores_wait_for_the_acks_due_here_then_run(monkeypatch):
     """While a wave of pushes waits for its acks, the leader's chores come after (for a bounded while)."""
-    from console.deployments import loop as module
+    from console.control import loop as module
     from console.realtime import links
 
     ran = []
@@ -275,8 +275,8 @@ async def test_the_chores_wait_for_the_acks_due_here_then_run(monkeypatch):
 async def test_a_pass_counts_as_under_way_until_its_pushes_are_handed_over(monkeypatch):
     """Intake's readings and the chores wait for a pass here (console/realtime/links.planning): from before it
     plans until its pushes have gone out, so that nothing starts between its commit and its wave."""
-    from console.deployments import loop as module
-    from console.deployments.reconcile import PassResult
+    from console.control import loop as module
+    from console.control.reconcile import PassResult
     from console.realtime import links
 
     seen = []
@@ -301,8 +301,8 @@ async def test_a_pass_counts_as_under_way_until_its_pushes_are_handed_over(monke
 
 
 async def test_a_pass_that_fails_is_no_longer_under_way(monkeypatch):
-    from console.deployments import loop as module
-    from console.deployments.leader import NotLeader
+    from console.control import loop as module
+    from console.control.leader import NotLeader
     from console.realtime import links
 
     def deposed(fence, scope):

@@ -10,12 +10,12 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agent.protocol import Ack, GpuInfo, HostReport, ReplicaStatus
-from console.deployments.desired import bump_generations
+from console.control.desired import bump_generations
+from console.control.reconcile import reconcile_once
 from console.deployments.models import Deployment, Replica
-from console.deployments.reconcile import reconcile_once
-from console.fleet import intake
-from console.fleet.intake import Closed, Item, LeaseChecks, apply_batch, apply_hosts, apply_readings
 from console.fleet.models import Gpu, Host
+from console.intake import stages as intake
+from console.intake.stages import Closed, Item, LeaseChecks, apply_batch, apply_hosts, apply_readings
 from tests.queries import statements as logged
 
 pytestmark = pytest.mark.django_db
@@ -350,7 +350,7 @@ def test_a_bump_writes_the_host_rows_last(model):
 def test_a_host_marked_stale_while_a_pass_builds_it_is_left_for_the_next_pass(model, monkeypatch):
     """A deployment edited between a pass's read of a host and its bump marks the host stale: the pass gives it no
     generation, and the host stays stale, so the next pass rebuilds it from the edit."""
-    from console.deployments import desired
+    from console.control import desired
     from console.fleet.models import HostDesired
 
     hosts = fleet(2, model)
@@ -377,7 +377,7 @@ def test_a_host_marked_stale_while_a_pass_builds_it_is_left_for_the_next_pass(mo
 def test_a_status_that_cannot_be_applied_costs_only_its_own_message(model, monkeypatch):
     from django.db import DatabaseError
 
-    from console.fleet import intake
+    from console.intake import stages as intake
 
     (h, (good, bad)), = fleet(1, model)
     apply = intake._apply_statuses
