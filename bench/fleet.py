@@ -76,7 +76,7 @@ from bench.fleet_profile import (  # noqa: E402
     profile_env,
     read_profile,
 )
-from bench.fleet_sim import GIB, SimFleet, SimSpec, collector_paused, run_loop  # noqa: E402
+from bench.fleet_sim import GIB, SimFleet, SimSpec  # noqa: E402
 from bench.fleet_watch import HostWatch  # noqa: E402
 from bench.harness import (  # noqa: E402
     cpu_steal,
@@ -87,6 +87,7 @@ from bench.harness import (  # noqa: E402
     running_stack,
     say,
 )
+from bench.sim_loop import collector_paused, run_loop  # noqa: E402
 from console.gctune import tune  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/postgres"

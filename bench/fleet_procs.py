@@ -20,7 +20,8 @@ from typing import Any
 
 import psutil
 
-from bench.fleet_sim import AgentMetrics, SimFleet, SimSpec, collector_paused, run_loop
+from bench.fleet_sim import AgentMetrics, SimFleet, SimSpec
+from bench.sim_loop import collector_paused, run_loop
 
 STOP_S = 30.0  # a child that does not stop after its agents are told to is killed
 

@@ -17,7 +17,8 @@ from agent.protocol import (
     dump,
     parse_agent_message,
 )
-from bench.fleet_sim import GIB, SimAgent, SimSpec, collector_paused
+from bench.fleet_sim import GIB, SimAgent, SimSpec
+from bench.sim_loop import collector_paused
 
 
 async def sent(sim: SimAgent) -> list:
