@@ -120,6 +120,9 @@ class Agent:
         self.gateway = GatewayAuth()  # the inference server's one accepted secret, from the desired states
         self.listening = asyncio.Event()
         self.applied_generation: int | None = None
+        self._desired: DesiredState | None = None  # the newest desired state not yet being applied
+        self._desired_came = asyncio.Event()
+        self._applier: asyncio.Task | None = None  # applies them, one at a time (_apply_loop)
         self._outbox: Outbox | None = None
         self._reporter = Reporter()  # what the console was last told: reports carry what changed since
         self._stop = asyncio.Event()
@@ -177,6 +180,9 @@ class Agent:
                 await self._stop.wait()
                 log.info("stopping: %d worker(s)%s", len(self.supervisor.handles()),
                          " left running for the next agent" if self.leaves_workers else "")
+                if self._applier is not None:  # converging no more: what it started is stopped or left below
+                    self._applier.cancel()
+                    await asyncio.gather(self._applier, return_exceptions=True)
                 await self._let_go()
                 await self._flush()  # let the console hear the replicas stopped
                 link.cancel()
@@ -242,6 +248,7 @@ class Agent:
         # A new connection may face a console restored from a backup, whose generations restart:
         # staleness is judged within one connection (messages cannot cross connections).
         self.applied_generation = None
+        self._desired = None  # one the last link sent and the applier has not begun: this link sends its own
         self._reporter.reset()
         self._post(self._hello())
         outbox.report()  # whole: the first on a link
@@ -299,15 +306,31 @@ class Agent:
         if isinstance(message, ErrorReply):
             log.error("the console reports an error: %s", message.reason)
         elif isinstance(message, DesiredState):
-            try:
-                applied = await self.apply(message)
-            except Exception:  # a bug here must not cut the link; the console resends on reconnect
-                log.exception("cannot apply desired state generation %d", message.generation)
-                return
-            if applied:
-                self._post(Ack(generation=message.generation))
+            # Applied by a task of its own, the newest first: a drain (up to --drain-timeout) or a sleep must not hold
+            # the link's reading, which answers the console's keepalive pings and its log requests.
+            self._desired = message
+            self._desired_came.set()
+            if self._applier is None or self._applier.done():
+                self._applier = asyncio.create_task(self._apply_loop(), name="agent-apply")
         elif isinstance(message, LogsRequest):
             self._post(await self.logs(message))
+
+    async def _apply_loop(self) -> None:
+        """Apply the newest desired state the console sent, one at a time; acknowledge each applied. One that came
+        while another was applied replaces any still waiting (each is whole)."""
+        while True:
+            await self._desired_came.wait()
+            self._desired_came.clear()
+            desired, self._desired = self._desired, None
+            if desired is None:
+                continue
+            try:
+                applied = await self.apply(desired)
+            except Exception:  # a bug here must not end converging; the console resends on reconnect
+                log.exception("cannot apply desired state generation %d", desired.generation)
+                continue
+            if applied:
+                self._post(Ack(generation=desired.generation))
 
     async def logs(self, request: LogsRequest) -> LogsReply:
         """The tail of a replica's worker log, or an error that says why there is none."""

@@ -313,8 +313,13 @@ class Replicas:
 
     async def _sleep(self, handle: WorkerHandle) -> None:
         """Put one replica to sleep within the host-RAM budget, evicting the least recently used."""
-        await self._drain(handle)
-        handle.draining = False  # asleep it serves nothing anyway; woken, it serves again
+        try:
+            await self._drain(handle)
+            await self._sleep_drained(handle)
+        finally:
+            handle.draining = False  # asleep (or left ready by a failure), it serves again once ready
+
+    async def _sleep_drained(self, handle: WorkerHandle) -> None:
         rid = handle.spec.replica_id
         weights = sleep_bytes(handle)
         others = [Sleeper(h.spec.replica_id, h.host_bytes, h.last_used)

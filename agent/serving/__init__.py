@@ -1,27 +1,27 @@
 """The agent's HTTP inference server (Open Inference Protocol v2 REST, OpenAI-style /v1, /metrics), open only to
-the console's gateway (agent.serving.auth)."""
+the console's gateway (agent.serving.auth).
+
+Its names are imported when first used: the agent's text processes (agent.serving.textproc) import the chat and
+tokenization modules of this package, and should not pay for aiohttp and the inference app on the way."""
 
 from __future__ import annotations
 
-from aiohttp import web
-
-from agent.serving.app import make_app
-from agent.serving.auth import GatewayAuth
-from agent.serving.connections import GuardedRunner
-
-KEEPALIVE_S = 30.0
-
-
-async def start_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve `app` on host:port (port 0 picks a free one); returns the runner and the real port."""
-    # handler_cancellation: a client that goes away cancels its handler, and so its generation in the worker.
-    # keepalive_timeout also closes a connection that sends no complete request within it (aiohttp's default is an
-    # hour); the gateway's pool drops its idle connections after 15 s, well before.
-    runner = GuardedRunner(app, access_log=None, handler_cancellation=True, keepalive_timeout=KEEPALIVE_S)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    return runner, runner.addresses[0][1]
-
+from typing import Any
 
 __all__ = ["GatewayAuth", "make_app", "start_server"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "make_app":
+        from agent.serving.app import make_app
+
+        return make_app
+    if name == "GatewayAuth":
+        from agent.serving.auth import GatewayAuth
+
+        return GatewayAuth
+    if name == "start_server":
+        from agent.serving.server import start_server
+
+        return start_server
+    raise AttributeError(f"module 'agent.serving' has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """A bound on the agent's inference connections: aiohttp takes connections until the process runs out of
-descriptors, which its workers' pipes and logs need too. At `limit` open connections, the one idle longest (no
+descriptors, which its workers' pipes and logs need too. At `limit` open connections, the oldest one idle (no
 request in progress) is closed to admit the new one; with every one busy, the new one is closed. Idle and slow
-connections are closed by the keep-alive timeout and the body timeout (agent.serving, agent.serving.body)."""
+connections are closed by the keep-alive timeout and the body timeout (agent.serving.server, agent.serving.body)."""
 
 from __future__ import annotations
 

@@ -116,11 +116,14 @@ async def embeddings(request: web.Request) -> web.Response:
     with dispatcher.observe(route) as seen:
         inputs = _embedding_inputs(body.get("input"))
         texts = [i for i in inputs if isinstance(i, str)]
-        codec = await _codec(request, route, truncate=True)
-        if texts and codec.max_chars:  # past what the positions hold, a text is cut before it is tokenized
-            texts = [t[: codec.max_chars] for t in texts]
+        if texts:  # token ids need no tokenizer: a model without one takes them
+            codec = await _codec(request, route, truncate=True)
+            if codec.max_chars:  # past what the positions hold, a text is cut before it is tokenized
+                texts = [t[: codec.max_chars] for t in texts]
+            limit = codec.max_positions
+        else:
+            limit = request.config_dict[TOKENIZERS].max_positions(route.replicas[0].spec.model_path)
         encoded = iter(await _encode(request, route, texts, truncate=True, param="input") if texts else [])
-        limit = codec.max_positions
         sequences = [next(encoded) if isinstance(i, str) else i[:limit] if limit else i for i in inputs]
         if not all(sequences):
             raise BadInput("an input must hold at least one token", param="input")

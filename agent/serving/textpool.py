@@ -97,6 +97,7 @@ class TextPool:
         self._idle: asyncio.Queue[_Process] | None = None
         self._all: set[_Process] = set()
         self._waiting = 0
+        self._closed = False
         self.killed = 0  # processes killed at the time limit or found dead (for tests and metrics)
 
     async def encode(self, model: str, model_path: str, texts: list[str], *, truncate: bool, param: str
@@ -110,6 +111,7 @@ class TextPool:
         return await self._job(("chat", model_path, messages), model, "messages", "its chat template")
 
     async def close(self) -> None:
+        self._closed = True  # a job still running finds its process killed, and nothing is started again
         processes, self._all = list(self._all), set()
         await asyncio.gather(*(asyncio.to_thread(p.kill) for p in processes))
 
@@ -123,7 +125,9 @@ class TextPool:
             self._waiting -= 1
         # Shielded: a client that goes away leaves its job to finish (within the time limit), so the process
         # goes back to the pool with its connection in step instead of being killed.
-        answer = await asyncio.shield(asyncio.ensure_future(self._run(process, job, f"model {model!r}: {doer}", param)))
+        job_task = asyncio.ensure_future(self._run(process, job, f"model {model!r}: {doer}", param))
+        job_task.add_done_callback(_retrieved)  # its caller may be gone: its failure is then nobody's to report
+        answer = await asyncio.shield(job_task)
         if answer[0] == "ok":
             return answer[1]
         _, kind, message, where = answer
@@ -138,8 +142,10 @@ class TextPool:
             path = job[1]
             if path not in process.loaded:
                 answer = await self._call(process, ("load", path), LOAD_TIMEOUT, param, doer)
-                if answer[0] == "ok":
-                    process.loaded.add(path)
+                if answer[0] != "ok":  # no tokenizer, say: the job would only fail the same way
+                    healthy = True
+                    return answer
+                process.loaded.add(path)
             answer = await self._call(process, job, self.timeout_s, param, doer)
             healthy = True
             return answer
@@ -158,6 +164,8 @@ class TextPool:
                            f"({type(e).__name__})", param=param) from None
 
     async def _take(self) -> _Process:
+        if self._closed:
+            raise TextBusy("this agent is stopping")
         if self._idle is None:
             self._idle = asyncio.Queue()
         while True:
@@ -180,6 +188,15 @@ class TextPool:
         # Past its time limit, or dead: killed (off the loop) and replaced at once, so the pool stays full.
         self.killed += 1
         self._all.discard(process)
-        asyncio.get_running_loop().run_in_executor(None, process.kill)
-        if len(self._all) < self.size:
+        try:
+            asyncio.get_running_loop().run_in_executor(None, process.kill)
+        except RuntimeError:  # the loop's executor is shut down (the agent is stopping)
+            process.kill()
+        if len(self._all) < self.size and not self._closed:
             self._spawn()
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
+

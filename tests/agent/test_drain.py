@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from agent.protocol import Ack, Hello, ReplicaStatus
+from agent.protocol import Ack, Hello, LogsReply, LogsRequest, ReplicaStatus
 from tests.agent import test_adoption
 from tests.agent.test_adoption import infer, start_agent
 from tests.agent.test_daemon import alive, desired_state, replica
@@ -59,3 +59,24 @@ async def test_a_drain_is_bounded_by_the_drain_timeout(console, state_dir, slow_
         assert not alive(pid)
     finally:
         await running.stop()
+
+
+async def test_the_link_is_read_while_a_replica_drains(console, state_dir, slow_model):
+    # The console's keepalive pings and its log requests are answered while a drain waits for a request: applying
+    # a desired state no longer holds the link's reading.
+    running = await start_agent(console, state_dir)
+    try:
+        await ready(console, slow_model)
+        request = asyncio.ensure_future(infer(running.agent, "chat"))
+        await asyncio.sleep(0.3)
+        await console.send(desired_state(2, []))
+        await asyncio.sleep(0.2)
+        await console.send(LogsRequest(request_id="q1", replica_id=7, tail=5))
+        reply = await console.expect(LogsReply, request_id="q1")
+        assert running.agent.supervisor.get(7) is not None  # answered while the replica still drained
+        assert (await request)[0] == 200
+        await console.expect_each((ReplicaStatus, {"replica_id": 7, "state": "stopped"}), (Ack, {"generation": 2}))
+        assert reply.replica_id == 7
+    finally:
+        await running.stop()
+

@@ -13,6 +13,7 @@ from tokenizers import Regex, pre_tokenizers
 
 from agent.serving import make_app
 from agent.serving.auth import GatewayAuth
+from agent.serving.dispatch import BadInput
 from agent.serving.textpool import TextPool
 from agent.workers.demo_tokenizer import train_bpe
 from tests.agent.serving.test_openai import SECRET, TEMPLATE, FakeReplica
@@ -139,3 +140,43 @@ async def test_a_text_process_killed_from_outside_is_replaced_before_it_is_used(
         process.popen.kill()
         process.popen.wait()
     assert (await post(agent, "/v1/completions", {"model": "chat", "prompt": "Hello", "max_tokens": 1}))[0] == 200
+
+
+async def test_an_encoder_without_a_tokenizer_still_takes_token_ids(tmp_path):
+    (tmp_path / "ids").mkdir()
+    (tmp_path / "ids" / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 4}))
+    replica = FakeReplica(5, "ids", tmp_path / "ids", "encoder")
+
+    class Source:
+        def handles(self):
+            return [replica]
+
+    server = TestServer(make_app(Source(), auth=GatewayAuth(SECRET)), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{server.port}",
+                                         headers={"Authorization": f"Bearer {SECRET}"}) as session:
+            ids = await post(session, "/v1/embeddings", {"model": "ids", "input": [[5, 6, 7, 8, 9]],
+                                                        "encoding_format": "float"})
+            text = await post(session, "/v1/embeddings", {"model": "ids", "input": "hello"})
+    finally:
+        await server.close()
+    assert ids[0] == 200 and ids[1]["data"][0]["embedding"][:2] == [26, 4]  # cut to its 4 positions
+    assert text[0] == 400 and "has no tokenizer" in text[1]["error"]["message"]
+
+
+async def test_a_closed_pool_leaves_no_process_behind_even_with_a_job_under_way(hostile_dirs):
+    from agent.serving.textpool import TextBusy
+
+    pool = TextPool(size=1, timeout_s=5.0)
+    chat = str(hostile_dirs / "chat")
+    assert await pool.encode("chat", chat, ["hello"], truncate=False, param="prompt")
+    (process,) = pool._all
+    looping = asyncio.ensure_future(pool.chat("evil", str(hostile_dirs / "evil"), [{"role": "user", "content": "hi"}]))
+    await asyncio.sleep(0.5)  # the looping template holds the process
+    await pool.close()
+    with pytest.raises(BadInput):
+        await looping  # its process was killed under it
+    assert process.popen.poll() is not None and pool._all == set()  # none started again
+    with pytest.raises(TextBusy):
+        await pool.encode("chat", chat, ["hello"], truncate=False, param="prompt")
