@@ -97,7 +97,9 @@ def guarded_http(limit: int | None = None, header_timeout: float = HEADER_TIMEOU
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.transport.is_closing() and self in self._registry.open:
+            # Waiting for its next request, unless a pipelined one has just started (its cycle is not done).
+            if (not self.transport.is_closing() and self in self._registry.open
+                    and (self.cycle is None or self.cycle.response_complete)):
                 self._wait_for("headers", header_timeout)
 
         def handle_websocket_upgrade(self) -> None:

@@ -240,7 +240,10 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbac
             setbacks.append((action, tiers[pk]))
     changed |= _answer_demand(sorted(deployments, key=lambda d: d.pk), {d.deployment: d for d in result.demands}, now)
     busy = any(d.traffic_rps or d.observed_p95_ms is not None or d.demand for d in deployments)
-    return _Planned(changed, next_change(request), busy)
+    recheck = next_change(request)
+    if any(g.stale for g in request.gpus):  # a host that speaks is fresh then, and nothing wakes a pass for that
+        recheck = min(recheck, now.timestamp()) if recheck is not None else now.timestamp()
+    return _Planned(changed, recheck, busy)
 
 
 def _answer_demand(deployments: list[DeploymentRow], outcomes: dict, now: datetime) -> bool:

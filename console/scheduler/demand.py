@@ -224,6 +224,10 @@ def demand_outcomes(run: Run, demanded: list[Demand]) -> dict[str, DemandOutcome
         elif held is not None:
             found[d.name] = DemandOutcome(d.name, "served", f"ready on {', '.join(held.gpus)} (held: its host's "
                                                             "readings are stale until it reports)")
+        elif d.held and not units:  # asleep on a stale host: woken there once it reports, or moved once evicted
+            where = ", ".join(sorted({r.host or "?" for r in d.held}))
+            found[d.name] = DemandOutcome(d.name, "waiting", f"its replicas sleep on {where}, whose readings are "
+                                                             "stale: it is woken when its host reports again")
         elif not units:
             found[d.name] = DemandOutcome(d.name, "refused", "its max_replicas is 0: no replica may run "
                                                              f"({explain.waiting_requests(d.waiting)})")

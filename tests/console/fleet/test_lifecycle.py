@@ -189,8 +189,10 @@ def test_a_host_not_heard_since_the_scheduler_began_leading_gets_nothing_new_unt
     Host.objects.filter(pk=host.pk).update(last_seen=timezone.now() - timedelta(seconds=8))  # before this term
     reconcile.start_leading()
     create_deployment("chat", "tiny")
-    reconcile_once()
+    held = reconcile_once()
     assert placed_on("chat") is None
+    # Nothing wakes a pass when a host turns fresh: the next unwoken one plans for it (its recheck is due now).
+    assert held.recheck_at is not None and held.recheck_at <= timezone.now().timestamp()
     apply_one(host, HostReport(gpus=[]))  # its agent speaks: the lease is written again, the readings are its own
     reconcile_once()
     assert placed_on("chat") == "h1"

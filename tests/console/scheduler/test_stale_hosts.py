@@ -83,3 +83,11 @@ def test_a_held_ready_replica_serves_its_deployments_waiting_requests():
     assert [(r.index, r.action) for r in result.replicas] == [(0, "keep")]
     (outcome,) = result.demands
     assert outcome.status == "served" and "held" in outcome.reason
+
+
+def test_requests_for_a_deployment_asleep_on_a_stale_host_wait_rather_than_being_refused():
+    result = run([gpu("h/0", 24, stale=True), gpu("g/0", 24)], [Deployment("m", 4 * GiB, demand=3)],
+                 [Replica("m", 0, (), 0, "sleeping", host="h")], hosts=(Host("h", 100 * GiB),))
+    assert [(r.index, r.state, r.action) for r in result.replicas] == [(0, "sleeping", "keep")]
+    (outcome,) = result.demands
+    assert outcome.status == "waiting" and "sleep on h" in outcome.reason
