@@ -10,6 +10,7 @@ from tests.agent import test_adoption
 from tests.agent.test_adoption import infer, start_agent
 from tests.agent.test_daemon import alive, desired_state, replica
 from tests.conftest import write_model_dir
+from tests.waiting import until
 
 console, state_dir = test_adoption.console, test_adoption.state_dir  # the fake console, torch-free workers
 
@@ -32,9 +33,9 @@ async def test_a_replica_scaled_away_finishes_its_requests_before_its_worker_sto
     try:
         pid = await ready(console, slow_model)
         request = asyncio.ensure_future(infer(running.agent, "chat"))
-        await asyncio.sleep(0.3)  # the forward is under way in the worker
+        await until(lambda: running.agent.supervisor.get(7).picked, 30, "the forward to be under way")
         await console.send(desired_state(2, []))
-        await asyncio.sleep(0.2)
+        await until(lambda: running.agent.supervisor.get(7).draining, 30, "the replica to drain")
         status, body = await infer(running.agent, "chat")  # arrives while it drains: it takes nothing new
         assert status == 503 and "draining" in body["error"]
         status, data = await request
@@ -51,7 +52,7 @@ async def test_a_drain_is_bounded_by_the_drain_timeout(console, state_dir, slow_
     try:
         pid = await ready(console, slow_model)
         request = asyncio.ensure_future(infer(running.agent, "chat"))
-        await asyncio.sleep(0.3)
+        await until(lambda: running.agent.supervisor.get(7).picked, 30, "the forward to be under way")
         await console.send(desired_state(2, []))
         await console.expect_each((ReplicaStatus, {"replica_id": 7, "state": "stopped"}), (Ack, {"generation": 2}),
                                   timeout=20)
@@ -68,9 +69,9 @@ async def test_the_link_is_read_while_a_replica_drains(console, state_dir, slow_
     try:
         await ready(console, slow_model)
         request = asyncio.ensure_future(infer(running.agent, "chat"))
-        await asyncio.sleep(0.3)
+        await until(lambda: running.agent.supervisor.get(7).picked, 30, "the forward to be under way")
         await console.send(desired_state(2, []))
-        await asyncio.sleep(0.2)
+        await until(lambda: running.agent.supervisor.get(7).draining, 30, "the replica to drain")
         await console.send(LogsRequest(request_id="q1", replica_id=7, tail=5))
         reply = await console.expect(LogsReply, request_id="q1")
         assert running.agent.supervisor.get(7) is not None  # answered while the replica still drained
