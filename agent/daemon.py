@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ValidationError
 
 import agent
+from agent import engines
 from agent.gpus import GpuBackend
 from agent.metrics import Metrics, replica_snapshot
 from agent.mps import MpsControl
@@ -89,6 +90,7 @@ class AgentConfig:
     stop_workers_on_exit: bool = False  # with a state_dir: stop the workers on stop instead of leaving them
     orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT  # seconds a worker left without an agent waits before it exits
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # a leaving replica finishes its requests within this, then goes
+    vllm_python: str | None = None  # the interpreter of a vLLM environment: this agent then runs the vllm engine
 
     def replica_settings(self) -> ReplicaSettings:
         """The fields of this config that are the replicas' (same names, same meaning)."""
@@ -153,6 +155,8 @@ class Agent:
     async def run(self) -> None:
         """Serve inference and stay connected to the console until asked to stop."""
         adopted = await self.replicas.open()  # StateDirError when another agent runs on this state directory
+        # Which engines run here, read once (a vLLM interpreter is asked for its version), before the hello.
+        await asyncio.to_thread(engines.available, self.config.vllm_python)
         try:
             await self._start_mps()
             try:
@@ -380,6 +384,7 @@ class Agent:
             agent_version=agent.__version__,
             endpoint=self.endpoint,
             gpus=self.gpus(),
+            engines=list(engines.available(self.config.vllm_python)),
         )
 
     def _report(self, gone: list[ReplicaStatus] = ()) -> HostReport:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from agent import engines
 from agent.artifacts import ArtifactError, inspect_model_dir
 from agent.artifacts.model_dir import CAUSAL_LM_SUFFIXES
 from agent.converge import Running, device_for, plan_convergence
@@ -27,6 +28,7 @@ from agent.protocol import LOADED, ON_DEVICE, DesiredReplica, DesiredState, GpuI
 from agent.restarts import RestartBackoff
 from agent.serving.batching import BatchSettings
 from agent.sleep_budget import Sleeper, fit
+from agent.vllm.launch import launch
 from agent.workers.errors import InferenceError
 from agent.workers.handle import DEFAULT_INFER_TIMEOUT, DEFAULT_SWAP_TIMEOUT
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
@@ -64,6 +66,7 @@ class ReplicaSettings:
     state_dir: str | None = None  # where replica workers wait for the next agent; None: they die with this one
     orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT  # seconds a worker without an agent waits before it exits
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # a replica leaving finishes its requests within this, then goes
+    vllm_python: str | None = None  # the interpreter of a vLLM environment: this agent runs the vllm engine
 
 
 def host_cores() -> int:
@@ -121,6 +124,9 @@ class Replicas:
         self._generations: dict[int, int] = {}  # replica id -> generation its worker was started (or ended) under
         self._gpu_totals: dict[int, int] = {}
         self._restart_timers: dict[int, asyncio.TimerHandle] = {}
+        # vLLM sizes its KV cache from the memory free on its GPU as it starts: two starting on one GPU at once
+        # mis-size each other (vLLM issue 55827). A vLLM replica whose GPU has another starting waits here.
+        self._deferred: dict[str, list[int]] = {}  # device -> replica ids, in the order they asked
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
 
@@ -256,27 +262,60 @@ class Replicas:
         assert handle is not None, f"replica {replica_id} has no worker"
         return handle
 
-    def _start(self, replica: DesiredReplica) -> WorkerHandle:
+    def _start(self, replica: DesiredReplica) -> WorkerHandle | None:
         device = device_for(replica, self.backend.device_kind)
+        if replica.engine == "vllm" and device != "cpu" and self._vllm_starting(device):
+            waiting = self._deferred.setdefault(device, [])
+            if replica.id not in waiting:
+                waiting.append(replica.id)
+                log.info("replica %d: starts when the vLLM starting on %s is loaded", replica.id, device)
+            return None
         try:
             # Read torch-free before spawning: a bad directory fails in milliseconds, with a message
             # that names the file, instead of after a worker has imported torch.
             artifact = inspect_model_dir(replica.model_path)
             if replica.dtype not in DTYPES:
                 raise ArtifactError(f"dtype {replica.dtype!r} is not supported ({', '.join(DTYPES)})")
+            running = engines.names(self.settings.vllm_python)
+            if replica.engine not in running:
+                raise ArtifactError(f"this agent runs no {replica.engine} engine (it runs: "
+                                    f"{', '.join(sorted(running)) or 'none'})")
+            if replica.engine == "vllm" and artifact.task != "causal-lm":
+                raise ArtifactError(f"the vllm engine serves causal language models here; {replica.model_path} "
+                                    f"is {'an encoder' if artifact.task == 'encoder' else artifact.task}")
+            spec = self._spec(replica, artifact.task, device, artifact.weights_bytes)
         except ArtifactError as e:
             guess = "causal-lm" if replica.architecture.endswith(CAUSAL_LM_SUFFIXES) else "encoder"
-            return self.supervisor.add_failed(self._spec(replica, guess, device), str(e))
-        spec = self._spec(replica, artifact.task, device, artifact.weights_bytes)
+            return self.supervisor.add_failed(self._spec(replica, guess, device, engine_args=False), str(e))
         return self.supervisor.start(spec, after_load="ready" if replica.state == "ready" else "preloaded")
 
-    def _spec(self, replica: DesiredReplica, task: str, device: str, file_bytes: int = 0) -> WorkerSpec:
+    def _vllm_starting(self, device: str) -> bool:
+        return any(h.spec.engine == "vllm" and h.spec.device == device and h.state in ("starting", "loading")
+                   for h in self.supervisor.handles())
+
+    def _start_deferred(self, device: str) -> None:
+        """Start the next vLLM replica waiting for `device` once none is starting there (if still wanted and
+        without a worker)."""
+        waiting = self._deferred.get(device, [])
+        while waiting and not self._vllm_starting(device):
+            placement = self._placements.get(waiting.pop(0))
+            if placement is not None and placement.state != "stopped" and self.supervisor.get(placement.id) is None:
+                self._start(placement)
+
+    def _spec(self, replica: DesiredReplica, task: str, device: str, file_bytes: int = 0,
+              engine_args: bool = True) -> WorkerSpec:
         gpu = replica.gpus[0] if replica.gpus else 0
         limit = threads = None
         if device == "cpu":
             threads = self.cpu_threads()
-            if self.settings.cap_cpu_workers and replica.reserved_bytes:
+            # vLLM bounds its own memory (its KV cache space); an address-space cap would pass to its processes.
+            if self.settings.cap_cpu_workers and replica.reserved_bytes and replica.engine == "torch":
                 limit = cpu_memory_limit(replica.reserved_bytes, file_bytes, threads)
+        engine: dict = {}
+        if replica.engine == "vllm" and engine_args:
+            started = launch(replica, device, file_bytes, self._gpu_totals.get(gpu, 0), threads)
+            engine = {"engine_python": self.settings.vllm_python or "", "engine_args": started.args,
+                      "engine_env": started.env, "engine_flags": tuple(replica.engine_args)}
         return WorkerSpec(
             replica.id, replica.model_path, task, device, replica.dtype, replica.deployment,
             batch=replica.batch,
@@ -286,6 +325,8 @@ class Replicas:
             mps_percentage=replica.mps_percentage,
             memory_limit_bytes=limit,
             threads=threads,
+            engine=replica.engine,
+            **engine,
         )
 
     def cpu_threads(self) -> int:
@@ -359,6 +400,8 @@ class Replicas:
         rid = handle.spec.replica_id
         self._fill_process_bytes(handle)
         self._notify(handle, False)
+        if handle.spec.engine == "vllm" and handle.state not in ("starting", "loading"):
+            self._start_deferred(handle.spec.device)
         if handle.state in LOADED:
             self.backoff.ready(rid)  # it loaded: the run of failures is over
         if handle.state in ON_DEVICE and handle.transition is None:
@@ -392,9 +435,15 @@ class Replicas:
         m = handle.measurement
         if handle.state not in ON_DEVICE or m is None or m.device != "cuda" or m.process_bytes is not None:
             return
-        used = self.backend.process_memory(handle.pid) if handle.pid else None
+        used = self._process_memory(handle)
         if used:
             handle.measurement = m.model_copy(update={"process_bytes": used, "total_bytes": used})
+
+    def _process_memory(self, handle: WorkerHandle) -> int | None:
+        """NVML's reading of what the replica's processes hold on their GPU; None where it has none."""
+        readings = [self.backend.process_memory(pid) for pid in handle.device_pids]
+        held = [r for r in readings if r is not None]
+        return sum(held) if held else None
 
     async def _restart(self, replica_id: int, failed: WorkerHandle) -> None:
         self._restart_timers.pop(replica_id, None)
@@ -445,7 +494,7 @@ class Replicas:
         counted = False
         for handle in self.supervisor.handles():
             on = self._on_gpus.get(handle.spec.replica_id)
-            held = self.backend.process_memory(handle.pid) if handle.pid else None
+            held = self._process_memory(handle)
             if held is None or not on:
                 continue
             counted = True

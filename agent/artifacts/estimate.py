@@ -16,7 +16,7 @@ An architecture without formulas gets header weights plus FALLBACK_MARGIN, said 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from agent.artifacts.config import DECODER_FAMILIES, ModelConfig
@@ -30,7 +30,7 @@ from agent.artifacts.dtypes import dtype_bytes as bytes_of
 from agent.artifacts.errors import ArtifactError
 from agent.artifacts.files import Roots, kind_of
 from agent.artifacts.limits import MAX_ESTIMATE_BYTES
-from agent.artifacts.memory import activation_elements, default_seq, kv_cache_elements
+from agent.artifacts.memory import activation_elements, default_seq, kv_cache_elements, logits_elements
 from agent.artifacts.model_dir import ModelArtifact, model_path, read_model_dir
 from agent.artifacts.params import ParameterCount, count_parameters
 from agent.artifacts.safetensors_header import read_safetensors_header
@@ -39,11 +39,17 @@ from agent.artifacts.safetensors_header import read_safetensors_header
 #   cpu: 0. The worker process's own baseline (Python + torch, ~300 MiB RSS) is paid once per
 #        worker and is host RAM, not part of what a replica reserves; the CPU allocator returns
 #        freed blocks, so there is no caching-allocator slack to reserve either.
-#   cuda: 512 MiB for the CUDA context, cuBLAS/cuDNN workspaces and caching-allocator slack.
-#        Typical for recent GPUs and drivers (~300-500 MiB context alone on an H100), but it is
-#        NOT measured here: the context lives outside torch's allocator and this code never
-#        touches a GPU. Calibration from worker measurements (issue 3) is meant to replace it.
-OVERHEAD_BYTES: dict[str, int] = {"cpu": 0, "cuda": 512 * 1024 * 1024}
+#   cuda: 686 MiB, what NVML showed an H100 worker hold beyond torch's allocations (the CUDA context,
+#        cuBLAS/cuDNN workspaces). This code never touches a GPU; calibration from worker measurements
+#        corrects it per family.
+OVERHEAD_BYTES: dict[str, int] = {"cpu": 0, "cuda": 686 * 1024 * 1024}
+# What vLLM holds beyond weights, KV cache and activations, by device kind (a deployment on engine vllm):
+#   cpu: its API server, engine core and worker processes, each with torch imported: ~1.7 GiB measured here
+#        (unique set sizes, a 2 MB model). Its KV cache is taken in whole GiB, at least 1 (VLLM_CPU_KVCACHE_SPACE).
+#   cuda: CUDA graphs, the sampler's buffers and the contexts of its processes: 1 GiB, NOT measured here (no GPU);
+#        calibration from its replicas' NVML readings corrects it.
+VLLM_RUNTIME_BYTES: dict[str, int] = {"cpu": 1800 * 1024 * 1024, "cuda": 1024 * 1024 * 1024}
+GIB = 1024 * 1024 * 1024
 FALLBACK_MARGIN = 0.2  # unknown architectures: 20% of the weights for activations and caches
 # Families that can be served in int8 (weight-only quantised linear layers); others cannot.
 INT8_FAMILIES = DECODER_FAMILIES
@@ -152,6 +158,11 @@ def estimate(
         notes += kv_notes
         kv = kv_elems * act_bytes
         act = activation_elements(cfg, batch, seq_used, fused_attention=fused_attention) * act_bytes
+        copied = logits_elements(cfg, batch, seq_used) * 4 if act_bytes < 4 else 0
+        if copied:
+            # The worker hands logits back in float32 (agent.workers.runtime): a copy beside them at the peak.
+            act += copied
+            notes.append("logits copied to float32 for the answer: counted beside them")
         if fused_attention and cfg.family not in ("t5", "resnet", "mobilenet_v2"):
             notes.append("attention assumed fused (SDPA/flash): scores not materialised")
         if seq is None:
@@ -160,7 +171,8 @@ def estimate(
             notes.append(f"default shape: batch {batch}, seq {seq_used} {what}")
     overhead = OVERHEAD_BYTES[device]
     if device == "cuda":
-        notes.append(f"cuda overhead is a constant {overhead >> 20} MiB (context + allocator slack), not measured here")
+        notes.append(f"cuda overhead is a constant {overhead >> 20} MiB (context and workspaces, measured once on an "
+                     "H100), not measured here")
     est = Estimate(
         weights_bytes=weights,
         kv_cache_bytes=kv,
@@ -179,6 +191,20 @@ def estimate(
     )
     _check_bounds(est, cfg.source)
     return est
+
+
+def for_engine(est: Estimate, engine: str) -> Estimate:
+    """`est` for a replica run by `engine`: vLLM's runtime added to the overhead, its CPU KV cache in whole GiB,
+    and a family of its own ("llama+vllm"), so calibration learns each engine apart. The built-in engine's
+    (torch, or auto) is `est` itself."""
+    if engine != "vllm":
+        return est
+    kv = max(GIB, -(-est.kv_cache_bytes // GIB) * GIB) if est.device == "cpu" else est.kv_cache_bytes
+    runtime = VLLM_RUNTIME_BYTES[est.device]
+    total = est.total_bytes - est.kv_cache_bytes + kv + runtime
+    note = f"vllm: {runtime >> 20} MiB for its processes{' (not measured here)' if est.device == 'cuda' else ''}"
+    return replace(est, kv_cache_bytes=kv, overhead_bytes=est.overhead_bytes + runtime, total_bytes=total,
+                   family=f"{est.family}+vllm", notes=(*est.notes, note))
 
 
 def _check_bounds(est: Estimate, source: str) -> None:

@@ -114,6 +114,15 @@ def activation_elements(cfg: ModelConfig, batch: int, seq: int, *, fused_attenti
     return 0
 
 
+def logits_elements(cfg: ModelConfig, batch: int, seq: int) -> int:
+    """Elements of a language model's logits over every position of (batch, seq); 0 for other models."""
+    if cfg.family in ("llama", "moe") and cfg.architecture.endswith("ForCausalLM"):
+        return batch * seq * cfg.int("vocab_size")
+    if cfg.family in ("gpt2", "gpt_neox") and cfg.architecture.endswith(("ForCausalLM", "LMHeadModel")):
+        return batch * seq * _dense_dims(cfg)[3]
+    return 0
+
+
 def _scores(batch: int, heads: int, seq: int, fused: bool) -> int:
     """Attention scores and their softmax, unless a fused kernel (SDPA/flash) never materialises them."""
     return 0 if fused else 2 * batch * heads * seq * seq

@@ -5,6 +5,7 @@ Imports nothing else from the project so the console can depend on it alone.
 
 from agent.protocol.messages import (
     ENDED,
+    ENGINES,
     LIVE_STATES,
     LOADED,
     LOADING,
@@ -21,6 +22,7 @@ from agent.protocol.messages import (
     DesiredAdapter,
     DesiredReplica,
     DesiredState,
+    EngineInfo,
     ErrorReply,
     GpuInfo,
     Hello,
@@ -38,10 +40,14 @@ from agent.protocol.messages import (
 # On an agent's refusal that no replica of that model here acted on (none serves it now: sleeping, draining,
 # loading): the gateway may send the request to another replica instead.
 UNSERVED_HEADER = "X-ModelGrid-Unserved"
+# On each request the gateway sends: the replica it picked. The agent serves that one or refuses, unserved.
+REPLICA_HEADER = "X-ModelGrid-Replica-Id"
 
 __all__ = [
     "UNSERVED_HEADER",
+    "REPLICA_HEADER",
     "ENDED",
+    "ENGINES",
     "LIVE_STATES",
     "LOADED",
     "LOADING",
@@ -58,6 +64,7 @@ __all__ = [
     "DesiredAdapter",
     "DesiredReplica",
     "DesiredState",
+    "EngineInfo",
     "ErrorReply",
     "GpuInfo",
     "Hello",

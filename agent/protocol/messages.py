@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, TypeAdapter
 
+from agent.protocol.engine_args import MAX_ARG_CHARS, MAX_ENGINE_ARGS
+
 PROTOCOL_VERSION = 1
 
 # Observed states a replica can report; `pending` means placed but not yet started by an agent,
@@ -186,6 +188,17 @@ class ReplicaStatus(_Message):
     adapter_error: Text = ""  # why the last change to its adapters was refused, if it was
 
 
+Engine = Literal["torch", "vllm"]  # what runs a replica's model: the built-in torch engine, or vLLM
+ENGINES: tuple[str, ...] = ("torch", "vllm")
+
+
+class EngineInfo(_Message):
+    """An engine this host's agent can run replicas with."""
+
+    name: Engine
+    version: Version
+
+
 class Hello(_Message):
     type: Literal["hello"] = "hello"
     protocol: Small
@@ -193,6 +206,8 @@ class Hello(_Message):
     agent_version: Version
     endpoint: Endpoint
     gpus: list[GpuInfo] = Field(max_length=MAX_GPUS)
+    # The engines it runs; none listed (an older agent): the built-in torch engine alone.
+    engines: list[EngineInfo] = Field(default=[], max_length=len(ENGINES))
 
 
 class DeploymentServing(_Message):
@@ -257,6 +272,11 @@ class DesiredReplica(_Message):
     adapter_pool_bytes: Count = 0  # device-tier budget for adapters
     adapter_host_bytes: Count = 0  # host-tier budget (0: as large as the device tier x 4)
     adapter_hints: dict[str, float] = {}  # expected demand per adapter, for prefetch
+    engine: Engine = "torch"  # what runs it
+    # The deployment's own flags for its engine, checked against engine_args.py by the console and by the agent
+    # before it starts one (a flag one side does not take fails that replica, saying why, not the message).
+    engine_args: list[Annotated[str, StringConstraints(max_length=MAX_ARG_CHARS)]] = Field(
+        default=[], max_length=MAX_ENGINE_ARGS)
 
 
 class DesiredState(_Message):

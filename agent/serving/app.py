@@ -12,6 +12,7 @@ never wakes or loads a replica for a request: only the console's desired state d
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -22,30 +23,41 @@ import agent
 from agent.metrics import CONTENT_TYPE, Metrics, replica_snapshot
 from agent.serving.auth import GatewayAuth, gateway_only
 from agent.serving.batching import BatchSettings
-from agent.serving.body import MAX_BODY_BYTES, read_json
+from agent.serving.body import MAX_BODY_BYTES, parse_json, read_body, read_json
 from agent.serving.dispatch import (
     DISPATCHER,
     RESTING,
+    BadInput,
     Dispatcher,
     Replica,
     ReplicaSource,
     ServingError,
     describe,
     not_ready_text,
+    picked_replica,
 )
+from agent.serving.engine_metrics import engine_metrics
 from agent.serving.openai import add_openai_routes, openai_error, unserved_mark
+from agent.serving.relay import SESSION
 from agent.serving.tensors import (
     ENCODE_CHUNK_VALUES,
+    HEADER_LENGTH,
     MAX_REQUEST_TOKENS,
+    InferRequest,
+    encode_binary_response,
     encode_outputs,
     encode_response_chunks,
     output_values,
     parse_infer_request,
+    split_binary_body,
 )
 from agent.serving.textpool import TextPool
 from agent.serving.tokenization import Tokenizers
 from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT
-from agent.workers.spec import SIGNATURES
+from agent.workers.spec import SIGNATURES, Signature
+
+BINARY_CONTENT_TYPE = "application/octet-stream"
+BINARY_WRITE_BYTES = 1 << 20  # a large binary answer is written in slices this big, each a turn for the loop
 
 # JSON values in a v2 body: three inputs of MAX_REQUEST_TOKENS values each, nested by row, fit; parsing this
 # many takes well under 0.1 s however they are written (see agent.serving.body).
@@ -127,11 +139,13 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def server_metadata(request: web.Request) -> web.Response:
-    return web.json_response({"name": "modelgrid-agent", "version": agent.__version__, "extensions": []})
+    return web.json_response({"name": "modelgrid-agent", "version": agent.__version__,
+                              "extensions": ["binary_tensor_data"]})
 
 
 async def model_metadata(request: web.Request) -> web.Response:
     replicas, name = _replicas(request)
+    _v2_engine(name, replicas)
     # Any replica describes the model; a ready one also knows its output width.
     best = next((h for h in replicas if h.state == "ready"), replicas[0])
     signature = SIGNATURES.get(best.spec.task)
@@ -159,21 +173,58 @@ async def model_ready(request: web.Request) -> web.Response:
 
 async def infer(request: web.Request) -> web.Response:
     dispatcher = request.app[DISPATCHER]
-    route = dispatcher.route(request.match_info["name"])
+    replica_id = picked_replica(request)
+    route = dispatcher.route(request.match_info["name"], replica_id=replica_id)
     with dispatcher.observe(route) as seen:
+        _v2_engine(route.name, route.replicas)
         dispatcher.check(route)  # no replica ready: say so before reading the body
-        body = await read_json(request, max_values=MAX_V2_VALUES)
+        body, binary = await _infer_body(request)
         signature = SIGNATURES[route.task]
-        parsed = parse_infer_request(body, signature, max_positions=_max_positions(request, route.replicas))
+        parsed = parse_infer_request(body, signature, binary=binary,
+                                     max_positions=_max_positions(request, route.replicas))
         if parsed.adapter is not None:
-            route = dispatcher.route(route.name, parsed.adapter)
+            route = dispatcher.route(route.name, parsed.adapter, replica_id)
             seen.adapter = route.adapter
         result = await dispatcher.infer(route, parsed.inputs)
         seen.record(result)
     head = {"model_name": route.name, "id": parsed.id}
+    if parsed.binary_outputs:
+        return await _binary_answer(request, head, result.outputs, signature, parsed)
     if output_values(result.outputs, signature, parsed.outputs) <= ENCODE_CHUNK_VALUES:
         return web.json_response(head | {"outputs": encode_outputs(result.outputs, signature, parsed.outputs)})
     return await _stream_json(request, encode_response_chunks(head, result.outputs, signature, parsed.outputs))
+
+
+async def _infer_body(request: web.Request) -> tuple[Any, memoryview | None]:
+    """An infer request's JSON and, with Triton's binary tensor extension (an Inference-Header-Content-Length
+    header), the raw tensor bytes after it: only the JSON header is parsed, and counted against MAX_V2_VALUES."""
+    header_length = request.headers.get(HEADER_LENGTH)
+    if header_length is None:
+        return await read_json(request, max_values=MAX_V2_VALUES), None
+    header, binary = split_binary_body(await read_body(request), header_length)
+    return await asyncio.to_thread(parse_json, header, max_values=MAX_V2_VALUES), binary
+
+
+async def _binary_answer(request: web.Request, head: dict[str, Any], outputs: dict[str, Any], signature: Signature,
+                         parsed: InferRequest) -> web.StreamResponse:
+    """The binary extension's answer: the JSON header (its length in Inference-Header-Content-Length), then each
+    binary output's bytes. A large one is encoded in a thread and written in slices of the worker's array."""
+    encode = functools.partial(encode_binary_response, head, outputs, signature, parsed.outputs,
+                               parsed.binary_outputs)
+    small = output_values(outputs, signature, parsed.outputs) <= ENCODE_CHUNK_VALUES
+    header, pieces = encode() if small else await asyncio.to_thread(encode)
+    headers = {HEADER_LENGTH: str(len(header))}
+    if small:
+        return web.Response(body=b"".join([header, *pieces]), headers=headers, content_type=BINARY_CONTENT_TYPE)
+    response = web.StreamResponse(headers=headers)  # no Content-Length: the gateway passes it through unbuffered
+    response.content_type = BINARY_CONTENT_TYPE
+    await response.prepare(request)
+    await response.write(header)
+    for piece in pieces:
+        for start in range(0, len(piece), BINARY_WRITE_BYTES):
+            await response.write(piece[start : start + BINARY_WRITE_BYTES])
+    await response.write_eof()
+    return response
 
 
 async def _stream_json(request: web.Request, pieces: Iterator[bytes]) -> web.StreamResponse:
@@ -188,6 +239,13 @@ async def _stream_json(request: web.Request, pieces: Iterator[bytes]) -> web.Str
     return response
 
 
+def _v2_engine(name: str, replicas: tuple[Any, ...]) -> None:
+    """v2 tensors are the built-in engine's: a model on vLLM is served through /v1 only."""
+    if any(getattr(h.spec, "engine", "torch") == "vllm" for h in replicas):
+        raise BadInput(f"model {name!r} runs on the vllm engine, which serves /v1 (completions, chat, responses) "
+                       "and not v2 tensors", code="unsupported_by_engine")
+
+
 def _max_positions(request: web.Request, replicas: tuple[Any, ...]) -> int | None:
     """The longest sequence the model takes: as its workers reported it, else from its config.json."""
     reported = [h.info.get("max_positions") for h in replicas]
@@ -199,12 +257,14 @@ def _max_positions(request: web.Request, replicas: tuple[Any, ...]) -> int | Non
 
 async def prometheus_metrics(request: web.Request) -> web.Response:
     metrics = request.app[METRICS]
-    metrics.set_replicas(replica_snapshot(h) for h in request.app[SOURCE].handles())
-    return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+    handles = request.app[SOURCE].handles()
+    metrics.set_replicas(replica_snapshot(h) for h in handles)
+    relayed = await engine_metrics(request.app[SESSION], handles)  # vLLM's own, labelled with their replicas
+    return web.Response(body=metrics.render() + relayed, headers={"Content-Type": CONTENT_TYPE})
 
 
 def _replicas(request: web.Request) -> tuple[tuple[Any, ...], str]:
-    route = request.app[DISPATCHER].route(request.match_info["name"])
+    route = request.app[DISPATCHER].route(request.match_info["name"], replica_id=picked_replica(request))
     return route.replicas, route.name
 
 

@@ -25,6 +25,7 @@ MAX_VALUES = 1 << 18
 _CONTAINERS = (list, dict)  # what json.loads makes of arrays and objects
 
 
+RAW_BODY = web.RequestKey("raw_body", bytes)
 BODY_TIMEOUT_S = 60.0  # a body that trickles in holds a connection and a handler: it must arrive within this
 
 
@@ -42,6 +43,13 @@ async def read_json(
 ) -> Any:
     """The request's body parsed as JSON in a worker thread; TooLarge (413) or BadInput (400) naming the limit
     a body breaks. Reads with these limits, not aiohttp's client_max_size."""
+    raw = await read_body(request, max_bytes=max_bytes)
+    request[RAW_BODY] = raw  # as it came, for a relay to pass on unchanged (agent.serving.relay)
+    return await asyncio.to_thread(parse_json, raw, max_depth=max_depth, max_values=max_values)
+
+
+async def read_body(request: web.Request, *, max_bytes: int = MAX_BODY_BYTES) -> bytes:
+    """The request's body as bytes, unparsed; TooLarge (413) past `max_bytes`, SlowBody (408) when it trickles."""
     declared = request.content_length
     if declared is not None and declared > max_bytes:
         raise TooLarge(f"the request body is {declared} bytes; this server takes at most {_size(max_bytes)}")
@@ -55,7 +63,7 @@ async def read_json(
                 chunks.append(chunk)
     except TimeoutError:
         raise SlowBody(f"the request body did not arrive within {BODY_TIMEOUT_S:g} s ({size} bytes came)") from None
-    return await asyncio.to_thread(parse_json, b"".join(chunks), max_depth=max_depth, max_values=max_values)
+    return b"".join(chunks)
 
 
 def parse_json(raw: bytes, *, max_depth: int = MAX_DEPTH, max_values: int = MAX_VALUES) -> Any:

@@ -5,12 +5,20 @@ a word-piece that merges), and text that may be the start of a stop string must 
 stop is ruled out. So text is released only once it is settled: each new token is decoded together with a
 few tokens before it (the offsets technique of Hugging Face's text-generation-inference), and the tail
 that could begin a stop string is held back until the next token or the end.
+
+For log probabilities a token is also shown on its own (TokenText): a token that holds only part of a
+character decodes to U+FFFD, so its own bytes are read from its vocabulary piece, and clients see them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
+
+METASPACE = "\u2581"  # SentencePiece's "▁", a space in its pieces
+BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's piece for one raw byte
 
 
 class Decoder(Protocol):
@@ -83,3 +91,86 @@ class TextStream:
                     longest = size
                     break
         return longest
+
+
+def text_offsets(decoder: Decoder, ids: Sequence[int]) -> tuple[str, list[int]]:
+    """The text of `ids`, and where each token's text starts in it (the tokens of a character split over
+    several all start where it does; one with no text, like `<s>`, where the next text starts)."""
+    stream = TextStream(decoder)
+    starts = []
+    for token_id in ids:
+        starts.append(len(stream.text))
+        stream.push(token_id)
+    stream.finish()
+    return stream.text, starts
+
+
+@dataclass(frozen=True)
+class TokenText:
+    """One token on its own, for log probabilities: its text, and its bytes (not its text's when it holds only
+    part of a character: its text is then U+FFFD). An id the tokenizer lacks (a model's embedding table may be
+    padded past its vocabulary) has no bytes and is named by its id, as vLLM names tokens by id."""
+
+    text: str
+    raw: bytes | None
+
+    @property
+    def whole(self) -> bool:
+        """Its bytes are text on their own."""
+        if self.raw is None:
+            return True
+        try:
+            self.raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return True
+
+    def escaped(self) -> str:
+        r"""Its bytes as \xNN escapes, the way OpenAI spells a token that is part of a character."""
+        return "".join(f"\\x{byte:02x}" for byte in self.raw)
+
+
+def token_text(token_id: int, text: str, piece: str | None) -> TokenText:
+    """A token from its text decoded alone and its vocabulary piece (None: the tokenizer lacks the id): the
+    piece's bytes (byte-level BPE or SentencePiece byte fallback) when the text is only part of a character,
+    and the leading spaces a SentencePiece piece ("▁the") has but decoding it alone strips (else "▁the" and
+    "the" would look alike)."""
+    if piece is None:
+        return TokenText(f"token_id:{token_id}", None)
+    if not piece:
+        return TokenText(text, text.encode())
+    markers = len(piece) - len(piece.lstrip(METASPACE))
+    missing = markers - (len(text) - len(text.lstrip(" ")))
+    if markers and missing > 0 and not text.startswith(METASPACE):
+        text = " " * missing + text
+    if "\ufffd" in text:
+        raw = _piece_bytes(piece)
+        if raw is not None and raw.decode("utf-8", errors="replace") == text:
+            return TokenText(text, raw)
+    return TokenText(text, text.encode())
+
+
+def _piece_bytes(piece: str) -> bytes | None:
+    if match := BYTE_FALLBACK.fullmatch(piece):
+        return bytes([int(match[1], 16)])
+    if all(char in _BYTE_LEVEL for char in piece):
+        return bytes(_BYTE_LEVEL[char] for char in piece)
+    return None
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character to byte: printable bytes stand for themselves, the others for
+    the characters from U+0100 on, in order."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)}
+    alphabet, shifted = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            alphabet[chr(byte)] = byte
+        else:
+            alphabet[chr(256 + shifted)] = byte
+            shifted += 1
+    return alphabet
+
+
+_BYTE_LEVEL = _byte_level_alphabet()

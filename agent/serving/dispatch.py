@@ -9,14 +9,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 from aiohttp import web
 
 from agent.metrics import Metrics
-from agent.protocol import RESTING  # noqa: F401  (agent.serving.app imports it from here)
+from agent.protocol import REPLICA_HEADER, RESTING  # noqa: F401  (agent.serving.app imports RESTING from here)
 from agent.serving.batching import Batcher, BatcherClosed, BatchSettings, InvalidInput, QueueFull, Result, RunBatch
 from agent.serving.tensors import BadRequest
 from agent.workers.errors import (
@@ -165,8 +165,12 @@ class Dispatcher:
         self.metrics = metrics
         self._batchers: dict[Any, Batcher] = {}
 
-    def route(self, name: str, adapter: str | None = None) -> Route:
-        """A deployment name (optionally with one of its adapters) or an adapter's own name."""
+    def route(self, name: str, adapter: str | None = None, replica_id: int | None = None) -> Route:
+        """A deployment name (optionally with one of its adapters) or an adapter's own name; with `replica_id`
+        (the replica the console's gateway picked: it routes once), that replica alone."""
+        return only(self._route(name, adapter), replica_id)
+
+    def _route(self, name: str, adapter: str | None) -> Route:
         handles = self.source.handles()
         self._forget_gone(handles)
         replicas = [h for h in handles if h.spec.deployment == name]
@@ -288,6 +292,33 @@ class Dispatcher:
         if any(h not in handles for h in self._batchers):
             for handle in [h for h in self._batchers if h not in handles]:
                 self._batchers.pop(handle).close()
+
+
+def only(route: Route, replica_id: int | None) -> Route:
+    """`route` narrowed to one replica; NoneServing (another replica may take the request) when this agent has
+    no such replica of the model."""
+    if replica_id is None:
+        return route
+    picked = tuple(h for h in route.replicas if h.spec.replica_id == replica_id)
+    if not picked:
+        raise NoneServing(f"model {route.name!r} has no replica {replica_id} on this agent (it has: "
+                          f"{', '.join(str(h.spec.replica_id) for h in route.replicas) or 'none'})")
+    return replace(route, replicas=picked)
+
+
+def picked_replica(request: web.Request) -> int | None:
+    """The replica the gateway picked for this request (REPLICA_HEADER); None when it names none."""
+    value = request.headers.get(REPLICA_HEADER)
+    if value is None:
+        return None
+    if not value.isdigit() or len(value) > 18:
+        raise BadInput(f"{REPLICA_HEADER} must be a replica's id (digits), not {value[:40]!r}")
+    return int(value)
+
+
+def engine_of(route: Route) -> str:
+    """The engine that serves the route's replicas: "vllm" when they run on vLLM, else "torch"."""
+    return "vllm" if any(getattr(h.spec, "engine", "torch") == "vllm" for h in route.replicas) else "torch"
 
 
 def _forward(replica: Any) -> RunBatch:

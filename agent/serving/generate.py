@@ -3,7 +3,9 @@
 Each choice is one sequence in a replica's continuous batcher: its tokens become text as they arrive
 (agent.serving.detokenize), stop strings end it early (the worker is told to drop it), and every piece is
 handed to a sink: the streaming endpoints write it out as a server-sent event, the others keep it. The
-non-streamed answer is assembled from the very same pieces, so the two are equal for the same tokens.
+non-streamed answer is assembled from the very same pieces, so the two are equal for the same tokens. A choice
+that echoes its prompt (/v1/completions' `echo`) hands out the prompt's text, and its log probabilities when
+asked for, as its first piece, once the worker has taken the sequence.
 """
 
 from __future__ import annotations
@@ -18,20 +20,23 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.serving.detokenize import TextStream
+from agent.serving.detokenize import TextStream, TokenText, text_offsets, token_text
 from agent.serving.dispatch import Dispatcher, Route, serving_error
 from agent.serving.tokenization import TextCodec
 from agent.workers.errors import InferenceTimeout
-from agent.workers.generation_spec import GenerationRequest, TokenLogprob
+from agent.workers.generation_spec import GenerationRequest, PromptLogprobs, TokenLogprob
 
 
 @dataclass(frozen=True)
 class LogprobEntry:
-    """One generated token as text, its log probability, and the top alternatives (text, logprob)."""
+    """One token of a choice's text: the token, its log probability and the top alternatives (token, logprob),
+    best first, and where its text starts in the choice's text. A prompt's first token has no log probability
+    and no alternatives (None), nor has any prompt token the replica sent none for."""
 
-    token: str
-    logprob: float
-    top: tuple[tuple[str, float], ...]
+    token: TokenText
+    logprob: float | None
+    top: tuple[tuple[TokenText, float], ...] | None
+    offset: int = 0
 
 
 @dataclass
@@ -50,7 +55,8 @@ class Choice:
 
     index: int
     request: GenerationRequest
-    text: str = ""
+    echo: str | None = None  # the prompt's text, to put before the completion; None: no echo
+    text: str = ""  # the echo, then the completion
     finish_reason: str = "length"
     completion_tokens: int = 0
     logprobs: list[LogprobEntry] = field(default_factory=list)
@@ -64,18 +70,25 @@ async def run_choice(dispatcher: Dispatcher, route: Route, choice: Choice, codec
     """Generate one choice to its end (or its first stop string), handing each settled piece to `sink`."""
     stream = await dispatcher.generate(route, choice.request)
     text = TextStream(codec, stops)
+    texts: dict[int, TokenText] = {}  # each token id's, worked out once
+    start = len(choice.echo or "")  # where the completion starts in the choice's text
+    echoing = choice.echo is not None
     pending: list[LogprobEntry] = []
     metrics, last = dispatcher.metrics, time.monotonic()
     try:
         async for token in stream:
+            if echoing:  # the worker took the sequence: the prompt goes first
+                _echo(choice, codec, texts, token.prompt_logprobs, sink)
+                echoing = False
             if metrics is not None:
                 now = time.monotonic()
                 metrics.token(route.deployment, now - last, first=not choice.completion_tokens)
                 last = now
             choice.completion_tokens += 1
+            offset = start + len(text.text)
             piece = text.push(token.token_id)
             if token.logprob is not None:
-                entry = _entry(codec, token.token_id, token.logprob)
+                entry = _entry(codec, texts, token.token_id, token.logprob, offset)
                 choice.logprobs.append(entry)
                 pending.append(entry)
             if piece and sink is not None:
@@ -83,6 +96,8 @@ async def run_choice(dispatcher: Dispatcher, route: Route, choice: Choice, codec
                 pending = []
             if text.stopped:
                 break
+        if echoing:  # it ended without a token (none asked for, or the first one ended it)
+            _echo(choice, codec, texts, stream.result.prompt_logprobs, sink)
         rest = text.finish()
         choice.finish_reason = "stop" if text.stopped else stream.result.finish_reason
     except (asyncio.CancelledError, ConnectionResetError, InferenceTimeout) as e:
@@ -91,7 +106,7 @@ async def run_choice(dispatcher: Dispatcher, route: Route, choice: Choice, codec
         raise
     finally:
         stream.close()  # ended early (stop string, error, client gone): the worker drops the sequence
-    choice.text = text.text
+    choice.text = (choice.echo or "") + text.text
     if sink is not None:
         sink(Delta(choice.index, rest, pending, choice.finish_reason))
     return choice
@@ -199,7 +214,31 @@ async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
     await response.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
 
 
-def _entry(codec: TextCodec, token_id: int, logprob: TokenLogprob) -> LogprobEntry:
-    return LogprobEntry(codec.token_text(token_id), logprob.logprob,
-                        tuple((codec.token_text(t), lp) for t, lp in logprob.top))
+def _echo(choice: Choice, codec: TextCodec, texts: dict[int, TokenText], logprobs: PromptLogprobs | None,
+          sink: Sink | None) -> None:
+    """The choice's first piece: its prompt's text, with the prompt tokens' log probabilities when asked for."""
+    entries = []
+    if choice.request.prompt_logprobs is not None:
+        ids = choice.request.input_ids
+        _text, starts = text_offsets(codec, ids)
+        got = logprobs or ()
+        for position, (token_id, offset) in enumerate(zip(ids, starts, strict=True)):
+            logprob = got[position] if position < len(got) else None
+            entries.append(LogprobEntry(_token(codec, texts, token_id), None, None, offset) if logprob is None
+                           else _entry(codec, texts, token_id, logprob, offset))
+    choice.logprobs.extend(entries)
+    if sink is not None:
+        sink(Delta(choice.index, choice.echo or "", entries))
+
+
+def _entry(codec: TextCodec, texts: dict[int, TokenText], token_id: int, logprob: TokenLogprob,
+           offset: int) -> LogprobEntry:
+    return LogprobEntry(_token(codec, texts, token_id), logprob.logprob,
+                        tuple((_token(codec, texts, t), lp) for t, lp in logprob.top), offset)
+
+
+def _token(codec: TextCodec, texts: dict[int, TokenText], token_id: int) -> TokenText:
+    if token_id not in texts:
+        texts[token_id] = token_text(token_id, codec.token_text(token_id), codec.token_piece(token_id))
+    return texts[token_id]
 

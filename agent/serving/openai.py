@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import logging
 import time
@@ -26,8 +27,10 @@ from agent.protocol import UNSERVED_HEADER
 from agent.serving.batching import pad_rows
 from agent.serving.body import read_json
 from agent.serving.chat import ChatError, parse_messages
-from agent.serving.dispatch import DISPATCHER, BadInput, Dispatcher, Route, ServingError
+from agent.serving.detokenize import TokenText
+from agent.serving.dispatch import DISPATCHER, BadInput, Route, ServingError, engine_of, picked_replica
 from agent.serving.generate import Choice, Delta, LogprobEntry, run_all, stream_sse, usage_of
+from agent.serving.relay import add_relay, relay
 from agent.serving.textpool import TextPool
 from agent.serving.tokenization import NoTokenizer, TextCodec, Tokenizers
 from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT, MAX_TOP_LOGPROBS, GenerationRequest
@@ -48,12 +51,15 @@ ERROR_TYPES = {
     429: "rate_limit_error",
 }
 MAX_CHOICES = 16  # n per request
+MIN_LOGPROB = -9999.0  # what OpenAI sends for a token too unlikely to have a log probability
 MAX_GENERATION_TIMEOUT = 3600.0
 TIMEOUT_HEADER = "X-ModelGrid-Timeout"
+VLLM_ROOT_PATHS = ("/tokenize", "/detokenize")
 GENERATION_TIMEOUT = web.AppKey("generation_timeout", float)
 TEXT = web.AppKey("text", TextPool)  # tokenizing and chat templating, off the event loop
 
-# Options the API knows but this server does not implement: refused unless left at their default.
+# Options the API knows but this server does not implement: refused unless left at their default. (/v1/completions
+# takes `echo`; /v1/chat/completions does not.)
 UNSUPPORTED = {
     "echo": (False,),
     "suffix": ("",),
@@ -79,7 +85,11 @@ def add_openai_routes(app: web.Application, generation_timeout: float = DEFAULT_
     v1.router.add_post("/embeddings", embeddings)
     v1.router.add_post("/completions", completions)
     v1.router.add_post("/chat/completions", chat_completions)
+    v1.router.add_post("/responses", vllm_only)
     app.add_subapp("/v1", v1)
+    add_relay(app, generation_timeout or DEFAULT_GENERATION_TIMEOUT)
+    for path in VLLM_ROOT_PATHS:  # vLLM's own, outside /v1 as vLLM serves them; errors in OpenAI's shape too
+        app.router.add_post(path, functools.partial(_openai_errors, handler=vllm_only))
 
 
 def openai_error(status: int, message: str, code: str | None = None, param: str | None = None) -> web.Response:
@@ -106,10 +116,39 @@ async def get_model(request: web.Request) -> web.Response:
     return web.json_response(_model_card(name, route.deployment if route.adapter == name else None))
 
 
+async def vllm_only(request: web.Request) -> web.StreamResponse:
+    """An endpoint only vLLM serves (/v1/responses, /tokenize, /detokenize): relayed to a vLLM replica, refused
+    for one of the built-in engine, naming it."""
+    body = await _body(request)
+    relayed = await _relayed(request, body)
+    if relayed is not None:
+        return relayed
+    name = body.get("model")
+    raise BadInput(f"model {name!r} runs on the built-in engine, which does not serve {request.path}; deploy it "
+                   "with engine 'vllm' for that", code="unsupported_by_engine")
+
+
+async def _relayed(request: web.Request, body: dict[str, Any]) -> web.StreamResponse | None:
+    """The answer of the vLLM replica the request is for, passed through; None for the built-in engine's."""
+    dispatcher = request.config_dict[DISPATCHER]
+    name = body.get("model")
+    if not isinstance(name, str) or not name:
+        raise BadInput("'model' must name a model (GET /v1/models lists them)", param="model")
+    route = dispatcher.route(name, replica_id=picked_replica(request))
+    if engine_of(route) != "vllm":
+        return None
+    with dispatcher.observe(route) as seen:
+        response = await relay(request, dispatcher, route, body, request.path)
+        seen.status = response.status
+    return response
+
+
 async def embeddings(request: web.Request) -> web.Response:
     dispatcher = request.config_dict[DISPATCHER]
     body = await _body(request)
-    route = _route(dispatcher, body, "encoder", "/v1/embeddings needs an encoder model; use /v1/completions")
+    if (relayed := await _relayed(request, body)) is not None:
+        return relayed
+    route = _route(request, body, "encoder", "/v1/embeddings needs an encoder model; use /v1/completions")
     encoding_format = body.get("encoding_format") or "float"
     if encoding_format not in ("float", "base64"):
         raise BadInput("'encoding_format' must be 'float' or 'base64'", param="encoding_format")
@@ -146,13 +185,23 @@ async def embeddings(request: web.Request) -> web.Response:
 async def completions(request: web.Request) -> web.StreamResponse:
     dispatcher = request.config_dict[DISPATCHER]
     body = await _body(request)
-    route = _route(dispatcher, body, "causal-lm", "/v1/completions needs a causal language model")
+    if (relayed := await _relayed(request, body)) is not None:
+        return relayed
+    route = _route(request, body, "causal-lm", "/v1/completions needs a causal language model")
     with dispatcher.observe(route):
-        _refuse_unsupported(body)
+        _refuse_unsupported({name: value for name, value in body.items() if name != "echo"})
+        echo = body.get("echo")
+        if echo not in (None, True, False):
+            raise BadInput(f"'echo' must be true or false, got {json.dumps(echo)}", param="echo")
         codec = await _codec(request, route, truncate=False)
-        prompts = await _prompts(request, route, body.get("prompt"), codec)
+        raw = body.get("prompt")
+        prompts = await _prompts(request, route, raw, codec)
+        echoes = None
+        if echo:  # a text prompt echoes as it came, as OpenAI's and vLLM's do; token ids as they decode
+            given = [raw] if isinstance(raw, str) or _is_int(raw[0]) else raw
+            echoes = [p if isinstance(p, str) else codec.decode(ids) for p, ids in zip(given, prompts, strict=True)]
         logprobs = _integer(body, "logprobs", None, minimum=0, maximum=MAX_TOP_LOGPROBS)
-        params = _params(request, body, route, codec, prompts, logprobs, default_max_tokens=16)
+        params = _params(request, body, route, codec, prompts, logprobs, default_max_tokens=16, echoes=echoes)
         created, ident = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
 
         def chunk(delta: Delta) -> dict[str, Any]:
@@ -175,7 +224,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     """The model's chat template turns `messages` into its prompt; the answer is the assistant's message."""
     dispatcher = request.config_dict[DISPATCHER]
     body = await _body(request)
-    route = _route(dispatcher, body, "causal-lm", "/v1/chat/completions needs a causal language model")
+    if (relayed := await _relayed(request, body)) is not None:
+        return relayed
+    route = _route(request, body, "causal-lm", "/v1/chat/completions needs a causal language model")
     with dispatcher.observe(route):
         _refuse_unsupported(body)
         codec = await _codec(request, route, truncate=False)
@@ -237,13 +288,19 @@ class _Params:
 
 
 def _params(request: web.Request, body: dict[str, Any], route: Route, codec: TextCodec, prompts: list[list[int]],
-            logprobs: int | None, default_max_tokens: int | None, max_name: str = "max_tokens") -> _Params:
+            logprobs: int | None, default_max_tokens: int | None, max_name: str = "max_tokens",
+            echoes: list[str] | None = None) -> _Params:
+    """`echoes`: each prompt's text, for a completion that echoes it (which may ask for no new token, and gets the
+    prompt's log probabilities with its own)."""
     _check_vocabulary(route, prompts)
     limit = codec.max_positions
     longest = max(len(p) for p in prompts)
     if default_max_tokens is None:  # chat: as long as the model's positions allow
         default_max_tokens = max(1, limit - longest) if limit else 256
-    max_tokens = _integer(body, max_name, default_max_tokens, minimum=1)
+    if echoes is None and _is_int(body.get(max_name)) and body.get(max_name) == 0:
+        raise BadInput(f"'{max_name}' must be an integer >= 1, got 0 (0, the prompt alone, only with 'echo': true)",
+                       param=max_name)
+    max_tokens = _integer(body, max_name, default_max_tokens, minimum=0 if echoes is not None else 1)
     if limit and longest + max_tokens > limit:
         raise BadInput(
             f"model {route.name!r} takes at most {limit} tokens; this request asks for "
@@ -273,13 +330,14 @@ def _params(request: web.Request, body: dict[str, Any], route: Route, codec: Tex
         raise BadInput("'stop_token_ids' must be a list of token ids", param="stop_token_ids")
     deadline = time.monotonic() + _timeout(request, body)
     choices = []
-    for prompt in prompts:
+    for index, prompt in enumerate(prompts):
         for copy in range(n):
             # n > 1 with a seed: each copy its own seed, so the choices differ yet repeat as a whole.
             request_seed = None if seed is None else (seed + copy) % (MAX_SEED + 1)
             generation = GenerationRequest(tuple(prompt), max_tokens, temperature, top_p, max(top_k, 0),
-                                           request_seed, tuple(stop_ids), route.adapter, logprobs, deadline)
-            choices.append(Choice(len(choices), generation))
+                                           request_seed, tuple(stop_ids), route.adapter, logprobs, deadline,
+                                           prompt_logprobs=logprobs if echoes is not None else None)
+            choices.append(Choice(len(choices), generation, echoes[index] if echoes is not None else None))
     return _Params(choices, stops, bool(stream), bool(stream and options.get("include_usage")))
 
 
@@ -298,20 +356,45 @@ def _timeout(request: web.Request, body: dict[str, Any]) -> float:
 
 
 def _completion_logprobs(entries: list[LogprobEntry]) -> dict[str, Any]:
+    """OpenAI's legacy shape. A token that is only part of a character is spelled by its bytes ("bytes:\\xe2\\x80"),
+    as OpenAI does, so that two of them never collide as keys of a top_logprobs dict; a log probability too small
+    for a float (-inf) is -9999.0, as OpenAI and vLLM send it."""
+
+    def token(text: TokenText) -> str:
+        return text.text if text.whole else "bytes:" + text.escaped()
+
+    def top(entry: LogprobEntry) -> dict[str, float] | None:
+        if entry.top is None:
+            return None
+        # The N most likely, best first, then the chosen token unless it is among them (so N or N + 1 entries, as
+        # OpenAI and vLLM send); a text twice (two ids, the same bytes) keeps its best.
+        alternatives: dict[str, float] = {}
+        for text, logprob in (*entry.top, (entry.token, entry.logprob)):
+            alternatives.setdefault(token(text), _finite(logprob))
+        return alternatives
+
     return {
-        "tokens": [e.token for e in entries],
-        "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [dict(e.top) for e in entries],
-        "text_offset": [],
+        "tokens": [token(e.token) for e in entries],
+        "token_logprobs": [None if e.logprob is None else _finite(e.logprob) for e in entries],
+        "top_logprobs": [top(e) for e in entries],
+        "text_offset": [e.offset for e in entries],
     }
 
 
 def _chat_logprobs(entries: list[LogprobEntry]) -> dict[str, Any]:
-    def one(token: str, logprob: float) -> dict[str, Any]:
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+    """OpenAI's chat shape: each token with its bytes (a part of a character as its escaped bytes), and exactly the
+    N most likely, best first."""
 
-    return {"content": [one(e.token, e.logprob) | {"top_logprobs": [one(t, lp) for t, lp in e.top]}
+    def one(text: TokenText, logprob: float) -> dict[str, Any]:
+        return {"token": text.text if text.whole else text.escaped(), "logprob": _finite(logprob),
+                "bytes": None if text.raw is None else list(text.raw)}
+
+    return {"content": [one(e.token, e.logprob) | {"top_logprobs": [one(t, lp) for t, lp in e.top or ()]}
                         for e in entries]}
+
+
+def _finite(logprob: float) -> float:
+    return logprob if logprob >= MIN_LOGPROB else MIN_LOGPROB  # -inf, and NaN, are not JSON
 
 
 def _model_card(name: str, parent: str | None) -> dict[str, Any]:
@@ -330,11 +413,11 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _route(dispatcher: Dispatcher, body: dict[str, Any], task: str, hint: str) -> Route:
+def _route(request: web.Request, body: dict[str, Any], task: str, hint: str) -> Route:
     name = body.get("model")
     if not isinstance(name, str) or not name:
         raise BadInput("'model' must name a model (GET /v1/models lists them)", param="model")
-    route = dispatcher.route(name)
+    route = request.config_dict[DISPATCHER].route(name, replica_id=picked_replica(request))
     if route.task != task:
         raise BadInput(f"model {name!r} is {TASK_NAMES.get(route.task, route.task)}: {hint}", param="model")
     return route

@@ -55,6 +55,10 @@ class TextCodec:
         """One token as text on its own (for log probabilities), special tokens included."""
         return self._tokenizer.decode([token_id], skip_special_tokens=False)
 
+    def token_piece(self, token_id: int) -> str | None:
+        """One token as its vocabulary spells it ("Ġthe", "▁the", "<0xE2>"); None for an id outside it."""
+        return self._tokenizer.id_to_token(token_id)
+
 
 class Tokenizers:
     """Each model directory's codec, loaded once (per truncation setting)."""

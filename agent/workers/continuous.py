@@ -7,7 +7,8 @@ sequence. Running sequences share one KV cache (transformers' DynamicCache), lef
 a newcomer joins by padding whichever side is shorter, a finished sequence leaves by row selection, and
 columns no row attends any more are trimmed. Position ids count each row's real tokens, so padding never
 shifts a sequence. Every sequence samples with its own settings and random stream, and names its own
-LoRA adapter (the mixed-adapter forward).
+LoRA adapter (the mixed-adapter forward). A sequence may ask for its prompt's log probabilities (for a
+completion that echoes its prompt): only its prefill then keeps every position's logits, for that step alone.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from agent.workers.generation_spec import (
     GenerationRequest,
     GenerationResult,
     PromptError,
+    PromptLogprobs,
     Token,
     TokenLogprob,
 )
-from agent.workers.sampling import choose, model_eos_ids, new_generator
+from agent.workers.sampling import choose, model_eos_ids, new_generator, prompt_logprobs
 
 log = logging.getLogger("agent.worker")
 
@@ -72,10 +74,16 @@ class _Sequence:
     last: int = 0  # the token to feed next
     tokens: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # the prompt's so far, when asked for and not yet sent
 
     @property
     def prompt_length(self) -> int:
         return len(self.request.input_ids)
+
+    def take_prompt_logprobs(self) -> PromptLogprobs | None:
+        """The prompt's log probabilities, once: the sequence's first token or its result carries them."""
+        taken, self.prompt_logprobs = self.prompt_logprobs, None
+        return tuple(taken) if taken is not None else None
 
 
 class _Batch:
@@ -150,13 +158,17 @@ class ContinuousBatcher:
             # An id past the embedding table is a device-side assert on a GPU that poisons the CUDA context.
             bad = next(i for i in ids if not 0 <= i < self.vocab_size)
             raise PromptError(f"the prompt holds token id {bad}, outside this model's range [0, {self.vocab_size})")
-        if self.max_positions and len(ids) >= self.max_positions:
+        # A new token needs a position after the prompt; the prompt alone (its log probabilities) may fill them all.
+        if self.max_positions and len(ids) + min(request.max_new_tokens, 1) > self.max_positions:
             raise PromptError(
                 f"the prompt has {len(ids)} tokens; this model takes at most {self.max_positions} positions, "
                 "prompt and completion together"
             )
         self.adapters([request.adapter])  # refuses an adapter this replica has not loaded (nothing entered yet)
-        self._waiting.append(_Sequence(request_id, request, new_generator(request, self.device)))
+        sequence = _Sequence(request_id, request, new_generator(request, self.device))
+        if request.prompt_logprobs is not None:
+            sequence.prompt_logprobs = [None]  # nothing comes before the first token
+        self._waiting.append(sequence)
 
     def cancel(self, request_id: int) -> bool:
         """Drop a sequence wherever it is (the client went away); False when it is not here."""
@@ -243,33 +255,57 @@ class ContinuousBatcher:
             mask[row, width - sequence.prompt_length :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits, cache = self._forward(group, out, ids, mask, positions, None)
-        if logits is not None:
-            for sequence in group:
-                sequence.prefilled = sequence.prompt_length
-            self._started(_Batch(group, cache, mask), logits, out)
+        logits, cache = self._forward(group, out, ids, mask, positions, None, every_position=_scoring(group))
+        if logits is None:
+            return
+        for row, sequence in enumerate(group):
+            sequence.prefilled = sequence.prompt_length
+            if sequence.prompt_logprobs is not None and not self._score_prompt(
+                    group, sequence, logits[row, width - sequence.prompt_length :], 0, out):
+                return
+        self._started(_Batch(group, cache, mask), logits[:, -1], out)
 
     def _prefill_chunk(self, sequence: _Sequence, count: int, out: StepOutput) -> int:
         start = sequence.prefilled
         ids = torch.tensor([sequence.request.input_ids[start : start + count]], dtype=torch.long, device=self.device)
         mask = torch.ones((1, start + count), dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + count, device=self.device).unsqueeze(0)
-        logits, cache = self._forward([sequence], out, ids, mask, positions, sequence.cache)
-        if logits is None:
+        logits, cache = self._forward([sequence], out, ids, mask, positions, sequence.cache,
+                                      every_position=_scoring([sequence]))
+        if logits is None or (sequence.prompt_logprobs is not None
+                              and not self._score_prompt([sequence], sequence, logits[0], start, out)):
             self._waiting.popleft()
             return count
         sequence.cache, sequence.prefilled = cache, start + count
         if sequence.prefilled == sequence.prompt_length:
             self._waiting.popleft()
             sequence.cache = None
-            self._started(_Batch([sequence], cache, mask), logits, out)
+            self._started(_Batch([sequence], cache, mask), logits[:, -1], out)
         return count
+
+    def _score_prompt(self, group: list[_Sequence], sequence: _Sequence, logits: torch.Tensor, start: int,
+                      out: StepOutput) -> bool:
+        """Add the log probabilities of the prompt tokens that `logits` (of positions start, start + 1, ...)
+        predict; False after failing the whole group (whose prefill then goes no further), as a failed forward."""
+        ids = sequence.request.input_ids
+        end = min(start + len(logits), len(ids) - 1)  # the prompt's last position predicts the first new token
+        if end <= start:
+            return True
+        try:
+            targets = torch.tensor(ids[start + 1 : end + 1], dtype=torch.long)
+            count = sequence.request.prompt_logprobs
+            sequence.prompt_logprobs += prompt_logprobs(logits[: end - start], targets, count)
+        except Exception as e:  # noqa: BLE001 (out of memory most likely: reported to the group's sequences)
+            kind, text = _failure(e)
+            out.failed.extend(Failure(s.request_id, text, kind) for s in group)
+            return False
+        return True
 
     def _started(self, batch: _Batch, logits: torch.Tensor, out: StepOutput) -> None:
         """A prefilled batch: its first tokens, then it joins the running batch."""
         self._batches.append(batch)
         self._advance(batch, logits, out)
-        if batch.sequences and len(self._batches) > 1 and batch.mergeable and self._batches[0].mergeable:
+        if batch in self._batches and len(self._batches) > 1 and batch.mergeable and self._batches[0].mergeable:
             self._batches.remove(batch)
             self._batches[0].merge(batch)
 
@@ -282,10 +318,18 @@ class ContinuousBatcher:
         logits, _cache = self._forward(batch.sequences, out, ids, mask, positions, batch.cache, batch)
         if logits is not None:
             batch.mask = mask
-            self._advance(batch, logits, out)
+            self._advance(batch, logits[:, -1], out)
 
     def _advance(self, batch: _Batch, logits: torch.Tensor, out: StepOutput) -> None:
         """Each row's next token: streamed, or the end of its sequence."""
+        live = [row for row, s in enumerate(batch.sequences) if s.request.max_new_tokens]
+        if len(live) < len(batch.sequences):  # those that asked for no new token end with their prefill
+            out.finished.extend((s.request_id, self._result(s, "length"))
+                                for s in batch.sequences if not s.request.max_new_tokens)
+            self._keep(batch, live)
+            if not live:
+                return
+            logits = logits[live]
         sequences = batch.sequences
         try:
             tokens, logprobs, broken = choose(logits, [s.request for s in sequences], [s.generator for s in sequences])
@@ -307,7 +351,7 @@ class ContinuousBatcher:
             if logprob is not None:
                 sequence.logprobs.append(logprob)
             sequence.last = token
-            out.tokens.append(Token(sequence.request_id, token, logprob))
+            out.tokens.append(Token(sequence.request_id, token, logprob, sequence.take_prompt_logprobs()))
             length = sequence.prompt_length + len(sequence.tokens)
             if len(sequence.tokens) >= request.max_new_tokens or (self.max_positions and length >= self.max_positions):
                 out.finished.append((sequence.request_id, self._result(sequence, "length")))
@@ -316,13 +360,17 @@ class ContinuousBatcher:
         if len(keep) != len(sequences):
             self._keep(batch, keep)
 
-    def _forward(self, sequences, out, ids, mask, positions, cache, batch: _Batch | None = None):
-        """One forward with the rows' adapters; (last logits, cache), or (None, None) after failing the rows."""
+    def _forward(self, sequences, out, ids, mask, positions, cache, batch: _Batch | None = None, *,
+                 every_position: bool = False):
+        """One forward with the rows' adapters; (logits, cache), or (None, None) after failing the rows. The logits
+        are [rows, positions, vocab]: the last position's only unless `every_position` (for prompt log
+        probabilities)."""
+        keep = {"logits_to_keep": 0} if every_position and self._last_only else self._last_only
         try:
             with self.adapters([s.request.adapter for s in sequences]):
                 result = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                    past_key_values=cache, use_cache=True, **self._last_only)
-            return result.logits[:, -1], result.past_key_values
+                                    past_key_values=cache, use_cache=True, **keep)
+            return result.logits, result.past_key_values
         except Exception as e:  # noqa: BLE001 (each kind is reported to its sequences below)
             kind, text = _failure(e)
             out.failed.extend(Failure(s.request_id, text, kind) for s in sequences)
@@ -353,7 +401,12 @@ class ContinuousBatcher:
     @staticmethod
     def _result(sequence: _Sequence, finish: str) -> GenerationResult:
         logprobs = tuple(sequence.logprobs) if sequence.request.logprobs is not None else None
-        return GenerationResult(tuple(sequence.tokens), finish, logprobs)
+        return GenerationResult(tuple(sequence.tokens), finish, logprobs, sequence.take_prompt_logprobs())
+
+
+def _scoring(sequences: list[_Sequence]) -> bool:
+    """Whether a prefill must keep every position's logits: a sequence in it wants its prompt's log probabilities."""
+    return any(s.prompt_logprobs is not None for s in sequences)
 
 
 def _failure(error: Exception) -> tuple[str, str]:

@@ -40,7 +40,7 @@ def _save_seeded(model_class: str, config_class: str, directory: str | Path, **e
     import torch
     import transformers
 
-    config = getattr(transformers, config_class)(**_TINY, **extra)
+    config = getattr(transformers, config_class)(**(_TINY | extra))
     torch.manual_seed(0)
     getattr(transformers, model_class)(config).save_pretrained(directory, safe_serialization=True)
     return Path(directory)
@@ -50,6 +50,13 @@ def build_tiny_llama(directory: str | Path) -> Path:
     """A 2-layer Llama (vocab 1024, hidden 64, grouped-query attention) with seed-0 random weights and a
     trained BPE tokenizer."""
     return write_llama_tokenizer(_save_seeded("LlamaForCausalLM", "LlamaConfig", directory, num_key_value_heads=2))
+
+
+def build_tiny_llama_64(directory: str | Path) -> Path:
+    """A 2-layer Llama whose attention heads are 64 wide (hidden 128, 2 heads, 1 KV head), as vLLM's CPU
+    attention needs (it refuses heads of 16); the same tokenizer as tiny-llama."""
+    extra = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1}
+    return write_llama_tokenizer(_save_seeded("LlamaForCausalLM", "LlamaConfig", directory, **extra))
 
 
 def build_tiny_bert(directory: str | Path) -> Path:

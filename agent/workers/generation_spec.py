@@ -20,7 +20,7 @@ class GenerationRequest:
     """One sequence to continue; the worker's continuous batcher (agent.workers.continuous) runs it."""
 
     input_ids: tuple[int, ...]
-    max_new_tokens: int = 16
+    max_new_tokens: int = 16  # 0: the prompt's forward alone (for its log probabilities), no new token
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k cut
@@ -29,12 +29,13 @@ class GenerationRequest:
     adapter: str | None = None  # the LoRA adapter to run with; None for the base model
     logprobs: int | None = None  # None: no log probabilities; k: the chosen token's and the top k alternatives'
     deadline: float | None = None  # time.monotonic() (one clock for every process of the host) to give up at
+    prompt_logprobs: int | None = None  # None: none; k: each prompt token's log probability and the top k there
 
     def __post_init__(self) -> None:
         if not self.input_ids:
             raise ValueError("a generation needs at least one prompt token")
-        if self.max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be at least 1")
+        if self.max_new_tokens < 0:
+            raise ValueError("max_new_tokens must be 0 (the prompt alone) or more")
         if self.temperature < 0:
             raise ValueError("temperature must be 0 (greedy) or more")
         if not 0 < self.top_p <= 1:
@@ -43,6 +44,8 @@ class GenerationRequest:
             raise ValueError("top_k must be 0 (off) or more")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"prompt_logprobs must be from 0 to {MAX_TOP_LOGPROBS}")
 
 
 @dataclass(frozen=True)
@@ -53,22 +56,31 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
+# Each prompt token's log probability under the positions before it, with the top alternatives there; the first
+# entry is None (nothing comes before the first token).
+PromptLogprobs = tuple[TokenLogprob | None, ...]
+
+
 @dataclass(frozen=True)
 class Token:
-    """One generated token of one sequence, as the worker streams it."""
+    """One generated token of one sequence, as the worker streams it. A sequence's first token carries its prompt
+    log probabilities when they were asked for (sent once, so its result does not repeat them)."""
 
     request_id: int
     token_id: int
     logprob: TokenLogprob | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """How a sequence ended: the tokens it produced (the end-of-sequence or stop token left out) and why."""
+    """How a sequence ended: the tokens it produced (the end-of-sequence or stop token left out) and why; its
+    prompt log probabilities when asked for and no token carried them (it ended before streaming one)."""
 
     token_ids: tuple[int, ...]
     finish_reason: FinishReason
     logprobs: tuple[TokenLogprob, ...] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 @dataclass(frozen=True)

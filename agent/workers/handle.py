@@ -93,6 +93,11 @@ class WorkerHandle:
         return self.link.pid
 
     @property
+    def device_pids(self) -> list[int]:
+        """The processes that hold this replica's memory: its worker, and an engine's own (vLLM's)."""
+        return ([self.pid] if self.pid else []) + [int(p) for p in self.info.get("pids", ())]
+
+    @property
     def exitcode(self) -> int | None:
         return self.link.exitcode
 

@@ -13,6 +13,7 @@ import torch
 
 from agent.workers.generation_spec import GenerationRequest, TokenLogprob
 
+PROMPT_ROWS_AT_ONCE = 256  # prompt positions turned into a float32 [rows, vocab] table at a time
 NOT_FINITE = "the model's output for this sequence is not finite (NaN or infinity): its weights or config are broken"
 
 
@@ -62,6 +63,27 @@ def choose(
             alternatives = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else ()
             logprobs[i] = TokenLogprob(float(table[row, tokens[i]]), alternatives)
     return tokens, logprobs, failures
+
+
+def prompt_logprobs(logits: torch.Tensor, targets: torch.Tensor, count: int,
+                    rows_at_once: int = PROMPT_ROWS_AT_ONCE) -> list[TokenLogprob]:
+    """Log probability of targets[i] under logits[i] ([positions, vocab], any dtype) and the top `count` there, best
+    first: the model's own distribution in float32, computed a slice of positions at a time (a long prompt's whole
+    float32 table would be as large as its logits again)."""
+    count = min(count, logits.shape[-1])
+    entries = []
+    for start in range(0, len(targets), rows_at_once):
+        table = torch.log_softmax(logits[start : start + rows_at_once].float(), dim=-1)
+        wanted = targets[start : start + rows_at_once].to(table.device)
+        chosen = table.gather(1, wanted.unsqueeze(1)).squeeze(1).tolist()
+        if count:
+            top = torch.topk(table, count)
+            alternatives = [tuple(zip(i, v, strict=True)) for i, v in zip(top.indices.tolist(), top.values.tolist(),
+                                                                           strict=True)]
+        else:
+            alternatives = [()] * len(chosen)
+        entries += [TokenLogprob(lp, alt) for lp, alt in zip(chosen, alternatives, strict=True)]
+    return entries
 
 
 def _sample(logits: torch.Tensor, request: GenerationRequest, generator: torch.Generator | None) -> int:

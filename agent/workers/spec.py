@@ -28,6 +28,11 @@ class WorkerSpec:
     mps_percentage: int | None = None  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, set before CUDA initialises
     memory_limit_bytes: int | None = None  # CPU workers: address space allowed beyond the worker's baseline
     threads: int | None = None  # CPU workers: torch intra-op threads (its share of the host's cores); None: torch's
+    engine: str = "torch"  # "torch": the built-in engine; "vllm": a vLLM server the worker starts (agent.vllm)
+    engine_python: str = ""  # vllm: the interpreter of its environment
+    engine_args: tuple[str, ...] = ()  # vllm: its arguments after the interpreter, the port excepted
+    engine_env: tuple[tuple[str, str], ...] = ()  # vllm: what its environment adds
+    engine_flags: tuple[str, ...] = ()  # vllm: the deployment's own flags among engine_args (a change restarts it)
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,8 @@ class Supervisor:
         self._handles[spec.replica_id] = handle
         try:
             attach = self.directory.attach_for(spec.replica_id) if self.directory is not None else None
-            handle.start(self.spares.take(), attach, self.logs.for_worker(spec.replica_id))
+            spare = self.spares.take() if spec.engine == "torch" else None  # spares hold torch; vLLM has its own
+            handle.start(spare, attach, self.logs.for_worker(spec.replica_id))
         except OSError as e:  # no process could be made (fd or process limits): report it as the reason
             handle.fail_without_start(f"cannot start a worker process: {e}")
         self.settle()

@@ -20,6 +20,7 @@ from django.conf import settings
 from agent.artifacts import ArtifactError, Estimate, canonical_dtype, estimate
 from agent.artifacts.config import read_config
 from agent.artifacts.dtypes import WORKER_DTYPES
+from agent.artifacts.estimate import for_engine
 from agent.protocol import Measurement
 from console.bulk import insert
 from console.catalog.calibration import NONE, WINDOW, Correction, correction, error_fraction
@@ -136,11 +137,13 @@ def serving_dtype(model: Model, dtype: str | None) -> str:
 
 
 def settings_estimates(model: Model, dtype: str, batch: int, seq: int | None,
-                       adapter_pool_bytes: int = 0, recent: bool = False) -> dict[str, dict]:
-    """The breakdown of one replica at these settings for each device kind, before calibration."""
+                       adapter_pool_bytes: int = 0, recent: bool = False, engine: str = "auto") -> dict[str, dict]:
+    """The breakdown of one replica at these settings for each device kind, before calibration (with vLLM's own
+    memory for a deployment on engine vllm)."""
     check_shape(batch, seq)
     return {
-        kind: estimate_path(model.path, dtype, batch, seq, kind, adapter_pool_bytes, recent).as_dict()
+        kind: for_engine(estimate_path(model.path, dtype, batch, seq, kind, adapter_pool_bytes, recent),
+                         engine).as_dict()
         for kind in DeviceKind.values
     }
 
@@ -155,7 +158,7 @@ def estimates_from(model: Model, deployments) -> dict[int, dict[str, dict]]:
         try:
             check_seq(model, dep.seq)
             found[dep.pk] = settings_estimates(model, serving_dtype(model, dep.dtype), dep.batch, dep.seq,
-                                               dep.adapter_pool_bytes)
+                                               dep.adapter_pool_bytes, engine=dep.engine)
         except Invalid as e:
             raise Invalid(f"deployment {dep.name!r} could not be served from it: {e}", field="path") from None
     return found
@@ -163,7 +166,8 @@ def estimates_from(model: Model, deployments) -> dict[int, dict[str, dict]]:
 
 def deployment_estimates(dep) -> dict[str, dict]:
     """A stored deployment's breakdowns, its adapter pool sized for every registered adapter at once."""
-    return settings_estimates(dep.model, dep.serving_dtype, dep.batch, dep.seq, dep.adapter_pool_bytes)
+    return settings_estimates(dep.model, dep.serving_dtype, dep.batch, dep.seq, dep.adapter_pool_bytes,
+                              engine=dep.engine)
 
 
 def current_correction(family: str, device: str) -> Correction:
@@ -225,7 +229,8 @@ def record_loads(loads: list[Load]) -> list[MemorySample]:
             continue  # deleted meanwhile
         deployment, model = replica.deployment, replica.deployment.model
         try:
-            est = _estimate(model.path, deployment.dtype or None, m.batch, m.seq, m.device)
+            est = for_engine(_estimate(model.path, deployment.dtype or None, m.batch, m.seq, m.device),
+                             deployment.engine)
         except ArtifactError as e:
             log.warning("cannot calibrate from %s: its model is no longer readable (%s)", key, e)
             continue

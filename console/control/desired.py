@@ -9,11 +9,12 @@ from django.db import connection
 from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 
+from agent.artifacts.model_dir import CAUSAL_LM_SUFFIXES
 from agent.protocol import DesiredReplica, DesiredState
 from console.bulk import JsonText, update_in_key_order, upsert_values
 from console.catalog.models import Adapter
 from console.deployments.models import Deployment, Replica
-from console.fleet.models import AgentCredential, Host, HostDesired
+from console.fleet.models import AgentCredential, Gpu, Host, HostDesired
 
 
 def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
@@ -34,7 +35,9 @@ def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
     on_hosts = Q(replica_set__host_id__in=host_ids)
     deployments = {pk: rest for pk, *rest in Deployment.objects.filter(on_hosts).distinct().order_by().values_list(
         "pk", "name", "model__path", "model__architecture", "dtype", "model__stored_dtype", "batch", "seq",
-        "max_batch_size", "max_batch_delay_ms")}
+        "max_batch_size", "max_batch_delay_ms", "engine", "engine_args")}
+    engines = dict(Host.objects.filter(pk__in=host_ids).values_list("pk", "engines"))
+    with_gpus = set(Gpu.objects.filter(host_id__in=host_ids, simulated=False).values_list("host_id", flat=True))
     adapters: dict[int, list[tuple[str, str, bool, int]]] = {}
     for dep, name, path, pinned, nbytes in Adapter.objects.filter(
             deployment__in=Deployment.objects.filter(on_hosts)).order_by("name").values_list(
@@ -50,13 +53,30 @@ def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
     for pk, host_id, dep_id, reserved, state, mps in replicas:
         if dep_id not in deployments:  # deleted, with its replicas, since they were read: the delete marked the host
             continue
-        name, path, architecture, dtype, stored_dtype, batch, seq, max_batch_size, delay = deployments[dep_id]
-        out[host_id].append({
+        name, path, architecture, dtype, stored_dtype, batch, seq, max_batch_size, delay, engine, engine_args = \
+            deployments[dep_id]
+        row = {
             "id": pk, "deployment": name, "model_path": path, "architecture": architecture,
             "gpus": sorted(gpus.get(pk, ())), "reserved_bytes": reserved, "state": state,
             "dtype": dtype or stored_dtype, "batch": batch, "seq": seq, "mps_percentage": mps,
-            "max_batch_size": max_batch_size, "max_batch_delay_ms": float(delay), **pools[dep_id]})
+            "max_batch_size": max_batch_size, "max_batch_delay_ms": float(delay), **pools[dep_id]}
+        runs = engine_on(engine, architecture, engines.get(host_id) or {}, host_id in with_gpus)
+        if runs != "torch":  # the default, left out: an agent from before engines refuses fields it does not know
+            row["engine"] = runs
+            if engine_args:
+                row["engine_args"] = engine_args
+        out[host_id].append(row)
     return out
+
+
+def engine_on(engine: str, architecture: str, host_engines: dict, real_gpus: bool = True) -> str:
+    """What runs a replica of a deployment with this `engine` on a host running `host_engines`: as asked, or for
+    "auto", vLLM for a causal LM where the host runs it on real GPUs (its kernels are the point there; on CPUs
+    and simulated GPUs the built-in engine is the faster), else the built-in torch engine."""
+    if engine != "auto":
+        return engine
+    causal = architecture.endswith(CAUSAL_LM_SUFFIXES)
+    return "vllm" if "vllm" in host_engines and real_gpus and causal else "torch"
 
 
 def _adapter_fields(adapters: list[tuple[str, str, bool, int]], requests: dict[str, int]) -> dict:

@@ -16,6 +16,7 @@ from console.scheduler import Deployment as DeploymentSpec
 from console.scheduler import Gpu as GpuSpec
 from console.scheduler import Host as HostSpec
 from console.scheduler import Replica as ReplicaSpec
+from console.scheduler.engines import engine_labels, engine_selector
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class DeploymentRow:
     idle_timeout_s: int
     demand_status: str
     demand_reason: str
+    engine: str
 
 
 _DEPLOYMENTS = CarriedRows(Deployment, tuple(DeploymentRow.__dataclass_fields__), ("name",))
@@ -128,9 +130,9 @@ def gpu_specs(buffer_bytes: int, replicas: Iterable[ReplicaRow], gpus_of: dict[i
             on_gpu.setdefault(g, []).append(r)
     rows = (Gpu.objects.filter(host__in=schedulable_hosts())
             .values_list("pk", "index", "name", "total_bytes", "used_bytes", "own_bytes", "simulated", "host_id",
-                         "host__name", "host__connected", "host__labels", "host__last_seen"))
+                         "host__name", "host__connected", "host__labels", "host__last_seen", "host__engines"))
     specs, by_id = [], {}
-    for pk, index, name, total, used, own, simulated, host_id, host, connected, labels, seen in rows:
+    for pk, index, name, total, used, own, simulated, host_id, host, connected, labels, seen, engines in rows:
         here = on_gpu.get(pk, ())
         # What our own workers hold is ours, the rest of the reading is foreign. The agent says what its workers
         # hold, draining and loading ones included (their rows may already point elsewhere); an agent that does not
@@ -141,7 +143,7 @@ def gpu_specs(buffer_bytes: int, replicas: Iterable[ReplicaRow], gpus_of: dict[i
         stale = not connected or (heard_since is not None and seen is not None and seen < heard_since)
         gid = gpu_id(host, index)
         specs.append(GpuSpec(id=gid, host=host, total_bytes=total, used_bytes=foreign,
-                             labels=labels_of(name, labels), stale=stale))
+                             labels=labels_of(name, labels) | engine_labels(engines), stale=stale))
         by_id[gid] = GpuRow(pk, gid, host_id, simulated)
     return specs, by_id
 
@@ -179,7 +181,7 @@ def deployment_spec(dep: Deployment | DeploymentRow, replica_bytes: int, now: fl
         max_replicas=max(dep.max_replicas, dep.min_replicas),
         gpus_per_replica=dep.gpus_per_replica,
         priority=dep.priority,
-        selector=dict(dep.selector or {}),
+        selector=dict(dep.selector or {}) | engine_selector(dep.engine),
         slo_latency_ms=dep.slo_latency_ms,
         latency_critical=dep.latency_critical,
         profile=dep.profile or None,

@@ -58,6 +58,10 @@ class Deployment(models.Model):
     # Standby: replicas are loaded onto their GPUs but take no requests (the agent's `preloaded`), so
     # turning it off switches a new version in without a load gap.
     standby = models.BooleanField(default=False)
+    # What runs its replicas; "auto": vLLM for a causal LM on a host that runs it, else the built-in torch engine.
+    engine = models.CharField(max_length=10, choices=[("auto", "auto"), ("torch", "torch"), ("vllm", "vLLM")],
+                              default="auto")
+    engine_args = models.JSONField(default=list, blank=True)  # flags for vLLM (agent/protocol/engine_args.py)
     # Dynamic batching in each replica: rows per forward, and how long a request waits for company.
     max_batch_size = models.PositiveIntegerField(default=8)
     max_batch_delay_ms = models.FloatField(default=5.0)

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
 from pydantic import ValidationError as PydanticError
 
+from agent.protocol.engine_args import MAX_ENGINE_ARGS, engine_args_problem
 from console.errors import Invalid, describe, pydantic_items
 
 MAX_REPLICAS = 64
@@ -46,9 +47,24 @@ class Policy(BaseModel):
                                       description="dynamic batching: how long a request waits for others")
     standby: bool = Field(False, description="load its replicas but take no requests; turning it off serves "
                           "without a load gap")
+    engine: Literal["auto", "torch", "vllm"] = Field("auto", description="what runs its replicas: the built-in torch "
+                                                     "engine, vLLM (placed only on hosts that run it), or auto "
+                                                     "(vLLM for a causal LM on a host that runs it, else torch)")
+    engine_args: list[str] = Field(default_factory=list, max_length=MAX_ENGINE_ARGS,
+                                   description="flags for vLLM that tune how it serves this deployment, e.g. "
+                                   "[\"--enable-auto-tool-choice\", \"--tool-call-parser\", \"hermes\"] "
+                                   "(docs/engines.md lists those taken); a change restarts its vLLM replicas")
     idle_timeout_s: int = Field(300, ge=1, le=MAX_IDLE_TIMEOUT_S,
                                 description="scale to zero: with min_replicas 0, its replicas leave their GPUs after "
                                 "this many seconds without requests; the next request brings one back")
+
+    @field_validator("engine_args")
+    @classmethod
+    def _engine_args_taken(cls, args: list[str]) -> list[str]:
+        problem = engine_args_problem(args)
+        if problem:
+            raise ValueError(problem)
+        return args
 
     @field_validator("max_replicas")
     @classmethod

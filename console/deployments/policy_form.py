@@ -4,6 +4,7 @@ the field, as the policy's own refusals do, so the page can point at the input."
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +15,8 @@ from console.forms import checked, whole_number
 # The form's fields, in the order of the form (all of the policy's fields but `replicas`, which is
 # the scheduler's to move within [min, max]).
 FIELDS = ("priority", "min_replicas", "max_replicas", "idle_timeout_s", "gpus_per_replica", "slo_latency_ms",
-          "latency_critical", "profile", "selector", "max_batch_size", "max_batch_delay_ms", "standby")
+          "latency_critical", "profile", "selector", "max_batch_size", "max_batch_delay_ms", "standby", "engine",
+          "engine_args")
 
 
 def format_selector(selector: Mapping[str, str] | None) -> str:
@@ -64,6 +66,13 @@ def parse_policy_form(form: Mapping[str, str]) -> dict[str, Any]:
     changes["latency_critical"] = checked(form, "latency_critical")
     changes["standby"] = checked(form, "standby")
     changes["selector"] = parse_selector(form.get("selector", ""))
+    if form.get("engine"):
+        changes["engine"] = form["engine"]
+    if "engine_args" in form:
+        try:
+            changes["engine_args"] = shlex.split(form["engine_args"])
+        except ValueError as e:  # an unclosed quote
+            raise Invalid(f"engine arguments: {e}", field="engine_args") from None
     return changes
 
 
@@ -71,6 +80,7 @@ def policy_values(dep: Deployment) -> dict[str, Any]:
     """The stored policy as the form shows it."""
     return stored_policy(dep) | {"slo_latency_ms": dep.slo_latency_ms or "",
                                  "selector": format_selector(dep.selector),
+                                 "engine_args": shlex.join(dep.engine_args or []),
                                  "max_batch_delay_ms": f"{dep.max_batch_delay_ms:g}"}
 
 
@@ -82,7 +92,8 @@ def submitted_values(form: Mapping[str, str]) -> dict[str, Any]:
 _LABELS = {"priority": "priority", "min_replicas": "min replicas", "max_replicas": "max replicas",
            "idle_timeout_s": "idle timeout", "gpus_per_replica": "GPUs per replica", "slo_latency_ms": "p95 target",
            "latency_critical": "latency-critical", "profile": "profile", "selector": "selector",
-           "max_batch_size": "max batch size", "max_batch_delay_ms": "max batch delay", "standby": "standby"}
+           "max_batch_size": "max batch size", "max_batch_delay_ms": "max batch delay", "standby": "standby",
+           "engine": "engine", "engine_args": "engine arguments"}
 
 
 def _shown(field: str, value: Any) -> str:
@@ -90,6 +101,8 @@ def _shown(field: str, value: Any) -> str:
         return "none"
     if field == "selector":
         return format_selector(value)
+    if field == "engine_args":
+        return shlex.join(value)
     if field == "slo_latency_ms":
         return f"{value} ms"
     if field == "max_batch_delay_ms":

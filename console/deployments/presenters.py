@@ -119,6 +119,8 @@ def deployment_data(dep: Deployment, replicas: list[Replica] | None = None, fres
         "slo_latency_ms": dep.slo_latency_ms,
         "latency_critical": dep.latency_critical,
         "profile": dep.profile,
+        "engine": dep.engine,
+        "engine_args": list(dep.engine_args or []),
         "traffic_rps": dep.traffic_rps,
         "observed_p95_ms": dep.observed_p95_ms,
         "violating": dep.violating,

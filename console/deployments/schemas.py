@@ -129,6 +129,9 @@ class DeploymentOut(Schema):
     slo_latency_ms: int | None
     latency_critical: bool
     profile: str
+    engine: str = Field(description="auto, torch or vllm: what runs its replicas (auto: vLLM for a causal LM on a "
+                        "host that runs it, else torch)")
+    engine_args: list[str] = Field(description="its flags for vLLM")
     traffic_rps: float
     observed_p95_ms: float | None
     violating: bool

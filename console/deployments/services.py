@@ -8,7 +8,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from console.bulk import insert, update_in_key_order
-from console.catalog.memory import model_positions, serving_dtype, settings_estimates
+from console.catalog.memory import deployment_estimates, model_positions, serving_dtype, settings_estimates
 from console.catalog.models import Model
 from console.catalog.names import is_name, validate_name
 from console.catalog.services import get_model
@@ -50,7 +50,8 @@ def create_deployment(
     chosen = policy.validate_policy(policy.merged(policy.creation_defaults(changes), changes))
     dtype = serving_dtype(model_row, dtype)
     check_seq(model_row, seq)
-    estimates = settings_estimates(model_row, dtype, batch, seq, recent=True)  # many creates, one read
+    estimates = settings_estimates(model_row, dtype, batch, seq, recent=True,  # many creates, one read
+                                   engine=chosen.engine)
     try:
         with transaction.atomic():
             refuse_taken_name(name, "deployment")
@@ -79,6 +80,9 @@ def update_deployment(name: str, changes: dict[str, Any], actor: str = "") -> De
         fields = [f for f in POLICY_FIELDS if chosen[f] != current[f]]
         for field in fields:
             setattr(deployment, field, chosen[field])
+        if "engine" in fields:  # vLLM holds memory of its own: its replicas reserve that too
+            deployment.estimates = deployment_estimates(deployment)
+            fields.append("estimates")
         if fields:
             deployment.save(update_fields=fields)
             from console.deployments.policy_form import describe_changes  # the words the form's message uses
@@ -221,9 +225,9 @@ class _BulkLookups:
     def check_seq(self, model: Model, seq: int | None) -> None:
         self._once(self._seq_checks, (model.name, seq), lambda: check_seq(model, seq))
 
-    def estimates(self, model: Model, dtype: str, batch: int, seq: int | None) -> dict:
-        return self._once(self._estimates, (model.name, dtype, batch, seq),
-                          lambda: settings_estimates(model, dtype, batch, seq, recent=True))
+    def estimates(self, model: Model, dtype: str, batch: int, seq: int | None, engine: str) -> dict:
+        return self._once(self._estimates, (model.name, dtype, batch, seq, engine),
+                          lambda: settings_estimates(model, dtype, batch, seq, recent=True, engine=engine))
 
 
 def _checked_deployment(item: dict[str, Any], lookups: _BulkLookups) -> Deployment:
@@ -239,7 +243,7 @@ def _checked_deployment(item: dict[str, Any], lookups: _BulkLookups) -> Deployme
     chosen = policy.validate_policy(policy.merged(policy.creation_defaults(item), item))
     dtype = serving_dtype(model_row, dtype)
     lookups.check_seq(model_row, seq)
-    estimates = lookups.estimates(model_row, dtype, batch, seq)
+    estimates = lookups.estimates(model_row, dtype, batch, seq, chosen.engine)
     if name in lookups.taken:
         raise Conflict(lookups.taken[name], field="name")
     return Deployment(name=name, model=model_row, dtype=dtype, batch=batch, seq=seq, estimates=estimates,

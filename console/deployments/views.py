@@ -39,6 +39,8 @@ LOG_LINES = 200  # the page's tail of a replica's log
 STOP_POLLING = 286
 PROFILES = [(Profile.UNKNOWN, "unknown"), (Profile.COMPUTE, "compute-bound"), (Profile.MEMORY, "memory-bound"),
             (Profile.IO, "I/O-bound")]
+ENGINES = [("auto", "auto (vLLM for a causal LM where a host runs it, else torch)"), ("torch", "torch (built in)"),
+           ("vllm", "vLLM (only on hosts that run it)")]
 
 
 def login_required_htmx(view):
@@ -88,6 +90,7 @@ def _context(dep: Deployment, **policy) -> dict:
         "policy_saved": policy.get("saved"),
         "priorities": Priority.values,
         "profiles": PROFILES,
+        "engines": ENGINES,
     }
 
 

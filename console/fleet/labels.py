@@ -1,4 +1,5 @@
-"""The labels a GPU carries for deployment selectors: its host's labels plus its product name."""
+"""The labels a GPU carries for deployment selectors: its host's labels plus its product name (and the engines its
+host runs: console/scheduler/engines.py)."""
 
 from __future__ import annotations
 

@@ -29,6 +29,9 @@ class Host(models.Model):
     acked_generation = models.PositiveBigIntegerField(default=0)
     desired_digest = models.CharField(max_length=64, blank=True)
     labels = models.JSONField(default=dict, blank=True, help_text="labels of all its GPUs (agent --label)")
+    # The engines its agent runs replicas with, name -> version, from its hello: each is a label of its GPUs too,
+    # engine.NAME=yes, which a deployment's engine selects (console/fleet/labels.py).
+    engines = models.JSONField(default=dict, blank=True)
     ram_free_bytes = models.PositiveBigIntegerField(null=True, blank=True, help_text="room for sleeping replicas")
     # Per deployment served here: request rate, latency percentiles, errors (the agent's recent window).
     serving = models.JSONField(default=dict, blank=True)

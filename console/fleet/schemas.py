@@ -38,4 +38,6 @@ class HostOut(Schema):
     agent_version: str
     generation: int
     acked_generation: int
+    engines: dict[str, str] = Field(description="the engines its agent runs replicas with, name -> version (each a "
+                                    "label of its GPUs: engine.NAME=yes)")
     gpus: list[GpuOut]

@@ -36,6 +36,10 @@ def make_app(gateway: Gateway | None = None) -> Starlette:
         Route("/v1/completions", _proxied(gw, OPENAI), methods=["POST"]),
         Route("/v1/chat/completions", _proxied(gw, OPENAI), methods=["POST"]),
         Route("/v1/embeddings", _proxied(gw, OPENAI), methods=["POST"]),
+        Route("/v1/responses", _proxied(gw, OPENAI), methods=["POST"]),  # vLLM's, as /tokenize and /detokenize
+        Route("/tokenize", _proxied(gw, OPENAI), methods=["POST"]),
+        Route("/detokenize", _proxied(gw, OPENAI), methods=["POST"]),
+        Route("/health", _ready(gw), methods=["GET"]),  # where vLLM's and other OpenAI servers' clients look
         Route("/v2/health/live", _live, methods=["GET"]),
         Route("/v2/health/ready", _ready(gw), methods=["GET"]),
         Route("/v2", _wrap(gw, V2, _server_metadata), methods=["GET"]),
@@ -97,7 +101,7 @@ async def _get_model(gw: Gateway, request: Request) -> Response:
 
 
 async def _server_metadata(gw: Gateway, request: Request) -> Response:
-    return JSONResponse({"name": "modelgrid", "version": __version__, "extensions": []})
+    return JSONResponse({"name": "modelgrid", "version": __version__, "extensions": ["binary_tensor_data"]})
 
 
 async def _model_ready(gw: Gateway, request: Request) -> Response:

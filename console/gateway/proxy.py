@@ -19,7 +19,7 @@ from console.gateway.auth import bearer
 from console.gateway.core import Gateway, Refused
 from console.gateway.errors import NO_TOKEN, Family
 from console.gateway.fleet import DeploymentView, FleetView
-from console.gateway.upstream import PASSED_HEADERS, Unreachable, Upstream
+from console.gateway.upstream import INFERENCE_HEADER_LENGTH, PASSED_HEADERS, Unreachable, Upstream
 
 CLIENT_CLOSED = 499
 PARSE_INLINE_BYTES = 256 * 1024  # bodies above this are parsed in a worker thread, off the event loop
@@ -53,6 +53,9 @@ async def proxy(gw: Gateway, request: Request, family: Family) -> Response:
         name, adapter = await _model_name(request, body, family)
         dep, adapter = _target(gw, name, adapter)
         deployment = dep.name
+        if not family.openai and dep.engine == "vllm":
+            raise Refused(400, f"model {dep.name!r} runs on the vllm engine, which serves /v1 (completions, chat, "
+                          "responses) and not v2 tensors", code="unsupported_by_engine")
         with gw.admitted(caller, dep):
             dep, queue_s = await gw.ready_view(dep.name)
             response = await _send(gw, gw.upstream, request, body, dep, adapter, queue_s, arrived)
@@ -91,9 +94,10 @@ async def _model_name(request: Request, body: bytes, family: Family) -> tuple[st
     """The model the request names, and (v2) the adapter its parameters name."""
     if not family.openai:
         name = request.path_params["name"]
-        if b'"adapter"' not in body:  # most v2 requests: no need to parse a large tensor body
+        header = _json_header(request, body)
+        if b'"adapter"' not in header:  # most v2 requests: no need to parse a large tensor body
             return name, None
-        parsed = await _parse(body)
+        parsed = await _parse(header)
         params = parsed.get("parameters") if isinstance(parsed, dict) else None
         adapter = params.get("adapter") if isinstance(params, dict) else None
         if adapter is not None and not isinstance(adapter, str):
@@ -105,6 +109,22 @@ async def _model_name(request: Request, body: bytes, family: Family) -> tuple[st
         raise Refused(400, "the request body must be a JSON object with 'model' naming a model "
                       "(GET /v1/models lists them)", code="invalid_request")
     return model, None
+
+
+def _json_header(request: Request, body: bytes) -> bytes:
+    """A v2 body's JSON: all of it, or with Triton's binary tensor extension the Inference-Header-Content-Length
+    bytes before the raw tensor bytes, which are never parsed."""
+    declared = request.headers.get(INFERENCE_HEADER_LENGTH)
+    if declared is None:
+        return body
+    text = declared.strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= 20):
+        raise Refused(400, "the Inference-Header-Content-Length header must be the JSON header's length in bytes, "
+                      f"got {declared[:40]!r}", code="invalid_request")
+    if int(text) > len(body):
+        raise Refused(400, f"the Inference-Header-Content-Length header says the JSON header is {int(text)} bytes, "
+                      f"but the body is {len(body)} bytes", code="invalid_request")
+    return body[: int(text)]
 
 
 async def _parse(body: bytes):
@@ -205,7 +225,8 @@ async def _exchange(upstream: Upstream, replica, request: Request, path: str,
                     body: bytes) -> tuple[aiohttp.ClientResponse, bytes | None]:
     """The agent's response with its whole body, or (a stream) with the body still to read (None). Server-sent
     events and answers of unknown length (the agent streams large v2 tensors) pass through as they come."""
-    response = await upstream.send(replica, request.method, path, body, request.headers.get("content-type"))
+    response = await upstream.send(replica, request.method, path, body, request.headers.get("content-type"),
+                                   request.headers.get(INFERENCE_HEADER_LENGTH))
     if response.content_type == "text/event-stream" or response.content_length is None:
         return response, None
     try:

@@ -8,10 +8,13 @@ import asyncio
 
 import aiohttp
 
+from agent.protocol import REPLICA_HEADER
 from console.gateway.fleet import ReplicaView
 
 CONNECT_TIMEOUT_S = 5.0
-PASSED_HEADERS = ("content-type", "retry-after")
+# Triton's binary tensor extension: the length of the JSON header before a body's raw tensor bytes, both ways.
+INFERENCE_HEADER_LENGTH = "inference-header-content-length"
+PASSED_HEADERS = ("content-type", "retry-after", INFERENCE_HEADER_LENGTH)
 
 
 class Unreachable(Exception):
@@ -37,16 +40,24 @@ class Upstream:
         return self._session
 
     async def send(self, replica: ReplicaView, method: str, path: str, body: bytes,
-                   content_type: str | None) -> aiohttp.ClientResponse:
-        """The agent's response, headers read and body not yet; Unreachable if nothing came back."""
-        return await self.request(replica.endpoint, replica.secret, replica.label, method, path, body, content_type)
+                   content_type: str | None, header_length: str | None = None) -> aiohttp.ClientResponse:
+        """The agent's response, headers read and body not yet; Unreachable if nothing came back.
+        `header_length`: the request's Inference-Header-Content-Length, passed on."""
+        return await self.request(replica.endpoint, replica.secret, replica.label, method, path, body, content_type,
+                                  replica.id, header_length)
 
     async def request(self, endpoint: str, secret: str, label: str, method: str, path: str, body: bytes = b"",
-                      content_type: str | None = None) -> aiohttp.ClientResponse:
-        """As send(), to the agent at `endpoint` holding `secret`; `label` names it in the Unreachable."""
+                      content_type: str | None = None, replica_id: int | None = None,
+                      header_length: str | None = None) -> aiohttp.ClientResponse:
+        """As send(), to the agent at `endpoint` holding `secret`; `label` names it in the Unreachable. With
+        `replica_id`, the agent serves that replica or refuses (the gateway routes once)."""
         headers = {"Authorization": f"Bearer {secret}"}
+        if replica_id is not None:
+            headers[REPLICA_HEADER] = str(replica_id)
         if content_type:
             headers["Content-Type"] = content_type
+        if header_length is not None:
+            headers[INFERENCE_HEADER_LENGTH] = header_length
         try:
             return await self.session().request(method, endpoint + path, data=body or None, headers=headers)
         except (TimeoutError, aiohttp.ClientConnectionError) as e:

@@ -70,6 +70,7 @@ def register_hello(credential: AgentCredential, hello: Hello) -> tuple[Host, int
         host, _ = Host.objects.update_or_create(
             name=hello.host,
             defaults={"endpoint": hello.endpoint, "agent_version": hello.agent_version, "connected": True,
+                      "engines": {e.name: e.version for e in hello.engines} or {"torch": ""},
                       "last_seen": timezone.now(), "unknown_since": None, "evicted_at": None},
         )
         Host.objects.filter(pk=host.pk).update(link_epoch=F("link_epoch") + 1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from console.scheduler.engines import ENGINE_CHOICES, engine_labels, engine_selector
 from console.scheduler.planner import plan
 from console.scheduler.render import plan_to_json
 from console.scheduler.types import (
@@ -74,8 +75,12 @@ def _gpu(item: Any, path: str) -> Gpu:
     _object(item, path)
     gpu_id = _get(item, "id", path, str)
     host = _get(item, "host", path, str, host_of(gpu_id))
+    engines = _get(item, "engines", path, list, ["torch"])
+    if not all(e in ENGINE_CHOICES[1:] for e in engines):
+        raise PlanInputError(f"{path}.engines must list engines among {', '.join(ENGINE_CHOICES[1:])}, got {engines!r}")
     return Gpu(id=gpu_id, host=host, total_bytes=_integer(item, "total_bytes", path, positive=True),
-               used_bytes=_integer(item, "used_bytes", path, 0), labels=_labels(item, "labels", path))
+               used_bytes=_integer(item, "used_bytes", path, 0),
+               labels=_labels(item, "labels", path) | engine_labels(engines))
 
 
 def _host(item: Any, path: str) -> Host:
@@ -96,6 +101,9 @@ def _deployment(item: Any, path: str) -> Deployment:
     replicas = _integer(item, "replicas", path, 1)
     if low is not None and high is not None and low > high:
         raise PlanInputError(f"{path}.min_replicas ({low}) exceeds max_replicas ({high})")
+    engine = _get(item, "engine", path, str, "auto")
+    if engine not in ENGINE_CHOICES:
+        raise PlanInputError(f"{path}.engine must be one of {', '.join(ENGINE_CHOICES)}, got {engine!r}")
     slo = _number(item, "slo_latency_ms", path, None)
     if slo is not None and slo <= 0:
         raise PlanInputError(f"{path}.slo_latency_ms must be a positive number, got {slo!r}")
@@ -107,7 +115,7 @@ def _deployment(item: Any, path: str) -> Deployment:
         max_replicas=high if high is not None or low is None else max(replicas, low),
         gpus_per_replica=_integer(item, "gpus_per_replica", path, 1, positive=True),
         priority=priority,
-        selector=_labels(item, "selector", path),
+        selector=_labels(item, "selector", path) | engine_selector(engine),
         slo_latency_ms=slo,
         latency_critical=_get(item, "latency_critical", path, bool, False),
         profile=profile,

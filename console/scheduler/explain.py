@@ -69,6 +69,7 @@ def refusal(
     selector: Mapping[str, str],
     excluded_by_neighbours: int = 0,
     gang_note: str = "",
+    stale_hosts: int = 0,
 ) -> str:
     """Why a replica fits nowhere: its need, the best room there is, and what was excluded."""
     if width == 1:
@@ -76,11 +77,16 @@ def refusal(
     else:
         need = f"needs {width} GPUs with {gib(share)} free each on one host"
     if largest is None:
-        text = f"{need}; no GPU is available" + (" (no agent connected)" if not excluded_by_label else "")
+        quiet = " (no agent connected)" if not stale_hosts else ""
+        text = f"{need}; no GPU is available" + (quiet if not excluded_by_label else "")
     else:
         text = f"{need}; the largest free space is {gib(max(largest[0], 0))} on {largest[1]}"
     if gang_note:
         text += f"; {gang_note}"
+    if stale_hosts:
+        hosts = "host" if stale_hosts == 1 else "hosts"
+        text += (f"; {stale_hosts} {hosts} not counted: their readings are stale until their agents report (unknown, "
+                 "or not heard from since this scheduler began leading)")
     if excluded_by_label:
         plural = "GPU" if excluded_by_label == 1 else "GPUs"
         text += f"; {excluded_by_label} {plural} excluded by label {selector_text(selector)}"

@@ -259,7 +259,8 @@ def _refusal(run: Run, u: Unit) -> str:
     if run.placer.name == "latency-sensitive" and u.width == 1:
         neighbours = sum(1 for g in eligible if ledger.free(g) >= u.share and not run.placer.allows(u, g))
     text = explain.refusal(u.share, u.width, ledger.largest_free(eligible), excluded, u.demand.dep.selector,
-                           neighbours, gang_shortfall(run.placer, u) if u.width > 1 and eligible else "")
+                           neighbours, gang_shortfall(run.placer, u) if u.width > 1 and eligible else "",
+                           stale_hosts=len({g.host for g in run.stale}))
     if u.phase in ("min", "slo") and run.settings.preempt and _lowest_ready_rank(run) > u.demand.rank:
         text += "; preempting lower tiers would not make room on any GPU"
     return text

@@ -150,3 +150,24 @@ def test_a_replica_sent_to_sleep_without_a_gpu_is_slept_in_place_not_restarted()
     current = {7: Running(spec, "ready", 1, weights_bytes=10)}
     desired_state = DesiredState(generation=2, replicas=[desired(7, state="sleeping", gpus=())])
     assert verbs(plan_convergence(desired_state, current, "cuda")) == [("sleep", 7, "sleeping")]
+
+
+def test_a_vllm_replica_restarts_for_a_new_engine_new_flags_or_its_first_adapters_and_not_otherwise():
+    def vllm(**extra):
+        return desired(1).model_copy(update={"engine": "vllm"} | extra)
+
+    def on_vllm(args=(), flags=()):
+        spec = WorkerSpec(1, "/m/a", "causal-lm", "cpu", "float32", "d", engine="vllm", engine_args=tuple(args),
+                          engine_flags=tuple(flags))
+        return {1: Running(spec, "ready", 1)}
+
+    assert plan([vllm()], {1: running(1)}).reasons[0] == "replica 1: restart (engine changed)"
+    assert plan([vllm()], on_vllm()).actions == ()
+    tools = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    assert plan([vllm(engine_args=tools)], on_vllm()).reasons[0] == "replica 1: restart (engine arguments changed)"
+    assert plan([vllm(engine_args=tools)], on_vllm(flags=tools)).actions == ()
+    # vLLM serves adapters only when it started with LoRA: the first ones restart it, later ones and removals do not.
+    adapters = [{"name": "sql", "path": "/a/sql"}]
+    assert plan([vllm(adapters=adapters)], on_vllm()).reasons[0] == "replica 1: restart (LoRA changed)"
+    assert plan([vllm(adapters=adapters)], on_vllm(args=["--enable-lora"])).actions == ()
+    assert plan([vllm()], on_vllm(args=["--enable-lora"])).actions == ()

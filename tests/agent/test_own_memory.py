@@ -24,7 +24,8 @@ def placed(state: str, gpus: list[int]) -> DesiredReplica:
 
 def test_a_draining_worker_is_counted_on_its_gpu_as_the_agents_own():
     replicas = Replicas(ReplicaSettings(), MeasuringBackend("sim:2x24GiB", host="h"), lambda handle, progress: None)
-    draining = SimpleNamespace(spec=SimpleNamespace(replica_id=7), pid=4242, measured_bytes=3 * GiB, state="ready")
+    draining = SimpleNamespace(spec=SimpleNamespace(replica_id=7), pid=4242, device_pids=[4242], measured_bytes=3 * GiB,
+                               state="ready")
     replicas.supervisor.handles = lambda: [draining]
     replicas.place([placed("ready", [1])])
     replicas.place([placed("sleeping", [])])  # preempted: its worker has not finished going to sleep yet

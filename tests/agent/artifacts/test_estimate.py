@@ -55,6 +55,15 @@ def test_it_caps_sliding_window_layers_at_their_window(tmp_path):
     assert any("sliding window 256" in n for n in est.notes)
 
 
+def test_a_language_models_logits_copied_to_float32_count_beside_them(tmp_path):
+    model = write(tmp_path / "m", LLAMA | {"vocab_size": 50_000})
+    half, full = (estimate(model, dtype=d, batch=2, seq=100) for d in ("bfloat16", "float32"))
+    # At a big vocabulary the logits are the peak: in the serving dtype, then the float32 copy the worker answers with.
+    assert half.activation_bytes == (2 * 200 * 64 + 200 * 50_000) * 2 + 200 * 50_000 * 4
+    assert full.activation_bytes == (2 * 200 * 64 + 200 * 50_000) * 4  # already float32: no copy
+    assert any("float32" in n for n in half.notes) and not any("copied" in n for n in full.notes)
+
+
 def test_encoders_and_vision_models_have_no_kv_cache(tmp_path):
     bert = estimate(write(tmp_path / "b", {"model_type": "bert", "architectures": ["BertModel"]}), seq=128)
     vit = estimate(write(tmp_path / "v", {"model_type": "vit", "architectures": ["ViTModel"]}))

@@ -16,10 +16,9 @@ from agent.workers.supervisor import (
     InferenceTimeout,
     WorkerUnavailable,
 )
+from tests.agent.serving.fake_app import AUTH, SECRET, FakeSource
 
 VOCAB = 8
-SECRET = "gw-secret-for-tests"
-AUTH = {"Authorization": f"Bearer {SECRET}"}
 
 
 class FakeReplica:
@@ -43,14 +42,6 @@ class FakeReplica:
         return {"embeddings": np.full((ids.shape[0], 4), 0.5, dtype=np.float32)}
 
 
-class FakeSource:
-    def __init__(self, *replicas):
-        self.replicas = list(replicas)
-
-    def handles(self):
-        return self.replicas
-
-
 class WakingSource(FakeSource):
     """A source that could wake a replica (as the agent once did for requests): serving must never ask it to."""
 
@@ -67,25 +58,6 @@ class WakingSource(FakeSource):
         raise AssertionError("no replica to wake")
 
 
-@pytest.fixture
-async def serve():
-    """A client of the app over fake replicas that sends the gateway secret (`secret=None`: the app holds
-    none; `headers`: what the client sends instead)."""
-    clients = []
-
-    async def start(*replicas, batching=None, source=None, secret=SECRET, headers=AUTH):
-        auth = GatewayAuth(secret) if secret is not None else None
-        app = make_app(source or FakeSource(*replicas), batching=batching, auth=auth)
-        client = TestClient(TestServer(app), headers=headers)
-        await client.start_server()
-        clients.append(client)
-        return client
-
-    yield start
-    for client in clients:
-        await client.close()
-
-
 def ids_body(data, shape, datatype="INT64", **extra):
     return {"inputs": [{"name": "input_ids", "shape": shape, "datatype": datatype, "data": data}], **extra}
 
@@ -94,7 +66,7 @@ async def test_it_is_live_and_describes_itself(serve):
     client = await serve()
     assert (await client.get("/v2/health/live")).status == 200
     meta = await (await client.get("/v2")).json()
-    assert meta["name"] == "modelgrid-agent" and meta["extensions"] == []
+    assert meta["name"] == "modelgrid-agent" and meta["extensions"] == ["binary_tensor_data"]
 
 
 async def test_it_is_ready_only_when_every_replica_is(serve):

@@ -219,7 +219,7 @@ async def test_an_unknown_model_is_a_404_model_not_found(client):
         (dict(model="chat", prompt="hi", logprobs=6), "logprobs", "'logprobs' must be an integer >= 0 and <= 5"),
         (dict(model="chat", prompt="hi", extra_body={"stop_token_ids": [-1]}), "stop_token_ids", "token ids"),
         (dict(model="chat", prompt="hi", extra_body={"timeout": 0}), "timeout", "must be a number of seconds"),
-        (dict(model="chat", prompt="hi", stream=False, echo=True), "echo", "echo=true is not supported"),
+        (dict(model="chat", prompt="hi", suffix="!"), "suffix", 'suffix="!" is not supported'),
         (dict(model="chat", prompt="hi", temperature=3), "temperature", "'temperature' must be a number from 0 to 2"),
         (dict(model="chat", prompt="hi", max_tokens=0), "max_tokens", "'max_tokens' must be an integer >= 1"),
         (dict(model="chat", prompt="hi", max_tokens=100), "max_tokens", "takes at most 64 tokens"),

@@ -7,16 +7,12 @@ import time
 
 import aiohttp
 import numpy as np
-import openai
 import pytest
 import pytest_asyncio
 
-from agent.serving import make_app, start_server
-from agent.serving.auth import GatewayAuth
 from agent.workers.demo_models import build_tiny_llama
 from agent.workers.messages import Reply, Tokens
-from agent.workers.spec import WorkerSpec
-from agent.workers.supervisor import Supervisor
+from tests.agent.serving.real_worker import real_agent
 from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -28,20 +24,8 @@ PROMPTS = ["Once upon a time", "The capital of France", "def fibonacci(n):", "In
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def agent(tmp_path_factory):
     llama = build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
-    supervisor = Supervisor()
-    handle = supervisor.start(WorkerSpec(1, str(llama), "causal-lm", deployment="chat"))
-    runner = None
-    try:
-        await until(lambda: handle.state in ("ready", "failed"), 120, "the worker to load")
-        assert handle.state == "ready", handle.reason
-        runner, port = await start_server(make_app(supervisor, auth=GatewayAuth(SECRET)), "127.0.0.1", 0)
-        async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=SECRET, max_retries=0) as c:
-            c.port, c.handle = port, handle
-            yield c
-    finally:
-        if runner is not None:
-            await runner.cleanup()
-        await supervisor.stop_all()
+    async with real_agent(llama, "chat", SECRET) as c:  # c.port, c.handle: the server's port, the worker's handle
+        yield c
 
 
 async def streamed_completion(client, prompt, **kwargs):

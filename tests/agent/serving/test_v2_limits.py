@@ -7,16 +7,11 @@ import time
 
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from agent.serving import make_app
-from agent.serving.auth import GatewayAuth
 from agent.serving.body import MAX_DEPTH
 from agent.serving.tensors import ENCODE_CHUNK_VALUES, MAX_REQUEST_TOKENS
 from agent.workers.spec import WorkerSpec
 
-SECRET = "gw-secret-for-limit-tests"
-AUTH = {"Authorization": f"Bearer {SECRET}"}
 VOCAB = 8
 
 
@@ -35,29 +30,6 @@ class FakeReplica:
         if self.logits is not None:
             return {"logits": self.logits}
         return {"logits": (inputs["input_ids"][..., None] * 10 + np.arange(VOCAB)).astype(np.float32)}
-
-
-class FakeSource:
-    def __init__(self, *replicas):
-        self.replicas = list(replicas)
-
-    def handles(self):
-        return self.replicas
-
-
-@pytest.fixture
-async def serve():
-    clients = []
-
-    async def start(*replicas):
-        client = TestClient(TestServer(make_app(FakeSource(*replicas), auth=GatewayAuth(SECRET))), headers=AUTH)
-        await client.start_server()
-        clients.append(client)
-        return client
-
-    yield start
-    for client in clients:
-        await client.close()
 
 
 def ids_body(shape, data=None, **inputs):

@@ -1,33 +1,14 @@
 """The continuous batcher on the tiny demo Llama (imports torch): sequences join and leave a running batch,
 and each one's tokens are what it would get alone."""
 
-import contextlib
 import time
 
 import pytest
 
 from agent.workers.generation_spec import GenerationRequest, PromptError
+from tests.agent.workers.tiny_batcher import PROMPTS, batcher
 
 torch = pytest.importorskip("torch")
-
-PROMPTS = [(1, 42, 449, 601, 14), (1, 7), (1, 300, 301, 302, 303, 304, 305, 306, 307, 308, 309), (1, 99, 98)]
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from agent.workers.demo_models import build_tiny_llama
-
-    path = build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
-    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
-
-
-def batcher(model, **kwargs):
-    from agent.workers.continuous import ContinuousBatcher
-
-    kwargs.setdefault("eos_ids", ())  # random weights: no early end of sequence
-    return ContinuousBatcher(model, lambda names: contextlib.nullcontext(), max_positions=256, **kwargs)
 
 
 def run(engine, requests, *, join_after=None, cancel=None, steps=500):

@@ -13,7 +13,7 @@ from aiohttp import web
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 
-from agent.protocol import UNSERVED_HEADER
+from agent.protocol import REPLICA_HEADER, UNSERVED_HEADER
 from console.accounts.models import ApiToken, Scope
 from console.catalog.services import register_model
 from console.deployments.models import Deployment, Replica
@@ -22,6 +22,7 @@ from console.fleet.models import AgentCredential, Host
 from console.gateway.app import make_app
 from console.gateway.core import Gateway, GatewaySettings
 from console.gateway.metrics import ConsoleMetrics
+from tests.sockets import serve_on_loopback
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,24 +33,25 @@ class FakeAgent:
 
     def __init__(self, secret: str, name: str) -> None:
         self.secret, self.name, self.delay, self.seen, self.cancelled = secret, name, 0.0, [], 0
+        self.picked: list[str | None] = []  # the replica id each request named
         self.draining = False  # answers as an agent whose replica of the model is leaving: 503, nothing run
         app = web.Application()
         app.router.add_post("/v2/models/{name}/infer", self.answer)
         app.router.add_post("/v1/completions", self.answer)
+        for path in ("/v1/responses", "/tokenize", "/detokenize"):  # vLLM's, relayed by its agent
+            app.router.add_post(path, self.answer)
         app.router.add_post("/v1/chat/completions", self.stream)
         self.runner = web.AppRunner(app, handler_cancellation=True)  # sees the gateway hang up
 
     async def start(self) -> str:
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        return await serve_on_loopback(self.runner)
 
     async def answer(self, request: web.Request) -> web.Response:
         if request.headers.get("Authorization") != f"Bearer {self.secret}":
             return web.json_response({"error": "bad secret"}, status=401)
         body = await request.read()
         self.seen.append((request.path, body))
+        self.picked.append(request.headers.get(REPLICA_HEADER))
         if self.draining:
             return web.json_response({"error": "model 'chat' is not ready: replica 1 of 'chat' is draining"},
                                      status=503, headers={UNSERVED_HEADER: "1"})
@@ -425,3 +427,37 @@ async def test_a_deeply_nested_or_huge_body_is_refused_naming_the_limit_and_reac
     assert many.status_code == 413 and "this gateway takes at most 1048576" in many.json()["error"]["message"]
     assert at_limit.status_code == 200
     assert [body for a in agents for _, body in a.seen] == [completion(b"[" * 31 + b"]" * 31)]  # only that one
+
+
+async def test_the_agent_is_told_which_replica_the_gateway_picked(fleet):
+    agents, _, token = fleet
+    gateway = _gateway()
+    async with _client(gateway, token) as client:
+        r = await client.post("/v1/completions", json={"model": "chat", "prompt": "hi"})
+    await gateway.close()
+    ids = dict(await sync_to_async(lambda: list(Replica.objects.values_list("index", "pk")))())
+    label = r.headers["x-modelgrid-replica"]
+    assert [p for a in agents for p in a.picked] == [str(ids[int(label.split("#")[1])])]
+
+
+async def test_vllm_endpoints_pass_and_v2_to_a_vllm_deployment_is_refused_naming_the_engine(fleet):
+    agents, _, token = fleet
+    gateway = _gateway()
+    async with _client(gateway, token) as client:
+        for path in ("/v1/responses", "/tokenize", "/detokenize"):
+            r = await client.post(path, json={"model": "chat", "prompt": "hi"})
+            assert r.status_code == 200 and r.json()["path"] == path
+        await sync_to_async(Deployment.objects.filter(name="chat").update)(engine="vllm")
+        await gateway.refresh()
+        r = await client.post("/v2/models/chat/infer", json=INFER)
+    await gateway.close()
+    assert r.status_code == 400 and "runs on the vllm engine" in r.json()["error"]
+    assert sum(len(a.seen) for a in agents) == 3  # the refused request reached no agent
+
+
+async def test_health_answers_where_clients_of_openai_servers_look_without_a_token(fleet):
+    gateway = _gateway()
+    async with _client(gateway) as client:
+        r = await client.get("/health")
+    await gateway.close()
+    assert r.status_code == 200 and r.json() == {"ready": True}

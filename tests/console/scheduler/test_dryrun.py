@@ -42,7 +42,8 @@ def test_it_defaults_every_optional_field_and_ignores_unknown_ones():
     request = parse_input({"gpus": [{"id": "h1/0", "total_bytes": 1000, "colour": "red"}],
                            "deployments": [{"name": "m", "bytes": 10, "owner": "me"}], "comment": "hi"})
     assert request.strategy == "memory-optimized" and request.buffer_bytes == 0
-    assert request.gpus[0].host == "h1" and request.gpus[0].used_bytes == 0 and request.gpus[0].labels == {}
+    assert request.gpus[0].host == "h1" and request.gpus[0].used_bytes == 0
+    assert request.gpus[0].labels == {"engine.torch": "yes"}  # the built-in engine, as every agent runs
     d = request.deployments[0]
     assert (d.replicas, d.low, d.high, d.gpus_per_replica, d.priority) == (1, 1, 1, 1, "standard")
 

@@ -91,3 +91,11 @@ def test_requests_for_a_deployment_asleep_on_a_stale_host_wait_rather_than_being
     assert [(r.index, r.state, r.action) for r in result.replicas] == [(0, "sleeping", "keep")]
     (outcome,) = result.demands
     assert outcome.status == "waiting" and "sleep on h" in outcome.reason
+
+
+def test_a_refusal_counts_the_hosts_whose_readings_are_stale():
+    result = run([gpu("h/0", 24, stale=True)], [Deployment("m", 4 * GiB)])
+    (unplaced,) = result.unplaced
+    assert "no GPU is available; 1 host not counted: their readings are stale" in unplaced.reason
+    assert "no agent connected" not in unplaced.reason
+

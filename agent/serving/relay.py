@@ -1,0 +1,107 @@
+"""Requests for a vLLM replica pass through to its server: the body as the client wrote it (the model name
+made the one vLLM serves it under, when the client used another), and vLLM's answer as it came, status and
+errors included, streamed as it streams. So vLLM's own features work through ModelGrid unchanged: tools,
+structured outputs, echo and logprobs, n, /v1/responses, /tokenize.
+
+The replica counts the request as its own while it runs (a drain waits for it). A client that goes away closes
+the connection to vLLM, which aborts the generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from agent.metrics import Metrics
+from agent.serving.body import RAW_BODY
+from agent.serving.dispatch import Dispatcher, NotReady, Route
+
+CONNECT_TIMEOUT_S = 5.0
+STREAMED = ("text/event-stream",)
+SESSION = web.AppKey("relay_session", aiohttp.ClientSession)
+
+
+def add_relay(app: web.Application, read_timeout: float) -> None:
+    """One pooled client for every relayed request; a read that waits past `read_timeout` s ends it."""
+    async def session(app: web.Application):
+        timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_read=read_timeout)
+        app[SESSION] = aiohttp.ClientSession(timeout=timeout, auto_decompress=False,
+                                             cookie_jar=aiohttp.DummyCookieJar())
+        yield
+        await app[SESSION].close()
+
+    app.cleanup_ctx.append(session)
+
+
+async def relay(request: web.Request, dispatcher: Dispatcher, route: Route, body: dict[str, Any],
+                path: str) -> web.StreamResponse:
+    """Send the request to the least busy serving replica of `route` (vLLM) and answer with what it says."""
+    replica = await dispatcher.pick(route)
+    served = route.adapter or route.deployment
+    raw = request.get(RAW_BODY)
+    if raw is None or body.get("model") != served:
+        raw = await asyncio.to_thread(lambda: json.dumps(body | {"model": served}).encode())
+    headers = {"Authorization": f"Bearer {replica.info['key']}", "Content-Type": "application/json"}
+    url = f"http://127.0.0.1:{replica.info['port']}{path}"
+    replica.picked += 1
+    replica.last_used = time.monotonic()
+    try:
+        try:
+            upstream = await request.config_dict[SESSION].post(url, data=raw, headers=headers)
+        except (aiohttp.ClientConnectionError, TimeoutError) as e:
+            raise NotReady(f"replica {replica.spec.replica_id} of {route.deployment!r}: its vLLM server cannot be "
+                           f"reached ({e or type(e).__name__})") from e
+        try:
+            return await _answer(request, upstream, TokenTimes(dispatcher.metrics, route.deployment))
+        finally:
+            upstream.close()  # not back to the pool: a client gone mid-stream must drop vLLM's connection
+    finally:
+        replica.picked -= 1
+
+
+class TokenTimes:
+    """A relayed stream's events as the agent's token metrics (time to the first, then between them), so a vLLM
+    deployment's figures read as the built-in engine's do. One event is one token or more: vLLM holds back the
+    pieces of a character split across tokens."""
+
+    def __init__(self, metrics: Metrics | None, deployment: str) -> None:
+        self.metrics, self.deployment = metrics, deployment
+        self.started = self.last = time.monotonic()
+        self.events = 0
+
+    def chunk(self, data: bytes) -> None:
+        events = data.count(b"data:") - data.count(b"data: [DONE]")
+        if self.metrics is None or events <= 0:
+            return
+        now = time.monotonic()
+        if not self.events:
+            self.metrics.token(self.deployment, now - self.started, first=True)
+            events -= 1
+        for _ in range(events):
+            self.metrics.token(self.deployment, (now - self.last) / max(events, 1), first=False)
+        self.events += max(events, 1)
+        self.last = now
+
+
+async def _answer(request: web.Request, upstream: aiohttp.ClientResponse, tokens: TokenTimes) -> web.StreamResponse:
+    content_type = upstream.headers.get("Content-Type", "application/json")
+    if upstream.content_type not in STREAMED:
+        return web.Response(body=await upstream.read(), status=upstream.status, headers={"Content-Type": content_type})
+    response = web.StreamResponse(status=upstream.status, headers={"Content-Type": content_type,
+                                                                   "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    try:
+        async for chunk in upstream.content.iter_any():
+            tokens.chunk(chunk)
+            await response.write(chunk)
+    except (asyncio.CancelledError, ConnectionResetError):
+        if tokens.metrics is not None:
+            tokens.metrics.cancelled(tokens.deployment, "client")
+        raise
+    await response.write_eof()
+    return response

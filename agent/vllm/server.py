@@ -1,0 +1,343 @@
+"""One replica's vLLM server, run by its worker process (agent.workers.process) in place of the built-in engine.
+
+`load()` starts vLLM's OpenAI server from the configured interpreter on a free loopback port, with a key of its
+own (in its environment, never on its command line), waits for /health while it reports its phases, and returns
+a VllmModel: the worker's engine, whose commands load and unload LoRA adapters, sleep and wake over vLLM's HTTP
+API. Requests never pass through here: the agent relays them to the port (agent.serving.relay).
+
+vLLM runs in a session of its own, killed with its worker (a SIGTERM handler, and the kernel's parent-death
+signal when the worker is killed outright). Its output goes to the replica's log, and its last lines are
+kept: when it exits on its own, the worker reports the replica failed with them, and exits too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from agent.workers.spec import WorkerSpec
+
+log = logging.getLogger("agent.worker")
+
+START_TIMEOUT = 900.0  # vLLM imports torch, compiles and profiles: 60-150 s on 2 CPU cores, minutes on big GPUs
+HEALTH_POLL = 0.5
+CALL_TIMEOUT = 120.0  # an adapter load or a sleep
+STOP_GRACE = 3.0
+TAIL_LINES = 40
+# Lines of vLLM's log that mark how far its start has come (weights read: the load's bytes are done).
+WEIGHTS_LOADED = ("Loading weights took", "Model loading took")
+
+
+class InputError(ValueError):
+    """A request this engine refuses (the worker replies "input")."""
+
+
+class EngineExited(RuntimeError):
+    """vLLM exited; the message carries its exit status and last lines."""
+
+
+class VllmServer:
+    """vLLM's server process for one replica: start, health, log tail, calls, stop."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.port = free_port()
+        self.key = secrets.token_urlsafe(24)
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.process: subprocess.Popen | None = None
+        self.weights_loaded = threading.Event()
+        self.stopping = False
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        python = self.spec.engine_python or sys.executable
+        argv = [python, *self.spec.engine_args, "--port", str(self.port)]
+        env = os.environ | dict(self.spec.engine_env) | {"VLLM_API_KEY": self.key, "PYTHONUNBUFFERED": "1"}
+        log.info("starting vLLM: %s", " ".join(argv))
+        self.process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=_die_with_parent)
+        threading.Thread(target=self._read_output, name="modelgrid-vllm-log", daemon=True).start()
+
+    def _read_output(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for raw in self.process.stdout:
+            line = raw.decode("utf-8", "replace").rstrip()
+            self.tail.append(line)
+            print(line, file=sys.stderr, flush=True)  # the replica's log (agent.workers.logs)
+            if any(mark in line for mark in WEIGHTS_LOADED):
+                self.weights_loaded.set()
+
+    def exited(self) -> EngineExited | None:
+        """Why vLLM is gone, with its last lines; None while it runs."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        time.sleep(0.2)  # its last lines, still in the pipe
+        lines = "\n".join(list(self.tail)[-12:])
+        return EngineExited(f"vLLM {exit_text(self.process.returncode)}; its last lines:\n{lines}")
+
+    def wait_healthy(self, progress: Callable[[bool], None], timeout: float = START_TIMEOUT) -> None:
+        """Block until /health answers 200; EngineExited if vLLM exits first, TimeoutError past `timeout`."""
+        deadline = time.monotonic() + timeout
+        told = False
+        while True:
+            ended = self.exited()
+            if ended is not None:
+                raise ended
+            if self.weights_loaded.is_set() and not told:
+                progress(True)
+                told = True
+            try:
+                if self.get("/health", timeout=2.0) == 200:
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vLLM did not become healthy within {timeout:g} s")
+            time.sleep(HEALTH_POLL)
+
+    def get(self, path: str, timeout: float = CALL_TIMEOUT) -> int:
+        """GET's status."""
+        return self.read(path, timeout)[0]
+
+    def read(self, path: str, timeout: float = CALL_TIMEOUT) -> tuple[int, str]:
+        """GET's status and text."""
+        request = urllib.request.Request(self.base_url + path, headers=self._headers())
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
+                return answer.status, answer.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as e:
+            return e.code, ""
+
+    def post(self, path: str, body: dict[str, Any] | None = None, timeout: float = CALL_TIMEOUT) -> str:
+        """POST to vLLM; its answer's text, or RuntimeError with vLLM's own message on an error status."""
+        data = json.dumps(body).encode() if body is not None else b""
+        request = urllib.request.Request(self.base_url + path, data=data, method="POST",
+                                         headers=self._headers() | {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
+                return answer.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as e:
+            text = e.read().decode("utf-8", "replace")
+            raise RuntimeError(f"vLLM answered {e.code} to {path}: {_message(text)}") from None
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    def pids(self) -> list[int]:
+        """vLLM's processes: its API server and what it started (engine core, workers)."""
+        if self.process is None:
+            return []
+        try:
+            root = psutil.Process(self.process.pid)
+            return [root.pid, *(p.pid for p in root.children(recursive=True))]
+        except psutil.Error:
+            return []
+
+    def host_bytes(self) -> int:
+        """Memory vLLM's processes hold on their own (unique set sizes: shared libraries counted once)."""
+        total = 0
+        for pid in self.pids():
+            with contextlib.suppress(psutil.Error):
+                total += psutil.Process(pid).memory_full_info().uss
+        return total
+
+    def stop(self) -> None:
+        """SIGTERM to vLLM's whole session, SIGKILL after a grace period."""
+        self.stopping = True
+        if self.process is None or self.process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+class VllmModel:
+    """The worker's engine for a vLLM replica: what it tells the agent, and the commands it takes."""
+
+    batcher = None  # generations go to vLLM directly, through the agent's relay
+    asleep = False
+
+    def __init__(self, spec: WorkerSpec, server: VllmServer, weights_bytes: int, load_seconds: float) -> None:
+        self.spec = spec
+        self.server = server
+        self.device = spec.device
+        self.weights_bytes = weights_bytes
+        self.load_seconds = load_seconds
+        self.adapters: dict[str, dict[str, Any]] = {}  # name -> {"path", "nbytes"}
+        self.commands: dict[str, Callable[[Any], Any]] = {
+            "adapters": self.configure_adapters,
+            "adapter_stats": lambda _payload: {"stats": self._stats()},
+            "sleep": self.sleep,
+            "wake": self.wake,
+        }
+        self.max_positions = 0
+        with contextlib.suppress(OSError, ValueError, KeyError, IndexError, TypeError):
+            self.max_positions = int(json.loads(server.read("/v1/models")[1])["data"][0]["max_model_len"])
+
+    def describe(self) -> dict[str, Any]:
+        """What the agent needs to relay requests (the port and key) and what metadata shows."""
+        return {"engine": "vllm", "port": self.server.port, "key": self.server.key, "pids": self.server.pids(),
+                "max_positions": self.max_positions}
+
+    def measure(self) -> dict[str, Any]:
+        """On CPU: what vLLM's processes hold; on CUDA the agent reads NVML for its pids (describe's "pids")."""
+        held = self.server.host_bytes()
+        cuda = self.device.startswith("cuda")
+        return {"device": "cuda" if cuda else "cpu", "batch": 1, "seq": max(1, self.max_positions),
+                "weights_bytes": self.weights_bytes, "peak_bytes": held, "total_bytes": held,
+                "load_seconds": self.load_seconds}
+
+    def configure_adapters(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Unload, then load at runtime what the placement lists; a refused adapter is reported, the rest apply."""
+        errors = []
+        for name in payload.get("unload", ()):
+            if name in self.adapters:
+                try:
+                    self.server.post("/v1/unload_lora_adapter", {"lora_name": name})
+                    del self.adapters[name]
+                except (RuntimeError, OSError) as e:
+                    errors.append(f"adapter {name!r}: {e}")
+        for adapter in payload.get("load", ()):
+            name, path = adapter["name"], adapter["path"]
+            if self.adapters.get(name, {}).get("path") == path:
+                continue
+            try:
+                self.server.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+                self.adapters[name] = {"path": path, "nbytes": _directory_bytes(path)}
+            except (RuntimeError, OSError) as e:
+                errors.append(f"adapter {name!r}: {e}")
+        return {"stats": self._stats(), "errors": errors}
+
+    def _stats(self) -> dict[str, Any]:
+        # vLLM keeps its own device and host tiers and counts no hits: every loaded adapter is reported on the
+        # device tier, which is where a request finds it.
+        adapters = [{"name": n, "tier": "gpu", "pinned": False, "nbytes": a["nbytes"], "requests": 0, "hits": 0,
+                     "misses": 0} for n, a in sorted(self.adapters.items())]
+        return {"adapters": adapters, "totals": {"hits": 0, "misses": 0, "evictions": 0, "adapters": len(adapters)}}
+
+    def sleep(self, _payload: Any = None) -> dict[str, Any]:
+        """vLLM sleep level 1 (weights to host memory, KV cache dropped); CUDA only."""
+        if not self.device.startswith("cuda"):
+            raise InputError("vLLM cannot sleep on CPU (its sleep mode needs CUDA); it is stopped instead, and "
+                               "loads again when woken")
+        started = time.monotonic()
+        self.server.post("/sleep?level=1")
+        return self._moved("sleep", started, host_bytes=self.weights_bytes)
+
+    def wake(self, _payload: Any = None) -> dict[str, Any]:
+        started = time.monotonic()
+        self.server.post("/wake_up")
+        return self._moved("wake", started, host_bytes=0)
+
+    def _moved(self, direction: str, started: float, host_bytes: int) -> dict[str, Any]:
+        seconds = time.monotonic() - started
+        return {"direction": direction, "bytes": self.weights_bytes, "seconds": seconds, "host_bytes": host_bytes,
+                "bandwidth": self.weights_bytes / seconds if seconds > 0 else 0.0}
+
+    def recover_from_oom(self) -> None:
+        """Nothing of vLLM's memory is this process's to free."""
+
+    def watch(self, failed: Callable[[str], None]) -> None:
+        """Call `failed` with vLLM's exit status and last lines should it exit on its own."""
+        threading.Thread(target=self._watch, args=(failed,), name="modelgrid-vllm-watch", daemon=True).start()
+
+    def _watch(self, failed: Callable[[str], None]) -> None:
+        assert self.server.process is not None
+        self.server.process.wait()
+        if not self.server.stopping:
+            failed(str(self.server.exited()))
+
+
+def load(spec: WorkerSpec, progress: Callable[[int, int], Any] | None = None, artifact: Any = None) -> VllmModel:
+    """Start vLLM for `spec` and wait until it serves; the worker's engine for it. Stops vLLM if it fails."""
+    weights = int(getattr(artifact, "weights_bytes", 0) or 0)
+    started = time.monotonic()
+    server = VllmServer(spec)
+    _stop_on_sigterm(server)
+    server.start()
+    try:
+        server.wait_healthy(lambda _done: progress(weights, weights) if progress else None)
+        model = VllmModel(spec, server, weights, time.monotonic() - started)
+    except BaseException:
+        server.stop()
+        raise
+    return model
+
+
+def _stop_on_sigterm(server: VllmServer) -> None:
+    """The agent stops a worker with SIGTERM: vLLM's session goes first."""
+    def stop(_signum: int, _frame: Any) -> None:
+        server.stop()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _libc_prctl() -> Any:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+# Resolved here, not in the child: between fork and exec only async-signal-safe work is safe (the worker has threads).
+_PRCTL = _libc_prctl()
+
+
+def _die_with_parent() -> None:
+    """In vLLM's process before it runs: the kernel kills it when its worker dies, even by SIGKILL."""
+    if _PRCTL is not None:
+        _PRCTL(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+
+
+def free_port() -> int:
+    """A loopback port free now (vLLM binds it a moment later; a clash fails its start, which is retried)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by signal {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def _message(text: str) -> str:
+    with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+        body = json.loads(text)
+        return str(body.get("error", {}).get("message") or body.get("message") or body.get("detail") or text)[:500]
+    return text[:500]
+
+
+def _directory_bytes(path: str) -> int:
+    with contextlib.suppress(OSError):
+        return sum(entry.stat().st_size for entry in os.scandir(path) if entry.is_file())
+    return 0

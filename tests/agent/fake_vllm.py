@@ -1,0 +1,119 @@
+"""A stand-in for vLLM's OpenAI server, for tests of the agent's vLLM engine without vLLM (which takes a minute to
+start): the same command line, key, health, model list, runtime LoRA endpoints and metrics, and completions that
+echo what they were sent. Started by `fake_vllm_python()`'s interpreter in place of vLLM's.
+
+Streams send one event per 50 ms, and count the streams whose client went away (fake_cancelled_total).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+STATE = {"requests": 0, "cancelled": 0, "adapters": {}}
+
+
+def fake_vllm_python(directory: Path) -> str:
+    """An executable that answers the agent's version probe (`-c`) and starts this server for
+    `-m vllm.entrypoints.openai.api_server ...`, as a vLLM environment's interpreter would."""
+    script = directory / "fake-vllm-python"
+    root = Path(__file__).resolve().parents[2]
+    script.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "-c" ]; then echo 0.0.0+fake; exit 0; fi\n'
+        "shift 2\n"
+        f'cd "{root}" && exec "{sys.executable}" -m tests.agent.fake_vllm "$@"\n'
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model")
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    args, rest = parser.parse_known_args()
+    key = os.environ.get("VLLM_API_KEY", "")
+    print(f"fake vLLM for {args.model} as {args.served_model_name}; args {' '.join(rest)}", flush=True)
+    print("Loading weights took 0.00 seconds", flush=True)
+    served = args.served_model_name
+
+    @web.middleware
+    async def keyed(request: web.Request, handler):
+        if request.path.startswith("/v1") and request.headers.get("Authorization") != f"Bearer {key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    async def health(_request):
+        return web.Response()
+
+    async def models(_request):
+        data = [{"id": served, "max_model_len": 256}] + [{"id": a, "parent": served} for a in STATE["adapters"]]
+        return web.json_response({"object": "list", "data": data})
+
+    async def completions(request: web.Request):
+        raw = await request.read()
+        body = json.loads(raw)
+        STATE["requests"] += 1
+        if body.get("model") not in (served, *STATE["adapters"]):
+            return web.json_response({"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                                "type": "NotFoundError", "param": "model", "code": 404}}, status=404)
+        if not body.get("stream"):
+            return web.json_response({"object": "text_completion", "model": body["model"], "path": request.path,
+                                      "raw": raw.decode(), "choices": [{"index": 0, "text": "ok"}]})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            for i in range(int(body.get("max_tokens", 4))):
+                await response.write(f"data: {json.dumps({'choices': [{'index': 0, 'text': str(i)}]})}\n\n".encode())
+                await asyncio.sleep(0.05)
+            await response.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            STATE["cancelled"] += 1
+            raise
+        return response
+
+    async def load_lora(request: web.Request):
+        body = await request.json()
+        if not Path(body["lora_path"]).is_dir():
+            return web.json_response({"error": {"message": f"No adapter found for {body['lora_path']}",
+                                                "type": "BadRequestError", "code": 400}}, status=400)
+        STATE["adapters"][body["lora_name"]] = body["lora_path"]
+        return web.Response(text=f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
+
+    async def unload_lora(request: web.Request):
+        body = await request.json()
+        STATE["adapters"].pop(body["lora_name"], None)
+        return web.Response(text=f"Success: LoRA adapter '{body['lora_name']}' removed successfully.")
+
+    async def metrics(_request):
+        text = ("# HELP vllm:num_requests_running Requests running.\n# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{engine="0",model_name="{served}"}} 0.0\n'
+                "# HELP fake_requests Requests seen.\n# TYPE fake_requests counter\n"
+                f"fake_requests_total {STATE['requests']}\n"
+                "# HELP fake_cancelled Streams whose client went away.\n# TYPE fake_cancelled counter\n"
+                f"fake_cancelled_total {STATE['cancelled']}\n")
+        return web.Response(text=text, content_type="text/plain")
+
+    app = web.Application(middlewares=[keyed])
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", models)
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize"):
+        app.router.add_post(path, completions)
+    app.router.add_post("/v1/load_lora_adapter", load_lora)
+    app.router.add_post("/v1/unload_lora_adapter", unload_lora)
+    print("Application startup complete.", flush=True)
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, handler_cancellation=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""vLLM as a deployment's engine, for real (its CPU build, `make vllm`), through a real `manage.py up` and the
+official `openai` client at the console URL only: completions and chat with the model's template, streams,
+echo with logprobs, JSON-schema outputs, tools, /v1/responses, two LoRA adapters loaded at runtime and one
+unloaded, an abandoned stream cancelled in vLLM, a vLLM killed under its replica (failed with its last lines,
+then started again), and two vLLM deployments sharing one simulated GPU in time with no failed request.
+
+vLLM takes about a minute to start on two cores, so one stack serves most of these. The engine behaves the same
+on either database: these run in the first pass only."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from tests.adapter_files import write_adapter
+from tests.e2e.stack import start, wait_for
+
+VLLM_PYTHON = os.environ.get("MODELGRID_VLLM_PYTHON", "")
+pytestmark = [
+    pytest.mark.skipif(not (VLLM_PYTHON and Path(VLLM_PYTHON).exists()),
+                       reason="no vLLM environment (make vllm, then MODELGRID_VLLM_PYTHON=.venv-vllm/bin/python)"),
+    pytest.mark.timeout(900),  # each test may wait out a vLLM start or three on a loaded machine
+    pytest.mark.skipif(os.environ.get("DATABASE_URL", "").startswith("postgres"),
+                       reason="the engine behaves the same on either database: run in the first pass only"),
+]
+START_S = 600  # vLLM's start on a loaded 2-core machine: a bound on what must happen, not a speed
+TOOLS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+GATEWAY_ENV = {"MODELGRID_GATEWAY_QUEUE_WAIT_SECONDS": str(START_S)}  # requests wait out a cold vLLM start
+
+
+@pytest.fixture(scope="module")
+def llama64(tmp_path_factory):
+    """A tiny Llama with 64-wide attention heads (vLLM's CPU attention takes no narrower), and two adapters."""
+    from agent.workers.demo_models import build_tiny_llama_64
+
+    root = tmp_path_factory.mktemp("vllm-models")
+    model = build_tiny_llama_64(root / "llama64")
+    for i in (1, 2):
+        write_adapter(root / f"lora{i}", {f"model.layers.{n}.mlp.up_proj": (8, 128, 256) for n in range(2)}, seed=i)
+    return model
+
+
+def serving(api, name):
+    body = api.get(f"/deployments/{name}").json()
+    return body["serving"] == "ready" and body["replicas"][0]
+
+
+@pytest.fixture(scope="module")
+def vllm_stack(llama64, tmp_path_factory):
+    stack, drop_db = start(tmp_path_factory.mktemp("vllm-data"), gpus="sim:1x24GiB",
+                           MODELGRID_VLLM_PYTHON=VLLM_PYTHON, **GATEWAY_ENV)
+    try:
+        api = stack.api()
+        assert api.post("/models", json={"name": "llama64", "path": str(llama64)}).status_code == 201
+        r = api.post("/deployments", json={"name": "vchat", "model": "llama64", "engine": "vllm",
+                                           "engine_args": TOOLS})
+        assert r.status_code == 201, r.text
+        for i in (1, 2):  # registered before it starts: vLLM starts with LoRA on
+            r = api.post("/adapters", json={"name": f"a{i}", "deployment": "vchat",
+                                            "path": str(llama64.parent / f"lora{i}")})
+            assert r.status_code == 201, r.text
+        wait_for(lambda: serving(api, "vchat") and len(serving(api, "vchat")["adapter_stats"]) == 2, START_S,
+                 interval=1, what="vchat ready with both adapters")
+        yield stack
+    finally:
+        stack.stop()
+        drop_db()
+
+
+def client(stack) -> OpenAI:
+    return OpenAI(base_url=stack.url.rstrip("/") + "/v1", api_key=stack.token, timeout=START_S)
+
+
+def test_the_openai_client_gets_vllms_features_through_the_console(vllm_stack):
+    openai = client(vllm_stack)
+    raw = openai.completions.with_raw_response.create(model="vchat", prompt="hello world", max_tokens=4, echo=True,
+                                                      logprobs=2)
+    assert raw.headers["x-modelgrid-replica"] == "vchat#0"
+    completion = raw.parse()
+    choice = completion.choices[0]
+    assert choice.text.startswith("hello world") and completion.usage.completion_tokens == 4
+    assert choice.logprobs.token_logprobs[0] is None and len(choice.logprobs.tokens) == completion.usage.total_tokens
+
+    chat = openai.chat.completions.create(model="vchat", messages=[{"role": "user", "content": "hi"}], max_tokens=5)
+    assert chat.usage.prompt_tokens > 5  # the model's chat template wrapped the one word
+    chunks = list(openai.chat.completions.create(model="vchat", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=5, stream=True))
+    assert len(chunks) > 2 and chunks[0].model == "vchat" and chunks[-1].choices[0].finish_reason == "length"
+
+    # Structured output holds even with random weights: the engine's grammar decides what may follow.
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    out = openai.chat.completions.create(model="vchat", messages=[{"role": "user", "content": "json"}],
+                                         max_tokens=200, temperature=0,
+                                         response_format={"type": "json_schema",
+                                                          "json_schema": {"name": "n", "schema": schema}})
+    if out.choices[0].finish_reason == "stop":
+        parsed = json.loads(out.choices[0].message.content)
+        assert set(parsed) == {"n"} and isinstance(parsed["n"], int)
+
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    called = openai.chat.completions.create(model="vchat", messages=[{"role": "user", "content": "weather?"}],
+                                            max_tokens=8, tools=tools)  # the deployment's flags took the parser
+    assert called.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+    response = openai.responses.create(model="vchat", input="hello", max_output_tokens=4)
+    assert response.output_text is not None
+    tokens = httpx.post(vllm_stack.url + "tokenize", headers={"Authorization": f"Bearer {vllm_stack.token}"},
+                        json={"model": "vchat", "prompt": "hello world"})
+    assert tokens.status_code == 200 and tokens.json()["count"] == 4
+
+    # vLLM's own refusals come back as they are; v2 tensors are the built-in engine's.
+    with pytest.raises(Exception, match="max_tokens"):
+        openai.completions.create(model="vchat", prompt="x", max_tokens=-3)
+    v2 = httpx.post(vllm_stack.url + "v2/models/vchat/infer", json={"inputs": []},
+                    headers={"Authorization": f"Bearer {vllm_stack.token}"})
+    assert v2.status_code == 400 and "vllm engine" in v2.json()["error"]
+
+
+def test_two_adapters_load_at_runtime_and_one_is_unloaded(vllm_stack):
+    openai = client(vllm_stack)
+    texts = {m: openai.completions.create(model=m, prompt="hello world", max_tokens=6, temperature=0).choices[0].text
+             for m in ("vchat", "a1", "a2")}
+    assert len(set(texts.values())) == 3  # each adapter changes what the base model says
+    api = vllm_stack.api()
+    assert api.delete("/adapters/a2").status_code == 204
+    wait_for(lambda: [a["name"] for a in serving(api, "vchat")["adapter_stats"]] == ["a1"], 60, interval=0.5,
+             what="a2 to be unloaded from vLLM")
+    with pytest.raises(Exception, match="a2"):
+        openai.completions.create(model="a2", prompt="hello", max_tokens=2)
+    assert openai.completions.create(model="a1", prompt="hello world", max_tokens=6,
+                                     temperature=0).choices[0].text == texts["a1"]
+
+
+def generated_tokens(stack) -> float:
+    text = httpx.get(stack.url + "metrics/agents/local", headers={"Authorization": f"Bearer {stack.token}"}).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:generation_tokens_total{"))
+
+
+def test_an_abandoned_stream_is_cancelled_in_vllm(vllm_stack):
+    before = generated_tokens(vllm_stack)
+    with httpx.Client(timeout=60) as http:
+        body = {"model": "vchat", "prompt": "hi", "max_tokens": 240, "ignore_eos": True, "n": 64, "stream": True}
+        with http.stream("POST", vllm_stack.url + "v1/completions", json=body,
+                         headers={"Authorization": f"Bearer {vllm_stack.token}"}) as r:
+            assert r.status_code == 200
+            next(r.iter_lines())
+    time.sleep(5)  # what vLLM would have done by now, had it gone on
+    done = generated_tokens(vllm_stack) - before
+    assert 0 < done < 64 * 240 / 2, done  # it stopped well short of the 15,360 tokens asked for
+
+
+def test_a_killed_vllm_fails_its_replica_with_its_last_lines_and_comes_back(vllm_stack):
+    api = vllm_stack.api()
+    worker = serving(api, "vchat")["pid"]
+    import psutil
+
+    (server,) = [p for p in psutil.Process(worker).children() if "vllm.entrypoints" in " ".join(p.cmdline())]
+    os.kill(server.pid, signal.SIGKILL)
+    failed = wait_for(lambda: (r := api.get("/deployments/vchat").json()["replicas"][0])["state"] == "failed" and r,
+                      60, interval=0.2, what="the replica to be reported failed")
+    assert "vLLM was killed by signal SIGKILL; its last lines:" in failed["observed_reason"]
+    wait_for(lambda: serving(api, "vchat"), START_S, interval=1, what="vchat to be started again")
+    assert client(vllm_stack).completions.create(model="vchat", prompt="hi", max_tokens=2).usage.completion_tokens
+
+
+def test_two_vllm_deployments_share_one_gpu_in_time_with_no_failed_request(llama64, tmp_path):
+    # Room for one vLLM replica (about 3 GiB reserved), not two: each request switches the GPU to its model.
+    stack, drop_db = start(tmp_path / "data", gpus="sim:1x4GiB", MODELGRID_VLLM_PYTHON=VLLM_PYTHON,
+                           MODELGRID_MIN_RESIDENCY_SECONDS="1", **GATEWAY_ENV)
+    try:
+        api = stack.api()
+        assert api.post("/models", json={"name": "llama64", "path": str(llama64)}).status_code == 201
+        for name in ("left", "right"):
+            r = api.post("/deployments", json={"name": name, "model": "llama64", "engine": "vllm",
+                                               "min_replicas": 0, "max_replicas": 1})
+            assert r.status_code == 201, r.text
+        openai = client(stack)
+        answers = [openai.completions.with_raw_response.create(model=name, prompt="hi", max_tokens=3)
+                   for name in ("left", "right", "left")]
+        assert [a.status_code for a in answers] == [200, 200, 200]
+        assert [a.headers["x-modelgrid-replica"] for a in answers] == ["left#0", "right#0", "left#0"]
+        # On CPU vLLM cannot sleep: the replica that made room was stopped, and said why.
+        assert any("vLLM cannot sleep on CPU" in line for line in stack.lines)
+    finally:
+        stack.stop()
+        drop_db()
