@@ -192,7 +192,17 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         drain_timeout=args.drain_timeout,
         vllm_python=args.vllm_python,
     )
-    return asyncio.run(_serve(Agent(config, backend)))
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(_serve(Agent(config, backend)))
+
+
+def _loop_factory():
+    """uvloop where it is installed (every relayed token crosses the agent's loop), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def default_state_dir(name: str, env: dict[str, str] | None = None) -> str:

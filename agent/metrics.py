@@ -198,10 +198,11 @@ class Metrics:
         recent.append((now, seconds, status))
         self._prune(recent, now)
 
-    def token(self, deployment: str, seconds: float, first: bool) -> None:
-        """One generated token, `seconds` after the generation started (first) or after its previous token."""
+    def token(self, deployment: str, seconds: float, first: bool, count: int = 1) -> None:
+        """One generated token, `seconds` after the generation started (first) or after its previous token; or
+        `count` tokens that came together, `seconds` apart on average."""
         (self._first_token if first else self._inter_token).labels(deployment).observe(seconds)
-        self._tokens.labels(deployment).inc()
+        self._tokens.labels(deployment).inc(count)
 
     def cancelled(self, deployment: str, reason: str) -> None:
         """A generation ended early, for one of CANCEL_REASONS."""

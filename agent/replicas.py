@@ -24,11 +24,12 @@ from agent.artifacts import ArtifactError, inspect_model_dir
 from agent.artifacts.model_dir import CAUSAL_LM_SUFFIXES
 from agent.converge import Running, device_for, plan_convergence
 from agent.gpus import GpuBackend
-from agent.protocol import LOADED, ON_DEVICE, DesiredReplica, DesiredState, GpuInfo
+from agent.protocol import ENDED, LOADED, ON_DEVICE, DesiredReplica, DesiredState, GpuInfo
 from agent.restarts import RestartBackoff
 from agent.serving.batching import BatchSettings
 from agent.sleep_budget import Sleeper, fit
 from agent.vllm.launch import launch
+from agent.vllm.leftovers import kill_session
 from agent.workers.errors import InferenceError
 from agent.workers.handle import DEFAULT_INFER_TIMEOUT, DEFAULT_SWAP_TIMEOUT
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
@@ -402,6 +403,8 @@ class Replicas:
         self._notify(handle, False)
         if handle.spec.engine == "vllm" and handle.state not in ("starting", "loading"):
             self._start_deferred(handle.spec.device)
+            if handle.state in ENDED and handle.info.get("pids"):  # its worker is gone: so is all of its vLLM
+                self._spawn(asyncio.to_thread(kill_session, int(handle.info["pids"][0])))
         if handle.state in LOADED:
             self.backoff.ready(rid)  # it loaded: the run of failures is over
         if handle.state in ON_DEVICE and handle.transition is None:

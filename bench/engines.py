@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -26,11 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+import aiohttp  # noqa: E402
 import httpx  # noqa: E402
-from openai import AsyncOpenAI  # noqa: E402
 
 from bench.harness import (  # noqa: E402
     deploy,
+    gateway_secret,
     percentile,
     print_table,
     ready_replica,
@@ -47,51 +49,93 @@ START_S = 900.0
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 
 
-async def stream_once(client: AsyncOpenAI, model: str, max_tokens: int) -> tuple[float, int]:
-    """One streamed completion: (time to its first token, completion tokens by the engine's usage)."""
+async def stream_once(http: aiohttp.ClientSession, url: str, model: str, max_tokens: int) -> tuple[float, int]:
+    """One streamed completion: (time to its first event, completion tokens by the engine's usage). Only the
+    usage event is parsed: at thousands of tokens a second on two cores, a client that parses every event is
+    what gets measured."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 1.0, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True, "min_tokens": max_tokens}
     began = time.monotonic()
     first, tokens = None, 0
-    stream = await client.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens, temperature=1.0,
-                                             stream=True, stream_options={"include_usage": True},
-                                             extra_body={"ignore_eos": True, "min_tokens": max_tokens})
-    async for chunk in stream:
-        if first is None and chunk.choices and chunk.choices[0].text:
-            first = time.monotonic() - began
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
+    async with http.post(url + "/completions", json=body) as response:
+        if response.status != 200:
+            raise RuntimeError(f"{model}: {response.status} {await response.text()}")
+        async for line in response.content:
+            if first is None and line.startswith(b"data:"):
+                first = time.monotonic() - began
+            if b'"usage":{' in line:
+                tokens = json.loads(line[5:])["usage"]["completion_tokens"]
     return first if first is not None else time.monotonic() - began, tokens
 
 
 async def load(base_url: str, key: str, model: str, streams: int, requests: int, max_tokens: int) -> dict:
-    """`streams` clients each sending `requests` streamed completions back to back."""
-    client = AsyncOpenAI(base_url=base_url, api_key=key, timeout=START_S, max_retries=0)
-    await stream_once(client, model, 4)  # warm: the first request pays for compiled kernels and caches
-    ttfts: list[float] = []
-    tokens = 0
+    """`streams` clients each sending `requests` streamed completions back to back, after a round at the same
+    concurrency that is not counted (compiled kernels, caches and connections for that batch size)."""
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=START_S)
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}, connector=connector,
+                                     timeout=timeout) as http:
+        await asyncio.gather(*(stream_once(http, base_url, model, max_tokens) for _ in range(streams)))
+        ttfts: list[float] = []
+        tokens = 0
 
-    async def one_client() -> None:
-        nonlocal tokens
-        for _ in range(requests):
-            ttft, made = await stream_once(client, model, max_tokens)
-            ttfts.append(ttft)
-            tokens += made
+        async def one_client() -> None:
+            nonlocal tokens
+            for _ in range(requests):
+                ttft, made = await stream_once(http, base_url, model, max_tokens)
+                ttfts.append(ttft)
+                tokens += made
 
-    began = time.monotonic()
-    await asyncio.gather(*(one_client() for _ in range(streams)))
-    wall = time.monotonic() - began
-    await client.close()
-    return {"tokens/s": tokens / wall, "ttft p50 ms": 1000 * percentile(ttfts, 50),
-            "ttft p99 ms": 1000 * percentile(ttfts, 99), "requests": len(ttfts), "tokens": tokens}
+        began = time.monotonic()
+        await asyncio.gather(*(one_client() for _ in range(streams)))
+        wall = time.monotonic() - began
+    return {"tokens/s": tokens / wall, "ttft p50 ms": 1000 * percentile(ttfts, 0.5),
+            "ttft p99 ms": 1000 * percentile(ttfts, 0.99), "requests": len(ttfts), "tokens": tokens}
 
 
-def start_direct_vllm(model: Path, name: str, dtype: str, kv_gib: int) -> tuple[subprocess.Popen, str]:
-    """A vLLM server of the same settings as the agent starts, reached without ModelGrid."""
+def cpu_by_role(stack) -> dict[str, float]:
+    """CPU seconds so far of the console, the agent, every vLLM process and the engine's worker, and this client."""
+    import psutil
+
+    roles = {"console": 0.0, "agent": 0.0, "vLLM": 0.0, "built-in worker": 0.0, "client": 0.0}
+    procs = [psutil.Process(stack.proc.pid)] + stack.descendants()
+    procs += [p for p in psutil.process_iter() if p.pid not in {q.pid for q in procs}]
+    for proc in procs:
+        try:
+            line = " ".join(proc.cmdline())
+            used = sum(proc.cpu_times()[:2])
+        except psutil.Error:
+            continue
+        if proc.pid == os.getpid():
+            roles["client"] += used
+        elif "manage.py up" in line:
+            roles["console"] += used
+        elif "-m agent run" in line:
+            roles["agent"] += used
+        elif "vllm" in line.lower() or proc.name().startswith("VLLM"):
+            roles["vLLM"] += used
+        elif "-m agent.workers" in line:
+            roles["built-in worker"] += used
+    return roles
+
+
+def measured(stack, run) -> dict:
+    """`run`'s figures, and the CPU each role spent in it, per 1,000 tokens (ms)."""
+    before = cpu_by_role(stack)
+    result = run()
+    after = cpu_by_role(stack)
+    per = 1e6 / max(result["tokens"], 1)
+    return result | {f"{role} cpu ms/1k tok": (after[role] - before[role]) * per for role in after
+                     if after[role] - before[role] > 0.005}
+
+
+def start_direct_vllm(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """A vLLM server with a replica's own command line and environment (a port of its own, no key), reached
+    without ModelGrid."""
     port = free_port()
-    env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": str(kv_gib), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                        "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    argv = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
-            name, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--disable-uvicorn-access-log"]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    at = argv.index("--port")
+    argv = argv[:at + 1] + [str(port)] + argv[at + 2:]
+    proc = subprocess.Popen(argv, env=os.environ | env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: proc.poll() is not None or _healthy(url), START_S, "the direct vLLM server")
@@ -108,7 +152,11 @@ def _healthy(url: str) -> bool:
 
 
 def first_response(stack, api, name: str) -> float:
-    """Seconds from a request to its answer, the deployment not ready when it was sent."""
+    """Seconds from a request to its answer, the deployment not ready when it was sent (but known to the gateway,
+    whose picture of the fleet follows a new deployment within about a second)."""
+    headers = {"Authorization": f"Bearer {stack.token}"}
+    wait_until(lambda: name in {m["id"] for m in httpx.get(stack.url + "v1/models", headers=headers).json()["data"]},
+               10, f"the gateway to list {name}", interval=0.05)
     began = time.monotonic()
     r = httpx.post(stack.url + "v1/completions", headers={"Authorization": f"Bearer {stack.token}"},
                    json={"model": name, "prompt": "hi", "max_tokens": 1}, timeout=START_S)
@@ -121,7 +169,7 @@ def main() -> int:
     parser.add_argument("--model", type=Path, default=None, help="a causal LM directory (default: tiny-llama-64)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--requests", type=int, default=4, help="requests per stream (default 4)")
+    parser.add_argument("--requests", type=int, default=16, help="requests per stream (default 16)")
     parser.add_argument("--streams", default="1,32")
     parser.add_argument("--gpus", default="sim:2x24GiB")
     parser.add_argument("--quick", action="store_true")
@@ -145,28 +193,45 @@ def main() -> int:
             register(api, "m", model)
             cold = {}
             for name, engine in (("builtin", "torch"), ("vllm", "vllm")):
-                deploy(api, name, "m", engine=engine, dtype=args.dtype, min_replicas=0, max_replicas=1,
-                       idle_timeout_s=5)
+                deploy(api, name, "m", engine=engine, dtype=args.dtype, min_replicas=0, max_replicas=1)
                 cold[name] = first_response(stack, api, name)
                 say(f"{name}: first response {cold[name]:.1f} s after its deployment was created")
-            replica = wait_until(lambda: ready_replica(api, "vllm"), START_S, "vllm ready")
-            kv_gib = int(_vllm_env(replica["pid"]).get("VLLM_CPU_KVCACHE_SPACE", "1"))
+            argv, env = _vllm_server(wait_until(lambda: ready_replica(api, "vllm"), START_S, "vllm ready")["pid"])
             base = stack.url.rstrip("/") + "/v1"
+            # The agent alone, with its host's secret: what the console's hop costs, apart from the agent's.
+            agent = next(h["endpoint"] for h in api.get("/hosts").json() if h["name"] == "local") + "/v1"
+            secret = gateway_secret(stack)
             rows = []
-            direct, direct_url = start_direct_vllm(model, "vllm", args.dtype, kv_gib)
+            for label, url, key, name in (("built-in, console", base, stack.token, "builtin"),
+                                          ("vLLM, console", base, stack.token, "vllm"),
+                                          ("vLLM, agent only", agent, secret, "vllm")):
+                for n in streams:
+                    say(f"{label}: {n} stream(s) x {args.requests} requests of {args.max_tokens} tokens")
+                    result = measured(stack, lambda n=n, url=url, key=key, name=name: asyncio.run(
+                        load(url, key, name, n, args.requests, args.max_tokens)))
+                    rows.append({"engine, path": label, "streams": n} | result)
+            # The same server alone: the replica's vLLM gone first, so that one vLLM runs at a time.
+            api.patch("/deployments/vllm", json={"min_replicas": 0, "max_replicas": 0})
+            wait_until(lambda: not _vllm_running(), 120, "the replica's vLLM to stop", interval=0.5)
+            direct, direct_url = start_direct_vllm(argv, env)
             try:
                 for n in streams:
-                    for label, url, key, name in (("built-in, console", base, stack.token, "builtin"),
-                                                  ("vLLM, console", base, stack.token, "vllm"),
-                                                  ("vLLM, direct", direct_url + "/v1", "unused", "vllm")):
-                        say(f"{label}: {n} stream(s) x {args.requests} requests of {args.max_tokens} tokens")
-                        result = asyncio.run(load(url, key, name, n, args.requests, args.max_tokens))
-                        rows.append({"engine, path": label, "streams": n} | result)
+                    say(f"vLLM, direct: {n} stream(s) x {args.requests} requests of {args.max_tokens} tokens")
+                    result = measured(stack, lambda n=n: asyncio.run(
+                        load(direct_url + "/v1", "unused", "vllm", n, args.requests, args.max_tokens)))
+                    rows.append({"engine, path": "vLLM, direct", "streams": n} | result)
             finally:
                 os.killpg(direct.pid, 15)
                 direct.wait(30)
+            rows.sort(key=lambda r: r["streams"])
+            main_keys = ("engine, path", "streams", "tokens/s", "ttft p50 ms", "ttft p99 ms", "requests", "tokens")
             print_table(f"Streams of {args.max_tokens} tokens ({args.requests} per stream), {model.name}, "
-                        f"{args.dtype}", rows, notes=("tokens from the engines' usage; ttft: to the first text",))
+                        f"{args.dtype}", [{k: r[k] for k in main_keys} for r in rows],
+                        notes=("tokens from the engines' usage; ttft: to the first event",))
+            roles = ("console", "agent", "vLLM", "built-in worker", "client")
+            print_table("Where the CPU went (ms of CPU per 1,000 tokens)", [
+                {"engine, path": r["engine, path"], "streams": r["streams"]}
+                | {role: r.get(f"{role} cpu ms/1k tok", 0.0) for role in roles} for r in rows])
             share = [(n, next(r for r in rows if r["streams"] == n and r["engine, path"] == "vLLM, console"),
                       next(r for r in rows if r["streams"] == n and r["engine, path"] == "vLLM, direct"))
                      for n in streams]
@@ -175,9 +240,11 @@ def main() -> int:
                  "lost %": 100 * (1 - c["tokens/s"] / d["tokens/s"]) if d["tokens/s"] else None}
                 for n, c, d in share])
             idle = {}
+            api.patch("/deployments/vllm", json={"max_replicas": 1})
             for name in ("builtin", "vllm"):
-                wait_until(lambda n=name: ready_replica(api, n) is None, 120 + START_S, f"{name} to leave its GPU",
-                           interval=0.5)
+                api.patch(f"/deployments/{name}", json={"idle_timeout_s": 2})
+                wait_until(lambda n=name: ready_replica(api, n) is None and not (n == "vllm" and _vllm_running()),
+                           120, f"{name} to leave its GPU", interval=0.5)
                 idle[name] = first_response(stack, api, name)
             print_table("Time to first response", [
                 {"engine": "built-in", "cold start s": cold["builtin"], "after idle s": idle["builtin"],
@@ -187,14 +254,23 @@ def main() -> int:
     return 0
 
 
-def _vllm_env(pid: int) -> dict[str, str]:
-    """The environment of the vLLM server under a replica's worker (its KV cache space, to match it directly)."""
+def _vllm_server(pid: int) -> tuple[list[str], dict[str, str]]:
+    """The command line and the environment ModelGrid gave the vLLM server under a replica's worker (its key left
+    out)."""
     import psutil
 
     for child in psutil.Process(pid).children():
         if "vllm.entrypoints" in " ".join(child.cmdline()):
-            return child.environ()
-    return {}
+            env = {k: v for k, v in child.environ().items() if k.startswith(("VLLM_", "OMP_", "CUDA_"))
+                   and k != "VLLM_API_KEY"}
+            return child.cmdline(), env
+    raise RuntimeError(f"no vLLM server under worker {pid}")
+
+
+def _vllm_running() -> bool:
+    import psutil
+
+    return any("vllm.entrypoints" in " ".join(p.info["cmdline"] or ()) for p in psutil.process_iter(["cmdline"]))
 
 if __name__ == "__main__":
     sys.exit(main())

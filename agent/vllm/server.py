@@ -165,14 +165,22 @@ class VllmServer:
     def stop(self) -> None:
         """SIGTERM to vLLM's whole session, SIGKILL after a grace period."""
         self.stopping = True
-        if self.process is None or self.process.poll() is not None:
+        if self.process is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(STOP_GRACE)
-        except subprocess.TimeoutExpired:
+        if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill_rest()
+
+    def kill_rest(self) -> None:
+        """SIGKILL whatever of vLLM's session is left: its engine core and workers outlive an API server that was
+        killed outright, holding their memory."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
@@ -271,7 +279,9 @@ class VllmModel:
         assert self.server.process is not None
         self.server.process.wait()
         if not self.server.stopping:
-            failed(str(self.server.exited()))
+            reason = str(self.server.exited())
+            self.server.kill_rest()
+            failed(reason)
 
 
 def load(spec: WorkerSpec, progress: Callable[[int, int], Any] | None = None, artifact: Any = None) -> VllmModel:

@@ -183,16 +183,22 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
     unserved = None  # a first replica's agent refused it untouched: its answer, should no other replica take it
     for attempt in range(2):
         replica = gw.pick(dep, adapter, tried)
-        if replica is None:
-            if attempt == 0:  # every ready replica is suspect: wait for the fleet to say more
+        if replica is None and (attempt == 0 or unserved is not None):
+            # Every ready replica is suspect, or the one tried does not serve now (asleep, draining): wait in the
+            # deployment's queue while the scheduler wakes or places one, as for a model that was not ready.
+            try:
                 dep, more = await gw.ready_view(dep.name)
-                queue_s += more
-                replica = gw.pick(dep, adapter, tried)
-            if replica is None and unserved is not None:
+            except Refused:
+                if unserved is None:
+                    raise
+                break  # waited in vain: the agent's own refusal says why
+            queue_s += more
+            replica = gw.pick(dep, adapter, tried if unserved is None else frozenset())
+        if replica is None:
+            if unserved is not None:
                 break
-            if replica is None:
-                raise Refused(503, f"no ready replica of model {dep.name!r} could be reached", retry_after=2,
-                              code="model_not_ready")
+            raise Refused(503, f"no ready replica of model {dep.name!r} could be reached", retry_after=2,
+                          code="model_not_ready")
         tried.add(replica.id)
         headers = {"x-modelgrid-replica": replica.label, "x-modelgrid-queue-ms": f"{1000 * queue_s:.1f}"}
         with gw.in_flight(dep, replica):
@@ -205,8 +211,11 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
             if content is None:
                 return _stream(gw, dep, adapter, upstream_response, headers, arrived, replica)
             if attempt == 0 and upstream_response.status == 503 and UNSERVED_HEADER in upstream_response.headers:
-                unserved = upstream_response, content  # none of it serves there now (draining, asleep): nothing
-                continue  # ran, so another replica may take it
+                # None of it serves there now (draining, asleep): nothing ran, so another replica may take it, and the
+                # gateway's picture of this one is behind.
+                unserved = upstream_response, content
+                gw.suspect(replica)
+                continue
         return _answer(upstream_response, content, headers)
     if unserved is not None:
         return _answer(*unserved, headers)

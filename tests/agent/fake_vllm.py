@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -44,6 +45,9 @@ def main() -> None:
     key = os.environ.get("VLLM_API_KEY", "")
     print(f"fake vLLM for {args.model} as {args.served_model_name}; args {' '.join(rest)}", flush=True)
     print("Loading weights took 0.00 seconds", flush=True)
+    # vLLM's engine core: a process of its own in the server's session, which outlives a server killed outright.
+    core = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "fake-vllm-engine-core"])
+    print(f"engine core pid {core.pid}", flush=True)
     served = args.served_model_name
 
     @web.middleware

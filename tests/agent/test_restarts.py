@@ -38,8 +38,8 @@ async def test_a_restart_called_off_leaves_no_coroutine_behind():
 
     replicas = Replicas(ReplicaSettings(restart_backoff_min=30, restart_backoff_max=60),
                         SimulatedBackend("sim:1x24GiB", host="h"), lambda handle, progress: None)
-    crashed = SimpleNamespace(spec=SimpleNamespace(replica_id=7), pid=4242, state="failed", reason="killed",
-                              measurement=None, transition=None)
+    crashed = SimpleNamespace(spec=SimpleNamespace(replica_id=7, engine="torch"), pid=4242, state="failed",
+                              reason="killed", measurement=None, transition=None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         replicas._on_change(crashed)

@@ -138,9 +138,25 @@ async def test_a_vllm_that_dies_fails_its_replica_with_its_last_lines_and_is_sta
     failed = await console.expect(ReplicaStatus, replica_id=7, state="failed", timeout=20)
     assert failed.reason.startswith("vLLM was killed by signal SIGKILL; its last lines:")
     assert "Application startup complete." in failed.reason
+    core = int(failed.reason.split("engine core pid ")[1].split()[0])
+    gone = await asyncio.to_thread(psutil.wait_procs, [psutil.Process(core)] if psutil.pid_exists(core) else [], 10)
+    assert gone[1] == []  # what the server started went with it
     again = await console.expect(ReplicaStatus, replica_id=7, state="ready", timeout=START_S)
     assert again.pid != ready.pid and agent.supervisor.get(7).info["pids"][0] != vllm_pid
     assert not psutil.pid_exists(ready.pid) or psutil.Process(ready.pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_a_worker_killed_outright_takes_all_of_its_vllm_with_it(console, run_agent, tmp_path):
+    agent, ready = await start_vllm_replica(console, run_agent, tmp_path)
+    server = psutil.Process(agent.supervisor.get(7).info["pids"][0])
+    engine = server.children(recursive=True)  # the stand-in's engine core, in the server's session
+    assert engine
+    os.kill(ready.pid, signal.SIGKILL)
+    failed = await console.expect(ReplicaStatus, replica_id=7, state="failed", timeout=20)
+    assert "killed by signal SIGKILL" in failed.reason
+    gone = await asyncio.to_thread(psutil.wait_procs, [server, *engine], timeout=10)
+    assert gone[1] == []  # the kernel took the server with its worker; the agent took the rest
+    await console.expect(ReplicaStatus, replica_id=7, state="ready", timeout=START_S)
 
 
 async def test_a_stopped_vllm_replica_leaves_no_process(console, run_agent, tmp_path):

@@ -16,11 +16,13 @@ HEADER = "Inference-Header-Content-Length"
 
 
 @pytest.fixture(scope="module")
-def binary_models(stack, tiny_llama):
-    """Deployments bin-llama (tiny-llama) and bin-bert (tiny-bert), ready; removed afterwards."""
-    from agent.workers.demo_models import build_tiny_bert
+def binary_models(stack, tmp_path_factory):
+    """Deployments bin-llama (tiny-llama) and bin-bert (tiny-bert), ready; removed afterwards. Their own copies,
+    outside the stack's model store: the store's tiny-llama is the browser tests' to register."""
+    from agent.workers.demo_models import build_tiny_bert, build_tiny_llama
 
-    tiny_bert = build_tiny_bert(tiny_llama.parent / "bin-tiny-bert")
+    root = tmp_path_factory.mktemp("binary-models")
+    tiny_llama, tiny_bert = build_tiny_llama(root / "tiny-llama"), build_tiny_bert(root / "tiny-bert")
     api = stack.api()
     for name, path in (("bin-llama", tiny_llama), ("bin-bert", tiny_bert)):
         assert api.post("/models", json={"name": name, "path": str(path)}).status_code == 201

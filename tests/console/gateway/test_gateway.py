@@ -217,14 +217,41 @@ async def test_a_replica_whose_agent_refuses_it_untouched_is_retried_once_elsewh
     # refuses new requests before running them, so the other replica takes them and no client sees a 503.
     agents, hosts, token = fleet
     agents[0].draining = True
-    gateway = _gateway()
+    gateway = _gateway(queue_wait_s=0.5)
     async with _client(gateway, token) as client:
         answers = [await client.post("/v2/models/chat/infer", json=INFER) for _ in range(6)]
-        agents[1].draining = True  # no replica left to take it: the agent's own answer, reason and all
+        # No replica left to take it: it waits in the queue for one, and past the wait gets the agent's own
+        # answer, reason and all.
+        agents[1].draining = True
         refused = await client.post("/v2/models/chat/infer", json=INFER)
     await gateway.close()
     assert [r.status_code for r in answers] == [200] * 6 and {r.json()["agent"] for r in answers} == {"h2"}
     assert refused.status_code == 503 and "draining" in refused.json()["error"]
+
+
+async def test_a_request_that_finds_its_only_replica_asleep_waits_for_it_to_wake(fleet):
+    # The gateway's picture lags: it sends to a replica its agent has just put to sleep. The request waits in the
+    # deployment's queue while the scheduler wakes it, as for a model that was not ready, instead of a 503.
+    agents, hosts, token = fleet
+    await sync_to_async(Replica.objects.filter(host=hosts[1]).delete)()
+    agents[0].draining = True
+    gateway = _gateway()
+    async with _client(gateway, token) as client:
+        request = asyncio.ensure_future(client.post("/v2/models/chat/infer", json=INFER))
+        for _ in range(200):
+            if agents[0].seen or request.done():
+                break
+            await asyncio.sleep(0.02)
+        rows = Replica.objects.filter(host=hosts[0])
+        await sync_to_async(rows.update)(observed_state="sleeping")
+        await gateway.refresh()
+        agents[0].draining = False
+        await sync_to_async(rows.update)(observed_state="ready")  # woken
+        await gateway.refresh()
+        answer = await asyncio.wait_for(request, 10)
+    await gateway.close()
+    assert answer.status_code == 200, answer.text
+    assert len(agents[0].seen) == 2 and float(answer.headers["x-modelgrid-queue-ms"]) > 0
 
 
 async def test_a_client_that_goes_away_cancels_the_upstream_request(fleet):
