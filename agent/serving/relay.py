@@ -57,9 +57,12 @@ async def relay(request: web.Request, dispatcher: Dispatcher, route: Route, body
             raise NotReady(f"replica {replica.spec.replica_id} of {route.deployment!r}: its vLLM server cannot be "
                            f"reached ({e or type(e).__name__})") from e
         try:
-            return await _answer(request, upstream, TokenTimes(dispatcher.metrics, route.deployment))
-        finally:
+            answer = await _answer(request, upstream, TokenTimes(dispatcher.metrics, route.deployment))
+        except BaseException:
             upstream.close()  # not back to the pool: a client gone mid-stream must drop vLLM's connection
+            raise
+        upstream.release()  # answered whole: its connection serves the next request (vLLM pays for each new one)
+        return answer
     finally:
         replica.picked -= 1
 
