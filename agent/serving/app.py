@@ -35,6 +35,7 @@ from agent.serving.dispatch import (
     describe,
     not_ready_text,
     picked_replica,
+    runs_vllm,
 )
 from agent.serving.engine_metrics import engine_metrics
 from agent.serving.openai import add_openai_routes, openai_error, unserved_mark
@@ -241,7 +242,7 @@ async def _stream_json(request: web.Request, pieces: Iterator[bytes]) -> web.Str
 
 def _v2_engine(name: str, replicas: tuple[Any, ...]) -> None:
     """v2 tensors are the built-in engine's: a model on vLLM is served through /v1 only."""
-    if any(getattr(h.spec, "engine", "torch") == "vllm" for h in replicas):
+    if any(runs_vllm(h) for h in replicas):
         raise BadInput(f"model {name!r} runs on the vllm engine, which serves /v1 (completions, chat, responses) "
                        "and not v2 tensors", code="unsupported_by_engine")
 

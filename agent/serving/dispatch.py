@@ -316,9 +316,14 @@ def picked_replica(request: web.Request) -> int | None:
     return int(value)
 
 
+def runs_vllm(handle: Any) -> bool:
+    """Whether a replica runs on vLLM (fakes without an engine run the built-in one)."""
+    return getattr(handle.spec, "engine", "torch") == "vllm"
+
+
 def engine_of(route: Route) -> str:
     """The engine that serves the route's replicas: "vllm" when they run on vLLM, else "torch"."""
-    return "vllm" if any(getattr(h.spec, "engine", "torch") == "vllm" for h in route.replicas) else "torch"
+    return "vllm" if any(runs_vllm(h) for h in route.replicas) else "torch"
 
 
 def _forward(replica: Any) -> RunBatch:

@@ -120,23 +120,19 @@ async def vllm_only(request: web.Request) -> web.StreamResponse:
     """An endpoint only vLLM serves (/v1/responses, /tokenize, /detokenize): relayed to a vLLM replica, refused
     for one of the built-in engine, naming it."""
     body = await _body(request)
-    relayed = await _relayed(request, body)
+    route = _route(request, body)
+    relayed = await _relayed(request, body, route)
     if relayed is not None:
         return relayed
-    name = body.get("model")
-    raise BadInput(f"model {name!r} runs on the built-in engine, which does not serve {request.path}; deploy it "
-                   "with engine 'vllm' for that", code="unsupported_by_engine")
+    raise BadInput(f"model {route.name!r} runs on the built-in engine, which does not serve {request.path}; deploy "
+                   "it with engine 'vllm' for that", code="unsupported_by_engine")
 
 
-async def _relayed(request: web.Request, body: dict[str, Any]) -> web.StreamResponse | None:
+async def _relayed(request: web.Request, body: dict[str, Any], route: Route) -> web.StreamResponse | None:
     """The answer of the vLLM replica the request is for, passed through; None for the built-in engine's."""
-    dispatcher = request.config_dict[DISPATCHER]
-    name = body.get("model")
-    if not isinstance(name, str) or not name:
-        raise BadInput("'model' must name a model (GET /v1/models lists them)", param="model")
-    route = dispatcher.route(name, replica_id=picked_replica(request))
     if engine_of(route) != "vllm":
         return None
+    dispatcher = request.config_dict[DISPATCHER]
     with dispatcher.observe(route) as seen:
         response = await relay(request, dispatcher, route, body, request.path)
         seen.status = response.status
@@ -146,9 +142,10 @@ async def _relayed(request: web.Request, body: dict[str, Any]) -> web.StreamResp
 async def embeddings(request: web.Request) -> web.Response:
     dispatcher = request.config_dict[DISPATCHER]
     body = await _body(request)
-    if (relayed := await _relayed(request, body)) is not None:
+    route = _route(request, body)
+    if (relayed := await _relayed(request, body, route)) is not None:
         return relayed
-    route = _route(request, body, "encoder", "/v1/embeddings needs an encoder model; use /v1/completions")
+    _check_task(route, "encoder", "/v1/embeddings needs an encoder model; use /v1/completions")
     encoding_format = body.get("encoding_format") or "float"
     if encoding_format not in ("float", "base64"):
         raise BadInput("'encoding_format' must be 'float' or 'base64'", param="encoding_format")
@@ -185,9 +182,10 @@ async def embeddings(request: web.Request) -> web.Response:
 async def completions(request: web.Request) -> web.StreamResponse:
     dispatcher = request.config_dict[DISPATCHER]
     body = await _body(request)
-    if (relayed := await _relayed(request, body)) is not None:
+    route = _route(request, body)
+    if (relayed := await _relayed(request, body, route)) is not None:
         return relayed
-    route = _route(request, body, "causal-lm", "/v1/completions needs a causal language model")
+    _check_task(route, "causal-lm", "/v1/completions needs a causal language model")
     with dispatcher.observe(route):
         _refuse_unsupported({name: value for name, value in body.items() if name != "echo"})
         echo = body.get("echo")
@@ -224,9 +222,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     """The model's chat template turns `messages` into its prompt; the answer is the assistant's message."""
     dispatcher = request.config_dict[DISPATCHER]
     body = await _body(request)
-    if (relayed := await _relayed(request, body)) is not None:
+    route = _route(request, body)
+    if (relayed := await _relayed(request, body, route)) is not None:
         return relayed
-    route = _route(request, body, "causal-lm", "/v1/chat/completions needs a causal language model")
+    _check_task(route, "causal-lm", "/v1/chat/completions needs a causal language model")
     with dispatcher.observe(route):
         _refuse_unsupported(body)
         codec = await _codec(request, route, truncate=False)
@@ -413,14 +412,18 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _route(request: web.Request, body: dict[str, Any], task: str, hint: str) -> Route:
+def _route(request: web.Request, body: dict[str, Any]) -> Route:
+    """The replicas `model` names (the one the gateway picked, when it names one)."""
     name = body.get("model")
     if not isinstance(name, str) or not name:
         raise BadInput("'model' must name a model (GET /v1/models lists them)", param="model")
-    route = request.config_dict[DISPATCHER].route(name, replica_id=picked_replica(request))
+    return request.config_dict[DISPATCHER].route(name, replica_id=picked_replica(request))
+
+
+def _check_task(route: Route, task: str, hint: str) -> None:
+    """The built-in engine serves each endpoint for one task (vLLM answers for itself)."""
     if route.task != task:
-        raise BadInput(f"model {name!r} is {TASK_NAMES.get(route.task, route.task)}: {hint}", param="model")
-    return route
+        raise BadInput(f"model {route.name!r} is {TASK_NAMES.get(route.task, route.task)}: {hint}", param="model")
 
 
 async def _codec(request: web.Request, route: Route, *, truncate: bool) -> TextCodec:
