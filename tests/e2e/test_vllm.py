@@ -118,7 +118,7 @@ def test_the_openai_client_gets_vllms_features_through_the_console(vllm_stack):
     assert called.choices[0].finish_reason in ("length", "stop", "tool_calls")
 
     response = openai.responses.create(model="vchat", input="hello", max_output_tokens=4)
-    assert response.output_text is not None
+    assert response.usage.output_tokens == 4 and response.output_text
     tokens = httpx.post(vllm_stack.url + "tokenize", headers={"Authorization": f"Bearer {vllm_stack.token}"},
                         json={"model": "vchat", "prompt": "hello world"})
     assert tokens.status_code == 200 and tokens.json()["count"] == 4
