@@ -1,14 +1,17 @@
 """The built-in engine and vLLM, side by side on the same model: streamed completions at 1 and 32 concurrent
 streams (tokens/s from the engines' own `usage`, time to first token p50/p99), for the built-in engine through the
-console, for vLLM through the console and for a vLLM server of the same settings reached directly; then the time
+console, and for vLLM through the console, through its agent alone and reached directly; then the time
 to first response after a cold start and after an idle spell (the built-in engine wakes from host memory; vLLM
 on CPU cannot sleep, so it starts again). No assertions on timings: it prints tables.
 
     make vllm && .venv/bin/python bench/engines.py                 # the tiny 64-wide Llama, ~5 minutes
     .venv/bin/python bench/engines.py --model DIR --dtype bfloat16   # another causal LM (on a GPU host, CUDA vLLM)
     .venv/bin/python bench/engines.py --quick                       # fewer requests
+    .venv/bin/python bench/engines.py --pin --streams 32            # vLLM on a core of its own
 
-The gateway's share of a vLLM stream is the throughput lost between direct and through the console.
+The gateway's share of a vLLM stream is the throughput lost between the replica's vLLM server reached directly
+and through the console, the paths taking turns on the same server. `--pin` gives vLLM a core of its own, as a GPU
+gives it its own compute on a GPU host; without it, on a small machine the relays and vLLM fight for cores.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
+import statistics
 import sys
 import tempfile
 import time
@@ -41,7 +44,6 @@ from bench.harness import (  # noqa: E402
     say,
     wait_until,
 )
-from tests.e2e.stack import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = os.environ.get("MODELGRID_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
@@ -89,8 +91,7 @@ async def load(base_url: str, key: str, model: str, streams: int, requests: int,
         began = time.monotonic()
         await asyncio.gather(*(one_client() for _ in range(streams)))
         wall = time.monotonic() - began
-    return {"tokens/s": tokens / wall, "ttft p50 ms": 1000 * percentile(ttfts, 0.5),
-            "ttft p99 ms": 1000 * percentile(ttfts, 0.99), "requests": len(ttfts), "tokens": tokens}
+    return {"tokens/s": tokens / wall, "ttfts": ttfts, "tokens": tokens}
 
 
 def cpu_by_role(stack) -> dict[str, float]:
@@ -129,28 +130,6 @@ def measured(stack, run) -> dict:
                      if after[role] - before[role] > 0.005}
 
 
-def start_direct_vllm(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    """A vLLM server with a replica's own command line and environment (a port of its own, no key), reached
-    without ModelGrid."""
-    port = free_port()
-    at = argv.index("--port")
-    argv = argv[:at + 1] + [str(port)] + argv[at + 2:]
-    proc = subprocess.Popen(argv, env=os.environ | env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: proc.poll() is not None or _healthy(url), START_S, "the direct vLLM server")
-    if proc.poll() is not None:
-        raise RuntimeError(f"the direct vLLM server exited with {proc.returncode}")
-    return proc, url
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def first_response(stack, api, name: str) -> float:
     """Seconds from a request to its answer, the deployment not ready when it was sent (but known to the gateway,
     whose picture of the fleet follows a new deployment within about a second)."""
@@ -172,6 +151,9 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=16, help="requests per stream (default 16)")
     parser.add_argument("--streams", default="1,32")
     parser.add_argument("--gpus", default="sim:2x24GiB")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of vLLM's three paths (default 3)")
+    parser.add_argument("--pin", action="store_true", help="vLLM on the last core, the rest on the others (and "
+                        "vLLM's CPU workers at one thread each)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -188,7 +170,8 @@ def main() -> int:
             model = build_tiny_llama_64(Path(tmp) / "tiny-llama-64")
         roots = {"MODELGRID_MODEL_ROOTS": f"{tmp}:{model.resolve().parent}",
                  "MODELGRID_VLLM_PYTHON": VLLM_PYTHON, "MODELGRID_GATEWAY_QUEUE_WAIT_SECONDS": str(int(START_S))}
-        with running_stack(Path(tmp) / "data", args.gpus, args=("--sleep-budget", "8GiB"), **roots) as stack:
+        up_args = ("--sleep-budget", "8GiB") + (("--cpu-threads", "1") if args.pin else ())
+        with running_stack(Path(tmp) / "data", args.gpus, args=up_args, **roots) as stack:
             api = stack.api()
             register(api, "m", model)
             cold = {}
@@ -196,51 +179,53 @@ def main() -> int:
                 deploy(api, name, "m", engine=engine, dtype=args.dtype, min_replicas=0, max_replicas=1)
                 cold[name] = first_response(stack, api, name)
                 say(f"{name}: first response {cold[name]:.1f} s after its deployment was created")
-            argv, env = _vllm_server(wait_until(lambda: ready_replica(api, "vllm"), START_S, "vllm ready")["pid"])
+            direct_url, direct_key = _vllm_server(wait_until(lambda: ready_replica(api, "vllm"), START_S,
+                                                             "vllm ready")["pid"])
             base = stack.url.rstrip("/") + "/v1"
             # The agent alone, with its host's secret: what the console's hop costs, apart from the agent's.
             agent = next(h["endpoint"] for h in api.get("/hosts").json() if h["name"] == "local") + "/v1"
-            secret = gateway_secret(stack)
-            rows = []
-            for label, url, key, name in (("built-in, console", base, stack.token, "builtin"),
-                                          ("vLLM, console", base, stack.token, "vllm"),
-                                          ("vLLM, agent only", agent, secret, "vllm")):
-                for n in streams:
-                    say(f"{label}: {n} stream(s) x {args.requests} requests of {args.max_tokens} tokens")
-                    result = measured(stack, lambda n=n, url=url, key=key, name=name: asyncio.run(
-                        load(url, key, name, n, args.requests, args.max_tokens)))
-                    rows.append({"engine, path": label, "streams": n} | result)
-            # The same server alone: the replica's vLLM gone first, so that one vLLM runs at a time.
-            api.patch("/deployments/vllm", json={"min_replicas": 0, "max_replicas": 0})
-            wait_until(lambda: not _vllm_running(), 120, "the replica's vLLM to stop", interval=0.5)
-            direct, direct_url = start_direct_vllm(argv, env)
-            try:
-                for n in streams:
-                    say(f"vLLM, direct: {n} stream(s) x {args.requests} requests of {args.max_tokens} tokens")
-                    result = measured(stack, lambda n=n: asyncio.run(
-                        load(direct_url + "/v1", "unused", "vllm", n, args.requests, args.max_tokens)))
-                    rows.append({"engine, path": "vLLM, direct", "streams": n} | result)
-            finally:
-                os.killpg(direct.pid, 15)
-                direct.wait(30)
-            rows.sort(key=lambda r: r["streams"])
+            paths = (("vLLM, direct", direct_url + "/v1", direct_key),
+                     ("vLLM, agent only", agent, gateway_secret(stack)), ("vLLM, console", base, stack.token))
+            runs: dict[tuple[str, int], list[dict]] = {}
+            for n in streams:
+                runs[("built-in, console", n)] = [measured(stack, lambda n=n: asyncio.run(
+                    load(base, stack.token, "builtin", n, args.requests, args.max_tokens)))]
+            if args.pin:
+                pin_vllm()
+            # One vLLM server, its three paths in turns (the order rotating each round): the machine's drift
+            # falls on all three alike, and each round's console/direct pair is one estimate of the share.
+            for n in streams:
+                for r in range(args.rounds):
+                    for label, url, key in paths[r % 3:] + paths[:r % 3]:
+                        say(f"{label}: {n} stream(s) x {args.requests} requests of {args.max_tokens} tokens, "
+                            f"round {r + 1}/{args.rounds}")
+                        result = measured(stack, lambda n=n, url=url, key=key: asyncio.run(
+                            load(url, key, "vllm", n, args.requests, args.max_tokens)))
+                        runs.setdefault((label, n), []).append(result)
+            rows = sorted((pooled(label, n, results) for (label, n), results in runs.items()),
+                          key=lambda r: r["streams"])
             main_keys = ("engine, path", "streams", "tokens/s", "ttft p50 ms", "ttft p99 ms", "requests", "tokens")
             print_table(f"Streams of {args.max_tokens} tokens ({args.requests} per stream), {model.name}, "
-                        f"{args.dtype}", [{k: r[k] for k in main_keys} for r in rows],
-                        notes=("tokens from the engines' usage; ttft: to the first event",))
+                        f"{args.dtype}" + (", vLLM pinned to its own core" if args.pin else ""),
+                        [{k: r[k] for k in main_keys} for r in rows],
+                        notes=("tokens from the engines' usage; ttft: to the first event; tokens/s: the median "
+                               f"of {args.rounds} rounds for vLLM",))
             roles = ("console", "agent", "vLLM", "built-in worker", "client")
             print_table("Where the CPU went (ms of CPU per 1,000 tokens)", [
                 {"engine, path": r["engine, path"], "streams": r["streams"]}
                 | {role: r.get(f"{role} cpu ms/1k tok", 0.0) for role in roles} for r in rows])
-            share = [(n, next(r for r in rows if r["streams"] == n and r["engine, path"] == "vLLM, console"),
-                      next(r for r in rows if r["streams"] == n and r["engine, path"] == "vLLM, direct"))
-                     for n in streams]
-            print_table("The gateway's share of a vLLM stream", [
-                {"streams": n, "direct tokens/s": d["tokens/s"], "console tokens/s": c["tokens/s"],
-                 "lost %": 100 * (1 - c["tokens/s"] / d["tokens/s"]) if d["tokens/s"] else None}
-                for n, c, d in share])
+            share = []
+            for n in streams:
+                lost = sorted(100 * (1 - c["tokens/s"] / d["tokens/s"])
+                              for c, d in zip(runs[("vLLM, console", n)], runs[("vLLM, direct", n)], strict=True))
+                share.append({"streams": n, "direct tokens/s": statistics.median(
+                    d["tokens/s"] for d in runs[("vLLM, direct", n)]),
+                    "console tokens/s": statistics.median(c["tokens/s"] for c in runs[("vLLM, console", n)]),
+                    "lost % (median)": statistics.median(lost), "lost % (min..max)": f"{lost[0]:.1f}..{lost[-1]:.1f}"})
+            print_table("The gateway's share of a vLLM stream (each round's console run against its direct run)",
+                        share)
+            unpin()
             idle = {}
-            api.patch("/deployments/vllm", json={"max_replicas": 1})
             for name in ("builtin", "vllm"):
                 api.patch(f"/deployments/{name}", json={"idle_timeout_s": 2})
                 wait_until(lambda n=name: ready_replica(api, n) is None and not (n == "vllm" and _vllm_running()),
@@ -254,17 +239,76 @@ def main() -> int:
     return 0
 
 
-def _vllm_server(pid: int) -> tuple[list[str], dict[str, str]]:
-    """The command line and the environment ModelGrid gave the vLLM server under a replica's worker (its key left
-    out)."""
+def _vllm_server(pid: int) -> tuple[str, str]:
+    """The URL and key of the vLLM server under a replica's worker: reached directly, it is the same server the
+    gateway's paths reach."""
     import psutil
 
     for child in psutil.Process(pid).children():
-        if "vllm.entrypoints" in " ".join(child.cmdline()):
-            env = {k: v for k, v in child.environ().items() if k.startswith(("VLLM_", "OMP_", "CUDA_"))
-                   and k != "VLLM_API_KEY"}
-            return child.cmdline(), env
+        line = child.cmdline()
+        if "vllm.entrypoints" in " ".join(line):
+            return f"http://127.0.0.1:{line[line.index('--port') + 1]}", child.environ()["VLLM_API_KEY"]
     raise RuntimeError(f"no vLLM server under worker {pid}")
+
+
+def _vllm_processes() -> list:
+    import psutil
+
+    return [p for p in psutil.process_iter(["cmdline", "name"])
+            if "vllm" in " ".join(p.info["cmdline"] or ()).lower() or (p.info["name"] or "").startswith("VLLM")]
+
+
+def pin_vllm() -> None:
+    """vLLM's processes (every thread) on the last core, everything else on the others: on a GPU host the tokens
+    are the GPU's work and the gateway has cores of its own; here that is the only way to see the gateway's
+    share apart from the fight for two cores."""
+    import psutil
+
+    cores = sorted(os.sched_getaffinity(0))
+    vllm = {p.pid for p in _vllm_processes()}
+    for proc in psutil.process_iter():
+        for thread in proc.threads() if proc.pid in vllm else ():
+            _set_affinity(thread.id, cores[-1:])
+        if proc.pid not in vllm:
+            for thread in _threads(proc):
+                _set_affinity(thread.id, cores[:-1])
+
+
+def unpin() -> None:
+    import psutil
+
+    cores = sorted(range(os.cpu_count() or 1))
+    for proc in psutil.process_iter():
+        for thread in _threads(proc):
+            _set_affinity(thread.id, cores)
+
+
+def _threads(proc) -> list:
+    import psutil
+
+    try:
+        return proc.threads()
+    except psutil.Error:
+        return []
+
+
+def _set_affinity(tid: int, cores: list[int]) -> None:
+    try:
+        os.sched_setaffinity(tid, cores)
+    except OSError:
+        pass  # another user's process, or gone
+
+
+def pooled(label: str, streams: int, results: list[dict]) -> dict:
+    """Rounds of one path as one row: the median throughput, TTFT over every request, CPU over every token."""
+    ttfts = [t for r in results for t in r["ttfts"]]
+    tokens = sum(r["tokens"] for r in results)
+    cpu = {k: sum(r.get(k, 0.0) * r["tokens"] for r in results) / tokens for r in results for k in r
+           if k.endswith("cpu ms/1k tok")}
+    return {"engine, path": label, "streams": streams,
+            "tokens/s": statistics.median(r["tokens/s"] for r in results),
+            "ttft p50 ms": 1000 * percentile(ttfts, 0.5), "ttft p99 ms": 1000 * percentile(ttfts, 0.99),
+            "requests": len(ttfts), "tokens": tokens} | cpu
 
 
 def _vllm_running() -> bool:

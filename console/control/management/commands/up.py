@@ -159,6 +159,8 @@ class Command(BaseCommand):
                             "(docs/operations.md); needs REDIS_URL")
         parser.add_argument("--sleep-budget", help="host memory the local agent keeps sleeping replicas in, "
                             "e.g. 8GiB (default: half the host's RAM; 0: idle replicas stop instead)")
+        parser.add_argument("--cpu-threads", type=int, help="threads per CPU worker of the local agent (default: "
+                            "the host's cores divided among its simulated GPUs)")
 
     def handle(self, **opts):
         if opts["scheduler_process"] and settings.CHANNEL_LAYERS["default"]["BACKEND"].endswith("InMemoryChannelLayer"):
@@ -270,6 +272,8 @@ class Command(BaseCommand):
                "--stop-workers-on-exit"]
         if opts.get("sleep_budget"):
             cmd += ["--sleep-budget", opts["sleep_budget"]]
+        if opts.get("cpu_threads"):
+            cmd += ["--cpu-threads", str(opts["cpu_threads"])]
         await self._child(LOCAL_AGENT, cmd, env, stop, AGENT_STOP_TIMEOUT)
 
     async def _scheduler_process(self, stop: asyncio.Event) -> None:
