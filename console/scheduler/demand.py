@@ -291,10 +291,13 @@ def _never(run: Run, d: Demand, eligible: list[int], capable: list[int], width: 
     """Why no GPU (no host, for a gang) could hold one replica even if no ModelGrid replica were on it."""
     ledger = run.ledger
     excluded = len(ledger) - len(eligible)
-    label = f"; {excluded} GPU{'s' if excluded != 1 else ''} excluded by label " \
-            f"{explain.selector_text(d.dep.selector)}" if excluded else ""
+    by_label, by_taint = ledger.exclusions(d.key) if excluded else (0, {})
+    label = f"; {by_label} GPU{'s' if by_label != 1 else ''} excluded by label " \
+            f"{explain.selector_text(d.dep.selector)}" if by_label else ""
+    label += explain.taint_text(by_taint)
     if not eligible:
-        return ("no GPU matches its selector" if excluded else "no GPU is available (no agent connected)") + label
+        return ("no GPU matches its selector and tolerations" if excluded
+                else "no GPU is available (no agent connected)") + label
     if width == 1 or not capable:
         g = max(eligible, key=lambda g: (ledger.capacity[g], -g))
         what = "GPU" if width == 1 else "GPU of a gang"

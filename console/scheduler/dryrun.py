@@ -13,6 +13,7 @@ from console.scheduler.planner import plan
 from console.scheduler.render import plan_to_json
 from console.scheduler.types import (
     PROFILES,
+    SPREADS,
     STRATEGIES,
     TIERS,
     Deployment,
@@ -80,7 +81,7 @@ def _gpu(item: Any, path: str) -> Gpu:
         raise PlanInputError(f"{path}.engines must list engines among {', '.join(ENGINE_CHOICES[1:])}, got {engines!r}")
     return Gpu(id=gpu_id, host=host, total_bytes=_integer(item, "total_bytes", path, positive=True),
                used_bytes=_integer(item, "used_bytes", path, 0),
-               labels=_labels(item, "labels", path) | engine_labels(engines))
+               labels=_labels(item, "labels", path) | engine_labels(engines), taints=_labels(item, "taints", path))
 
 
 def _host(item: Any, path: str) -> Host:
@@ -104,6 +105,9 @@ def _deployment(item: Any, path: str) -> Deployment:
     engine = _get(item, "engine", path, str, "auto")
     if engine not in ENGINE_CHOICES:
         raise PlanInputError(f"{path}.engine must be one of {', '.join(ENGINE_CHOICES)}, got {engine!r}")
+    spread = _get(item, "spread", path, str, "preferred")
+    if spread not in SPREADS:
+        raise PlanInputError(f"{path}.spread must be one of {', '.join(SPREADS)}, got {spread!r}")
     slo = _number(item, "slo_latency_ms", path, None)
     if slo is not None and slo <= 0:
         raise PlanInputError(f"{path}.slo_latency_ms must be a positive number, got {slo!r}")
@@ -116,6 +120,8 @@ def _deployment(item: Any, path: str) -> Deployment:
         gpus_per_replica=_integer(item, "gpus_per_replica", path, 1, positive=True),
         priority=priority,
         selector=_labels(item, "selector", path) | engine_selector(engine),
+        tolerations=_labels(item, "tolerations", path),
+        spread=spread,
         slo_latency_ms=slo,
         latency_critical=_get(item, "latency_critical", path, bool, False),
         profile=profile,
@@ -166,7 +172,8 @@ def _get(obj: dict, key: str, path: str, kind: type, default: Any = _MISSING) ->
             raise PlanInputError(f"{_field(path, key)} is required")
         return default
     if not isinstance(value, kind) or (kind is str and not value):
-        article = {str: "a non-empty string", bool: "true or false", list: "a list"}.get(kind, kind.__name__)
+        article = {str: "a non-empty string", bool: "true or false", list: "a list", dict: "an object"}.get(
+            kind, kind.__name__)
         raise PlanInputError(f"{_field(path, key)} must be {article}, got {_kind(value)}")
     return value
 

@@ -70,6 +70,8 @@ def refusal(
     excluded_by_neighbours: int = 0,
     gang_note: str = "",
     stale_hosts: int = 0,
+    excluded_by_taint: Mapping[str, int] | None = None,
+    excluded_by_spread: int = 0,
 ) -> str:
     """Why a replica fits nowhere: its need, the best room there is, and what was excluded."""
     if width == 1:
@@ -78,7 +80,7 @@ def refusal(
         need = f"needs {width} GPUs with {gib(share)} free each on one host"
     if largest is None:
         quiet = " (no agent connected)" if not stale_hosts else ""
-        text = f"{need}; no GPU is available" + (quiet if not excluded_by_label else "")
+        text = f"{need}; no GPU is available" + (quiet if not excluded_by_label and not excluded_by_taint else "")
     else:
         text = f"{need}; the largest free space is {gib(max(largest[0], 0))} on {largest[1]}"
     if gang_note:
@@ -90,11 +92,22 @@ def refusal(
     if excluded_by_label:
         plural = "GPU" if excluded_by_label == 1 else "GPUs"
         text += f"; {excluded_by_label} {plural} excluded by label {selector_text(selector)}"
+    text += taint_text(excluded_by_taint)
+    if excluded_by_spread:
+        plural = "GPU" if excluded_by_spread == 1 else "GPUs"
+        text += (f"; {excluded_by_spread} {plural} with room excluded: each holds a replica of it already "
+                 "(spread required)")
     if excluded_by_neighbours:
         plural = "GPU" if excluded_by_neighbours == 1 else "GPUs"
         text += (f"; {excluded_by_neighbours} {plural} with room excluded: they hold latency-critical or "
                  "non-complementary replicas")
     return text
+
+
+def taint_text(excluded: Mapping[str, int] | None) -> str:
+    """"; 2 GPUs excluded by taint pool=ml (not tolerated)" for each taint that kept a replica off GPUs."""
+    return "".join(f"; {n} GPU{'s' if n != 1 else ''} excluded by taint {taint} (not tolerated)"
+                   for taint, n in sorted((excluded or {}).items()))
 
 
 def placed(strategy_note: str, share: int, width: int, gpus: list[str], free_before: list[int]) -> str:

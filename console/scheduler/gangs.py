@@ -62,7 +62,7 @@ def choose_gang(placer: Placer, unit: Unit, only_host: str | None, exclude: int 
 def gang_shortfall(placer: Placer, unit: Unit) -> str:
     """Why no host can take the gang: how many fitting GPUs the best host has."""
     ledger = placer.ledger
-    eligible = ledger.eligible_set(unit.demand.key) if unit.demand.key else None
+    eligible = ledger.eligible_set(unit.demand.key) if ledger.restricts(unit.demand.key) else None
     gpus_of = ledger.host_gpus
     if eligible is None:
         most_gpus = max(map(len, gpus_of.values()), default=0)

@@ -10,24 +10,38 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import sub
 from typing import TYPE_CHECKING
 
-from console.scheduler.types import Gpu
+from console.scheduler.spread import ZONE
+from console.scheduler.types import ANY_VALUE, Gpu
 
 if TYPE_CHECKING:
     from console.scheduler.units import Unit
 
-SelectorKey = frozenset  # frozenset of (label, value) pairs
+SelectorKey = tuple  # (frozenset of required (label, value) pairs, frozenset of tolerated (taint, value) pairs)
 
 
 class OvercommitError(RuntimeError):
     """A reservation that would exceed a GPU's free space: a bug in the planner, never a user error."""
 
 
-NO_SELECTOR: SelectorKey = frozenset()
+NO_SELECTOR: SelectorKey = (frozenset(), frozenset())
 
 
-def selector_key(selector: Mapping[str, str]) -> SelectorKey:
-    """A hashable form of a label selector."""
-    return frozenset(selector.items()) if selector else NO_SELECTOR
+def selector_key(selector: Mapping[str, str], tolerations: Mapping[str, str] | None = None) -> SelectorKey:
+    """A hashable form of a label selector and the taints it tolerates."""
+    if not selector and not tolerations:
+        return NO_SELECTOR
+    return frozenset(selector.items()), frozenset((tolerations or {}).items())
+
+
+def tolerated(taints: Mapping[str, str], tolerations: frozenset) -> bool:
+    """Whether every taint (key, value) is tolerated, by its value or by "*"."""
+    return all((k, v) in tolerations or (k, ANY_VALUE) in tolerations for k, v in taints.items())
+
+
+def matches(gpu: Gpu, key: SelectorKey) -> bool:
+    """Whether `gpu` carries every label of the selector and each of its taints is tolerated."""
+    selector, tolerations = key
+    return all(gpu.labels.get(k) == v for k, v in selector) and (not gpu.taints or tolerated(gpu.taints, tolerations))
 
 
 class Ledger:
@@ -39,6 +53,7 @@ class Ledger:
         self.ids = [g.id for g in self.gpus]
         self.number = {g.id: i for i, g in enumerate(self.gpus)}
         self.host = [g.host for g in self.gpus]
+        self.zone = [g.labels.get(ZONE) for g in self.gpus]
         # What ModelGrid may reserve in all: may be negative when foreign use ate the buffer.
         self.capacity = [g.total_bytes - g.used_bytes - buffer_bytes for g in self.gpus]
         self.reserved = [0] * len(self.gpus)
@@ -52,6 +67,7 @@ class Ledger:
         self.tier_bytes = [[0, 0, 0, 0] for _ in self.gpus]
         self.releases = 0  # counts releases: a replica that failed before any later release fails again
         self.host_ready: dict[str, int] = dict.fromkeys(self.host_gpus, 0)  # ready replicas per host
+        self.tainted = any(g.taints for g in self.gpus)
         self._eligible: dict[SelectorKey, list[int]] = {}
         self._eligible_sets: dict[SelectorKey, set[int]] = {}
         self._listeners: list[Callable[[int], None]] = []
@@ -72,13 +88,33 @@ class Ledger:
         self._listeners.clear()
 
     def eligible(self, key: SelectorKey) -> list[int]:
-        """GPU numbers whose labels satisfy a selector."""
+        """GPU numbers whose labels satisfy a selector and whose taints it tolerates."""
         found = self._eligible.get(key)
         if found is None:
-            found = [i for i, g in enumerate(self.gpus) if all(g.labels.get(k) == v for k, v in key)] if key else \
-                list(range(len(self.gpus)))
+            if key == NO_SELECTOR and not self.tainted:
+                found = list(range(len(self.gpus)))
+            else:
+                found = [i for i, g in enumerate(self.gpus) if matches(g, key)]
             self._eligible[key] = found
         return found
+
+    def restricts(self, key: SelectorKey) -> bool:
+        """Whether some GPU is not eligible under `key` (else every GPU is)."""
+        return len(self.eligible(key)) < len(self.gpus)
+
+    def exclusions(self, key: SelectorKey) -> tuple[int, dict[str, int]]:
+        """GPUs `key` excludes: (how many lack a label of its selector, {"taint=value": GPUs it alone excludes})."""
+        selector, tolerations = key
+        by_label, by_taint = 0, {}
+        for g in self.gpus:
+            if not all(g.labels.get(k) == v for k, v in selector):
+                by_label += 1
+                continue
+            for k, v in g.taints.items():
+                if (k, v) not in tolerations and (k, ANY_VALUE) not in tolerations:
+                    by_taint[f"{k}={v}"] = by_taint.get(f"{k}={v}", 0) + 1
+                    break
+        return by_label, by_taint
 
     def eligible_set(self, key: SelectorKey) -> set[int]:
         """`eligible(key)` as a set."""

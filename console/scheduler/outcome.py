@@ -9,6 +9,7 @@ from console.scheduler import explain
 from console.scheduler.demand import demand_outcomes
 from console.scheduler.gangs import gang_shortfall
 from console.scheduler.sharing import MIN_MPS, mps_of, mps_text, weight_totals
+from console.scheduler.spread import crowds
 from console.scheduler.types import Move, Plan, PlannedReplica, Replica, Unplaced, host_of
 from console.scheduler.units import BATCH_CLASS, Unit
 
@@ -254,13 +255,17 @@ def _refusal(run: Run, u: Unit) -> str:
     """Why `u` fits nowhere, measured on the final ledger."""
     ledger = run.ledger
     eligible = ledger.eligible(u.demand.key)
-    excluded = len(ledger) - len(eligible)
-    neighbours = 0
+    by_label, by_taint = ledger.exclusions(u.demand.key) if len(eligible) < len(ledger) else (0, {})
+    neighbours = spread = 0
+    if u.width == 1 and u.demand.dep.spread == "required":
+        spread = sum(1 for g in eligible if ledger.free(g) >= u.share and crowds(u, g))
     if run.placer.name == "latency-sensitive" and u.width == 1:
-        neighbours = sum(1 for g in eligible if ledger.free(g) >= u.share and not run.placer.allows(u, g))
-    text = explain.refusal(u.share, u.width, ledger.largest_free(eligible), excluded, u.demand.dep.selector,
+        neighbours = sum(1 for g in eligible if ledger.free(g) >= u.share and not crowds(u, g)
+                         and not run.placer.allows(u, g))
+    text = explain.refusal(u.share, u.width, ledger.largest_free(eligible), by_label, u.demand.dep.selector,
                            neighbours, gang_shortfall(run.placer, u) if u.width > 1 and eligible else "",
-                           stale_hosts=len({g.host for g in run.stale}))
+                           stale_hosts=len({g.host for g in run.stale}), excluded_by_taint=by_taint,
+                           excluded_by_spread=spread)
     if u.phase in ("min", "slo") and run.settings.preempt and _lowest_ready_rank(run) > u.demand.rank:
         text += "; preempting lower tiers would not make room on any GPU"
     return text

@@ -32,6 +32,7 @@ from console.scheduler.outcome import assemble
 from console.scheduler.preemption import preempt_for, swap_for
 from console.scheduler.repair import one_move, repack_class
 from console.scheduler.scaling import decide
+from console.scheduler.spread import crowded
 from console.scheduler.strategies import make_placer
 from console.scheduler.types import Plan, PlanInput, SearchReport, host_of
 from console.scheduler.units import EXTRA_CLASS, IDLE_CLASS, Demand, Unit, build_units
@@ -51,6 +52,7 @@ def plan(request: PlanInput) -> Plan:
             run.demanded = mark_demand(run)
             run.place_classes()
             run.settle()
+            run.spread_out()
             return assemble(run, elapsed_ms=1000 * (perf_counter() - started))
         finally:
             run.close()
@@ -268,6 +270,28 @@ class Run:
             if not progress:
                 break
         self.failed = [u for u in self.failed if u.state != "ready"]
+
+    def spread_out(self) -> None:
+        """Replicas placed in this pass that share a GPU with another of their deployment go where they are more
+        apart, now that the pass is done: the improvement search packs without regard to spread, and evictions
+        after a placement may have made room. Under required spread one that cannot move is not placed."""
+        for demand in self.demands.values():
+            if demand.dep.spread == "none" or demand.width > 1 or demand.ready < 2:
+                continue
+            for u in demand.members:
+                if u.state != "ready" or u.fixed or u.asleep or not crowded(u):
+                    continue
+                (g,), reason = u.gpus, u.reason
+                self._unreserve(u)
+                found = self.placer.choose(u)
+                if found is not None and found[0][0] != g and not crowded(u, found[0][0]):
+                    self.place(u, *found)
+                elif demand.dep.spread == "required":
+                    self.failed.append(u)
+                else:
+                    self.ledger.reserve(u, (g,))
+                    u.state, u.reason = "ready", reason
+                    demand.ready += 1
 
     # --- changes ----------------------------------------------------------------------------------
 

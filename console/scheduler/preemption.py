@@ -130,7 +130,7 @@ def _evict_for(run: Run, unit: Unit, ok: Callable[[Unit], bool], kind: str, caus
     else:
         rank, share = unit.demand.rank, unit.share
         freeable = ledger.freeables(rank)
-        if unit.demand.key:
+        if ledger.restricts(unit.demand.key):
             eligible = [g for g in ledger.eligible(unit.demand.key) if freeable[g] >= share]
         else:
             eligible = [g for g, room in enumerate(freeable) if room >= share]

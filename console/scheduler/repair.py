@@ -69,7 +69,8 @@ def repack_class(run: Run, units: list[Unit], failed: list[Unit]) -> list[Unit]:
     local = {g: b for b, g in enumerate(gpus)}
     mine = {id(u) for u in items}
     capacities = [ledger.free(g) + sum(u.share for u in ledger.holders[g] if id(u) in mine) for g in gpus]
-    eligible = [None if not u.demand.key else {local[g] for g in ledger.eligible(u.demand.key)} for u in items]
+    eligible = [{local[g] for g in ledger.eligible(u.demand.key)} if ledger.restricts(u.demand.key) else None
+                for u in items]
     assign = [local[u.gpus[0]] if u.state == "ready" else None for u in items]
     started = perf_counter()
     search = Repack(capacities, [u.share for u in items], eligible, assign, run.settings.seed)

@@ -3,26 +3,27 @@
 * fill-first: the fullest GPU already in use that fits; only when none fits, the largest idle GPU, on a
   host already in use if one fits. Fewest GPUs in use.
 * balance: the GPU with the most free memory (worst fit), ties to every host's first GPU before any host's
-  second, and away from hosts that already run the same deployment when another host has room. Spreads load.
+  second. Spreads load.
 * memory-optimized: best fit (the GPU it fits most tightly), largest replicas first; the planner adds an
   improvement search that repacks to place more.
 * latency-sensitive: a latency-critical replica gets an idle GPU (best fit among idle ones) or else shares
   only with complementary, non-latency-critical workloads; other replicas pack onto GPUs in use first,
   keeping idle GPUs for latency-critical ones.
+Each of them then spreads a deployment's replicas over GPUs, hosts and zones (spread.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from console.scheduler.gangs import choose_gang
 from console.scheduler.index import IndexBook
 from console.scheduler.ledger import Ledger
+from console.scheduler.spread import crowds, pick
 from console.scheduler.units import Unit
 
 # Profile pairs that may share a GPU when one of them is latency-critical: they contend for different units.
 COMPLEMENTARY = {frozenset(p) for p in (("compute", "memory"), ("compute", "io"), ("memory", "io"), ("io",))}
-BALANCE_LOOKAHEAD = 32  # GPUs balance looks through for a host without the same deployment
 
 
 def compatible(a: Unit, b: Unit) -> bool:
@@ -36,7 +37,8 @@ def compatible(a: Unit, b: Unit) -> bool:
 
 
 class Placer:
-    """Base: best fit. Subclasses change the GPU preference (`single`, `rank`) and, for latency, `allows`."""
+    """Base: best fit. Subclasses change the GPU preference (`candidates`, `rank`) and, for latency, `allows`.
+    Every strategy spreads a deployment's replicas (spread.py) among the GPUs it would accept."""
 
     name = "memory-optimized"
     note = "best fit"
@@ -47,7 +49,7 @@ class Placer:
 
     def allows(self, unit: Unit, g: int, leaving: Iterable[Unit] = ()) -> bool:
         """Whether `unit` may share GPU g with its holders (except those `leaving`)."""
-        return True
+        return not crowds(unit, g, leaving)
 
     def rank(self, unit: Unit, g: int) -> tuple:
         """Preference among a few candidate GPUs (a host's GPUs, a gang's members): lower is better."""
@@ -60,22 +62,20 @@ class Placer:
             return choose_gang(self, unit, only_host, exclude)
         if only_host is not None:
             eligible = self.ledger.eligible_set(unit.demand.key)
-            fits = [g for g in self.ledger.host_gpus.get(only_host, ()) if g in eligible and g != exclude
-                    and self.ledger.free(g) >= unit.share and self.allows(unit, g)]
-            if not fits:
-                return None
-            return (min(fits, key=lambda g: self.rank(unit, g)),), f"{self.note} on its own host"
-        found = self.single(unit, exclude)
+            fits = sorted((g for g in self.ledger.host_gpus.get(only_host, ()) if g in eligible
+                           and self.ledger.free(g) >= unit.share and self.allows(unit, g)),
+                          key=lambda g: self.rank(unit, g))
+            found = pick(self.ledger, unit, ((g, f"{self.note} on its own host") for g in fits), exclude)
+        else:
+            found = pick(self.ledger, unit, self.candidates(unit), exclude)
         return None if found is None else ((found[0],), found[1])
 
-    def single(self, unit: Unit, exclude: int | None) -> tuple[int, str] | None:
+    def candidates(self, unit: Unit) -> Iterator[tuple[int, str]]:
+        """The GPUs `unit` fits on, the strategy's choice first, each with a note on why."""
         index = self.book.gpus(("free", unit.demand.key), self.ledger.eligible(unit.demand.key), self.ledger.free)
         entries = index.entries
         for i in range(index.position(unit.share), len(entries)):
-            g = entries[i][1]
-            if g != exclude:
-                return g, self.note
-        return None
+            yield entries[i][1], self.note
 
 
 class FillFirst(Placer):
@@ -91,21 +91,20 @@ class FillFirst(Placer):
     def rank(self, unit: Unit, g: int) -> tuple:
         return self._key(g) + (g,)
 
-    def single(self, unit: Unit, exclude: int | None) -> tuple[int, str] | None:
+    def candidates(self, unit: Unit) -> Iterator[tuple[int, str]]:
         index = self.book.gpus(("fill", unit.demand.key), self.ledger.eligible(unit.demand.key), self._key,
                                host_scoped=True)
         entries = index.entries
-        for i in range(index.position((0, unit.share)), index.position((1,))):
-            if entries[i][1] != exclude:
-                return entries[i][1], "fill first: the fullest GPU in use that fits"
+        in_use = range(index.position((0, unit.share)), index.position((1,)))
+        for i in in_use:
+            yield entries[i][1], "fill first: the fullest GPU in use that fits"
+        why = "" if in_use else "no GPU in use has room; "  # else spread passed those by
         for busy, words in ((0, "on a host in use"), (1, "on an idle host")):
             for i in range(index.position((1, busy)), index.position((1, busy + 1))):
                 g = entries[i][1]
                 if self.ledger.free(g) < unit.share:
                     break
-                if g != exclude:
-                    return g, f"fill first: no GPU in use has room; opened the largest idle GPU {words}"
-        return None
+                yield g, f"fill first: {why}opened the largest idle GPU {words}"
 
 
 class Balance(Placer):
@@ -119,23 +118,12 @@ class Balance(Placer):
     def rank(self, unit: Unit, g: int) -> tuple:
         return self._key(g) + (g,)
 
-    def single(self, unit: Unit, exclude: int | None) -> tuple[int, str] | None:
+    def candidates(self, unit: Unit) -> Iterator[tuple[int, str]]:
         index = self.book.gpus(("balance", unit.demand.key), self.ledger.eligible(unit.demand.key), self._key)
-        first = None
-        for i, (_, g) in enumerate(index.entries):
-            if self.ledger.free(g) < unit.share or i >= BALANCE_LOOKAHEAD:
-                break
-            if g == exclude:
-                continue
-            if first is None:
-                first = g
-            if not self._runs_here(unit, self.ledger.host[g]):
-                note = self.note if g == first else f"{self.note} on a host not yet running {unit.demand.name}"
-                return g, note
-        return None if first is None else (first, self.note)
-
-    def _runs_here(self, unit: Unit, host: str) -> bool:
-        return any(u.demand is unit.demand for g in self.ledger.host_gpus[host] for u in self.ledger.holders[g])
+        for _, g in index.entries:
+            if self.ledger.free(g) < unit.share:
+                return
+            yield g, self.note
 
 
 class LatencySensitive(Placer):
@@ -143,6 +131,8 @@ class LatencySensitive(Placer):
     note = "latency-sensitive"
 
     def allows(self, unit: Unit, g: int, leaving: Iterable[Unit] = ()) -> bool:
+        if crowds(unit, g, leaving):
+            return False
         holders = self.ledger.holders[g]
         if leaving:
             gone = set(map(id, leaving))
@@ -156,7 +146,7 @@ class LatencySensitive(Placer):
         idle = not self.ledger.holders[g]
         return (0 if idle == unit.demand.lc else 1, self.ledger.free(g), g)
 
-    def single(self, unit: Unit, exclude: int | None) -> tuple[int, str] | None:
+    def candidates(self, unit: Unit) -> Iterator[tuple[int, str]]:
         index = self.book.gpus(("latency", unit.demand.key), self.ledger.eligible(unit.demand.key), self._key)
         entries = index.entries
         idle = (index.position((0, unit.share)), index.position((1,)))
@@ -165,15 +155,14 @@ class LatencySensitive(Placer):
         for lo, hi in order:
             for i in range(lo, hi):
                 g = entries[i][1]
-                if g != exclude and self.allows(unit, g):
+                if self.allows(unit, g):
                     if not self.ledger.holders[g]:
                         what = "a GPU of its own" if unit.demand.lc else "an idle GPU (no shared GPU fits)"
                     elif unit.demand.lc:
                         what = "a GPU shared only with complementary workloads"
                     else:
                         what = "a shared GPU (idle GPUs stay free for latency-critical replicas)"
-                    return g, f"latency-sensitive: {what}, best fit"
-        return None
+                    yield g, f"latency-sensitive: {what}, best fit"
 
 
 PLACERS = {p.name: p for p in (FillFirst, Balance, Placer, LatencySensitive)}

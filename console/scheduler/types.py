@@ -10,10 +10,13 @@ from typing import Literal
 TIERS = ("critical", "high", "standard", "batch")
 TIER_RANK = {tier: rank for rank, tier in enumerate(TIERS)}  # 0 is the most important
 STRATEGIES = ("fill-first", "balance", "memory-optimized", "latency-sensitive")
+SPREADS = ("preferred", "required", "none")
+ANY_VALUE = "*"  # a toleration of every value of a taint's key
 PROFILES = ("compute", "memory", "io")
 
 Tier = Literal["critical", "high", "standard", "batch"]
 Strategy = Literal["fill-first", "balance", "memory-optimized", "latency-sensitive"]
+Spread = Literal["preferred", "required", "none"]
 State = Literal["ready", "sleeping", "stopped"]
 Action = Literal["keep", "place", "move", "wake", "preempt", "sleep", "stop", "refuse"]
 
@@ -32,6 +35,8 @@ class Gpu:
     total_bytes: int
     used_bytes: int = 0  # foreign use only: never ModelGrid's own reservations
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # Only deployments that tolerate every one of these (key -> value) are placed here: a dedicated pool.
+    taints: Mapping[str, str] = field(default_factory=dict, hash=False)
     # Its host's readings are stale (unknown, or not heard from since this scheduler began leading): nothing is
     # placed onto it or taken from it; its replicas are held as they are until the host reports again.
     stale: bool = False
@@ -57,6 +62,10 @@ class Deployment:
     gpus_per_replica: int = 1
     priority: Tier = "standard"
     selector: Mapping[str, str] = field(default_factory=dict, hash=False)  # GPU labels it requires
+    tolerations: Mapping[str, str] = field(default_factory=dict, hash=False)  # taints it may go to ("*": any value)
+    # Its replicas on different GPUs, then hosts, then zones: "preferred" (unless they cannot), "required" (never
+    # two on one GPU) or "none" (where the strategy puts them).
+    spread: Spread = "preferred"
     slo_latency_ms: float | None = None  # p95 target
     latency_critical: bool = False
     profile: str | None = None  # "compute" | "memory" | "io" | None (unknown)
@@ -76,6 +85,8 @@ class Deployment:
             raise ValueError(f"deployment {self.name!r}: bytes, replicas and gpus_per_replica must be positive")
         if self.demand < 0 or (self.idle_timeout_s is not None and self.idle_timeout_s < 0):
             raise ValueError(f"deployment {self.name!r}: demand and idle_timeout_s must not be negative")
+        if self.spread not in SPREADS:
+            raise ValueError(f"deployment {self.name!r}: spread must be one of {', '.join(SPREADS)}")
         if self.priority not in TIER_RANK:
             raise ValueError(f"deployment {self.name!r}: priority must be one of {', '.join(TIERS)}")
         if self.low > self.high:

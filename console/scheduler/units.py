@@ -45,7 +45,7 @@ class Demand:
         self.low = min(dep.low, decision.target)
         self.target = decision.target
         self.violating = dep.is_violating
-        self.key = selector_key(dep.selector)
+        self.key = selector_key(dep.selector, dep.tolerations)
         # Tier-weighted recent traffic of one replica: what keeping it ready is worth.
         self.value = TIER_WEIGHT[dep.priority] * dep.traffic_rps / max(decision.target, 1)
         self.ready = 0  # its replicas ready in the plan so far
@@ -240,14 +240,15 @@ _new_unit = object.__new__
 def _existing_units(demand: Demand, rows: list[Replica], ledger: Ledger | None) -> list[Unit]:
     """`[Unit(demand, r.index, r) for r in rows]` in fewer steps: a re-plan builds one per replica, 10,000 of them.
 
-    With a ledger, a ready replica alone on one GPU that still exists, of a deployment without a selector that is
-    not idle, is reserved there at once (kept): most of a re-plan. `Run.keep_existing` takes such replicas back
-    from a GPU that can no longer hold everything it held, and keeps or displaces all the others.
+    With a ledger, a ready replica alone on one GPU that still exists, of a deployment that is not idle and whose
+    selector and tolerations exclude no GPU, is reserved there at once (kept): most of a re-plan.
+    `Run.keep_existing` takes such replicas back from a GPU that can no longer hold everything it held, and keeps or
+    displaces all the others.
     """
     share, width = demand.share, demand.width
     whole = share * width
     units = []
-    plain = ledger is not None and width == 1 and not demand.key and not demand.idle
+    plain = ledger is not None and width == 1 and not demand.idle and not ledger.restricts(demand.key)
     if plain:
         number, reserved, holders = ledger.number, ledger.reserved, ledger.holders  # type: ignore[union-attr]
         tier_bytes, host, host_ready = ledger.tier_bytes, ledger.host, ledger.host_ready  # type: ignore[union-attr]

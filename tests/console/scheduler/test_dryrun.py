@@ -77,6 +77,11 @@ def test_min_or_max_alone_brackets_the_replica_count():
      "deployments[0].gpus_per_replica must be a positive integer, got 0"),
     ({"deployments": [{"name": "m", "bytes": 1, "profile": "gpu"}]},
      "deployments[0].profile must be one of compute, memory, io or null, got 'gpu'"),
+    ({"deployments": [{"name": "m", "bytes": 1, "spread": "host"}]},
+     "deployments[0].spread must be one of preferred, required, none, got 'host'"),
+    ({"deployments": [{"name": "m", "bytes": 1, "tolerations": {"pool": 1}}]},
+     "deployments[0].tolerations.pool must be a string, got 1"),
+    ({"gpus": [{"id": "a/0", "total_bytes": 1, "taints": ["pool"]}]}, "gpus[0].taints must be an object, got a list"),
     ({"deployments": [{"name": "m", "bytes": 1}, {"name": "m", "bytes": 2}]},
      "deployments[1].name 'm' is a duplicate"),
     ({"strategy": "densest"}, "strategy must be one of fill-first, balance, memory-optimized, latency-sensitive, "

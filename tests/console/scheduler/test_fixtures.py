@@ -107,3 +107,11 @@ def test_it_places_the_minimal_example_of_the_issue_with_every_strategy(strategy
            "deployments": [{"name": "m1", "bytes": 1300000000, "replicas": 1}]}
     result = plan(parse_input(doc, strategy))
     assert [(r.deployment, r.gpus) for r in result.replicas] == [("m1", ("h1/0",))]
+
+
+def test_it_spread_puts_replicas_in_different_zones():
+    check("spread_puts_replicas_in_different_zones")
+
+
+def test_it_taints_keep_a_pool_for_tolerating_deployments():
+    check("taints_keep_a_pool_for_tolerating_deployments")

@@ -1,4 +1,5 @@
-"""Properties that hold for any fleet and any deployments (hypothesis): capacity, gangs, tiers, stability."""
+"""Properties that hold for any fleet and any deployments (hypothesis): capacity, gangs, tiers, stability, spread,
+taints."""
 
 from dataclasses import replace
 
@@ -20,8 +21,9 @@ def fleets(draw):
         for i in range(draw(st.integers(1, 4))):
             total = draw(st.sampled_from([16, 24, 40, 80])) * GiB
             used = draw(st.integers(0, 16)) * HALF
-            labels = {"gpu": draw(st.sampled_from(["a100", "l4"]))}
-            gpus.append(Gpu(f"h{h}/{i}", f"h{h}", total, used, labels))
+            labels = {"gpu": draw(st.sampled_from(["a100", "l4"])), "zone": f"z{h % 2}"}
+            taints = draw(st.sampled_from([{}, {}, {}, {"pool": "ml"}, {"pool": "batch"}]))
+            gpus.append(Gpu(f"h{h}/{i}", f"h{h}", total, used, labels, taints))
     return tuple(gpus)
 
 
@@ -41,6 +43,8 @@ def deployments(draw):
             gpus_per_replica=draw(st.sampled_from([1, 1, 1, 2, 3])),
             priority=draw(st.sampled_from(TIERS)),
             selector=draw(st.sampled_from([{}, {}, {"gpu": "a100"}])),
+            tolerations=draw(st.sampled_from([{}, {}, {"pool": "ml"}, {"pool": "*"}])),
+            spread=draw(st.sampled_from(["preferred", "preferred", "required", "none"])),
             slo_latency_ms=slo,
             observed_latency_ms=draw(st.sampled_from([100.0, 400.0])) if slo else None,
             latency_critical=draw(st.booleans()),
@@ -170,3 +174,41 @@ def test_a_replan_after_preemptions_and_sleeps_moves_nothing(request, data):
     assert third.moves == ()
     before = {(r.deployment, r.index): r.gpus for r in second.replicas if r.state == "ready"}
     assert {(r.deployment, r.index): r.gpus for r in third.replicas if r.state == "ready"} == before
+
+
+@RUN
+@given(inputs())
+def test_no_plan_puts_two_replicas_of_a_deployment_on_a_gpu_another_gpu_could_hold(request):
+    request = replace(request, strategy="memory-optimized" if request.strategy == "latency-sensitive"
+                      else request.strategy)  # there, "could hold" also depends on the neighbours
+    result = plan(request)
+    free = {b.gpu: b.free_bytes for b in result.ledger}
+    gpus = {g.id: g for g in request.gpus}
+    for d in request.deployments:
+        if d.spread == "none" or d.gpus_per_replica > 1:
+            continue
+        on = [r.gpus[0] for r in result.replicas if r.deployment == d.name and r.state == "ready"]
+        stacked = {g for g in on if on.count(g) > 1}
+        if stacked:
+            room = [g for g in gpus.values() if g.id not in on and free[g.id] >= d.bytes and tolerates(d, g)
+                    and all(g.labels.get(k) == v for k, v in d.selector.items())]
+            assert not room, (d.name, stacked, [g.id for g in room])
+        if d.spread == "required":
+            assert not stacked, (d.name, on)
+
+
+@RUN
+@given(inputs(), st.data())
+def test_a_tainted_gpu_only_gets_replicas_that_tolerate_it(request, data):
+    first = plan(request)
+    second = plan(carry_over(shaken(request, data.draw), first, request.now))
+    deployments = {d.name: d for d in request.deployments}
+    gpus = {g.id: g for g in request.gpus}
+    for result in (first, second):
+        for r in result.replicas:
+            for g in r.gpus:
+                assert tolerates(deployments[r.deployment], gpus[g]), (r.deployment, g)
+
+
+def tolerates(d: Deployment, g: Gpu) -> bool:
+    return all(d.tolerations.get(k) in (v, "*") for k, v in g.taints.items())
