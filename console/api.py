@@ -12,6 +12,8 @@ from ninja.errors import HttpError, ValidationError
 from ninja.parser import Parser
 from ninja.security import django_auth
 
+from console.accounts.api import agent_router as agent_credentials_router
+from console.accounts.api import router as tokens_router
 from console.accounts.auth import BearerToken
 from console.alerts.api import router as alerts_router
 from console.catalog.api import adapter_router, estimate_router
@@ -51,7 +53,8 @@ class StrictJsonParser(Parser):
 
 
 # Refusals any operation can give, documented on each so clients (and schemathesis) can expect them.
-_EVERY_OPERATION = {401: "no valid bearer token or session", 403: "a token of another scope (inference)"}
+_EVERY_OPERATION = {401: "no valid bearer token or session, or a token that expired or was revoked (the message "
+                    "says when)", 403: "a token of another scope (inference)"}
 _WITH_BODY = {400: "the body is not acceptable JSON (malformed, too deep, a huge integer, NaN)",
               413: "the body is larger than the API's limit (DATA_UPLOAD_MAX_MEMORY_SIZE); nothing was stored",
               422: "a field is invalid; each item names it"}
@@ -88,6 +91,8 @@ api.add_router("/estimate", estimate_router, tags=["models"])
 api.add_router("/plan", plan_router, tags=["deployments"])
 api.add_router("/events", events_router, tags=["events"])
 api.add_router("/alerts", alerts_router, tags=["events"])
+api.add_router("/tokens", tokens_router, tags=["tokens"])
+api.add_router("/agent-credentials", agent_credentials_router, tags=["tokens"])
 # Series live under their objects' paths (/deployments/{name}/series, /hosts/{name}/series).
 api.add_router("/deployments", deployment_series_router, tags=["deployments"])
 api.add_router("/hosts", host_series_router, tags=["fleet"])

@@ -34,6 +34,13 @@ class Invalid(DomainError):
     type = "invalid"
 
 
+class Forbidden(DomainError):
+    """The caller may not do this (another user's token, an administrator's task); nothing was changed."""
+
+    status = 403
+    type = "forbidden"
+
+
 class NotFound(DomainError):
     status = 404
     type = "not_found"

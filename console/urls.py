@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from console.accounts import views as tokens
 from console.alerts import views as alerts
 from console.api import api
 from console.catalog import views as catalog
@@ -30,6 +31,11 @@ urlpatterns = [
     path("alerts/banner/", alerts.banner, name="alerts-banner"),
     path("events/recent/", events.recent, name="events-recent"),
     path("hosts/<str:name>/", fleet.host_page, name="host"),
+    path("tokens/", tokens.tokens_page, name="tokens"),
+    path("tokens/new/", tokens.create, name="token-create"),
+    path("tokens/<int:token_id>/revoke/", tokens.revoke, name="token-revoke"),
+    path("tokens/agents/", tokens.issue_agent, name="agent-credential-issue"),
+    path("tokens/agents/<path:host_name>/revoke/", tokens.revoke_agent, name="agent-credential-revoke"),
     path("api/v1/", api.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

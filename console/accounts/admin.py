@@ -5,5 +5,5 @@ from console.accounts.models import ApiToken
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ("user", "name", "prefix", "created", "last_used")
-    readonly_fields = ("prefix", "token_hash", "created", "last_used")
+    list_display = ("user", "name", "prefix", "scope", "created", "last_used", "expires", "revoked")
+    readonly_fields = ("prefix", "token_hash", "created", "last_used", "revoked")

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
-from django.contrib.auth.base_user import AbstractBaseUser
-from ninja.errors import AuthorizationError
+from ninja.errors import AuthenticationError, AuthorizationError
 from ninja.security import HttpBearer
 
 from console.accounts.models import ApiToken, Scope
@@ -12,12 +11,15 @@ INFERENCE_ONLY = ("this token may only call the inference gateway (scope inferen
 
 class BearerToken(HttpBearer):
     """`Authorization: Bearer <token>` checked against the hashed API tokens. A token of another scope is
-    refused with 403 (it is known, just not allowed here), an unknown one falls through to 401."""
+    refused with 403 (it is known, just not allowed here), an expired or revoked one with 401 saying so, an
+    unknown one falls through to 401."""
 
     def authenticate(self, request, token: str):
-        row = ApiToken.authenticate(token)
+        row, refused = ApiToken.verify(token)
         if row is None:
             return None
+        if refused:
+            raise AuthenticationError(message=refused)
         if row.scope != Scope.ALL:
             # Raising ends the auth chain: a script that sent a token meant it, even with a session cookie.
             raise AuthorizationError(message=INFERENCE_ONLY)
@@ -35,10 +37,3 @@ def actor_of(request) -> str:
     if user is not None and user.is_authenticated:
         return f"user {user.get_username()}"
     return "anonymous"
-
-
-def token_scope(token: str) -> tuple[AbstractBaseUser, str] | None:
-    """The active user a bearer token belongs to and its scope ("all" or "inference"), or None for a
-    token that is unknown, revoked or whose user is disabled. Reads the database (the gateway caches)."""
-    row = ApiToken.authenticate(token)
-    return None if row is None else (row.user, row.scope)

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
+from console.accounts import expiry
 from console.accounts.tokens import hash_token, matches, new_token, token_prefix
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
@@ -29,19 +31,30 @@ class HashedToken(models.Model):
         return token, {"prefix": token_prefix(token), "token_hash": hash_token(token)}
 
     @classmethod
-    def find(cls, token: str, rows: models.QuerySet | None = None):
-        """The row `token` belongs to (marking it used: to the minute), or None."""
+    def lookup(cls, token: str, rows: models.QuerySet | None = None):
+        """The row `token` belongs to, or None; nothing is written."""
         rows = cls.objects.all() if rows is None else rows
         for row in rows.filter(prefix=token_prefix(token)):
             if matches(token, row.token_hash):
-                now = timezone.now()
-                # A write per request cost a script creating a thousand deployments a thousand UPDATEs; "last
-                # used" is for people deciding which tokens to revoke, and a minute is close enough for that.
-                if row.last_used is None or now - row.last_used >= LAST_USED_RESOLUTION:
-                    cls.objects.filter(pk=row.pk).update(last_used=now)
-                    row.last_used = now
                 return row
         return None
+
+    def mark_used(self) -> None:
+        """Note that the token was just used, to the minute."""
+        now = timezone.now()
+        # A write per request cost a script creating a thousand deployments a thousand UPDATEs; "last
+        # used" is for people deciding which tokens to revoke, and a minute is close enough for that.
+        if self.last_used is None or now - self.last_used >= LAST_USED_RESOLUTION:
+            type(self).objects.filter(pk=self.pk).update(last_used=now)
+            self.last_used = now
+
+    @classmethod
+    def find(cls, token: str, rows: models.QuerySet | None = None):
+        """The row `token` belongs to (marking it used: to the minute), or None."""
+        row = cls.lookup(token, rows)
+        if row is not None:
+            row.mark_used()
+        return row
 
 
 class Scope(models.TextChoices):
@@ -50,28 +63,86 @@ class Scope(models.TextChoices):
 
 
 class ApiToken(HashedToken):
-    """A token for automation: the REST API and the inference gateway, or (scope `inference`) the gateway only."""
+    """A token for automation: the REST API and the inference gateway, or (scope `inference`) the gateway only,
+    and then perhaps only some deployments. It may expire; a revoked one is kept (revoked set), so that a client
+    still sending it is told when it was revoked."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     name = models.CharField(max_length=100, default="cli")
     scope = models.CharField(max_length=10, choices=Scope.choices, default=Scope.ALL)
+    expires = models.DateTimeField(null=True, blank=True, help_text="refused from then on; empty: never expires")
+    deployments = models.JSONField(default=list, blank=True,
+                                   help_text="names of the deployments it may call on the gateway; empty: all")
+    revoked = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.user} / {self.name} ({self.prefix}…)"
 
+    @property
+    def label(self) -> str:
+        """How refusals name it: its name and prefix, never the secret."""
+        return f"{self.name!r}, {self.prefix}…"
+
+    @property
+    def expired(self) -> bool:
+        return self.expires is not None and self.expires <= timezone.now()
+
+    @property
+    def timeline_object(self) -> str:
+        return f"token/{self.user.get_username()}/{self.name}"
+
+    def refusal(self, now: datetime | None = None) -> str:
+        """Why the token may not be used now (revoked, expired), or "" when it may."""
+        if self.revoked is not None:
+            return expiry.revoked(self.label, self.revoked)
+        if self.expires is not None and self.expires <= (now or timezone.now()):
+            return expiry.expired(self.label, self.expires)
+        return ""
+
     @classmethod
-    def issue(cls, user, name: str = "cli", scope: str = Scope.ALL, actor: str = "") -> tuple[ApiToken, str]:
+    def issue(cls, user, name: str = "cli", scope: str = Scope.ALL, actor: str = "", expires: datetime | None = None,
+              deployments: Sequence[str] = ()) -> tuple[ApiToken, str]:
         """Create a token for `user`; returns the row and the plaintext, which is never stored. `actor`: who
-        asked, for the timeline."""
+        asked, for the timeline. `deployments` should be checked by the caller (console/accounts/services.py)."""
         from console.events.record import Note, record
 
         token, fields = cls.new_secret("api")
+        limits = (f", expires {expiry.stamp(expires)}" if expires else "") + (
+            f", deployments {', '.join(deployments)}" if deployments else "")
         with transaction.atomic():
-            row = cls.objects.create(user=user, name=name, scope=scope, **fields)
-            record([Note(f"token/{user.get_username()}/{name}", "TokenCreated", f"API token {row.prefix}… "
-                         f"with scope {scope} for user {user.get_username()}", actor=actor, folds=False)])
+            row = cls.objects.create(user=user, name=name, scope=scope, expires=expires, deployments=list(deployments),
+                                     **fields)
+            record([Note(row.timeline_object, "TokenCreated", f"API token {row.prefix}… with scope {scope}{limits} "
+                         f"for user {user.get_username()}", actor=actor, folds=False)])
         return row, token
+
+    def revoke(self, actor: str = "") -> bool:
+        """Refuse the token from now on; False when it was revoked already (the first time stands)."""
+        from console.events.record import Note, record
+
+        now = timezone.now()
+        with transaction.atomic():
+            if not type(self).objects.filter(pk=self.pk, revoked__isnull=True).update(revoked=now):
+                return False
+            self.revoked = now
+            record([Note(self.timeline_object, "TokenRevoked", f"API token {self.prefix}… of user "
+                         f"{self.user.get_username()} revoked", actor=actor, folds=False)])
+        return True
+
+    @classmethod
+    def verify(cls, token: str, now: datetime | None = None) -> tuple[ApiToken | None, str]:
+        """The row of an active user's token and why it is refused ("" when it is not: then it is marked used);
+        (None, "") for a token nobody has."""
+        row = cls.lookup(token, cls.objects.select_related("user").filter(user__is_active=True))
+        if row is None:
+            return None, ""
+        why = row.refusal(now)
+        if not why:
+            row.mark_used()
+        return row, why
 
     @classmethod
     def authenticate(cls, token: str) -> ApiToken | None:
-        return cls.find(token, cls.objects.select_related("user").filter(user__is_active=True))
+        """The row of a token that may be used now, or None."""
+        row, why = cls.verify(token)
+        return None if why else row

@@ -9,6 +9,8 @@ and the time spent waiting for one (`x-modelgrid-queue-ms`).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -18,13 +20,13 @@ from console import __version__
 from console.dbthreads import own_thread
 from console.deployments.serving import SERVING_HINTS
 from console.gateway import agent_metrics
-from console.gateway.auth import Caller, bearer
+from console.gateway.auth import Caller, bearer, unauthorized
 from console.gateway.core import Gateway, Refused
-from console.gateway.errors import NO_TOKEN, OPENAI, V2, Family
+from console.gateway.errors import OPENAI, V2, Family
 from console.gateway.fleet import DeploymentView
 from console.gateway.fleet_metrics import scrape
 from console.gateway.metrics import CONTENT_TYPE
-from console.gateway.proxy import proxy, resolve
+from console.gateway.proxy import permitted, proxy, resolve
 
 
 def make_app(gateway: Gateway | None = None) -> Starlette:
@@ -66,8 +68,9 @@ def _proxied(gw: Gateway, family: Family):
 def _wrap(gw: Gateway, family: Family, handler):
     async def endpoint(request: Request) -> Response:
         await gw.ensure_started()
-        if await _caller(gw, request) is None:
-            return family.error(401, NO_TOKEN, "invalid_api_key")
+        request.state.caller = caller = await _caller(gw, request)
+        if refused := unauthorized(caller, datetime.now(UTC)):
+            return family.error(401, refused, "invalid_api_key")
         try:
             return await handler(gw, request)
         except Refused as e:
@@ -89,14 +92,16 @@ def _card(dep: DeploymentView, name: str | None = None) -> dict:
 
 
 async def _list_models(gw: Gateway, request: Request) -> Response:
-    fleet = gw.fleet
-    data = [_card(d) for d in fleet.deployments.values()]
-    data += [_card(fleet.deployments[d], a) for a, d in sorted(fleet.adapters.items()) if d in fleet.deployments]
+    fleet, caller = gw.fleet, request.state.caller
+    data = [_card(d) for d in fleet.deployments.values() if caller.may_call(d.name)]
+    data += [_card(fleet.deployments[d], a) for a, d in sorted(fleet.adapters.items())
+             if d in fleet.deployments and caller.may_call(d)]
     return JSONResponse({"object": "list", "data": data})
 
 
 async def _get_model(gw: Gateway, request: Request) -> Response:
     dep, adapter = resolve(gw.fleet, request.path_params["name"])
+    permitted(request.state.caller, dep)
     return JSONResponse(_card(dep, adapter))
 
 
@@ -106,6 +111,7 @@ async def _server_metadata(gw: Gateway, request: Request) -> Response:
 
 async def _model_ready(gw: Gateway, request: Request) -> Response:
     dep, _ = resolve(gw.fleet, request.path_params["name"])
+    permitted(request.state.caller, dep)
     if dep.ready:
         return JSONResponse({"name": request.path_params["name"], "ready": True})
     raise Refused(503, f"model {dep.name!r} is {dep.serving}: {SERVING_HINTS[dep.serving]}", code="model_not_ready")

@@ -1,6 +1,6 @@
 """Bearer tokens on the gateway: the REST API's tokens, any scope. Lookups are cached briefly in memory, so
 a request costs one hash and one dict read, not a database round trip; a revoked token stops working
-within CACHE_SECONDS."""
+within CACHE_SECONDS, an expired one at once (the cached caller carries its expiry)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,16 @@ import hashlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 
-from console.accounts.auth import token_scope
+from console.accounts import expiry
+from console.accounts.models import ApiToken
 from console.accounts.tokens import hash_token
+from console.gateway.errors import NO_TOKEN
 
 CACHE_SECONDS = 10.0
 MAX_ENTRIES = 10_000  # bounded: unknown tokens are cached too, so a flood of bad ones cannot grow it forever
+SHOWN_DEPLOYMENTS = 10  # a refusal names at most this many of the deployments a token may call
 
 
 @dataclass(frozen=True)
@@ -21,15 +25,44 @@ class Caller:
     token_key: str  # a hash of the token: what limits and logs use, never the token itself
     user: str
     scope: str
+    deployments: frozenset[str] = frozenset()  # the deployments it may call; empty: all
+    expires: datetime | None = None
+    label: str = ""  # its name and prefix, for refusals
+    refused: str = ""  # why it may not be used at all (revoked, expired when looked up); "" when it may
+
+    def refusal(self, now: datetime) -> str:
+        """Why the token is refused now (401), or "": checked on every request, so the cache never outlives an
+        expiry."""
+        if self.refused:
+            return self.refused
+        if self.expires is not None and self.expires <= now:
+            return expiry.expired(self.label, self.expires)
+        return ""
+
+    def may_call(self, deployment: str) -> bool:
+        return not self.deployments or deployment in self.deployments
+
+    def forbidden(self, deployment: str) -> str:
+        """Why this token may not call `deployment` (403)."""
+        names = sorted(self.deployments)
+        shown = ", ".join(names[:SHOWN_DEPLOYMENTS]) + (f" and {len(names) - SHOWN_DEPLOYMENTS} more"
+                                                         if len(names) > SHOWN_DEPLOYMENTS else "")
+        return (f"this token may not call deployment {deployment!r}: it may only call {shown}; ask for a token "
+                "with that deployment (Tokens page, POST /api/v1/tokens)")
+
+
+def unauthorized(caller: Caller | None, now: datetime) -> str:
+    """Why a request from `caller` (None: no token, or one nobody has) is refused with 401 now, or ""."""
+    return NO_TOKEN if caller is None else caller.refusal(now)
 
 
 def lookup(token: str) -> Caller | None:
-    """The caller a token belongs to (sync, DB)."""
-    found = token_scope(token)
-    if found is None:
+    """The caller a token belongs to, refused or not; None for a token nobody has (sync, DB)."""
+    row, refused = ApiToken.verify(token)
+    if row is None:
         return None
-    user, scope = found
-    return Caller(hash_token(token)[:16], user.get_username(), scope)
+    return Caller(hash_token(token)[:16], row.user.get_username(), row.scope, frozenset(row.deployments),
+                  row.expires, row.label, refused)
 
 
 def bearer(header: str | None) -> str | None:

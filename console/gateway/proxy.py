@@ -9,15 +9,16 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import aiohttp
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from agent.protocol import UNSERVED_HEADER
-from console.gateway.auth import bearer
+from console.gateway.auth import Caller, bearer, unauthorized
 from console.gateway.core import Gateway, Refused
-from console.gateway.errors import NO_TOKEN, Family
+from console.gateway.errors import Family
 from console.gateway.fleet import DeploymentView, FleetView
 from console.gateway.upstream import INFERENCE_HEADER_LENGTH, PASSED_HEADERS, Unreachable, Upstream
 
@@ -40,18 +41,25 @@ def resolve(fleet: FleetView, name: str) -> tuple[DeploymentView, str | None]:
     return found
 
 
+def permitted(caller: Caller, dep: DeploymentView) -> None:
+    """Refuse (403) a token limited to other deployments."""
+    if not caller.may_call(dep.name):
+        raise Refused(403, caller.forbidden(dep.name), code="permission_denied")
+
+
 async def proxy(gw: Gateway, request: Request, family: Family) -> Response:
     """Answer one data-plane request through a replica."""
     arrived = time.monotonic()
     await gw.ensure_started()
     caller = await gw.authenticate(bearer(request.headers.get("authorization")))
-    if caller is None:
-        return family.error(401, NO_TOKEN, "invalid_api_key")
+    if refused := unauthorized(caller, datetime.now(UTC)):
+        return family.error(401, refused, "invalid_api_key")
     deployment, adapter, status, queue_s = "", None, 500, 0.0
     try:
         body = await _read_body(request, gw.settings.max_body_bytes)
         name, adapter = await _model_name(request, body, family)
         dep, adapter = _target(gw, name, adapter)
+        permitted(caller, dep)  # before `deployment` is set: a 403 is the token's doing, not the deployment's
         deployment = dep.name
         if not family.openai and dep.engine == "vllm":
             raise Refused(400, f"model {dep.name!r} runs on the vllm engine, which serves /v1 (completions, chat, "

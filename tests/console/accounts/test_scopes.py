@@ -1,6 +1,6 @@
 """Token scopes: an inference-only token is refused by the REST API with 403 and a reason (a missing or
-unknown token stays 401), createapitoken --scope makes one, and token_scope() tells the gateway who a
-token is and what it may do."""
+unknown token stays 401), and createapitoken --scope makes one. What the gateway reads of a token:
+tests/console/gateway/test_token_limits.py."""
 
 import json
 from io import StringIO
@@ -9,7 +9,6 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
-from console.accounts.auth import token_scope
 from console.accounts.models import ApiToken, Scope
 from console.deployments.models import Deployment
 from tests.refusals import refusal
@@ -89,18 +88,3 @@ def test_createapitoken_refuses_an_unknown_scope_naming_the_choices_and_creates_
     assert "all (REST API and inference)" in str(e.value) and "inference (inference only)" in str(e.value)
     assert not get_user_model().objects.filter(username="robot").exists()
     assert not ApiToken.objects.exists()
-
-
-def test_token_scope_says_whose_token_it_is_and_what_it_may_do(ops):
-    _, inference = ApiToken.issue(ops, scope=Scope.INFERENCE)
-    _, full = ApiToken.issue(ops)
-    assert token_scope(inference) == (ops, "inference")
-    assert token_scope(full) == (ops, "all")
-
-
-def test_token_scope_knows_nobody_for_an_unknown_token_or_a_disabled_user(ops):
-    _, token = ApiToken.issue(ops, scope=Scope.INFERENCE)
-    assert token_scope("mg_api_nonsense") is None and token_scope("") is None
-    ops.is_active = False
-    ops.save()
-    assert token_scope(token) is None
