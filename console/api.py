@@ -23,6 +23,7 @@ from console.deployments.api import router as deployments_router
 from console.errors import DomainError, pydantic_items
 from console.events.api import router as events_router
 from console.fleet.api import router as fleet_router
+from console.fleet.api import scheduler_router
 from console.series.api import deployment_router as deployment_series_router
 from console.series.api import host_router as host_series_router
 
@@ -89,6 +90,7 @@ api.add_router("/deployments", deployments_router, tags=["deployments"])
 api.add_router("/adapters", adapter_router, tags=["adapters"])
 api.add_router("/estimate", estimate_router, tags=["models"])
 api.add_router("/plan", plan_router, tags=["deployments"])
+api.add_router("/scheduler", scheduler_router, tags=["fleet"])
 api.add_router("/events", events_router, tags=["events"])
 api.add_router("/alerts", alerts_router, tags=["events"])
 api.add_router("/tokens", tokens_router, tags=["tokens"])

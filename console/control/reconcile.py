@@ -42,7 +42,7 @@ from console.deployments.models import Deployment, DeploymentState, Replica
 from console.deployments.rowlocks import hold_existing
 from console.errors import Invalid
 from console.events.record import Note, deployment_object, host_object, record, replica_object
-from console.fleet.models import Host
+from console.fleet.models import Host, PlacementSettings
 from console.intake.stages import lapse_leases
 from console.scheduler import PlanInput, PlannedReplica, Settings, plan
 from console.scheduler.horizon import next_change
@@ -189,7 +189,7 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbac
                                           settings.MODELGRID_DEMAND_STALE_SECONDS) for d in planned),
         replicas=replica_specs(planned, rows.by_deployment, rows.gpu_ids, rows.host_names),
         hosts=host_specs(),
-        strategy=settings.MODELGRID_STRATEGY,
+        strategy=PlacementSettings.strategy_now()[0],
         buffer_bytes=settings.MODELGRID_GPU_BUFFER_BYTES,
         now=now.timestamp(),
         settings=Settings(quiet_window_s=settings.MODELGRID_QUIET_WINDOW_SECONDS,

@@ -61,6 +61,8 @@ class DeploymentRow:
     demand_status: str
     demand_reason: str
     engine: str
+    tolerations: dict
+    spread: str
 
 
 _DEPLOYMENTS = CarriedRows(Deployment, tuple(DeploymentRow.__dataclass_fields__), ("name",))
@@ -130,9 +132,10 @@ def gpu_specs(buffer_bytes: int, replicas: Iterable[ReplicaRow], gpus_of: dict[i
             on_gpu.setdefault(g, []).append(r)
     rows = (Gpu.objects.filter(host__in=schedulable_hosts())
             .values_list("pk", "index", "name", "total_bytes", "used_bytes", "own_bytes", "simulated", "host_id",
-                         "host__name", "host__connected", "host__labels", "host__last_seen", "host__engines"))
+                         "host__name", "host__connected", "host__labels", "host__last_seen", "host__engines",
+                         "host__taints"))
     specs, by_id = [], {}
-    for pk, index, name, total, used, own, simulated, host_id, host, connected, labels, seen, engines in rows:
+    for pk, index, name, total, used, own, simulated, host_id, host, connected, labels, seen, engines, taints in rows:
         here = on_gpu.get(pk, ())
         # What our own workers hold is ours, the rest of the reading is foreign. The agent says what its workers
         # hold, draining and loading ones included (their rows may already point elsewhere); an agent that does not
@@ -143,7 +146,8 @@ def gpu_specs(buffer_bytes: int, replicas: Iterable[ReplicaRow], gpus_of: dict[i
         stale = not connected or (heard_since is not None and seen is not None and seen < heard_since)
         gid = gpu_id(host, index)
         specs.append(GpuSpec(id=gid, host=host, total_bytes=total, used_bytes=foreign,
-                             labels=labels_of(name, labels) | engine_labels(engines), stale=stale))
+                             labels=labels_of(name, labels) | engine_labels(engines), taints=taints or {},
+                             stale=stale))
         by_id[gid] = GpuRow(pk, gid, host_id, simulated)
     return specs, by_id
 
@@ -182,6 +186,8 @@ def deployment_spec(dep: Deployment | DeploymentRow, replica_bytes: int, now: fl
         gpus_per_replica=dep.gpus_per_replica,
         priority=dep.priority,
         selector=dict(dep.selector or {}) | engine_selector(dep.engine),
+        tolerations=dict(dep.tolerations or {}),
+        spread=dep.spread,
         slo_latency_ms=dep.slo_latency_ms,
         latency_critical=dep.latency_critical,
         profile=dep.profile or None,

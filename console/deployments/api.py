@@ -3,6 +3,7 @@ from ninja import Body, Path, Query, Router, Status
 
 from console.accounts.auth import actor_of
 from console.catalog.schemas import ErrorOut
+from console.catalog.sizing import sized
 from console.deployments import services
 from console.deployments.models import Deployment
 from console.deployments.presenters import deployment_data, deployments_data, listed
@@ -110,8 +111,9 @@ plan_router = Router()
 @plan_router.post("", response={200: dict, 422: ErrorOut},
                   summary="Dry run: plan a described fleet (nothing is stored; format in docs/placement.md)")
 def dry_plan(request, doc: dict = Body(...), strategy: str | None = None):
-    """The same planner as the scheduler loop, on the GPUs and deployments in the body."""
+    """The same planner as the scheduler loop, on the GPUs and deployments in the body; a deployment may name its
+    `model` (registered, or a directory in the model roots) instead of giving `bytes`."""
     try:
-        return run_dry_plan(doc, strategy)
+        return run_dry_plan(sized(doc), strategy)
     except PlanInputError as e:
         raise Invalid(str(e)) from None

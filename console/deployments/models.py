@@ -48,6 +48,10 @@ class Deployment(models.Model):
     max_replicas = models.PositiveIntegerField(default=1)
     gpus_per_replica = models.PositiveIntegerField(default=1, help_text="a gang of GPUs on one host")
     selector = models.JSONField(default=dict, blank=True, help_text="GPU labels it needs, e.g. {\"gpu\": \"h100\"}")
+    tolerations = models.JSONField(default=dict, blank=True,
+                                   help_text="host taints it may go to, e.g. {\"pool\": \"ml\"} (\"*\": any value)")
+    spread = models.CharField(max_length=10, default="preferred",
+                              help_text="its replicas on different GPUs, hosts, zones: preferred, required or none")
     priority = models.CharField(max_length=10, choices=Priority.choices, default=Priority.STANDARD)
     profile = models.CharField(max_length=10, choices=Profile.choices, default=Profile.UNKNOWN, blank=True,
                                help_text="what bounds it, for co-location by the latency-sensitive strategy")

@@ -37,6 +37,12 @@ class Policy(BaseModel):
     priority: Literal["critical", "high", "standard", "batch"] = "standard"
     selector: dict[Label, Label] = Field(default_factory=dict, max_length=MAX_SELECTOR_LABELS,
                                          description="GPU labels required, e.g. {\"gpu\": \"h100\"}")
+    tolerations: dict[Label, Label] = Field(default_factory=dict, max_length=MAX_SELECTOR_LABELS,
+                                            description="host taints it may be placed on, e.g. {\"pool\": \"ml\"}; "
+                                            "\"*\" tolerates every value of a taint")
+    spread: Literal["preferred", "required", "none"] = Field(
+        "preferred", description="its replicas on different GPUs, then hosts, then zones: preferred (unless they "
+        "cannot, and the reason says so), required (never two on one GPU) or none (as the strategy places them)")
     slo_latency_ms: int | None = Field(None, ge=1, le=MAX_SLO_MS,
                                        description="p95 latency target in ms; null: no SLO (0 is refused)")
     latency_critical: bool = False

@@ -15,8 +15,8 @@ from console.forms import checked, whole_number
 # The form's fields, in the order of the form (all of the policy's fields but `replicas`, which is
 # the scheduler's to move within [min, max]).
 FIELDS = ("priority", "min_replicas", "max_replicas", "idle_timeout_s", "gpus_per_replica", "slo_latency_ms",
-          "latency_critical", "profile", "selector", "max_batch_size", "max_batch_delay_ms", "standby", "engine",
-          "engine_args")
+          "latency_critical", "profile", "selector", "tolerations", "spread", "max_batch_size", "max_batch_delay_ms",
+          "standby", "engine", "engine_args")
 
 
 def format_selector(selector: Mapping[str, str] | None) -> str:
@@ -24,8 +24,9 @@ def format_selector(selector: Mapping[str, str] | None) -> str:
     return ", ".join(f"{k}={v}" for k, v in (selector or {}).items())
 
 
-def parse_selector(text: str) -> dict[str, str]:
-    """"gpu=h100, zone=a" -> {"gpu": "h100", "zone": "a"}; empty text is no selector."""
+def parse_selector(text: str, field: str = "selector", example: str = "gpu=h100, zone=a") -> dict[str, str]:
+    """"gpu=h100, zone=a" -> {"gpu": "h100", "zone": "a"}; empty text is none. Selectors, tolerations, host
+    labels and taints are all written this way."""
     out: dict[str, str] = {}
     for part in (p.strip() for p in text.replace("\n", ",").split(",")):
         if not part:
@@ -33,9 +34,9 @@ def parse_selector(text: str) -> dict[str, str]:
         key, eq, value = part.partition("=")
         key, value = key.strip(), value.strip()
         if not eq or not key or not value:
-            raise Invalid(f"selector: {part!r} is not key=value; write labels as gpu=h100, zone=a", field="selector")
+            raise Invalid(f"{field}: {part!r} is not key=value; write them as {example}", field=field)
         if key in out and out[key] != value:
-            raise Invalid(f"selector: label {key!r} is given twice ({out[key]!r} and {value!r})", field="selector")
+            raise Invalid(f"{field}: label {key!r} is given twice ({out[key]!r} and {value!r})", field=field)
         out[key] = value
     return out
 
@@ -66,6 +67,9 @@ def parse_policy_form(form: Mapping[str, str]) -> dict[str, Any]:
     changes["latency_critical"] = checked(form, "latency_critical")
     changes["standby"] = checked(form, "standby")
     changes["selector"] = parse_selector(form.get("selector", ""))
+    changes["tolerations"] = parse_selector(form.get("tolerations", ""), "tolerations", "pool=ml, team=*")
+    if form.get("spread"):
+        changes["spread"] = form["spread"]
     if form.get("engine"):
         changes["engine"] = form["engine"]
     if "engine_args" in form:
@@ -80,6 +84,7 @@ def policy_values(dep: Deployment) -> dict[str, Any]:
     """The stored policy as the form shows it."""
     return stored_policy(dep) | {"slo_latency_ms": dep.slo_latency_ms or "",
                                  "selector": format_selector(dep.selector),
+                                 "tolerations": format_selector(dep.tolerations),
                                  "engine_args": shlex.join(dep.engine_args or []),
                                  "max_batch_delay_ms": f"{dep.max_batch_delay_ms:g}"}
 
@@ -92,6 +97,7 @@ def submitted_values(form: Mapping[str, str]) -> dict[str, Any]:
 _LABELS = {"priority": "priority", "min_replicas": "min replicas", "max_replicas": "max replicas",
            "idle_timeout_s": "idle timeout", "gpus_per_replica": "GPUs per replica", "slo_latency_ms": "p95 target",
            "latency_critical": "latency-critical", "profile": "profile", "selector": "selector",
+           "tolerations": "tolerations", "spread": "spread",
            "max_batch_size": "max batch size", "max_batch_delay_ms": "max batch delay", "standby": "standby",
            "engine": "engine", "engine_args": "engine arguments"}
 
@@ -99,7 +105,7 @@ _LABELS = {"priority": "priority", "min_replicas": "min replicas", "max_replicas
 def _shown(field: str, value: Any) -> str:
     if value in (None, "", {}):
         return "none"
-    if field == "selector":
+    if field in ("selector", "tolerations"):
         return format_selector(value)
     if field == "engine_args":
         return shlex.join(value)

@@ -115,6 +115,8 @@ def deployment_data(dep: Deployment, replicas: list[Replica] | None = None, fres
         "max_replicas": dep.max_replicas,
         "gpus_per_replica": dep.gpus_per_replica,
         "selector": dep.selector,
+        "tolerations": dep.tolerations,
+        "spread": dep.spread,
         "priority": dep.priority,
         "slo_latency_ms": dep.slo_latency_ms,
         "latency_critical": dep.latency_critical,

@@ -125,6 +125,8 @@ class DeploymentOut(Schema):
     max_replicas: int
     gpus_per_replica: int
     selector: dict[str, str]
+    tolerations: dict[str, str] = Field(description="host taints it may be placed on (\"*\": any value)")
+    spread: str = Field(description="preferred, required or none: its replicas on different GPUs, hosts, zones")
     priority: str
     slo_latency_ms: int | None
     latency_critical: bool

@@ -41,6 +41,8 @@ PROFILES = [(Profile.UNKNOWN, "unknown"), (Profile.COMPUTE, "compute-bound"), (P
             (Profile.IO, "I/O-bound")]
 ENGINES = [("auto", "auto (vLLM for a causal LM where a host runs it, else torch)"), ("torch", "torch (built in)"),
            ("vllm", "vLLM (only on hosts that run it)")]
+SPREADS = [("preferred", "preferred (apart unless they cannot)"), ("required", "required (never two on one GPU)"),
+           ("none", "none (as the strategy packs them)")]
 
 
 def login_required_htmx(view):
@@ -91,6 +93,7 @@ def _context(dep: Deployment, **policy) -> dict:
         "priorities": Priority.values,
         "profiles": PROFILES,
         "engines": ENGINES,
+        "spreads": SPREADS,
     }
 
 

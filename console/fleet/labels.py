@@ -25,5 +25,5 @@ def gpu_labels(gpu) -> dict[str, str]:
 
 
 def labels_of(gpu_name: str, host_labels: dict | None) -> dict[str, str]:
-    """Host labels (set with the agent's --label, or in the admin) win over the derived `gpu` label."""
+    """Host labels (set from the host's page or PATCH /api/hosts/NAME) win over the derived `gpu` label."""
     return {"gpu": product_label(gpu_name), **(host_labels or {})}

@@ -28,7 +28,9 @@ class Host(models.Model):
     generation = models.PositiveBigIntegerField(default=0)
     acked_generation = models.PositiveBigIntegerField(default=0)
     desired_digest = models.CharField(max_length=64, blank=True)
-    labels = models.JSONField(default=dict, blank=True, help_text="labels of all its GPUs (agent --label)")
+    labels = models.JSONField(default=dict, blank=True, help_text="labels of all its GPUs, e.g. zone=east")
+    # Only deployments that tolerate every taint are placed on its GPUs: a pool kept for them.
+    taints = models.JSONField(default=dict, blank=True, help_text="e.g. pool=ml: only deployments tolerating it")
     # The engines its agent runs replicas with, name -> version, from its hello: each is a label of its GPUs too,
     # engine.NAME=yes, which a deployment's engine selects (console/fleet/labels.py).
     engines = models.JSONField(default=dict, blank=True)
@@ -130,3 +132,20 @@ class AgentCredential(HashedToken):
         token's hash: nothing more is stored, every console process knows it, and it rotates with the token."""
         message = f"gateway:{self.host_name}:{self.token_hash}".encode()
         return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()
+
+
+class PlacementSettings(models.Model):
+    """Fleet-wide placement settings changed at run time (one row); until someone sets them, the environment's
+    (MODELGRID_STRATEGY) hold."""
+
+    strategy = models.CharField(max_length=20)
+    changed = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"placement: {self.strategy}"
+
+    @classmethod
+    def strategy_now(cls) -> tuple[str, bool]:
+        """The strategy the scheduler plans with, and whether it was set at run time (else it is the setting's)."""
+        found = cls.objects.filter(pk=1).values_list("strategy", flat=True).first()
+        return (found, True) if found else (settings.MODELGRID_STRATEGY, False)

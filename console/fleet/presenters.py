@@ -54,6 +54,7 @@ def fleet(hosts: QuerySet | None = None) -> list[dict]:
             "generation": h.generation,
             "acked_generation": h.acked_generation,
             "labels": h.labels or {},
+            "taints": h.taints or {},
             "engines": h.engines or {"torch": ""},
             "ram_free_bytes": h.ram_free_bytes,
             "asleep": [

@@ -38,6 +38,8 @@ class HostOut(Schema):
     agent_version: str
     generation: int
     acked_generation: int
+    labels: dict[str, str] = Field(description="labels of all its GPUs (set with PATCH), e.g. zone=east")
+    taints: dict[str, str] = Field(description="only deployments that tolerate each of these are placed here")
     engines: dict[str, str] = Field(description="the engines its agent runs replicas with, name -> version (each a "
                                     "label of its GPUs: engine.NAME=yes)")
     gpus: list[GpuOut]

@@ -7,16 +7,21 @@ from dataclasses import dataclass
 from functools import cache
 
 from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, QueryDict
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_safe
+from django.views.decorators.http import require_POST, require_safe
 
+from console.accounts.auth import actor_of
 from console.deployments.models import Deployment, DeploymentState
+from console.deployments.policy_form import parse_selector
 from console.deployments.presenters import deployment_row, heading_for, load_progress
-from console.fleet.models import Host, foreign_bytes
+from console.errors import DomainError
+from console.fleet.models import Host, PlacementSettings, foreign_bytes
 from console.fleet.presenters import HOST_STATES, fleet, fleet_summary, in_state
+from console.fleet.services import set_placement, set_strategy
 from console.fleet.templatetags.units import gib
 from console.pagination import MAX_QUERY, name_search, page_number, page_within, pager, query_string, shown
 
@@ -81,9 +86,11 @@ def _tooltip(r: dict, progress: int | None, toward: str | None) -> str:
 
 
 def scheduler_context() -> dict:
-    strategy = settings.MODELGRID_STRATEGY
+    strategy, set_at_run_time = PlacementSettings.strategy_now()
     return {
         "strategy": strategy,
+        "strategies": [(name, STRATEGY_SUMMARIES[name]) for name in STRATEGY_SUMMARIES],
+        "set_at_run_time": set_at_run_time,
         "summary": STRATEGY_SUMMARIES.get(strategy, ""),
         "quiet_window_min": round(settings.MODELGRID_QUIET_WINDOW_SECONDS / 60, 1),
         "cooldown_min": round(settings.MODELGRID_SCALE_COOLDOWN_SECONDS / 60, 1),
@@ -216,6 +223,40 @@ def host_page(request, name: str):
     if not hosts:
         raise Http404(f"no host named {name!r}")
     return render(request, "fleet/host.html", {"host": _host_view(hosts[0])})
+
+
+@login_required
+@require_POST
+def update_placement(request, name: str):
+    """Save a host's labels and taints from its page; back to the page with what changed, or why not."""
+    before = Host.objects.filter(name=name).values("labels", "taints").first()
+    if before is None:
+        raise Http404(f"no host named {name!r}")
+    try:
+        changes = {field: parse_selector(request.POST.get(field, ""), field, example)
+                   for field, example in (("labels", "zone=east, rack=r12"), ("taints", "pool=ml"))}
+        host = set_placement(name, changes, actor=actor_of(request))
+    except DomainError as e:
+        messages.error(request, f"Labels and taints not saved: {e}. Nothing was changed.")
+    else:
+        changed = [f for f in ("labels", "taints") if before[f] != getattr(host, f)]
+        messages.success(request, f"Saved {' and '.join(changed)}; the scheduler plans with them at its next pass."
+                         if changed else "Nothing changed.")
+    return redirect(reverse("host", args=[name]) + "#placement")
+
+
+@login_required
+@require_POST
+def update_strategy(request):
+    """Change the placement strategy from the dashboard; back to it with what changed, or why not."""
+    try:
+        strategy = set_strategy(request.POST.get("strategy", ""), actor=actor_of(request))
+    except DomainError as e:
+        messages.error(request, f"Strategy not changed: {e}.")
+    else:
+        messages.success(request, f"Placement strategy: {strategy}, from the scheduler's next pass. Replicas that "
+                         "run stay where they are; new placements follow it.")
+    return redirect(reverse("dashboard") + "#scheduler-note")
 
 
 @login_required

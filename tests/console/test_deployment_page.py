@@ -169,6 +169,16 @@ def test_an_htmx_policy_change_is_stored_and_the_card_says_what_changed(user_cli
     assert 'hx-swap-oob="true"' in oob[:400] and "/ 120 ms</span>" in oob and "prio-critical" in oob
 
 
+def test_the_policy_form_sets_tolerations_and_spread(user_client, fleet):
+    r = user_client.post("/deployments/embed/policy/", policy_form(
+        fleet["embed"], tolerations="pool=ml, team=*", spread="required"), **HTMX)
+    html = r.content.decode()
+    dep = Deployment.objects.get(name="embed")
+    assert dep.tolerations == {"pool": "ml", "team": "*"} and dep.spread == "required"
+    assert "tolerations none → pool=ml, team=*" in html and "spread preferred → required" in html
+    assert 'value="pool=ml, team=*"' in html and '<option value="required" selected>' in html
+
+
 def test_saving_an_unchanged_form_says_so(user_client, fleet):
     r = user_client.post("/deployments/chat/policy/", policy_form(fleet["chat"]), **HTMX)
     assert "Nothing changed." in r.content.decode()
@@ -186,6 +196,9 @@ def test_unchecking_latency_critical_and_emptying_the_target_removes_them(user_c
     ({"min_replicas": "5", "max_replicas": "2"}, "max_replicas", "max_replicas 2 is below min_replicas 5"),
     ({"selector": "gpu h100"}, "selector", "selector: &#x27;gpu h100&#x27; is not key=value"),
     ({"selector": "gpu=h100, gpu=a100"}, "selector", "label &#x27;gpu&#x27; is given twice"),
+    ({"tolerations": "pool"}, "tolerations", "tolerations: &#x27;pool&#x27; is not key=value"),
+    ({"spread": "zone"}, "spread", "spread: input should be &#x27;preferred&#x27;, &#x27;required&#x27; or "
+     "&#x27;none&#x27;"),
     ({"priority": "urgent"}, "priority", "priority: input should be &#x27;critical&#x27;, &#x27;high&#x27;"),
     ({"slo_latency_ms": "fast"}, "slo_latency_ms", "slo_latency_ms must be a whole number"),
     ({"max_batch_delay_ms": "20000"}, "max_batch_delay_ms", "max_batch_delay_ms: input should be less than or equal "

@@ -51,14 +51,14 @@ def test_it_turns_the_form_into_policy_changes():
                                  "selector": "gpu=a100", "max_batch_size": "16", "max_batch_delay_ms": "2.5"})
     assert changes == {"priority": "high", "min_replicas": 1, "max_replicas": 3, "gpus_per_replica": 2,
                        "slo_latency_ms": 250, "latency_critical": True, "profile": "memory",
-                       "selector": {"gpu": "a100"}, "max_batch_size": 16, "max_batch_delay_ms": 2.5,
+                       "selector": {"gpu": "a100"}, "tolerations": {}, "max_batch_size": 16, "max_batch_delay_ms": 2.5,
                        "standby": False}
 
 
 def test_empty_fields_clear_the_slo_and_the_flags_and_leave_counts_alone():
     changes = parse_policy_form({"slo_latency_ms": "", "min_replicas": "", "selector": ""})
     assert changes == {"slo_latency_ms": None, "latency_critical": False, "standby": False, "profile": "",
-                       "selector": {}}
+                       "selector": {}, "tolerations": {}}
 
 
 @pytest.mark.parametrize("form, message", [

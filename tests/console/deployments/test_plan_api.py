@@ -76,3 +76,36 @@ def test_the_command_exits_2_naming_the_problem(tmp_path):
     with pytest.raises(CommandError, match="not valid JSON"):
         path.write_text("{")
         call_command("plan", str(path))
+
+
+def test_a_deployment_may_name_a_registered_model_or_a_directory_instead_of_bytes(api, model_dir, settings):
+    settings.MODEL_ROOTS = [str(model_dir.parent)]
+    api.post("/api/v1/models", {"name": "tiny", "path": str(model_dir)})
+    expected = api.post("/api/v1/estimate", {"model": "tiny", "batch": 4})
+    assert expected.status_code == 200, expected.content
+    doc = {"gpus": [{"id": "a/0", "total_bytes": 24 * GiB}],
+           "deployments": [{"name": "by-name", "model": "tiny", "batch": 4},
+                           {"name": "by-path", "model": str(model_dir), "batch": 4}]}
+    body = api.post("/api/v1/plan", doc).json()
+    reserved = {r["deployment"]: r["reserved_bytes"] for r in body["replicas"]}
+    assert reserved == {"by-name": expected.json()["calibrated_bytes"], "by-path": expected.json()["calibrated_bytes"]}
+
+
+def test_a_model_that_cannot_be_estimated_is_named_with_its_deployment(api, tmp_path, settings):
+    settings.MODEL_ROOTS = [str(tmp_path)]
+    r = api.post("/api/v1/plan", {"gpus": [], "deployments": [{"name": "m", "model": "ghost"}]})
+    assert r.status_code == 422 and "deployments[0].model 'ghost': no model named 'ghost'" in refusal(r)
+    r = api.post("/api/v1/plan", {"gpus": [], "deployments": [{"name": "m", "model": "/etc"}]})
+    assert r.status_code == 422 and refusal(r).startswith("deployments[0].model '/etc': ")
+
+
+def test_the_command_sizes_a_model_directory_relative_to_the_shell(tmp_path, model_dir, capsys, monkeypatch,
+                                                                   settings):
+    settings.MODEL_ROOTS = [str(model_dir.parent)]
+    monkeypatch.chdir(model_dir.parent)
+    path = tmp_path / "fleet.json"
+    path.write_text(json.dumps({"gpus": [{"id": "a/0", "total_bytes": 24 * GiB}],
+                                "deployments": [{"name": "m", "model": f"./{model_dir.name}"}]}))
+    call_command("plan", str(path), "--json")
+    body = json.loads(capsys.readouterr().out)
+    assert body["replicas"][0]["state"] == "ready" and body["replicas"][0]["reserved_bytes"] > 0

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
 
+from console.catalog.models import Calibration
+from console.catalog.sizing import sized
 from console.scheduler import STRATEGIES
 from console.scheduler.dryrun import PlanInputError, plan_document
 from console.scheduler.render import plan_to_json, plan_to_text
@@ -31,7 +35,10 @@ class Command(BaseCommand):
         except json.JSONDecodeError as e:
             raise CommandError(f"{opts['file']}: not valid JSON ({e.msg} at line {e.lineno})", returncode=2) from None
         try:
-            result = plan_document(doc, opts["strategy"])
+            # A model path typed in a shell is relative to the shell's directory; without the console's database
+            # the estimates go uncalibrated.
+            has_db = Calibration._meta.db_table in connection.introspection.table_names()
+            result = plan_document(sized(doc, calibrate=has_db, relative_to=os.getcwd()), opts["strategy"])
         except PlanInputError as e:
             raise CommandError(f"{opts['file']}: {e}", returncode=2) from None
         self.stdout.write(json.dumps(plan_to_json(result), indent=2) if opts["json"] else plan_to_text(result))
