@@ -42,10 +42,23 @@ from agent.protocol.messages import (
 UNSERVED_HEADER = "X-ModelGrid-Unserved"
 # On each request the gateway sends: the replica it picked. The agent serves that one or refuses, unserved.
 REPLICA_HEADER = "X-ModelGrid-Replica-Id"
+# The one version of every model that v2 paths may name (/v2/models/{name}/versions/1/...), as in a Triton
+# repository with one version directory; the gateway and the agent refuse any other in unknown_version's words.
+MODEL_VERSION = "1"
+
+
+def unknown_version(name: str, version: str | None) -> str | None:
+    """Why a v2 path's version of model `name` is refused; None when it names none, or the one there is."""
+    if version is None or version == MODEL_VERSION:
+        return None
+    return f"model {name!r} has no version {version[:40]!r}: each model here has one version, {MODEL_VERSION!r}"
+
 
 __all__ = [
     "UNSERVED_HEADER",
     "REPLICA_HEADER",
+    "MODEL_VERSION",
+    "unknown_version",
     "ENDED",
     "ENGINES",
     "LIVE_STATES",

@@ -5,14 +5,16 @@ status that says whose move it is: 400 the request (413 its size: agent.serving.
 the console's gateway, with this host's gateway secret, is served: agent.serving.auth), 404 the name, 429 a
 full queue, 503 the replica (starting, loading, preloaded, sleeping, stopped or failed: the reason says
 which), 507 the replica's memory (the request needs more than its share), 500/504 the worker. The agent
-never wakes or loads a replica for a request: only the console's desired state does. The same app serves
-/v1 (agent.serving.openai) and /metrics.
+never wakes or loads a replica for a request: only the console's desired state does. Triton's model
+configuration and repository index are agent.serving.triton's. The same app serves /v1 (agent.serving.openai)
+and /metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -21,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 import agent
 from agent.metrics import CONTENT_TYPE, Metrics, replica_snapshot
+from agent.protocol import MODEL_VERSION
 from agent.serving.auth import GatewayAuth, gateway_only
 from agent.serving.batching import BatchSettings
 from agent.serving.body import MAX_BODY_BYTES, parse_json, read_body, read_json
@@ -54,8 +57,11 @@ from agent.serving.tensors import (
 )
 from agent.serving.textpool import TextPool
 from agent.serving.tokenization import Tokenizers
+from agent.serving.triton import check_version, describing, model_config, output_shape, repository_index
 from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT
 from agent.workers.spec import SIGNATURES, Signature
+
+log = logging.getLogger(__name__)
 
 BINARY_CONTENT_TYPE = "application/octet-stream"
 BINARY_WRITE_BYTES = 1 << 20  # a large binary answer is written in slices this big, each a turn for the loop
@@ -68,6 +74,9 @@ SOURCE = web.AppKey("source", ReplicaSource)
 METRICS = web.AppKey("metrics", Metrics)
 GATEWAY = web.AppKey("gateway", GatewayAuth)
 POSITIONS = web.AppKey("positions", Tokenizers)  # each model directory's max positions, from config.json
+
+# Triton's extensions served here ("model_repository" is not claimed: its index is, its load and unload are not).
+EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 
 __all__ = ["GatewayAuth", "Replica", "ReplicaSource", "make_app"]
 
@@ -103,9 +112,13 @@ def make_app(
     app.router.add_get("/v2/health/live", live)
     app.router.add_get("/v2/health/ready", ready)
     app.router.add_get("/v2", server_metadata)
-    app.router.add_get("/v2/models/{name}", model_metadata)
-    app.router.add_get("/v2/models/{name}/ready", model_ready)
-    app.router.add_post("/v2/models/{name}/infer", infer)
+    # Each model has one version (agent.serving.triton): /versions/1/... answers as the plain path.
+    for model in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        app.router.add_get(model, model_metadata)
+        app.router.add_get(f"{model}/ready", model_ready)
+        app.router.add_get(f"{model}/config", model_configuration)
+        app.router.add_post(f"{model}/infer", infer)
+    app.router.add_post("/v2/repository/index", repository_index)
     app.router.add_get("/metrics", prometheus_metrics)
     # OpenAI-style /v1/models, /v1/embeddings and /v1/completions, with their own error shape.
     add_openai_routes(app, generation_timeout or DEFAULT_GENERATION_TIMEOUT, text)
@@ -141,28 +154,38 @@ async def ready(request: web.Request) -> web.Response:
 
 async def server_metadata(request: web.Request) -> web.Response:
     return web.json_response({"name": "modelgrid-agent", "version": agent.__version__,
-                              "extensions": ["binary_tensor_data"]})
+                              "extensions": EXTENSIONS})
 
 
 async def model_metadata(request: web.Request) -> web.Response:
     replicas, name = _replicas(request)
     _v2_engine(name, replicas)
-    # Any replica describes the model; a ready one also knows its output width.
-    best = next((h for h in replicas if h.state == "ready"), replicas[0])
+    best = describing(replicas)
     signature = SIGNATURES.get(best.spec.task)
     if signature is None:
         return error(503, not_ready_text(name, replicas))
-    width = best.info.get("output_dim", -1)
-    output_shape = [-1, -1, width] if signature.output_rank == 3 else [-1, width]
     return web.json_response(
         {
             "name": name,
-            "versions": [],
+            "versions": [MODEL_VERSION],
             "platform": "pytorch",
             "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, -1]} for t in signature.inputs],
-            "outputs": [{"name": signature.output.name, "datatype": signature.output.datatype, "shape": output_shape}],
+            "outputs": [{"name": signature.output.name, "datatype": signature.output.datatype,
+                         "shape": output_shape(signature, best.info.get("output_dim", -1))}],
         }
     )
+
+
+async def model_configuration(request: web.Request) -> web.Response:
+    """Triton's model configuration (agent.serving.triton.model_config), from the replica that describes it."""
+    replicas, name = _replicas(request)
+    _v2_engine(name, replicas)
+    best = describing(replicas)
+    if best.spec.task not in SIGNATURES:
+        return error(503, not_ready_text(name, replicas))
+    batching = request.app[DISPATCHER].settings_for(best)
+    return web.json_response(model_config(name, best.spec.task, best.info.get("output_dim", -1),
+                                          _max_positions(request, replicas), batching))
 
 
 async def model_ready(request: web.Request) -> web.Response:
@@ -176,6 +199,7 @@ async def infer(request: web.Request) -> web.Response:
     dispatcher = request.app[DISPATCHER]
     replica_id = picked_replica(request)
     route = dispatcher.route(request.match_info["name"], replica_id=replica_id)
+    check_version(request, route.name)
     with dispatcher.observe(route) as seen:
         _v2_engine(route.name, route.replicas)
         dispatcher.check(route)  # no replica ready: say so before reading the body
@@ -266,6 +290,7 @@ async def prometheus_metrics(request: web.Request) -> web.Response:
 
 def _replicas(request: web.Request) -> tuple[tuple[Any, ...], str]:
     route = request.app[DISPATCHER].route(request.match_info["name"], replica_id=picked_replica(request))
+    check_version(request, route.name)
     return route.replicas, route.name
 
 
@@ -277,7 +302,8 @@ async def _close_batchers(app: web.Application) -> None:
 async def _json_errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    # aiohttp answers unknown routes and oversized bodies in plain text; v2 clients expect {"error"}.
+    # aiohttp answers unknown routes, oversized bodies and its own failures in plain text; v2 clients expect
+    # {"error"}. (/v1 has its own middleware, agent.serving.openai.)
     try:
         return await handler(request)
     except ServingError as e:
@@ -285,4 +311,12 @@ async def _json_errors(
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return error(e.status, f"{e.reason}: {request.method} {request.path}")
+        response = error(e.status, f"{e.reason}: {request.method} {request.path}")
+        if e.status == 405 and "Allow" in e.headers:
+            response.headers["Allow"] = e.headers["Allow"]
+        return response
+    except ConnectionResetError:  # the client went away: nobody to answer
+        raise
+    except Exception as e:  # a bug of ours: still an answer in the client's shape, the traceback in the log
+        log.exception("%s %s failed", request.method, request.path)
+        return error(500, f"internal error: {type(e).__name__}: {e}")

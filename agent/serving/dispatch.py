@@ -203,14 +203,14 @@ class Dispatcher:
 
     def check(self, route: Route) -> None:
         """NotReady, saying which replica is in which state and why, when no replica of the route serves."""
-        if not any(_serves(h) for h in route.replicas):
+        if not any(serves(h) for h in route.replicas):
             raise NoneServing(not_ready_text(route.name, route.replicas))
 
     async def pick(self, route: Route) -> Any:
         """The ready replica with the least work queued; NotReady at once, saying why, when none is (a
         sleeping or preloaded replica is not woken or promoted for a request: the console decides that; a
         draining one finishes what it has and takes nothing new)."""
-        ready = [h for h in route.replicas if _serves(h)]
+        ready = [h for h in route.replicas if serves(h)]
         if ready:
             return min(ready, key=lambda h: h.queued + self._depth(h))
         raise NoneServing(not_ready_text(route.name, route.replicas))
@@ -335,7 +335,8 @@ def _forward(replica: Any) -> RunBatch:
     return run
 
 
-def _serves(handle: Any) -> bool:
+def serves(handle: Any) -> bool:
+    """Whether a replica takes new requests: ready and not draining."""
     return handle.state == "ready" and not getattr(handle, "draining", False)
 
 

@@ -2,9 +2,11 @@
 plus the console's /metrics and the agents' relayed (agent_metrics.py). Served by the console's own ASGI
 process (console/asgi.py routes these paths here).
 
-Listing models, readiness and health are answered here from the gateway's snapshot of the fleet; inference
-and model metadata go to a replica (proxy.py). Every answer from a replica names it (`x-modelgrid-replica`)
-and the time spent waiting for one (`x-modelgrid-queue-ms`).
+Listing models, the v2 repository index, readiness and health are answered here from the gateway's snapshot of
+the fleet; inference, model metadata and Triton's model configuration go to a replica (proxy.py). Every answer
+from a replica names it (`x-modelgrid-replica`) and the time spent waiting for one (`x-modelgrid-queue-ms`).
+Every error, the gateway's own 404, 405 and 500 included, is JSON in the shape of the path's API family
+(errors.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -22,11 +25,16 @@ from console.deployments.serving import SERVING_HINTS
 from console.gateway import agent_metrics
 from console.gateway.auth import Caller, bearer, unauthorized
 from console.gateway.core import Gateway, Refused
-from console.gateway.errors import OPENAI, V2, Family
+from console.gateway.errors import OPENAI, V2, Family, family_of, http_error, server_error
 from console.gateway.fleet import DeploymentView
 from console.gateway.fleet_metrics import scrape
 from console.gateway.metrics import CONTENT_TYPE
 from console.gateway.proxy import permitted, proxy, resolve
+from console.gateway.triton import check_version, not_loaded_on_request, repository_index
+
+# Triton's extensions served ("model_repository" is not claimed: its index is served, its load and unload are not:
+# the scheduler decides what loads).
+EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 
 
 def make_app(gateway: Gateway | None = None) -> Starlette:
@@ -45,15 +53,28 @@ def make_app(gateway: Gateway | None = None) -> Starlette:
         Route("/v2/health/live", _live, methods=["GET"]),
         Route("/v2/health/ready", _ready(gw), methods=["GET"]),
         Route("/v2", _wrap(gw, V2, _server_metadata), methods=["GET"]),
-        Route("/v2/models/{name}", _proxied(gw, V2), methods=["GET"]),
-        Route("/v2/models/{name}/ready", _wrap(gw, V2, _model_ready), methods=["GET"]),
-        Route("/v2/models/{name}/infer", _proxied(gw, V2), methods=["POST"]),
+        Route("/v2/repository/index", _wrap(gw, V2, repository_index), methods=["POST"]),
+        Route("/v2/repository/models/{name}/{verb:str}", _wrap(gw, V2, not_loaded_on_request), methods=["POST"]),
+        *(route for model in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}") for route in (
+            Route(model, _proxied(gw, V2), methods=["GET"]),
+            Route(f"{model}/ready", _wrap(gw, V2, _model_ready), methods=["GET"]),
+            Route(f"{model}/config", _proxied(gw, V2), methods=["GET"]),  # Triton's model configuration
+            Route(f"{model}/infer", _proxied(gw, V2), methods=["POST"]),
+        )),
         Route("/metrics", _wrap(gw, V2, _metrics), methods=["GET"]),
         Route("/metrics/agents", _wrap(gw, V2, agent_metrics.targets), methods=["GET"]),
         Route("/metrics/agents/{name}", _wrap(gw, V2, agent_metrics.relay), methods=["GET"]),
-    ])
+    ], exception_handlers={HTTPException: _http_error, Exception: _server_error})
     app.state.gateway = gw
     return app
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    return http_error(family_of(request.url.path), request.method, request.url.path, exc.status_code, exc.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return server_error(family_of(request.url.path), request.method, request.url.path, exc)
 
 
 # --- requests answered by the gateway itself -------------------------------------------------------------
@@ -106,11 +127,12 @@ async def _get_model(gw: Gateway, request: Request) -> Response:
 
 
 async def _server_metadata(gw: Gateway, request: Request) -> Response:
-    return JSONResponse({"name": "modelgrid", "version": __version__, "extensions": ["binary_tensor_data"]})
+    return JSONResponse({"name": "modelgrid", "version": __version__, "extensions": EXTENSIONS})
 
 
 async def _model_ready(gw: Gateway, request: Request) -> Response:
     dep, _ = resolve(gw.fleet, request.path_params["name"])
+    check_version(request)
     permitted(request.state.caller, dep)
     if dep.ready:
         return JSONResponse({"name": request.path_params["name"], "ready": True})

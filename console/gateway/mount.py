@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 GATEWAY_PREFIXES = ("/v1/", "/v2/", "/metrics/")
-GATEWAY_PATHS = ("/v2", "/metrics", "/health", "/tokenize", "/detokenize")  # the last three: as vLLM serves them
+# "/v1" itself is no route, but the gateway's JSON 404 answers it (Django's would be an HTML page).
+GATEWAY_PATHS = ("/v1", "/v2", "/metrics", "/health", "/tokenize", "/detokenize")  # the last three: as vLLM serves them
 
 
 class GatewayPaths:
-    """An ASGI router: /v1/..., /v2/..., /metrics, /metrics/..., /health, /tokenize and /detokenize to the gateway
-    app, the rest to Django."""
+    """An ASGI router: /v1, /v1/..., /v2, /v2/..., /metrics, /metrics/..., /health, /tokenize and /detokenize to the
+    gateway app, the rest to Django."""
 
     def __init__(self, gateway, django) -> None:
         self.gateway, self.django = gateway, django

@@ -20,6 +20,7 @@ from console.gateway.auth import Caller, bearer, unauthorized
 from console.gateway.core import Gateway, Refused
 from console.gateway.errors import Family
 from console.gateway.fleet import DeploymentView, FleetView
+from console.gateway.triton import check_version
 from console.gateway.upstream import INFERENCE_HEADER_LENGTH, PASSED_HEADERS, Unreachable, Upstream
 
 CLIENT_CLOSED = 499
@@ -59,6 +60,7 @@ async def proxy(gw: Gateway, request: Request, family: Family) -> Response:
         body = await _read_body(request, gw.settings.max_body_bytes)
         name, adapter = await _model_name(request, body, family)
         dep, adapter = _target(gw, name, adapter)
+        check_version(request)
         permitted(caller, dep)  # before `deployment` is set: a 403 is the token's doing, not the deployment's
         deployment = dep.name
         if not family.openai and dep.engine == "vllm":

@@ -1,6 +1,8 @@
-"""Triton's binary tensor extension end to end: the real `tritonclient.http` client with its defaults (binary
-inputs and outputs) against a real `manage.py up`, through the console's gateway to the agent and back, for an
-encoder (tiny-bert: embeddings) and a causal LM (tiny-llama: logits); its numbers equal the JSON path's."""
+"""Triton's clients end to end: the real `tritonclient.http` client with its defaults (binary inputs and outputs)
+against a real `manage.py up`, through the console's gateway to the agent and back, for an encoder (tiny-bert:
+embeddings) and a causal LM (tiny-llama: logits); its numbers equal the JSON path's. And the calls perf_analyzer
+makes before it measures: the repository index, each model's metadata and configuration, and inference at a
+version, with inputs shaped from what those said."""
 
 from __future__ import annotations
 
@@ -99,3 +101,36 @@ def test_a_malformed_binary_body_is_refused_through_the_gateway_naming_the_numbe
     assert past_body.status_code == 400, past_body.text
     assert f"says the JSON header is 100000 bytes, but the body is {len(header) + 16} bytes" in (
         past_body.json()["error"])
+
+
+def test_a_perf_analyzer_style_client_reads_index_metadata_and_config_then_infers(stack, binary_models):
+    import tritonclient.http as triton
+    from tritonclient.utils import InferenceServerException
+
+    url = stack.url.removeprefix("http://").rstrip("/")
+    auth = {"Authorization": f"Bearer {stack.token}"}
+    client = triton.InferenceServerClient(url=url, network_timeout=120)
+    index = {e["name"]: e for e in client.get_model_repository_index(headers=dict(auth))}
+    assert index["bin-llama"] == {"name": "bin-llama", "version": "1", "state": "READY", "reason": ""}
+    assert index["bin-bert"]["state"] == "READY"
+    sequence, rows = 8, 3
+    for name in ("bin-llama", "bin-bert"):
+        metadata = client.get_model_metadata(name, headers=dict(auth))
+        config = client.get_model_config(name, headers=dict(auth))
+        assert config == client.get_model_config(name, model_version="1", headers=dict(auth))
+        assert config["name"] == name and config["max_batch_size"] >= rows
+        # As perf_analyzer reads them: with max_batch_size above 0, metadata shapes less their batch dimension are
+        # the configuration's dims; a -1 is the sequence length it is told (--shape).
+        dims = {t["name"]: t["dims"] for t in config["input"] + config["output"]}
+        assert {t["name"]: t["shape"][1:] for t in metadata["inputs"] + metadata["outputs"]} == dims
+        inputs = []
+        for tensor in metadata["inputs"]:
+            array = np.ones((rows, *[sequence if d == -1 else d for d in dims[tensor["name"]]]), dtype=np.int64)
+            inputs.append(triton.InferInput(tensor["name"], list(array.shape), tensor["datatype"]))
+            inputs[-1].set_data_from_numpy(array)  # binary, tritonclient's default
+        result = client.infer(name, inputs, model_version="1", headers=dict(auth))
+        output = metadata["outputs"][0]["name"]
+        expected = (rows, *[sequence if d == -1 else d for d in dims[output]])
+        assert result.as_numpy(output).shape == expected
+    with pytest.raises(InferenceServerException, match="has no version '2': each model here has one version, '1'"):
+        client.get_model_config("bin-llama", model_version="2", headers=dict(auth))
