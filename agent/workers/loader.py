@@ -23,12 +23,14 @@ from transformers import AutoConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_MAPPING
 
 from agent.artifacts import ModelArtifact, inspect_model_dir
+from agent.artifacts.errors import ArtifactError
 from agent.artifacts.safetensors_header import read_safetensors_header
 
 ProgressCallback = Callable[[int, int], None]  # (loaded bytes, total bytes)
 
 PROGRESS_STEP = 0.05  # report at least every 5% of the bytes ...
 PROGRESS_INTERVAL_S = 0.25  # ... or every 250 ms, whichever comes first
+MISMATCHES_NAMED = 3  # a failed load names this many tensors whose shapes the architecture does not take
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,15 @@ def model_class(config: Any, task: str) -> type[PreTrainedModel]:
     return candidates[0]
 
 
+def mismatch_text(model_path: str | Path, architecture: str, mismatched: Any) -> str:
+    """Why a checkpoint does not fit the model config.json builds: each tensor (the first few) and both shapes."""
+    items = sorted((key, list(ckpt), list(expected)) for key, ckpt, expected in mismatched)
+    named = "; ".join(f"tensor {key!r} has shape {ckpt} in the checkpoint, but {architecture} built from config.json "
+                      f"expects {expected}" for key, ckpt, expected in items[:MISMATCHES_NAMED])
+    more = f"; and {len(items) - MISMATCHES_NAMED} more" if len(items) > MISMATCHES_NAMED else ""
+    return f"{model_path}: {named}{more}"
+
+
 def load_to_device(
     model_path: str | Path,
     task: str,
@@ -138,10 +149,16 @@ def load_to_device(
         state = {key: _CountedSlice(h, key, throttle, own_copy_as) for h in handles for key in h.keys()}
         # pretrained_model_name_or_path=None: transformers refuses a path together with a state dict;
         # the config carries everything the path would have given it.
-        model = model_class(config, task).from_pretrained(
-            None, config=config, state_dict=state, dtype=dtype, device_map={"": device}
+        cls = model_class(config, task)
+        # Mismatched shapes are taken (and reported) so that they can be named here: refused by transformers, they
+        # end in "look at the above report!", the tensors and shapes left in the worker's log.
+        model, info = cls.from_pretrained(
+            None, config=config, state_dict=state, dtype=dtype, device_map={"": device},
+            ignore_mismatched_sizes=True, output_loading_info=True,
         )
         del state
+        if info["mismatched_keys"]:
+            raise ArtifactError(mismatch_text(model_path, cls.__name__, info["mismatched_keys"]))
     model.eval()
     if device.type == "cuda":
         torch.cuda.synchronize(device)

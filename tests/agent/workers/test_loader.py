@@ -4,9 +4,10 @@ import pytest
 import torch
 import transformers
 
-from agent.artifacts import read_safetensors_header
+from agent.artifacts import ArtifactError, read_safetensors_header
 from agent.workers import loader
 from agent.workers.demo_models import build_tiny_bert, build_tiny_llama
+from tests.model_files import with_reshaped_tensor
 
 IDS = torch.tensor([[1, 5, 42, 7, 300, 2], [3, 3, 9, 100, 8, 1]])
 
@@ -104,3 +105,20 @@ def test_progress_from_many_threads_never_goes_backwards():
     for t in threads:
         t.join(10)
     assert len(seen) >= 10 and seen == sorted(seen) and seen[-1] == 8 * 400
+
+
+def test_a_tensor_the_architecture_cannot_take_is_named_with_both_shapes(models, tmp_path):
+    # A norm's weight: no config-only check (agent.artifacts.weight_shapes) knows its shape, the model does.
+    mismatched = with_reshaped_tensor(models["llama"], tmp_path / "mismatched", "model.layers.1.input_layernorm.weight",
+                                      (8, 8))
+    with pytest.raises(ArtifactError) as refused:
+        loader.load_to_device(mismatched, "causal-lm", torch.float32, torch.device("cpu"))
+    assert str(refused.value) == (f"{mismatched}: tensor 'model.layers.1.input_layernorm.weight' has shape [8, 8] in "
+                                  "the checkpoint, but LlamaForCausalLM built from config.json expects [64]")
+
+
+def test_many_mismatches_name_the_first_three_and_count_the_rest():
+    mismatched = [(f"layers.{i}.norm.weight", (8, 8), (64,)) for i in range(5)]
+    text = loader.mismatch_text("/m", "LlamaForCausalLM", mismatched)
+    assert text.count("has shape [8, 8] in the checkpoint") == 3 and text.endswith("; and 2 more")
+    assert text.startswith("/m: tensor 'layers.0.norm.weight' has shape [8, 8]")

@@ -21,6 +21,7 @@ from agent.workers.supervisor import (
     WorkerHandle,
     WorkerUnavailable,
 )
+from tests.model_files import with_reshaped_tensor
 from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -53,7 +54,10 @@ def paths(tmp_path_factory):
     shutil.copytree(llama, broken)
     data = (broken / "model.safetensors").read_bytes()
     (broken / "model.safetensors").write_bytes(data[: len(data) // 2])
-    return {"llama": llama, "bert": bert, "broken": broken, "wide": build_wide_llama(root / "wide-llama")}
+    # A checkpoint with a norm's weight in another shape than the architecture's (config.json is unchanged).
+    mismatched = with_reshaped_tensor(llama, root / "mismatched", "model.norm.weight", (8, 8))
+    return {"llama": llama, "bert": bert, "broken": broken, "wide": build_wide_llama(root / "wide-llama"),
+            "mismatched": mismatched}
 
 
 def build_wide_llama(directory):
@@ -94,6 +98,7 @@ async def workers(paths):
         WorkerSpec(7, str(paths["wide"]), "causal-lm", deployment="too-big", memory_limit_bytes=40 * MIB),
         # Room for the tiny model, not for the largest request the agent lets through (its logits: 64 MiB).
         WorkerSpec(8, str(paths["llama"]), "causal-lm", deployment="capped", memory_limit_bytes=48 * MIB, threads=1),
+        WorkerSpec(9, str(paths["mismatched"]), "causal-lm", deployment="mismatched"),
     ]
     supervisor.start_spares()  # none: these tests start their workers cold
     for spec in specs:
@@ -213,6 +218,13 @@ async def test_a_worker_given_a_broken_model_reports_failed_with_a_reason(worker
     assert broken.status().state == "failed" and broken.status().reason == broken.reason
     with pytest.raises(WorkerUnavailable, match="is failed"):
         await broken.infer({"input_ids": IDS}, timeout=5)
+
+
+async def test_a_checkpoint_the_architecture_cannot_take_fails_naming_the_tensor_and_both_shapes(workers):
+    mismatched = workers[9]
+    assert mismatched.state == "failed"
+    assert mismatched.reason == (f"ArtifactError: {workers.paths['mismatched']}: tensor 'model.norm.weight' has shape "
+                                 "[8, 8] in the checkpoint, but LlamaForCausalLM built from config.json expects [64]")
 
 
 async def test_a_killed_worker_is_reported_failed_and_its_request_gets_an_error(workers):
