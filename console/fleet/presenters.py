@@ -90,6 +90,7 @@ def _gpu(g) -> dict:
     return {
         "index": g.index,
         "name": g.name,
+        "short_name": gpu_short_name(g.name),
         "uuid": g.uuid,
         "labels": gpu_labels(g),
         "total_bytes": g.total_bytes,
@@ -101,6 +102,24 @@ def _gpu(g) -> dict:
         "simulated": g.simulated,
         "replicas": replicas,
     }
+
+
+# Words that name the maker or the family, not the GPU: a grid cell has room for what tells GPUs apart.
+_GPU_NAME_PREFIXES = ("NVIDIA ", "GeForce ", "Tesla ", "AMD ", "Radeon ", "Simulated GPU ")
+GPU_NAME_CHARS = 24  # the most a GPU's short name takes on the grid (its full name is its title)
+
+
+def gpu_short_name(name: str) -> str:
+    """A GPU's name as the grid shows it: the maker's words dropped ("NVIDIA H100 80GB HBM3" is "H100 80GB
+    HBM3", "Simulated GPU 24 GiB" is "24 GiB": its pill says simulated), cut after a whole word past
+    GPU_NAME_CHARS."""
+    short = name.strip()
+    while (prefix := next((p for p in _GPU_NAME_PREFIXES if short.startswith(p) and len(short) > len(p)), None)):
+        short = short[len(prefix):].lstrip()
+    if len(short) <= GPU_NAME_CHARS:
+        return short
+    cut = short[:GPU_NAME_CHARS].rsplit(" ", 1)[0] if " " in short[:GPU_NAME_CHARS] else short[:GPU_NAME_CHARS]
+    return cut.rstrip(" -_") + "…"
 
 
 # The order states are shown in: most useful first, as on a deployment's row.

@@ -8,6 +8,7 @@ import pytest
 from django.utils import timezone
 
 from console.deployments.models import Deployment
+from console.fleet.presenters import gpu_short_name
 from console.fleet.views import grid_context
 from tests.console.fleet_scene import scene
 
@@ -55,6 +56,24 @@ def test_each_host_lists_its_labels_its_sleep_room_and_what_sleeps_there(html):
     assert 'data-asleep="nightly-batch#0">nightly-batch#0 8.00 GiB</a>' in host_a
     host_b = element(html, '<article class="host card" data-host="gpu-b">', "</article>")
     assert ">gpu=a100</span>" in host_b and "summarize#0 86.7 MiB (waking)" in host_b
+
+
+def test_each_gpu_shows_what_tells_it_apart_and_its_full_name_in_the_tooltip(html):
+    host_a = element(html, '<article class="host card" data-host="gpu-a">', "</article>")
+    assert '<span class="gpu-name" title="NVIDIA H100 80GB HBM3">H100 80GB HBM3</span>' in host_a
+    host_b = element(html, '<article class="host card" data-host="gpu-b">', "</article>")
+    assert '<span class="gpu-name" title="NVIDIA A100-SXM4-40GB">A100-SXM4-40GB</span>' in host_b
+
+
+@pytest.mark.parametrize(("name", "shown"), [
+    ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+    ("Simulated GPU 24 GiB", "24 GiB"),  # its pill says simulated
+    ("Tesla V100-SXM2-16GB", "V100-SXM2-16GB"),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX PRO 6000 Blackwell…"),  # cut after a whole word
+    ("NVIDIA", "NVIDIA"),
+])
+def test_a_gpus_short_name_drops_the_makers_words_and_stays_short(name, shown):
+    assert gpu_short_name(name) == shown
 
 
 def test_a_host_without_sleepers_or_sleep_figures_says_so(user_client, host):

@@ -106,3 +106,29 @@ async def test_the_policy_form_changes_priority_and_slo_in_place(stack):
             with stack.api() as api:
                 api.delete("/deployments/policy-demo")
                 api.delete("/models/policy-model")
+
+
+@pytest.mark.parametrize("width", [1280, 760])
+async def test_gpu_names_on_the_grid_are_never_cut_short(stack, width):
+    """The grid once showed a simulated GPU's name as "S…": the memory figures took its room."""
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        page = await browser.new_page(viewport={"width": width, "height": 900})
+        page.set_default_timeout(20_000)
+        try:
+            await sign_in(page, stack.url)
+            await expect(page.locator(".gpu-name")).to_have_count(2)
+            names = await page.eval_on_selector_all(".gpu-name", "els => els.map(e => [e.textContent, e.title, "
+                                                    "e.scrollWidth <= e.clientWidth, e.getBoundingClientRect().width])")
+            for text, title, whole, shown in names:
+                assert (text, title, whole) == ("24 GiB", "Simulated GPU 24 GiB", True)
+                assert shown > 20  # laid out at its own width, not squeezed
+        finally:
+            await browser.close()
+
+
+async def sign_in(page, url: str) -> None:
+    await page.goto(url)
+    for field, value in (("username", "admin"), ("password", ADMIN_PASSWORD)):
+        await page.fill(f"input[name={field}]", value)
+    await page.click("button[type=submit]")
