@@ -41,6 +41,7 @@ from console.control.snapshot import (
 from console.deployments.models import Deployment, DeploymentState, Replica
 from console.deployments.rowlocks import hold_existing
 from console.errors import Invalid
+from console.deployments.serving import REFUSED
 from console.events.record import Note, deployment_object, host_object, record, replica_object
 from console.fleet.models import Host, PlacementSettings
 from console.intake.stages import lapse_leases
@@ -238,7 +239,8 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbac
             actions.append(action)
         if setback:
             setbacks.append((action, tiers[pk]))
-    changed |= _answer_demand(sorted(deployments, key=lambda d: d.pk), {d.deployment: d for d in result.demands}, now)
+    answers = {d.deployment: d for d in result.outlooks} | {d.deployment: d for d in result.demands}
+    changed |= _answer_demand(sorted(deployments, key=lambda d: d.pk), answers, now)
     busy = any(d.traffic_rps or d.observed_p95_ms is not None or d.demand for d in deployments)
     recheck = next_change(request)
     if any(g.stale for g in request.gpus):  # a host that speaks is fresh then, and nothing wakes a pass for that
@@ -247,8 +249,9 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbac
 
 
 def _answer_demand(deployments: list[DeploymentRow], outcomes: dict, now: datetime) -> bool:
-    """Write the scheduler's answer to each deployment's waiting requests where the gateway reads it; a
-    deployment without demand has no answer (so an old refusal never meets new requests)."""
+    """Write the scheduler's answer to each deployment's waiting requests where the gateway reads it. A
+    deployment without demand has no answer (so an old refusal never meets new requests), unless a request would
+    be refused now: "blocked", which its pages show and the gateway leaves to the answer its requests get."""
     changed = False
     stale_s = settings.MODELGRID_DEMAND_STALE_SECONDS
     for dep in deployments:
@@ -392,8 +395,10 @@ ACTION_REASONS = {"place": "Placed", "move": "Moved", "wake": "Woken", "sleep": 
                   "stop": "Stopped", "refuse": "Refused"}
 
 
-def derive_state(replicas: list[Replica]) -> tuple[str, str]:
-    """A deployment's state and reason, from its replicas."""
+def derive_state(replicas: list[Replica], blocked: str = "") -> tuple[str, str]:
+    """A deployment's state and reason, from its replicas; `blocked`: why a request to it would be refused now
+    (the scheduler's answer), so that its reason does not promise one is brought back."""
+    comes_back = f"requests get 503 now: {blocked}" if blocked else ""
     if not replicas:
         return DeploymentState.PENDING, "waiting for the scheduler"
     serving = [r for r in replicas if r.desired_state in ("ready", "preloaded")]
@@ -402,7 +407,7 @@ def derive_state(replicas: list[Replica]) -> tuple[str, str]:
         asleep = len(replicas) - len(serving)
         where = f"{asleep} asleep in host memory, " if asleep else ""
         state = DeploymentState.ASLEEP if asleep else DeploymentState.IDLE
-        return state, f"scaled to zero ({where}{len(unplaced)} stopped); a request brings one back"
+        return state, f"scaled to zero ({where}{len(unplaced)} stopped); {comes_back or 'a request brings one back'}"
     if unplaced and unplaced[0].reason:
         if len(unplaced) == len(replicas):
             return DeploymentState.UNSCHEDULABLE, unplaced[0].reason
@@ -419,7 +424,8 @@ def derive_state(replicas: list[Replica]) -> tuple[str, str]:
     if states and all(s == "ready" for s in states):
         return DeploymentState.READY, f"{asleep} replica(s) asleep in host memory" if asleep else ""
     if not serving:
-        return DeploymentState.ASLEEP, f"all {asleep} replica(s) asleep in host memory; a request wakes one"
+        return DeploymentState.ASLEEP, (f"all {asleep} replica(s) asleep in host memory; "
+                                        f"{comes_back or 'a request wakes one'}")
     if "loading" in states or "starting" in states:
         return DeploymentState.LOADING, "loading weights"
     return DeploymentState.PENDING, "waiting for an agent to start the replica"
@@ -437,7 +443,7 @@ class _StateRow(NamedTuple):
 
 
 _REPLICA_STATES = CarriedRows(Replica, ("deployment_id", *_StateRow._fields), ("deployment_id", "index"))
-_DEPLOYMENT_STATES = CarriedRows(Deployment, ("pk", "state", "reason"), ("pk",))
+_DEPLOYMENT_STATES = CarriedRows(Deployment, ("pk", "state", "reason", "demand_status", "demand_reason"), ("pk",))
 
 
 def _refresh_deployment_states() -> bool:
@@ -445,8 +451,8 @@ def _refresh_deployment_states() -> bool:
     for dep_id, *fields in _REPLICA_STATES.read():
         replicas.setdefault(dep_id, []).append(_StateRow(*fields))
     moved = []
-    for pk, state_was, reason_was in _DEPLOYMENT_STATES.read():
-        state, reason = derive_state(replicas.get(pk, []))
+    for pk, state_was, reason_was, demand_status, demand_reason in _DEPLOYMENT_STATES.read():
+        state, reason = derive_state(replicas.get(pk, []), demand_reason if demand_status in REFUSED else "")
         if (state_was, reason_was) != (state, reason):
             moved.append((pk, state, reason))
     # Updates, not saves: a deployment deleted since it was read is no error. One statement per row, pipelined.

@@ -132,7 +132,7 @@ def deployment_data(dep: Deployment, replicas: list[Replica] | None = None, fres
         "max_batch_delay_ms": dep.max_batch_delay_ms,
         "standby": dep.standby,
         "idle_timeout_s": dep.idle_timeout_s,
-        "serving": serving_state(replicas, dep.standby),
+        "serving": serving_state(replicas, dep.standby, dep.demand_status),
         "last_request_at": dep.last_request_at,
         "demand": waiting_requests(dep),
         "demand_status": dep.demand_status,
@@ -187,7 +187,7 @@ def demand_view(dep: Deployment, now: datetime | None = None) -> dict | None:
 
 def serving_view(dep: Deployment, replicas: list[Replica]) -> dict:
     """The serving word and what it means for the next request."""
-    word = serving_state(replicas, dep.standby)
+    word = serving_state(replicas, dep.standby, dep.demand_status)
     return {"word": word, "hint": SERVING_HINTS[word]}
 
 

@@ -146,12 +146,13 @@ class DeploymentOut(Schema):
                                 "leave their GPUs")
     serving: str = Field(description="what the next request meets: ready (answers at once), waking (a replica is on "
                          "its way to a GPU), asleep (wakes from host RAM on demand), cold (loads from disk on "
-                         "demand) or standby (loaded, takes no requests)")
+                         "demand), standby (loaded, takes no requests) or blocked (no replica can be placed as "
+                         "things stand: a request gets 503 with the scheduler's reason)")
     last_request_at: datetime | None = Field(description="when the gateway last served or queued a request for it")
     demand: int = Field(description="requests waiting at the gateway for a ready replica (0 when the gateway has "
                         "not renewed the count for a few seconds)")
-    demand_status: str = Field(description="the scheduler's answer to waiting requests: served, waiting, refused, "
-                               "or empty when there were none")
+    demand_status: str = Field(description="the scheduler's answer to waiting requests: served, waiting, refused; "
+                               "blocked when none wait but one would be refused; else empty")
     demand_reason: str = Field(description="why: what it woke or loaded, what it waits for, or why it cannot")
     dtype: str
     batch: int

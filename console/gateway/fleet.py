@@ -106,7 +106,7 @@ def load_fleet() -> FleetView:
             adapters[a] = name
         deployments[name] = DeploymentView(
             name=name, tier=tier, rank=TIER_RANK.get(tier, len(TIER_RANK)), task=task,
-            serving=serving_state(rows, standby), ready=tuple(ready), adapters=tuple(names.get(pk, ())),
+            serving=serving_state(rows, standby, demand_status), ready=tuple(ready), adapters=tuple(names.get(pk, ())),
             demand_status=demand_status, demand_reason=demand_reason, created=int(created.timestamp()),
             slo_latency_ms=slo, engine=engine)
     return FleetView(deployments, adapters, by_name, loaded=True)

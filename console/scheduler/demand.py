@@ -10,6 +10,8 @@
 3. The outcome, on the final ledger, for each deployment with requests waiting: served (a replica is ready),
    refused (no GPU could ever hold one, or every replica it could displace is of a higher tier or at its
    minimum) or waiting (who must go idle or finish its residency first).
+4. The outlook of a deployment with none ready and no requests waiting: blocked when a request would be refused,
+   so that its pages do not promise that a request wakes one.
 """
 
 from __future__ import annotations
@@ -237,6 +239,24 @@ def demand_outcomes(run: Run, demanded: list[Demand]) -> dict[str, DemandOutcome
             if key not in alike:
                 alike[key] = _unserved(run, unit)
             found[d.name] = DemandOutcome(d.name, *alike[key])
+    return found
+
+
+def blocked_outlooks(run: Run) -> dict[str, DemandOutcome]:
+    """For each deployment with no replica ready and no requests waiting, whose next request would be refused
+    as things stand: status "blocked" and why."""
+    found: dict[str, DemandOutcome] = {}
+    alike: dict[tuple, tuple[str, str]] = {}
+    for d in run.demands.values():
+        if d.units is not None or d.ready or not d.members or d.held:
+            continue
+        unit = next((u for u in d.members if u.asleep), d.members[0])
+        key = _shape(unit)
+        if key not in alike:
+            alike[key] = _unserved(run, unit)
+        status, reason = alike[key]
+        if status == "refused":
+            found[d.name] = DemandOutcome(d.name, "blocked", reason)
     return found
 
 

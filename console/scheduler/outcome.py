@@ -6,7 +6,7 @@ from operator import attrgetter, lt
 from typing import TYPE_CHECKING
 
 from console.scheduler import explain
-from console.scheduler.demand import demand_outcomes
+from console.scheduler.demand import blocked_outlooks, demand_outcomes
 from console.scheduler.gangs import gang_shortfall
 from console.scheduler.sharing import MIN_MPS, mps_of, mps_text, weight_totals
 from console.scheduler.spread import crowds
@@ -108,6 +108,7 @@ def assemble(run: Run, elapsed_ms: float) -> Plan:
         elapsed_ms=round(elapsed_ms, 3),
         search=run.search,
         demands=tuple(outcomes.values()),
+        outlooks=tuple(blocked_outlooks(run).values()),
         gpu_state=_gpu_state(run, held),
     )
 

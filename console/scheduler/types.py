@@ -261,7 +261,7 @@ class DemandOutcome:
     things stand: the gateway answers 503 with `reason`)."""
 
     deployment: str
-    status: Literal["served", "waiting", "refused"]
+    status: Literal["served", "waiting", "refused", "blocked"]  # blocked: no request waits, one would be refused
     reason: str
 
 
@@ -279,6 +279,7 @@ class Plan:
     elapsed_ms: float
     search: SearchReport | None = None
     demands: tuple[DemandOutcome, ...] = ()  # one per deployment with demand > 0
+    outlooks: tuple[DemandOutcome, ...] = ()  # "blocked", for deployments none ready, none waiting, none servable
     gpu_state: tuple = field(default=((), (), 0), repr=False, compare=False)  # (gpus, reserved, buffer)
 
     @cached_property

@@ -76,17 +76,19 @@ def test_demand_its_gateway_stopped_renewing_is_ignored(host, model):
     sized("huge", 100, min_replicas=0, max_replicas=1)
     waiting("huge", ago=60)  # that console process is gone
     reconcile_once()
-    assert Deployment.objects.get(name="huge").demand_status == ""
+    # No answer to requests (none wait); what remains is the outlook: a request would be refused.
+    assert Deployment.objects.get(name="huge").demand_status == "blocked"
 
 
 def test_an_answer_is_cleared_once_nothing_waits(host, model):
     sized("huge", 100, min_replicas=0, max_replicas=1)
     waiting("huge")
     reconcile_once()
+    assert Deployment.objects.get(name="huge").demand_status == "refused"
     Deployment.objects.filter(name="huge").update(demand=0)
     reconcile_once()
     dep = Deployment.objects.get(name="huge")
-    assert (dep.demand_status, dep.demand_reason) == ("", "")
+    assert dep.demand_status == "blocked" and "no GPU can ever hold it" in dep.demand_reason  # not an answer: an outlook
 
 
 def test_an_idle_scale_to_zero_deployment_leaves_its_gpu_and_says_so(host, model):

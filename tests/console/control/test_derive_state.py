@@ -32,3 +32,12 @@ def test_it_reads_ready_when_one_replica_serves_and_another_sleeps():
     state, reason = derive_state([row(0, "ready", "ready"), row(1, "sleeping", "sleeping")])
     assert state == "ready"
     assert reason == "1 replica(s) asleep in host memory"
+
+
+def test_when_a_request_would_be_refused_it_does_not_promise_that_one_wakes_it():
+    why = "needs 20.00 GiB; every replica it could displace is of a higher tier: a/0 holds crit#0 (critical)"
+    state, reason = derive_state([row(0, "sleeping", "sleeping")], blocked=why)
+    assert state == "asleep"
+    assert reason == f"all 1 replica(s) asleep in host memory; requests get 503 now: {why}"
+    state, reason = derive_state([row(0, "ready", "pending", host=None, reason=ZERO)], blocked=why)
+    assert reason == f"scaled to zero (1 stopped); requests get 503 now: {why}"

@@ -329,3 +329,30 @@ def test_a_replica_whose_requests_are_waiting_is_never_swapped_out_for_traffic_e
     replicas = [Replica("busy", 0, ("a/0",), 40 * GiB), Replica("hot", 0, (), 0, "sleeping", "a")]
     out = by_key(run(ONE, [busy, hot], replicas, ram=64 * GiB))
     assert out[("busy", 0)].action == "keep" and out[("hot", 0)].state == "sleeping"
+
+
+# --- outlooks: what a request would get, with none waiting ----------------------------------------------------
+
+
+def test_a_deployment_asleep_behind_a_higher_tier_reads_blocked_with_the_reason_a_request_would_get():
+    # web's replica sleeps in host RAM, its room held by a critical replica: a request would be refused, so no page
+    # may say that a request wakes it.
+    replicas = [Replica("crit", 0, ("a/0",), 40 * GiB), Replica("web", 0, (), 20 * GiB, "sleeping", "a")]
+    result = run(ONE, [web(demand=0, replicas=1), above_min("crit", 40 * GiB, "critical")], replicas, ram=64 * GiB)
+    assert by_key(result)[("web", 0)].state == "sleeping"
+    assert result.demands == ()
+    assert result.outlooks == (DemandOutcome(
+        "web", "blocked", "needs 20.00 GiB; every replica it could displace is of a higher tier or at its "
+                          "min_replicas: a/0 holds crit#0 (critical)"),)
+
+
+def test_a_deployment_a_request_would_wake_has_no_outlook():
+    replicas = [Replica("std", 0, ("a/0",), 40 * GiB), Replica("web", 0, (), 20 * GiB, "sleeping", "a")]
+    result = run(ONE, [web(demand=0, replicas=1), above_min("std", 40 * GiB)], replicas, ram=64 * GiB)
+    assert result.outlooks == ()  # std#0 is idle and above its minimum: a request would put it to sleep
+
+
+def test_a_deployment_no_gpu_can_hold_reads_blocked_before_any_request():
+    result = run(ONE, [Deployment("huge", 80 * GiB)])
+    assert [(o.deployment, o.status) for o in result.outlooks] == [("huge", "blocked")]
+    assert "no GPU can ever hold it" in result.outlooks[0].reason
