@@ -174,6 +174,7 @@ def _changes(spec: WorkerSpec, replica: DesiredReplica, device_kind: str) -> str
         "dtype": (spec.dtype, replica.dtype),
         "deployment": (spec.deployment, replica.deployment),
         "engine": (spec.engine, replica.engine),
+        "artifact revision": (spec.revision, replica.revision),
     }
     if replica.engine == "vllm":
         # vLLM takes its flags, and whether it serves LoRA at all, when it starts.

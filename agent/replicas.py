@@ -327,6 +327,7 @@ class Replicas:
             memory_limit_bytes=limit,
             threads=threads,
             engine=replica.engine,
+            revision=replica.revision,
             **engine,
         )
 

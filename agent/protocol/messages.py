@@ -273,6 +273,10 @@ class DesiredReplica(_Message):
     adapter_host_bytes: Count = 0  # host-tier budget (0: as large as the device tier x 4)
     adapter_hints: dict[str, float] = {}  # expected demand per adapter, for prefetch
     engine: Engine = "torch"  # what runs it
+    # The revision of its artifacts (model and adapters) it should run: a new one restarts its worker, drained,
+    # even from the same paths (their files were replaced). The console rolls it across a deployment's replicas
+    # one at a time. 0 (the default) is left out: an agent from before revisions refuses fields it does not know.
+    revision: Count = 0
     # The deployment's own flags for its engine, checked against engine_args.py by the console and by the agent
     # before it starts one (a flag one side does not take fails that replica, saying why, not the message).
     engine_args: list[Annotated[str, StringConstraints(max_length=MAX_ARG_CHARS)]] = Field(

@@ -21,7 +21,7 @@ from agent.workers.spec import WorkerSpec
 
 # A worker outlives its agent, so the next agent may be a newer version: it adopts only workers that speak its
 # protocol. Bump this with any change to these messages or to WorkerSpec (they are pickled by field position).
-WORKER_PROTOCOL = 1
+WORKER_PROTOCOL = 2
 
 # --- agent -> worker ----------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ class WorkerSpec:
     engine_args: tuple[str, ...] = ()  # vllm: its arguments after the interpreter, the port excepted
     engine_env: tuple[tuple[str, str], ...] = ()  # vllm: what its environment adds
     engine_flags: tuple[str, ...] = ()  # vllm: the deployment's own flags among engine_args (a change restarts it)
+    revision: int = 0  # the console's revision of its artifacts (a new one restarts it)
 
 
 @dataclass(frozen=True)

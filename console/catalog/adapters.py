@@ -1,9 +1,10 @@
-"""Registering LoRA adapters on a deployment (shared by the API and the pages).
+"""Registering and editing LoRA adapters on a deployment (shared by the API and the pages).
 
 An adapter is read and checked against its deployment's base model torch-free (agent.artifacts):
 a missing directory, a non-LoRA adapter or one trained for another base model is refused with a
 reason and nothing is stored. The deployment's adapter pool grows by the adapter's bytes, so its
-memory estimate (and later reservations) include it.
+memory estimate (and later reservations) include it. A changed adapter directory rolls the deployment's replicas
+onto it one at a time (console/control/rollout.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from agent.artifacts import ArtifactError, check_adapter_matches, read_adapter_dir, read_model_dir
+from agent.artifacts.adapters import CONFIG_NAME, WEIGHTS_NAME
+from console.catalog.fingerprint import fingerprint
 from console.catalog.memory import deployment_estimates
 from console.catalog.models import Adapter
 from console.catalog.names import is_name, validate_name
@@ -25,26 +28,15 @@ def register_adapter(name: str, deployment: str, path: str, pinned: bool = False
     from console.deployments.services import get_deployment, refuse_taken_name  # deployments depends on catalog
 
     validate_name(name, "adapter")
-    if not path:
-        raise Invalid("path is empty: give the directory that holds adapter_config.json and adapter_model.safetensors",
-                      field="path")
     dep = get_deployment(deployment, missing=Invalid)
-    try:
-        adapter = read_adapter_dir(path, roots=settings.MODEL_ROOTS)
-        fit = check_adapter_matches(adapter, read_model_dir(dep.model.path, roots=settings.MODEL_ROOTS),
-                                    dep.serving_dtype)
-    except ArtifactError as e:
-        raise Invalid(str(e), field="path") from None
+    read = artifact_fields(path, dep)
     try:
         with transaction.atomic():
             # Found again, locked: deleted while the files were read, it would leave the pool's update nothing to
             # update and the adapter a deployment that is gone (console/deployments/rowlocks.py).
             dep = get_deployment(deployment, missing=Invalid, lock="change")
             refuse_taken_name(name, "adapter")
-            row = Adapter.objects.create(
-                name=name, deployment=dep, path=str(adapter.path), rank=max(m.rank for m in adapter.modules),
-                modules=len(adapter.modules), parameters=adapter.parameters, nbytes=fit.nbytes, pinned=pinned,
-            )
+            row = Adapter.objects.create(name=name, deployment=dep, pinned=pinned, **read)
             _refresh_pool(dep)
             record([Note(f"adapter/{name}", "Registered", f"LoRA rank {row.rank} for deployment {dep.name} from "
                          f"{row.path}{' (pinned)' if pinned else ''}", actor=actor, deployment=dep.name, folds=False)])
@@ -52,6 +44,63 @@ def register_adapter(name: str, deployment: str, path: str, pinned: bool = False
             return row
     except IntegrityError:
         raise Conflict(f"an adapter named {name!r} is already registered", field="name") from None
+
+
+def artifact_fields(path: str, dep) -> dict:
+    """An adapter row's path and the figures read now from the PEFT directory at `path`, checked against `dep`'s
+    base model at its serving dtype; Invalid naming the path and what is wrong with it."""
+    if not path:
+        raise Invalid("path is empty: give the directory that holds adapter_config.json and adapter_model.safetensors",
+                      field="path")
+    try:
+        adapter = read_adapter_dir(path, roots=settings.MODEL_ROOTS)
+        fit = check_adapter_matches(adapter, read_model_dir(dep.model.path, roots=settings.MODEL_ROOTS),
+                                    dep.serving_dtype)
+    except ArtifactError as e:
+        raise Invalid(str(e), field="path") from None
+    return {"path": str(adapter.path), "rank": max(m.rank for m in adapter.modules), "modules": len(adapter.modules),
+            "parameters": adapter.parameters, "nbytes": fit.nbytes,
+            "fingerprint": fingerprint([adapter.path / CONFIG_NAME, adapter.path / WEIGHTS_NAME])}
+
+
+def update_adapter(name: str, changes: dict, actor: str = "") -> Adapter:
+    """Change an adapter's directory (a new one, or the same one with its files replaced: read and checked as
+    registration does, refused with nothing stored) or its pin. A changed artifact gives its deployment a new pool
+    estimate and a new revision, which the scheduler rolls across the replicas one at a time, drained
+    (console/control/rollout.py); a pin changes no artifact and restarts nothing."""
+    from console.control.rollout import begin_rollout  # control depends on catalog
+    from console.deployments.services import get_deployment  # deployments depends on catalog
+
+    adapter = get_adapter(name)
+    read = artifact_fields(changes["path"], adapter.deployment) if "path" in changes else {}
+    if all(getattr(adapter, field) == value for field, value in read.items()):
+        read = {}
+    pinned = changes.get("pinned", adapter.pinned)
+    if not read and pinned == adapter.pinned:
+        return adapter
+    with transaction.atomic():
+        dep = get_deployment(adapter.deployment.name, lock="change")  # its deployment's row first, as every writer
+        adapter = get_adapter(name)
+        said = []
+        if read:
+            was = {field: getattr(adapter, field) for field in read}
+            said.append(f"moved from {was['path']} to {read['path']}" if was["path"] != read["path"]
+                        else f"files at {read['path']} read again")
+            if was["rank"] != read["rank"]:
+                said.append(f"rank {was['rank']} -> {read['rank']}")
+            begin_rollout([dep])  # before the row changes: the replicas hold what they run now
+            for field, value in read.items():
+                setattr(adapter, field, value)
+        if pinned != adapter.pinned:
+            adapter.pinned = pinned
+            said.append("pinned in the device tier" if pinned else "unpinned")
+        adapter.save(update_fields=[*read, "pinned"])
+        _refresh_pool(dep)
+        if read:
+            said.append(f"deployment {dep.name} restarts onto it one replica at a time")
+        record([Note(f"adapter/{name}", "Updated", "; ".join(said), actor=actor, deployment=dep.name, folds=False)])
+        transaction.on_commit(wake_scheduler)
+    return adapter
 
 
 def get_adapter(name: str) -> Adapter:

@@ -49,11 +49,15 @@ class ModelAdmin(AuditedAdmin):
 
     # Its path is in the desired state of every replica of its deployments: as a deployment's edit does
     # (console/deployments/admin.py), the hosts running them are rebuilt and the scheduler woken, not at its resync.
-    # What its files say (figures, each deployment's estimate) is stored with it: admission reserves by them.
+    # What its files say (figures, each deployment's estimate) is stored with it: admission reserves by them. A new
+    # directory rolls its deployments' replicas onto it one at a time, as the API's PATCH does.
     def save_model(self, request, obj, form, change):
         from console.control.desired import mark_stale  # deployments depends on catalog
+        from console.control.rollout import begin_rollout
         from console.deployments.models import Deployment
 
+        if change and form.read:  # before the row changes: the replicas hold what they run now
+            begin_rollout(Deployment.objects.filter(model=obj).order_by("pk"))
         for field, value in (form.read or {}).items():
             setattr(obj, field, value)
         super().save_model(request, obj, form, change)

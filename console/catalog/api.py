@@ -4,7 +4,17 @@ from ninja import Query, Router, Status
 from console.accounts.auth import actor_of
 from console.catalog import adapters, memory, services
 from console.catalog.models import Adapter, Model
-from console.catalog.schemas import AdapterIn, AdapterOut, ErrorOut, EstimateIn, EstimateOut, ModelIn, ModelOut
+from console.catalog.schemas import (
+    AdapterIn,
+    AdapterOut,
+    AdapterPatch,
+    ErrorOut,
+    EstimateIn,
+    EstimateOut,
+    ModelIn,
+    ModelOut,
+    ModelPatch,
+)
 from console.pagination import ListQuery, name_search, paginate, set_page_headers
 
 router = Router()
@@ -29,6 +39,15 @@ def register_model(request, body: ModelIn):
 @router.get("/{name}", response={200: ModelOut, 404: ErrorOut})
 def get_model(request, name: str):
     return services.get_model(name)
+
+
+@router.patch("/{name}", response={200: ModelOut, 404: ErrorOut, 422: ErrorOut},
+              summary="Change a model's directory, or read its files again (its deployments' replicas roll onto a "
+              "changed artifact one at a time, drained)")
+def update_model(request, name: str, body: ModelPatch):
+    if body.path is None:
+        return services.get_model(name)
+    return services.update_model(name, body.path, actor=actor_of(request))
 
 
 @router.delete("/{name}", response={204: None, 404: ErrorOut, 409: ErrorOut})
@@ -64,6 +83,14 @@ def register_adapter(request, body: AdapterIn):
 @adapter_router.get("/{name}", response={200: AdapterOut, 404: ErrorOut})
 def get_adapter(request, name: str):
     return adapters.get_adapter(name)
+
+
+@adapter_router.patch("/{name}", response={200: AdapterOut, 404: ErrorOut, 422: ErrorOut},
+                      summary="Change an adapter's directory (or read it again) or its pin (a changed artifact rolls "
+                      "its deployment's replicas onto it one at a time, drained)")
+def update_adapter(request, name: str, body: AdapterPatch):
+    changes = body.dict(exclude_none=True)
+    return adapters.update_adapter(name, changes, actor=actor_of(request))
 
 
 @adapter_router.delete("/{name}", response={204: None, 404: ErrorOut})

@@ -19,6 +19,8 @@ class Model(models.Model):
     weights_bytes = models.PositiveBigIntegerField()
     estimate_bytes = models.PositiveBigIntegerField()
     estimate = models.JSONField(default=dict)
+    # The files' sizes and times when they were last read: a PATCH that finds them as they were changes nothing.
+    fingerprint = models.CharField(max_length=64, blank=True)
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -89,6 +91,7 @@ class Adapter(models.Model):
     parameters = models.PositiveBigIntegerField()
     nbytes = models.PositiveBigIntegerField(help_text="bytes at the deployment's serving dtype")
     pinned = models.BooleanField(default=False, help_text="kept in the device tier, never evicted")
+    fingerprint = models.CharField(max_length=64, blank=True, help_text="its files' sizes and times when read")
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:

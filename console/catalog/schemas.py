@@ -33,6 +33,13 @@ class ModelIn(RequestBody):
                       "model root (MODELGRID_MODEL_ROOTS); it must resolve inside a model root")
 
 
+class ModelPatch(RequestBody):
+    path: str | None = Field(None, max_length=MAX_PATH, description="a new model directory, or the same one to read "
+                             "its files again; a changed artifact gets a new estimate and its deployments' replicas "
+                             "restart onto it one at a time, drained. The name and the figures read from the files "
+                             "cannot be changed")
+
+
 class ModelOut(Schema):
     name: str
     path: str
@@ -99,6 +106,13 @@ class AdapterIn(RequestBody):
     path: str = Field(max_length=MAX_PATH, description="a PEFT LoRA directory (adapter_config.json + "
                       "adapter_model.safetensors) inside the model roots")
     pinned: bool = Field(False, description="keep it in the device tier, never evicted")
+
+
+class AdapterPatch(RequestBody):
+    path: str | None = Field(None, max_length=MAX_PATH, description="a new PEFT LoRA directory, or the same one to "
+                             "read its files again (checked against the base model as registration checks it); a "
+                             "changed adapter restarts its deployment's replicas onto it one at a time, drained")
+    pinned: bool | None = Field(None, description="keep it in the device tier, never evicted (no restart)")
 
 
 class AdapterOut(Schema):

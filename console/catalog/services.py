@@ -9,10 +9,13 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from agent.artifacts import ArtifactError, estimate_model, inspect_model_dir
+from console.bulk import update_values
+from console.catalog.fingerprint import fingerprint
 from console.catalog.models import Model
 from console.catalog.names import is_name, validate_name
 from console.errors import Conflict, DomainError, Invalid, NotFound
 from console.events.record import Note, record
+from console.realtime.notify import wake_scheduler
 
 
 def register_model(name: str, path: str, actor: str = "") -> Model:
@@ -30,9 +33,57 @@ def register_model(name: str, path: str, actor: str = "") -> Model:
         raise Conflict(f"a model named {name!r} is already registered", field="name") from None
 
 
+def update_model(name: str, path: str, actor: str = "") -> Model:
+    """Read the model directory at `path` (a new one, or the same one with its files replaced) as registration
+    reads it; refused (Invalid naming the path, or a deployment that could not be served from it) with nothing
+    stored. Unchanged files change nothing. Changed ones give the model new figures and each of its deployments a
+    new estimate and a new revision, which the scheduler rolls across their replicas one at a time, drained
+    (console/control/rollout.py). `actor` goes on the timeline."""
+    from console.catalog.memory import estimates_from  # memory reads deployments, which depend on catalog
+    from console.control.rollout import begin_rollout
+    from console.deployments.models import Deployment
+    from console.deployments.rowlocks import locked
+
+    model = get_model(name)
+    read = artifact_fields(path)
+    if all(getattr(model, field) == value for field, value in read.items()):
+        return model
+    with transaction.atomic():
+        # Its deployments' rows first, in key order, as every writer of deployment rows takes them; read under the
+        # lock, a deployment created meanwhile gets its estimate from the new files too.
+        deployments = list(locked(Deployment.objects.filter(model=model).order_by("pk"), "change"))
+        model = get_model(name)
+        moved = Model(**{f.attname: getattr(model, f.attname) for f in Model._meta.concrete_fields} | read)
+        estimates = estimates_from(moved, deployments)
+        was = {field: getattr(model, field) for field in read}
+        rolled = begin_rollout(deployments)  # before the row changes: its replicas hold what they run now
+        for field, value in read.items():
+            setattr(model, field, value)
+        model.save(update_fields=list(read))
+        update_values(Deployment, ["estimates"], sorted(estimates.items()))
+        record([Note(f"model/{name}", "Updated", f"{_what_changed(was, read)}"
+                     + (f"; deployment(s) {', '.join(rolled)} restart onto it one replica at a time" if rolled
+                        else "; no deployment uses it"), actor=actor, folds=False)])
+        transaction.on_commit(wake_scheduler)
+    return model
+
+
+def _what_changed(was: dict, now: dict) -> str:
+    if was["path"] != now["path"]:
+        said = f"moved from {was['path']} to {now['path']}"
+    else:
+        said = f"files at {now['path']} read again"
+    for field, words in (("parameters", "parameters"), ("weights_bytes", "weight bytes")):
+        if was[field] != now[field]:
+            said += f"; {words} {was[field]:,} -> {now[field]:,}"
+    if was["architecture"] != now["architecture"]:
+        said += f"; {was['architecture']} -> {now['architecture']}"
+    return said
+
+
 # What a model's row takes from its files, and only from them (the admin shows them, never takes them typed in).
 ARTIFACT_FIELDS = ("architecture", "model_type", "task", "stored_dtype", "parameters", "weights_bytes",
-                   "estimate_bytes", "estimate")
+                   "estimate_bytes", "estimate", "fingerprint")
 
 
 def artifact_fields(path: str) -> dict:
@@ -48,7 +99,8 @@ def artifact_fields(path: str) -> dict:
     return {"path": str(artifact.path), "architecture": artifact.architecture, "model_type": artifact.model_type,
             "task": artifact.task, "stored_dtype": artifact.stored_dtype, "parameters": artifact.parameters,
             "weights_bytes": artifact.weights_bytes, "estimate_bytes": estimate.total_bytes,
-            "estimate": estimate.as_dict()}
+            "estimate": estimate.as_dict(),
+            "fingerprint": fingerprint([artifact.path / "config.json", *artifact.files])}
 
 
 def get_model(name: str, missing: type[DomainError] = NotFound) -> Model:

@@ -7,7 +7,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from console.accounts.auth import actor_of
-from console.catalog import memory, services
+from console.catalog import adapters, memory, services
 from console.catalog.calibration import error_fraction
 from console.catalog.models import Calibration, MemorySample, Model
 from console.deployments.services import create_deployment, unused_deployment_name
@@ -73,6 +73,46 @@ def register(request):
             f"{gib(e['activation_bytes'])}, runtime {gib(e['overhead_bytes'])}).",
         )
     return redirect("models")
+
+
+@login_required
+@require_POST
+def edit_model(request, name: str):
+    """A new directory for a model, or the same one read again (services.update_model)."""
+    before = services.get_model(name)
+    try:
+        model = services.update_model(name, request.POST.get("path", "").strip(), actor=actor_of(request))
+    except DomainError as e:
+        messages.error(request, f"Not changed: {e}")
+    else:
+        if model.fingerprint == before.fingerprint and model.path == before.path:
+            messages.info(request, f"Model {name}: its files are as they were; nothing changed.")
+        else:
+            users = list(model.deployments.values_list("name", flat=True))
+            messages.success(request, f"Model {name} changed: {model.parameters:,} parameters, about "
+                             f"{gib(model.estimate_bytes)} a replica" + (f"; {', '.join(users)} restart onto it one "
+                                                                          "replica at a time" if users else "") + ".")
+    return redirect("models")
+
+
+@login_required
+@require_POST
+def edit_adapter(request, adapter: str):
+    """A new directory for an adapter (or the same one read again) and its pin (adapters.update_adapter)."""
+    deployment = adapters.get_adapter(adapter).deployment.name
+    form = request.POST
+    changes = {"pinned": bool(form.get("pinned"))}
+    if form.get("path", "").strip():
+        changes["path"] = form["path"].strip()
+    try:
+        row = adapters.update_adapter(adapter, changes, actor=actor_of(request))
+    except DomainError as e:
+        messages.error(request, f"Adapter not changed: {e}")
+    else:
+        messages.success(request, f"Adapter {adapter} changed (rank {row.rank}, {row.nbytes:,} bytes"
+                         f"{', pinned' if row.pinned else ''}); a new directory restarts the deployment's replicas "
+                         "onto it one at a time.")
+    return redirect("deployment", deployment)
 
 
 @login_required

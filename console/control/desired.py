@@ -25,7 +25,7 @@ def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
     host_ids = list(host_ids)
     out: dict[int, list[dict]] = {host_id: [] for host_id in host_ids}
     replicas = list(Replica.objects.filter(host_id__in=host_ids).order_by("pk").values_list(
-        "pk", "host_id", "deployment_id", "reserved_bytes", "desired_state", "mps_percentage"))
+        "pk", "host_id", "deployment_id", "reserved_bytes", "desired_state", "mps_percentage", "held"))
     if not replicas:
         return out
     gpus: dict[int, list[int]] = {}
@@ -35,7 +35,7 @@ def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
     on_hosts = Q(replica_set__host_id__in=host_ids)
     deployments = {pk: rest for pk, *rest in Deployment.objects.filter(on_hosts).distinct().order_by().values_list(
         "pk", "name", "model__path", "model__architecture", "dtype", "model__stored_dtype", "batch", "seq",
-        "max_batch_size", "max_batch_delay_ms", "engine", "engine_args")}
+        "max_batch_size", "max_batch_delay_ms", "engine", "engine_args", "revision")}
     engines = dict(Host.objects.filter(pk__in=host_ids).values_list("pk", "engines"))
     with_gpus = set(Gpu.objects.filter(host_id__in=host_ids, simulated=False).values_list("host_id", flat=True))
     adapters: dict[int, list[tuple[str, str, bool, int]]] = {}
@@ -50,16 +50,22 @@ def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
             requests[dep][stat["name"]] = requests[dep].get(stat["name"], 0) + stat.get("requests", 0)
     pools = {pk: _adapter_fields(adapters.get(pk, []), requests.get(pk, {})) for pk in deployments}
     # Deployment.serving_dtype and .adapter_pool_bytes, from plain values (no instances here).
-    for pk, host_id, dep_id, reserved, state, mps in replicas:
+    for pk, host_id, dep_id, reserved, state, mps, held in replicas:
         if dep_id not in deployments:  # deleted, with its replicas, since they were read: the delete marked the host
             continue
-        name, path, architecture, dtype, stored_dtype, batch, seq, max_batch_size, delay, engine, engine_args = \
-            deployments[dep_id]
+        (name, path, architecture, dtype, stored_dtype, batch, seq, max_batch_size, delay, engine, engine_args,
+         revision) = deployments[dep_id]
         row = {
             "id": pk, "deployment": name, "model_path": path, "architecture": architecture,
             "gpus": sorted(gpus.get(pk, ())), "reserved_bytes": reserved, "state": state,
             "dtype": dtype or stored_dtype, "batch": batch, "seq": seq, "mps_percentage": mps,
             "max_batch_size": max_batch_size, "max_batch_delay_ms": float(delay), **pools[dep_id]}
+        if held:  # a rollout has not reached it yet: it is told to run what it runs (console/control/rollout.py)
+            revision, row["model_path"] = held["revision"], held["model_path"]
+            row["adapters"] = [a | {"path": held["adapters"][a["name"]]} for a in row["adapters"]
+                               if a["name"] in held["adapters"]]
+        if revision:  # left out at 0, as the engine at its default: an agent from before revisions refuses it
+            row["revision"] = revision
         runs = engine_on(engine, architecture, engines.get(host_id) or {}, host_id in with_gpus)
         if runs != "torch":  # the default, left out: an agent from before engines refuses fields it does not know
             row["engine"] = runs

@@ -25,6 +25,7 @@ from console.catalog.memory import Reservation, corrections, deployment_estimate
 from console.catalog.models import DeviceKind
 from console.control.desired import bump_generations
 from console.control.observed import refresh_observations
+from console.control.rollout import roll
 from console.control.snapshot import (
     DeploymentRow,
     GpuRow,
@@ -544,7 +545,8 @@ def reconcile_once(fence: Callable[[], None] | None = None, scope: Scope = "plan
             fence()
         observed = refresh_observations(now)  # the plan reads the figures it folds in
         planned = _plan_and_apply(now, actions, touched, setbacks, notes)
-        replanned = lifecycle | observed | planned.changed
+        rolled = roll(touched, notes)  # rollouts of changed artifacts, a replica at a time (after the plan's moves)
+        replanned = lifecycle | observed | planned.changed | rolled
         changed = replanned | _refresh_deployment_states()
         # The pass's events before the host rows below, which intake's acks and leases wait for until this
         # commits. (No lock order can cross there: the event rows a pass folds into are its own, since a fold

@@ -94,6 +94,9 @@ class Deployment(models.Model):
     # The scheduler's answer to that demand: served | waiting | refused, and why.
     demand_status = models.CharField(max_length=10, blank=True)
     demand_reason = models.TextField(blank=True)
+    # The revision of its artifacts (its model's files, its adapters') its replicas run: bumped when a PATCH finds
+    # them changed; its running replicas are then restarted onto it one at a time (console/control/rollout.py).
+    revision = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["name"]
@@ -154,6 +157,12 @@ class Replica(models.Model):
     # placed or woke it (its minimum residency counts from then).
     last_request_at = models.DateTimeField(null=True, blank=True)
     ready_since = models.DateTimeField(null=True, blank=True)
+    # A rollout (console/control/rollout.py): what it keeps running until its turn comes ({"revision", "model_path",
+    # "adapters": {name: path}}; {}: its deployment's current artifacts), then the pid of the worker its turn
+    # restarts (the next replica waits until this one is ready under another).
+    held = models.JSONField(default=dict, blank=True, help_text="the artifacts it runs until a rollout reaches it")
+    restarting_pid = models.PositiveIntegerField(null=True, blank=True,
+                                                 help_text="the worker a rollout restarts it from")
 
     class Meta:
         ordering = ["deployment__name", "index"]

@@ -171,3 +171,15 @@ def test_a_vllm_replica_restarts_for_a_new_engine_new_flags_or_its_first_adapter
     assert plan([vllm(adapters=adapters)], on_vllm()).reasons[0] == "replica 1: restart (LoRA changed)"
     assert plan([vllm(adapters=adapters)], on_vllm(args=["--enable-lora"])).actions == ()
     assert plan([vllm()], on_vllm(args=["--enable-lora"])).actions == ()
+
+
+def test_a_new_artifact_revision_restarts_a_replica_even_from_the_same_path():
+    # The console's rollout: the files at the same path were replaced, or its adapters changed; the worker is
+    # restarted (drained by the daemon) with them, and a replica whose revision stands is left alone.
+    spec = WorkerSpec(1, "/m/a", "causal-lm", "cpu", "float32", "d", revision=3)
+    current = {1: Running(spec, "ready", 1)}
+    assert plan([desired(1).model_copy(update={"revision": 3})], current).actions == ()
+    p = plan([desired(1).model_copy(update={"revision": 4})], current)
+    assert verbs(p) == [("stop", 1, "stopped"), ("start", 1, "ready")]
+    assert p.reasons[0] == "replica 1: restart (artifact revision changed)"
+    assert p.start[0].revision == 4

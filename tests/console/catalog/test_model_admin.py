@@ -41,6 +41,7 @@ def test_a_models_new_directory_is_read_and_its_deployments_reserve_the_new_mode
     after = Deployment.objects.get(pk=dep.pk).estimates
     assert after["cuda"]["total_bytes"] > dep.estimates["cuda"]["total_bytes"]
     assert after["cuda"]["weights_bytes"] == moved.weights_bytes
+    assert Deployment.objects.get(pk=dep.pk).revision == dep.revision + 1  # its replicas roll onto it, as a PATCH's
 
 
 def test_a_directory_that_holds_no_model_is_refused_naming_the_path_and_nothing_changes(admin_client, model,
