@@ -213,6 +213,9 @@ class Replicas:
             "cpu_budget": placement.adapter_host_bytes or 4 * gpu_budget,
             "load": [a.model_dump() for a in placement.adapters],
             "hints": placement.adapter_hints,
+            # The pool's budgets and the reservation they live in grow in place as adapters are added (the
+            # scheduler grants the replica more); the worker raises its memory limits by as much.
+            "reserved_bytes": placement.reserved_bytes,
         }
         if config == handle.adapter_config:
             return

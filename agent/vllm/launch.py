@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 from agent.artifacts import ArtifactError
 from agent.artifacts.adapters import read_adapter_dir
+from agent.artifacts.adapters import vllm_lora_rank as lora_rank  # the ranks vLLM takes, shared with the console
 from agent.artifacts.estimate import VLLM_RUNTIME_BYTES
 from agent.protocol import DesiredReplica
 from agent.protocol.engine_args import engine_args_problem
 
 GIB = 1 << 30
 CPU_RUNTIME_BYTES = VLLM_RUNTIME_BYTES["cpu"]
-LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's punica kernels take
 MIN_LORA_SLOTS = 4  # device slots when the placement names no pool budget: adapters added later find room
 MAX_LORA_SLOTS = 64  # vLLM preallocates every slot's weights on the device
 MAX_HOST_LORA_SLOTS = 512
@@ -97,11 +97,3 @@ def lora_args(replica: DesiredReplica) -> list[str]:
     on_host = max(on_device, len(found), min(on_host, MAX_HOST_LORA_SLOTS))
     return ["--enable-lora", "--max-loras", str(on_device), "--max-cpu-loras", str(on_host),
             "--max-lora-rank", str(lora_rank(rank))]
-
-
-def lora_rank(rank: int) -> int:
-    """The smallest rank vLLM takes that holds `rank`; ArtifactError past the largest."""
-    for allowed in LORA_RANKS:
-        if rank <= allowed:
-            return allowed
-    raise ArtifactError(f"LoRA rank {rank} is more than vLLM serves ({LORA_RANKS[-1]})")

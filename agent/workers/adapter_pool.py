@@ -89,6 +89,10 @@ class AdapterPool:
             raise
         return self.stats_of(name)
 
+    def grow(self, gpu_budget: int, cpu_budget: int) -> dict[str, tuple[int, int]]:
+        """Larger tier budgets for adapters to come (AdapterTiers.grow); nothing moves until they are used."""
+        return self.tiers.grow(gpu_budget, cpu_budget)
+
     def unload(self, name: str) -> None:
         """Forget an adapter and free its memory in whichever tier holds it."""
         self.tiers.remove(name)

@@ -108,6 +108,17 @@ class AdapterTiers:
             self._move(state, CPU, moves)
         return moves
 
+    def grow(self, gpu_budget: int, cpu_budget: int) -> dict[str, tuple[int, int]]:
+        """Take larger budgets (the console granted the replica more: its adapters grew); returns each tier that
+        grew as (before, after). A smaller budget is ignored: the scheduler never shrinks a running replica's
+        reservation, so its pool keeps what it was given, and nothing is evicted for it."""
+        grown = {}
+        for tier, wanted in ((GPU, int(gpu_budget)), (CPU, int(cpu_budget))):
+            if wanted > self.budgets[tier]:
+                grown[tier] = (self.budgets[tier], wanted)
+                self.budgets[tier] = wanted
+        return grown
+
     def remove(self, name: str) -> str:
         """Forget an adapter; returns the tier whose memory the caller must free."""
         return self.adapters.pop(self._get(name).name).tier

@@ -5,7 +5,8 @@ initialised CUDA, so it can still take any MPS share) and, in a cold worker, bef
 `apply_memory_limits` runs just before the load: on CUDA the reservation becomes torch's per-process
 memory fraction; on the CPU an address-space cap (RLIMIT_AS) above the worker's baseline makes
 allocations past it fail, the CPU analogue of the fraction, so one request too big for its replica
-fails alone instead of taking the host's memory.
+fails alone instead of taking the host's memory. When the console grows a running replica's reservation
+(its adapter pool grew), `grow_memory_limits` raises either by as much.
 
 CPU workers also get their share of the host's cores (`spec.threads`): torch would otherwise start
 one intra-op thread per core in every worker, and several workers on the same cores then spend their
@@ -73,6 +74,27 @@ def apply_memory_limits(spec: WorkerSpec, torch: Any, device: Any) -> str:
         resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
         applied.append(f"address space capped at {cap} bytes ({spec.memory_limit_bytes} above the baseline {baseline})")
     return "; ".join(applied)
+
+
+def grow_memory_limits(spec: WorkerSpec, torch: Any, device: Any, current: int, reserved: int) -> str:
+    """Raise the limits apply_memory_limits set from a reservation of `current` bytes to one of `reserved` (the
+    console grew it in place: the replica's adapter pool grew); returns a line for the log ("" when nothing
+    changed). Never lowered: the scheduler does not shrink a running replica's reservation."""
+    grown = reserved - current
+    if grown <= 0 or not current:  # 0: no limit was set, none is set now
+        return ""
+    if device.type == "cuda" and spec.gpu_total_bytes:
+        fraction = min(1.0, reserved / spec.gpu_total_bytes)
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
+        return f"memory fraction raised to {fraction:.4f} of {spec.gpu_total_bytes} bytes ({reserved} reserved)"
+    if device.type == "cpu" and spec.memory_limit_bytes:
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return ""
+        cap = soft + grown if hard == resource.RLIM_INFINITY else min(soft + grown, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+        return f"address space cap raised to {cap} bytes ({grown} more reserved)"
+    return ""
 
 
 def apply_threads(torch: Any, threads: int) -> str:

@@ -52,6 +52,7 @@ class LoadedModel:
         self.load_stats = stats
         self.swap = WeightSwap(model, device)
         self.pool: AdapterPool | None = None  # made on the first adapter, so a plain model is untouched
+        self.reserved_bytes = spec.reserved_bytes  # what its limits allow now: the console may grow it in place
         self._batcher: ContinuousBatcher | None = None
         # What the agent may ask of this worker by name: (command, request id, payload).
         # A new worker command is one more entry here (and a WorkerHandle.call on the agent side).
@@ -91,9 +92,14 @@ class LoadedModel:
     def configure_adapters(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Unload, load (and pin) adapters and take the console's demand hints; a refused adapter is
         reported, the others still apply. Returns the pool's stats and the refusals."""
+        self._grow_reservation(payload.get("reserved_bytes", 0))
         if self.pool is None:
             self.pool = AdapterPool(self.model, gpu_budget=payload["gpu_budget"], cpu_budget=payload["cpu_budget"],
                                     base=self.artifact or inspect_model_dir(self.spec.model_path))
+        else:
+            # The budgets follow the console's grant: an adapter bigger than the first ones then fits.
+            for tier, (before, after) in self.pool.grow(payload["gpu_budget"], payload["cpu_budget"]).items():
+                log.info("adapter pool: %s tier grown from %d to %d bytes", tier, before, after)
         errors = []
         for name in payload.get("unload", ()):
             self.pool.unload(name)
@@ -108,6 +114,14 @@ class LoadedModel:
             self.pool.hint(payload["hints"])
             self.pool.prefetch()
         return {"stats": self.pool.stats(), "errors": errors}
+
+    def _grow_reservation(self, reserved: int) -> None:
+        """Raise the worker's memory limits to a reservation the console grew in place (see limits)."""
+        applied = limits.grow_memory_limits(self.spec, torch, self.device, self.reserved_bytes, reserved)
+        if reserved > self.reserved_bytes and self.reserved_bytes:
+            self.reserved_bytes = reserved
+        if applied:
+            log.info("limits: %s", applied)
 
     @property
     def asleep(self) -> bool:

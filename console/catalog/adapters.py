@@ -3,8 +3,9 @@
 An adapter is read and checked against its deployment's base model torch-free (agent.artifacts):
 a missing directory, a non-LoRA adapter or one trained for another base model is refused with a
 reason and nothing is stored. The deployment's adapter pool grows by the adapter's bytes, so its
-memory estimate (and later reservations) include it. A changed adapter directory rolls the deployment's replicas
-onto it one at a time (console/control/rollout.py).
+memory estimate (and later reservations) include it: a running replica's reservation and its worker's pool grow
+in place (console/control/reconcile.py, agent/workers/adapter_tiers.py). A changed adapter directory rolls the
+deployment's replicas onto it one at a time (console/control/rollout.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from agent.artifacts import ArtifactError, check_adapter_matches, read_adapter_dir, read_model_dir
-from agent.artifacts.adapters import CONFIG_NAME, WEIGHTS_NAME
+from agent.artifacts.adapters import CONFIG_NAME, WEIGHTS_NAME, vllm_lora_rank
 from console.catalog.fingerprint import fingerprint
 from console.catalog.memory import deployment_estimates
 from console.catalog.models import Adapter
@@ -25,6 +26,7 @@ from console.realtime.notify import wake_scheduler
 
 def register_adapter(name: str, deployment: str, path: str, pinned: bool = False, actor: str = "") -> Adapter:
     """Read, check and store an adapter for `deployment`; refreshes the deployment's memory estimate."""
+    from console.control.rollout import begin_rollout  # control depends on catalog
     from console.deployments.services import get_deployment, refuse_taken_name  # deployments depends on catalog
 
     validate_name(name, "adapter")
@@ -36,10 +38,15 @@ def register_adapter(name: str, deployment: str, path: str, pinned: bool = False
             # update and the adapter a deployment that is gone (console/deployments/rowlocks.py).
             dep = get_deployment(deployment, missing=Invalid, lock="change")
             refuse_taken_name(name, "adapter")
+            outgrown = _outgrows_vllm(dep, read["rank"])
+            if outgrown:  # before the row exists: the replicas hold the adapters they serve now
+                begin_rollout([dep])
             row = Adapter.objects.create(name=name, deployment=dep, pinned=pinned, **read)
             _refresh_pool(dep)
+            restart = f"; {outgrown}: they restart one at a time to serve it" if outgrown else ""
             record([Note(f"adapter/{name}", "Registered", f"LoRA rank {row.rank} for deployment {dep.name} from "
-                         f"{row.path}{' (pinned)' if pinned else ''}", actor=actor, deployment=dep.name, folds=False)])
+                         f"{row.path}{' (pinned)' if pinned else ''}{restart}", actor=actor, deployment=dep.name,
+                         folds=False)])
             transaction.on_commit(wake_scheduler)
             return row
     except IntegrityError:
@@ -61,6 +68,36 @@ def artifact_fields(path: str, dep) -> dict:
     return {"path": str(adapter.path), "rank": max(m.rank for m in adapter.modules), "modules": len(adapter.modules),
             "parameters": adapter.parameters, "nbytes": fit.nbytes,
             "fingerprint": fingerprint([adapter.path / CONFIG_NAME, adapter.path / WEIGHTS_NAME])}
+
+
+def _outgrows_vllm(dep, rank: int) -> str:
+    """Why the vLLM servers running `dep`'s replicas cannot serve a new adapter of `rank` until they restart (they
+    started without LoRA, or for a smaller --max-lora-rank), or "" when none of its replicas runs vLLM or they can.
+    Built-in engine replicas take any rank: their pools grow in place."""
+    from console.control.desired import engine_on  # control depends on catalog
+    from console.fleet.models import Gpu, Host
+
+    if dep.engine == "torch":
+        return ""
+    hosts = dict(Host.objects.filter(replicas__deployment=dep).distinct().values_list("pk", "engines"))
+    real = set(Gpu.objects.filter(host_id__in=hosts, simulated=False).values_list("host_id", flat=True))
+    if not any(engine_on(dep.engine, dep.model.architecture, engines or {}, pk in real) == "vllm"
+               for pk, engines in hosts.items()):
+        return ""
+    ranks = list(Adapter.objects.filter(deployment=dep).values_list("rank", flat=True))
+    if not ranks:
+        return f"the vLLM servers of deployment {dep.name} started without LoRA"
+    try:
+        served = vllm_lora_rank(max(ranks))
+    except ArtifactError:
+        return ""  # they cannot start with the adapters they have: a restart changes nothing
+    try:
+        needed = vllm_lora_rank(rank)
+    except ArtifactError:
+        needed = rank  # more than vLLM serves at all: the restarted replica's failure says so
+    if needed <= served:
+        return ""
+    return f"the vLLM servers of deployment {dep.name} serve LoRA ranks up to {served}"
 
 
 def update_adapter(name: str, changes: dict, actor: str = "") -> Adapter:

@@ -47,6 +47,7 @@ from console.events.record import Note, deployment_object, host_object, record, 
 from console.fleet.models import Host, PlacementSettings
 from console.intake.stages import lapse_leases
 from console.scheduler import PlanInput, PlannedReplica, Settings, plan
+from console.scheduler.explain import gib
 from console.scheduler.horizon import next_change
 
 log = logging.getLogger("modelgrid.scheduler")
@@ -360,10 +361,13 @@ def _apply(dep: DeploymentRow, rows: dict[int, ReplicaRow], p: PlannedReplica, g
             row.observed_state, row.measured_bytes, row.pid = "pending", None, None
         if p.action in ("place", "move", "wake"):
             row.ready_since = now  # its minimum residency on these GPUs counts from here
-        if moved or p.action in ("place", "move", "wake") or not row.reservation:
+        grown = row.reserved_bytes
+        if moved or p.action in ("place", "move", "wake") or not row.reservation or _grows(row, p, need):
             row.reserved_bytes = p.reserved_bytes
             row.reservation = {"device": device, "estimated_bytes": need.estimated_bytes,
                                "factor": need.correction.factor, "calibrated_from": need.correction.samples}
+        if not moved and p.action == "keep" and grown and row.reserved_bytes > grown:
+            notes.append(_resized(dep, p, grown, device, read.host_names.get(placement[0].host_id, "")))
         row.host_id, row.desired_state = placement[0].host_id, "preloaded" if dep.standby else "ready"
     elif p.state == "sleeping":
         if p.host:
@@ -389,6 +393,23 @@ def _apply(dep: DeploymentRow, rows: dict[int, ReplicaRow], p: PlannedReplica, g
     if created or regpu or set(changed) & _DESIRED:
         touched.update(h for h in (host_before, row.host_id) if h)
     return created or bool(changed) or regpu
+
+
+def _grows(row: ReplicaRow | Replica, p: PlannedReplica, need: Reservation) -> bool:
+    """Whether a kept replica's reservation grows in place: the plan holds more for it because its deployment's
+    estimate grew (adapters added: its worker's pool grows into it), not because calibration moved (a kept row is
+    not rewritten for that; the plan reserves the calibrated figure as it is)."""
+    return p.reserved_bytes > row.reserved_bytes and row.reservation.get("estimated_bytes") != need.estimated_bytes
+
+
+def _resized(dep: DeploymentRow, p: PlannedReplica, was: int, device: str, host: str) -> Note:
+    """The timeline's word on a reservation grown in place (rare: read the deployment's breakdown for it)."""
+    estimates = Deployment.objects.filter(pk=dep.pk).values_list("estimates", flat=True).first() or {}
+    pool = (estimates.get(device) or {}).get("adapter_pool_bytes")
+    why = f"its adapter pool grew to {gib(pool)}" if pool else "its deployment's estimate grew"
+    return Note(replica_object(dep.name, p.index), "Resized", f"reservation grown in place on {', '.join(p.gpus)} "
+                f"from {gib(was)} to {gib(p.reserved_bytes)}: {why}; its worker takes the room without a restart",
+                actor="scheduler", deployment=dep.name, host=host)
 
 
 # The timeline's reason code for each of the scheduler's actions.
