@@ -50,6 +50,12 @@ class ReplicaSnapshot:
     running_sequences: int = 0  # generations decoding in its continuous batcher
     waiting_sequences: int = 0  # generations waiting for their prefill
     kv_cache_bytes: int = 0  # what their KV caches hold
+    index: int | None = None  # its index among the deployment's replicas (None: the console sent none)
+
+    @property
+    def label(self) -> str:
+        """Its `replica` label: as the console's pages and API name it ("chat#0"), else its id."""
+        return f"{self.deployment}#{self.index}" if self.index is not None else str(self.replica_id)
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,7 @@ class MetricsSnapshot:
 class ObservedReplica(Protocol):
     """What replica_snapshot reads of a worker handle (the supervisor's WorkerHandle has it)."""
 
-    spec: Any  # .deployment and .replica_id
+    spec: Any  # .deployment, .replica_id and .index
     state: str
     info: dict[str, Any]  # what the worker reported: load_seconds, wake_seconds, adapters (AdapterStats fields)
 
@@ -96,6 +102,7 @@ def replica_snapshot(handle: ObservedReplica) -> ReplicaSnapshot:
         running_sequences=getattr(engine, "running", 0),
         waiting_sequences=getattr(engine, "waiting", 0),
         kv_cache_bytes=getattr(engine, "kv_cache_bytes", 0),
+        index=getattr(handle.spec, "index", None),
     )
 
 
@@ -310,7 +317,7 @@ def _replica_families(replicas: tuple[ReplicaSnapshot, ...], failed: dict[int, i
     failures = CounterMetricFamily("modelgrid_replica_failures", "Worker processes of the replica that crashed, "
                                    "hung or failed to load (each restarted with backoff).", labels=labels)
     for replica in replicas:
-        values = [replica.deployment, str(replica.replica_id)]
+        values = [replica.deployment, replica.label]
         known = REPLICA_STATES if replica.state in REPLICA_STATES else (*REPLICA_STATES, replica.state)
         for name in known:
             state.add_metric([*values, name], 1 if name == replica.state else 0)

@@ -330,6 +330,7 @@ class Replicas:
             memory_limit_bytes=limit,
             threads=threads,
             engine=replica.engine,
+            index=replica.index,
             revision=replica.revision,
             **engine,
         )

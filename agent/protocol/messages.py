@@ -257,6 +257,9 @@ class DesiredAdapter(_Message):
 class DesiredReplica(_Message):
     id: Id
     deployment: Name
+    # Its index among the deployment's replicas: the console and its pages name it "chat#0", and so do the agent's
+    # metrics. None (an older console): the metrics name it by its id.
+    index: Id | None = None
     model_path: str
     architecture: str
     gpus: list[Small] = Field(max_length=MAX_GPUS)

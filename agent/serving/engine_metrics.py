@@ -1,7 +1,7 @@
 """vLLM's own metrics, relayed on the agent's /metrics: each serving vLLM replica's exposition, read from its
-server, every series labelled with the replica's deployment and id as the agent's own series are, and the
-families of all replicas merged (one HELP and TYPE each, as the text format requires). Parsed and rendered in a
-thread: a busy vLLM exposes thousands of lines."""
+server, every series labelled with the replica's deployment and name ("chat#0") as the agent's own series are,
+and the families of all replicas merged (one HELP and TYPE each, as the text format requires). Parsed and
+rendered in a thread: a busy vLLM exposes thousands of lines."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def merge(scraped: list[tuple[Any, str]]) -> bytes:
     """One exposition from several replicas' texts, each sample labelled with its replica."""
     families: dict[str, Metric] = {}
     for handle, text in scraped:
-        labels = {"deployment": handle.spec.deployment, "replica_id": str(handle.spec.replica_id)}
+        labels = {"deployment": handle.spec.deployment, "replica": handle.spec.label}  # as the agent's own series
         for family in text_string_to_metric_families(text):
             merged = families.get(family.name)
             if merged is None:

@@ -34,6 +34,12 @@ class WorkerSpec:
     engine_env: tuple[tuple[str, str], ...] = ()  # vllm: what its environment adds
     engine_flags: tuple[str, ...] = ()  # vllm: the deployment's own flags among engine_args (a change restarts it)
     revision: int = 0  # the console's revision of its artifacts (a new one restarts it)
+    index: int | None = None  # its index among the deployment's replicas, as the console sent it (None: an older one)
+
+    @property
+    def label(self) -> str:
+        """The replica as the console's pages and API name it ("chat#0"); its id when the console sent no index."""
+        return f"{self.deployment}#{self.index}" if self.index is not None else str(self.replica_id)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
     host_ids = list(host_ids)
     out: dict[int, list[dict]] = {host_id: [] for host_id in host_ids}
     replicas = list(Replica.objects.filter(host_id__in=host_ids).order_by("pk").values_list(
-        "pk", "host_id", "deployment_id", "reserved_bytes", "desired_state", "mps_percentage", "held"))
+        "pk", "host_id", "deployment_id", "index", "reserved_bytes", "desired_state", "mps_percentage", "held"))
     if not replicas:
         return out
     gpus: dict[int, list[int]] = {}
@@ -50,13 +50,13 @@ def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
             requests[dep][stat["name"]] = requests[dep].get(stat["name"], 0) + stat.get("requests", 0)
     pools = {pk: _adapter_fields(adapters.get(pk, []), requests.get(pk, {})) for pk in deployments}
     # Deployment.serving_dtype and .adapter_pool_bytes, from plain values (no instances here).
-    for pk, host_id, dep_id, reserved, state, mps, held in replicas:
+    for pk, host_id, dep_id, index, reserved, state, mps, held in replicas:
         if dep_id not in deployments:  # deleted, with its replicas, since they were read: the delete marked the host
             continue
         (name, path, architecture, dtype, stored_dtype, batch, seq, max_batch_size, delay, engine, engine_args,
          revision) = deployments[dep_id]
         row = {
-            "id": pk, "deployment": name, "model_path": path, "architecture": architecture,
+            "id": pk, "deployment": name, "index": index, "model_path": path, "architecture": architecture,
             "gpus": sorted(gpus.get(pk, ())), "reserved_bytes": reserved, "state": state,
             "dtype": dtype or stored_dtype, "batch": batch, "seq": seq, "mps_percentage": mps,
             "max_batch_size": max_batch_size, "max_batch_delay_ms": float(delay), **pools[dep_id]}

@@ -242,7 +242,7 @@ async def test_a_crashed_worker_is_reported_and_restarted(console, run_agent, tm
     llama = build_tiny_llama(tmp_path / "tiny-llama")
     agent = await run_agent()
     await console.expect(Hello)
-    await console.send(desired_state(generation=1, replicas=[replica(llama)]))
+    await console.send(desired_state(generation=1, replicas=[replica(llama, index=0)]))
     first = await console.expect(ReplicaStatus, replica_id=7, state="ready", timeout=LOAD_S)
 
     psutil.Process(first.pid).kill()
@@ -252,7 +252,7 @@ async def test_a_crashed_worker_is_reported_and_restarted(console, run_agent, tm
     assert again.pid != first.pid and psutil.pid_exists(again.pid)
     assert agent.backoff.failures(7) == 0  # a ready worker ends the run of failures
     # ... but not the count Prometheus sees, which the next report hands to the metrics.
-    labels = {"deployment": "chat", "replica": "7"}
+    labels = {"deployment": "chat", "replica": "chat#0"}  # as the console's pages name it
     await until(lambda: agent.metrics.registry.get_sample_value("modelgrid_replica_failures_total", labels) == 1,
                 10, "the failure counted in the metrics")
 

@@ -118,12 +118,26 @@ def test_requests_older_than_the_window_drop_out(metrics, clock):
 
 def test_a_replica_snapshot_reads_what_the_worker_reported():
     class Handle:
-        spec = WorkerSpec(4, "/m", "causal-lm", deployment="chat")
+        spec = WorkerSpec(4, "/m", "causal-lm", deployment="chat", index=2)
         state = "ready"
         info = {"output_dim": 8, "load_seconds": 2.5, "adapters": {"hits": 3, "misses": 1, "evictions": 0}}
 
     snapshot = replica_snapshot(Handle())
-    assert snapshot == ReplicaSnapshot("chat", 4, "ready", load_seconds=2.5, adapters=AdapterStats(3, 1, 0, 0))
+    assert snapshot == ReplicaSnapshot("chat", 4, "ready", load_seconds=2.5, adapters=AdapterStats(3, 1, 0, 0),
+                                       index=2)
+    assert snapshot.label == "chat#2"
+
+
+def test_replica_series_name_each_replica_as_the_console_does(metrics):
+    metrics.set_replicas([ReplicaSnapshot("chat", 17, "ready", load_seconds=1.5, index=0),
+                          ReplicaSnapshot("chat", 18, "loading", index=1), ReplicaSnapshot("older", 9, "ready")])
+    metrics.set_failures({18: 2})
+    assert value(metrics, "modelgrid_replica_state", deployment="chat", replica="chat#0", state="ready") == 1
+    assert value(metrics, "modelgrid_replica_load_seconds", deployment="chat", replica="chat#0") == 1.5
+    assert value(metrics, "modelgrid_replica_failures_total", deployment="chat", replica="chat#1") == 2
+    # From a console that sends no index: the replica's id, as before.
+    assert value(metrics, "modelgrid_replica_state", deployment="older", replica="9", state="ready") == 1
+    assert 'replica="17"' not in metrics.render().decode()
 
 
 def test_two_instances_never_share_a_registry():

@@ -80,7 +80,7 @@ async def test_a_vllm_replica_starts_serves_through_the_relay_and_is_refused_v2(
 
 
 async def test_streams_pass_through_and_an_abandoned_one_is_cancelled_in_vllm(console, run_agent, tmp_path):
-    agent, _ = await start_vllm_replica(console, run_agent, tmp_path)
+    agent, _ = await start_vllm_replica(console, run_agent, tmp_path, index=0)
     async with aiohttp.ClientSession(headers=GATEWAY) as http:
         body = {"model": "chat", "prompt": "hi", "stream": True, "max_tokens": 400}
         async with http.post(f"{agent.endpoint}/v1/completions", json=body) as response:
@@ -107,7 +107,7 @@ async def _metrics(agent, name):
             text = await response.text()
     for line in text.splitlines():
         if line.startswith(name + "{"):
-            assert 'deployment="chat"' in line and 'replica_id="7"' in line  # labelled with its replica
+            assert 'deployment="chat"' in line and 'replica="chat#0"' in line  # labelled as the console names it
             value = float(line.rsplit(" ", 1)[1])
             return value or None
     return None

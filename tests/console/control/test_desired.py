@@ -5,6 +5,7 @@ import pytest
 
 from agent.protocol import DesiredReplica
 from console.control.desired import desired_rows_by_host
+from console.deployments.models import Replica
 from console.fleet.models import Host
 from tests.console.fleet_scene import MiB, scene
 
@@ -26,6 +27,9 @@ def test_desired_rows_are_desired_replicas_as_pushed(model):
     assert all([r["id"] for r in host_rows] == sorted(r["id"] for r in host_rows) for host_rows in rows.values())
     chat = [r for r in rows[hosts["gpu-a"]] if r["deployment"] == "chat"]
     assert [r["gpus"] for r in chat] == [[0], [1]]
+    # Each replica's index, so the agent's metrics name it as the pages do ("chat#2").
+    assert {r["id"]: r["index"] for r in every} == dict(Replica.objects.filter(pk__in=[r["id"] for r in every])
+                                                        .values_list("pk", "index"))
     first = chat[0]
     assert (first["model_path"], first["dtype"], first["mps_percentage"]) == (model.path, model.stored_dtype, 72)
     assert first["adapters"] == [{"name": "sql", "path": "/adapters/sql-lora", "pinned": True},
