@@ -41,8 +41,8 @@ from console.control.snapshot import (
 )
 from console.deployments.models import Deployment, DeploymentState, Replica
 from console.deployments.rowlocks import hold_existing
-from console.errors import Invalid
 from console.deployments.serving import REFUSED
+from console.errors import Invalid
 from console.events.record import Note, deployment_object, host_object, record, replica_object
 from console.fleet.models import Host, PlacementSettings
 from console.intake.stages import lapse_leases

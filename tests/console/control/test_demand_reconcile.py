@@ -88,7 +88,8 @@ def test_an_answer_is_cleared_once_nothing_waits(host, model):
     Deployment.objects.filter(name="huge").update(demand=0)
     reconcile_once()
     dep = Deployment.objects.get(name="huge")
-    assert dep.demand_status == "blocked" and "no GPU can ever hold it" in dep.demand_reason  # not an answer: an outlook
+    # Not an answer to requests any more: the outlook of the next one.
+    assert dep.demand_status == "blocked" and "no GPU can ever hold it" in dep.demand_reason
 
 
 def test_an_idle_scale_to_zero_deployment_leaves_its_gpu_and_says_so(host, model):

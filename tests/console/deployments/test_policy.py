@@ -74,8 +74,8 @@ def test_the_django_admin_validates_through_the_policy(model):
     request.user = get_user_model().objects.create_superuser("root", password="a-long-password")
     form_class = admin.get_form(request, dep, change=True)
     data = {f: getattr(dep, f) for f in form_class.base_fields if getattr(dep, f, None) is not None}
-    data |= {"model": dep.model.pk, "selector": "{}", "tolerations": "{}", "engine_args": "[]", "estimates": json.dumps(dep.estimates),
-             "gateway_stats": "{}",
+    data |= {"model": dep.model.pk, "selector": "{}", "tolerations": "{}", "engine_args": "[]",
+             "estimates": json.dumps(dep.estimates), "gateway_stats": "{}",
              "created_0": dep.created.date().isoformat(), "created_1": dep.created.time().strftime("%H:%M:%S"),
              "min_replicas": 5, "max_replicas": 1}
     form = form_class(data, instance=dep)
