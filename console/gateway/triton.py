@@ -9,17 +9,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from agent.protocol import MODEL_VERSION, unknown_version
-from console.deployments.serving import ASLEEP, COLD, READY, SERVING_HINTS, STANDBY, WAKING
+from console.deployments.serving import ASLEEP, BLOCKED, COLD, READY, REFUSED, SERVING_HINTS, STANDBY, WAKING
 from console.gateway.core import Gateway, Refused
 from console.gateway.fleet import DeploymentView
 
 MAX_INDEX_BODY = 4096  # an index request is {"ready": true} at most
-REFUSED = ("refused", "blocked")  # the scheduler's answers to a deployment's demand that mean a 503 now
 
 # A deployment's serving word as Triton's model states: READY serves, LOADING is on its way to a GPU, UNAVAILABLE
 # does not serve now (the reason says what a request to it will get).
 TRITON_STATES = {READY: "READY", WAKING: "LOADING", ASLEEP: "UNAVAILABLE", COLD: "UNAVAILABLE",
-                 STANDBY: "UNAVAILABLE"}
+                 STANDBY: "UNAVAILABLE", BLOCKED: "UNAVAILABLE"}
 
 
 def check_version(request: Request) -> None:
