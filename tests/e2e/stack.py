@@ -155,6 +155,16 @@ def wait_for(predicate, timeout: float, interval: float = 0.1, what: str = "cond
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def remove(api, deployments: tuple[str, ...] = (), models: tuple[str, ...] = ()) -> None:
+    """Delete what a test made on a shared stack, its deployments and then its models, so that a later test finds
+    the model store as it was (the dashboard's one-click Register of tiny-llama)."""
+    for name in deployments:
+        api.delete(f"/deployments/{name}")
+    for name in models:
+        wait_for(lambda name=name: api.delete(f"/models/{name}").status_code in (204, 404), timeout=30,
+                 what=f"model {name} to be deleted")
+
+
 def launch(args: list[str], env: dict, ready_line: str, timeout: float = 60) -> tuple[subprocess.Popen, list[str]]:
     """A child process whose output is collected line by line; returns once it printed `ready_line`."""
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

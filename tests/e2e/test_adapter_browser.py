@@ -7,7 +7,7 @@ import time
 import pytest
 from playwright.async_api import async_playwright, expect
 
-from tests.e2e.stack import ADMIN_PASSWORD, wait_for
+from tests.e2e.stack import ADMIN_PASSWORD, remove, wait_for
 from tests.e2e.test_adapter_growth import ids_body, lora, only_replica
 from tests.e2e.test_dashboard_browser import ARGS, CHROMIUM
 
@@ -58,4 +58,4 @@ async def test_an_adapter_added_from_the_page_to_a_running_replica_is_served(sta
             finally:
                 await browser.close()
     finally:
-        api.delete("/deployments/ui-grows")
+        remove(api, deployments=("ui-grows",), models=("ui-base",))

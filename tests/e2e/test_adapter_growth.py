@@ -5,7 +5,7 @@ refused as "not loaded in this replica" (the pool's budget was sized for the fir
 import numpy as np
 
 from tests.adapter_files import write_adapter
-from tests.e2e.stack import wait_for
+from tests.e2e.stack import remove, wait_for
 
 GIB = 1 << 30
 
@@ -64,4 +64,4 @@ def test_an_adapter_of_a_larger_rank_added_to_a_running_replica_is_served(stack,
         grown = [e for e in events if e["reason"] == "Resized"]
         assert grown and "adapter" in grown[0]["message"], [(e["reason"], e["message"]) for e in events]
     finally:
-        api.delete("/deployments/grows")
+        remove(api, deployments=("grows",), models=("grow-base",))

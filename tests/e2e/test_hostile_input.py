@@ -113,6 +113,10 @@ def with_header(path, header: str, data: bytes = b"") -> None:
 
 SCHEMA = ROOT / "docs" / "openapi.json"
 SCHEMATHESIS_SECONDS = 60
+# Left out: a generated request may revoke the run's own token or rotate this host's agent credential, after which
+# every other request is refused (401) and the agent is cut off. Their refusals are tested on their own.
+CREDENTIAL_CHANGES = ("console_accounts_api_revoke_token", "console_accounts_api_revoke_agent_credential",
+                      "console_accounts_api_issue_agent_credential")
 
 
 def test_schemathesis_finds_no_server_error_and_no_conformance_failure(console):
@@ -123,7 +127,7 @@ def test_schemathesis_finds_no_server_error_and_no_conformance_failure(console):
         [str(Path(sys.executable).with_name("st")), "--config-file", str(Path(__file__).with_name("schemathesis.toml")),
          "run", str(SCHEMA), "--url", stack.url.rstrip("/"), "-H", f"Authorization: Bearer {stack.token}",
          "--checks", "all", "--max-examples", "20", "--max-time", str(SCHEMATHESIS_SECONDS), "--workers", "1",
-         "--no-color"],
+         "--no-color", *(f"--exclude-operation-id={op}" for op in CREDENTIAL_CHANGES)],
         capture_output=True, text=True, timeout=SCHEMATHESIS_SECONDS + 120, cwd=stack.data_dir,
     )
     summary = run.stdout[-3000:]

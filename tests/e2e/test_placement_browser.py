@@ -5,7 +5,7 @@ off the host (its refusal names the taint)."""
 import pytest
 from playwright.async_api import async_playwright, expect
 
-from tests.e2e.stack import ADMIN_PASSWORD
+from tests.e2e.stack import ADMIN_PASSWORD, remove
 from tests.e2e.test_dashboard_browser import ARGS, CHROMIUM
 from tests.waiting import until
 
@@ -56,5 +56,4 @@ async def test_spread_shows_on_the_grid_and_a_taint_keeps_the_host(stack):
             await browser.close()
             with stack.api() as api:
                 api.patch("/hosts/local", json={"taints": {}})
-                for name in ("untolerated", "spread-demo"):
-                    api.delete(f"/deployments/{name}")
+                remove(api, deployments=("untolerated", "spread-demo"), models=("spread-model",))
