@@ -24,6 +24,7 @@ from console.errors import DomainError, pydantic_items
 from console.events.api import router as events_router
 from console.fleet.api import router as fleet_router
 from console.fleet.api import scheduler_router
+from console.routes.api import router as routes_router
 from console.series.api import deployment_router as deployment_series_router
 from console.series.api import host_router as host_series_router
 
@@ -88,6 +89,7 @@ api.add_router("/hosts", fleet_router, tags=["fleet"])
 api.add_router("/models", catalog_router, tags=["models"])
 api.add_router("/deployments", deployments_router, tags=["deployments"])
 api.add_router("/adapters", adapter_router, tags=["adapters"])
+api.add_router("/routes", routes_router, tags=["routes"])
 api.add_router("/estimate", estimate_router, tags=["models"])
 api.add_router("/plan", plan_router, tags=["deployments"])
 api.add_router("/scheduler", scheduler_router, tags=["fleet"])

@@ -103,6 +103,7 @@ INSTALLED_APPS = [
     "console.events",
     "console.series",
     "console.alerts",
+    "console.routes",
 ]
 
 MIDDLEWARE = [

@@ -117,6 +117,16 @@ def refuse_taken_name(name: str, kind: str) -> None:
     if taken.exists():
         raise Conflict(f"{other} is already named {name!r}; deployments and adapters share one namespace "
                        "(a request's model field names either)", field="name")
+    _refuse_route_name(name)
+
+
+def _refuse_route_name(name: str) -> None:
+    """A route's name is taken too: a request's `model` may name a route (console/routes)."""
+    from console.routes.models import Route  # routes point at deployments
+
+    if Route.objects.filter(name=name).exists():
+        raise Conflict(f"a route is already named {name!r}; routes, deployments and adapters share one namespace "
+                       "(a request's model field names any of them)", field="name")
 
 
 def unused_deployment_name(base: str) -> str:
@@ -261,6 +271,10 @@ def _taken_names(names: list) -> dict[str, str]:
     for n in Adapter.objects.filter(name__in=wanted).values_list("name", flat=True):
         taken[n] = (f"an adapter is already named {n!r}; deployments and adapters share one namespace (a request's "
                     "model field names either)")
+    from console.routes.models import Route  # routes point at deployments
+
+    for n in Route.objects.filter(name__in=wanted).values_list("name", flat=True):
+        taken[n] = f"a route is already named {n!r}; routes, deployments and adapters share one namespace"
     return taken
 
 
