@@ -26,10 +26,11 @@ from console.gateway import agent_metrics
 from console.gateway.auth import Caller, bearer, unauthorized
 from console.gateway.core import Gateway, Refused
 from console.gateway.errors import OPENAI, V2, Family, family_of, http_error, server_error
-from console.gateway.fleet import DeploymentView
+from console.gateway.fleet import DeploymentView, FleetView
 from console.gateway.fleet_metrics import scrape
 from console.gateway.metrics import CONTENT_TYPE
 from console.gateway.proxy import permitted, proxy, resolve
+from console.gateway.routes import RouteView
 from console.gateway.triton import check_version, not_loaded_on_request, repository_index
 
 # Triton's extensions served ("model_repository" is not claimed: its index is served, its load and unload are not:
@@ -117,10 +118,25 @@ async def _list_models(gw: Gateway, request: Request) -> Response:
     data = [_card(d) for d in fleet.deployments.values() if caller.may_call(d.name)]
     data += [_card(fleet.deployments[d], a) for a, d in sorted(fleet.adapters.items())
              if d in fleet.deployments and caller.may_call(d)]
+    data += [_route_card(r, fleet) for r in fleet.routes.values()
+             if any(b.deployment in fleet.deployments and caller.may_call(b.deployment) for b in r.branches)]
     return JSONResponse({"object": "list", "data": data})
 
 
+def _route_card(route: RouteView, fleet: FleetView) -> dict:
+    """A route as a model: its state and task are its heaviest branch's deployment's."""
+    card = {"id": route.name, "object": "model", "created": route.created, "owned_by": "modelgrid",
+            "route": [{"deployment": b.deployment, "adapter": b.adapter, "weight": b.weight} for b in route.branches],
+            "fallback": route.fallback}
+    dep = fleet.deployments.get(max(route.branches, key=lambda b: b.weight).deployment)
+    if dep is not None:
+        card |= {"state": dep.serving, "tier": dep.tier, "task": dep.task}
+    return card
+
+
 async def _get_model(gw: Gateway, request: Request) -> Response:
+    if (route := gw.fleet.routes.get(request.path_params["name"])) is not None and route.branches:
+        return JSONResponse(_route_card(route, gw.fleet))
     dep, adapter = resolve(gw.fleet, request.path_params["name"])
     permitted(request.state.caller, dep)
     return JSONResponse(_card(dep, adapter))

@@ -14,6 +14,7 @@ import heapq
 import itertools
 import logging
 import os
+import random
 import socket
 import time
 from collections.abc import Iterator
@@ -92,6 +93,7 @@ class Gateway:
         self.upstream = Upstream()
         self._seq = itertools.count()
         self._turn = itertools.count()
+        self.rng = random.Random()  # routes' weighted choices (tests seed it)
         self._poke = asyncio.Event()
         self._demand_written: dict[str, float] = {}  # deployment -> monotonic time its demand reached the DB
         self._tasks: list[asyncio.Task] = []

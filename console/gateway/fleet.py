@@ -12,6 +12,7 @@ from console.catalog.models import Adapter
 from console.deployments.models import Deployment, Replica
 from console.deployments.serving import serving_state
 from console.fleet.models import AgentCredential, Host
+from console.gateway.routes import RouteView, load_routes
 from console.scheduler.types import TIER_RANK
 
 
@@ -50,6 +51,7 @@ class FleetView:
     adapters: dict[str, str] = field(default_factory=dict)  # adapter name -> its deployment
     hosts: dict[str, HostView] = field(default_factory=dict)  # by name, for scraping agents' metrics
     loaded: bool = False
+    routes: dict[str, RouteView] = field(default_factory=dict)  # public names sent on by weight
 
     def resolve(self, name: str) -> tuple[DeploymentView, str | None] | None:
         """A model name as clients write it: a deployment, or an adapter's own name (with its deployment)."""
@@ -109,4 +111,4 @@ def load_fleet() -> FleetView:
             serving=serving_state(rows, standby, demand_status), ready=tuple(ready), adapters=tuple(names.get(pk, ())),
             demand_status=demand_status, demand_reason=demand_reason, created=int(created.timestamp()),
             slo_latency_ms=slo, engine=engine)
-    return FleetView(deployments, adapters, by_name, loaded=True)
+    return FleetView(deployments, adapters, by_name, loaded=True, routes=load_routes())

@@ -20,6 +20,7 @@ from console.gateway.auth import Caller, bearer, unauthorized
 from console.gateway.core import Gateway, Refused
 from console.gateway.errors import Family
 from console.gateway.fleet import DeploymentView, FleetView
+from console.gateway.routes import FALLBACK_STATUSES, ROUTE_HEADER, RouteView
 from console.gateway.triton import check_version
 from console.gateway.upstream import INFERENCE_HEADER_LENGTH, PASSED_HEADERS, Unreachable, Upstream
 
@@ -59,6 +60,8 @@ async def proxy(gw: Gateway, request: Request, family: Family) -> Response:
     try:
         body = await _read_body(request, gw.settings.max_body_bytes)
         name, adapter = await _model_name(request, body, family)
+        if (route := gw.fleet.routes.get(name)) is not None:
+            return await _routed(gw, request, family, body, route)
         dep, adapter = _target(gw, name, adapter)
         check_version(request)
         permitted(caller, dep)  # before `deployment` is set: a 403 is the token's doing, not the deployment's
@@ -231,6 +234,49 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
         return _answer(*unserved, headers)
     raise Refused(502, f"model {dep.name!r}: its replicas could not be reached ({', '.join(map(str, tried))})",
                   retry_after=2, code="upstream_unreachable")
+
+
+async def _routed(gw: Gateway, request: Request, family: Family, body: bytes, route: RouteView) -> Response:
+    """A request to a route: to a branch chosen by weight, as if the client had named it, and to the route's fallback
+    once when that branch is refused or overloaded; the answer names the branch that served (x-modelgrid-route)."""
+    branch = route.choose(gw.rng.random())
+    if branch is None:
+        raise Refused(503, f"route {route.name!r} has no branches left (their deployments were deleted); give it one "
+                      f"(PATCH /api/v1/routes/{route.name})", code="model_not_ready")
+    response = await proxy(gw, await _retargeted(request, family, body, branch.model), family)
+    served = branch.target
+    if (response.status_code in FALLBACK_STATUSES and route.fallback not in (None, branch.deployment)
+            and not isinstance(response, StreamingResponse)):
+        first = response.status_code
+        response = await proxy(gw, await _retargeted(request, family, body, route.fallback), family)
+        served = f"{route.fallback} (fallback: {branch.target} answered {first})"
+    response.headers[ROUTE_HEADER] = f"{route.name} -> {served}"
+    return response
+
+
+async def _retargeted(request: Request, family: Family, body: bytes, model: str) -> Request:
+    """`request` as if it named `model`: the body's `model` (OpenAI) or the path's model name (v2) replaced; the
+    client's disconnect still reaches it."""
+    scope = dict(request.scope)
+    if family.openai:
+        parsed = await _parse(body)
+        parsed["model"] = model
+        encode = lambda: json.dumps(parsed).encode()  # noqa: E731
+        body = encode() if len(body) <= PARSE_INLINE_BYTES else await asyncio.to_thread(encode)
+    else:
+        prefix = f"/v2/models/{request.path_params['name']}"
+        scope["path"] = f"/v2/models/{model}{scope['path'][len(prefix):]}"
+        scope["path_params"] = {**request.path_params, "name": model}
+    sent = False
+
+    async def receive() -> dict:
+        nonlocal sent
+        if sent:
+            return await request.receive()  # the client's disconnect, when it comes
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(scope, receive)
 
 
 def _answer(upstream_response: aiohttp.ClientResponse, content: bytes, headers: dict) -> Response:

@@ -1,0 +1,61 @@
+"""Routes in the gateway's snapshot: a public model name and the branches it sends requests to by weight, read with
+the fleet (console/gateway/fleet.py) so choosing a branch is one draw and one bisect, never a database read."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass, field
+
+from console.routes.models import Branch, Route
+
+ROUTE_HEADER = "x-modelgrid-route"
+# A branch's answers that send the request on to the route's fallback, once: refused (the scheduler's 503, no replica
+# in time) or overloaded (a limit's 429, an agent's 503). Nothing ran for either.
+FALLBACK_STATUSES = frozenset({429, 503})
+
+
+@dataclass(frozen=True)
+class BranchView:
+    deployment: str
+    adapter: str | None
+    weight: int
+
+    @property
+    def model(self) -> str:
+        """The name a request to this branch carries: the adapter's own, else the deployment's."""
+        return self.adapter or self.deployment
+
+    @property
+    def target(self) -> str:
+        """`deployment` or `deployment/adapter`, as the x-modelgrid-route header names it."""
+        return f"{self.deployment}/{self.adapter}" if self.adapter else self.deployment
+
+
+@dataclass(frozen=True)
+class RouteView:
+    name: str
+    branches: tuple[BranchView, ...]
+    fallback: str | None = None
+    created: int = 0
+    bounds: tuple[int, ...] = field(init=False, repr=False, compare=False)  # running sums of the weights
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bounds", tuple(itertools.accumulate(b.weight for b in self.branches)))
+
+    def choose(self, draw: float) -> BranchView | None:
+        """The branch for a uniform `draw` in [0, 1): each with its weight's share of draws; None without branches."""
+        if not self.branches:
+            return None
+        return self.branches[bisect.bisect_right(self.bounds, draw * self.bounds[-1])]
+
+
+def load_routes() -> dict[str, RouteView]:
+    """Every route with its branches, in two queries (sync; part of the fleet snapshot)."""
+    branches: dict[int, list[BranchView]] = {}
+    rows = Branch.objects.order_by("route_id", "position").values_list(
+        "route_id", "deployment__name", "adapter__name", "weight")
+    for route_id, deployment, adapter, weight in rows:
+        branches.setdefault(route_id, []).append(BranchView(deployment, adapter, weight))
+    return {name: RouteView(name, tuple(branches.get(pk, ())), fallback, int(created.timestamp()))
+            for pk, name, fallback, created in Route.objects.values_list("pk", "name", "fallback__name", "created")}
