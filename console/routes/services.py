@@ -154,3 +154,21 @@ def _store_branches(route: Route, rows: list[Branch]) -> None:
 
 def _refresh() -> None:
     async_to_sync(refresh_gateways)()
+
+
+def routes_to(deployment: str) -> list[dict[str, Any]]:
+    """The routes that send `deployment` traffic (as a branch or their fallback), for its page: each route's name,
+    this deployment's share of its requests, its branches with theirs, and its fallback."""
+    rows = (Route.objects.filter(branches__deployment__name=deployment) | Route.objects.filter(
+        fallback__name=deployment)).distinct().select_related("fallback").prefetch_related(
+        "branches__deployment", "branches__adapter")
+    out = []
+    for route in rows:
+        branches = list(route.branches.all())
+        total = sum(b.weight for b in branches) or 1
+        here = sum(b.weight for b in branches if b.deployment.name == deployment)
+        out.append({"name": route.name, "share": _percent(here, total) if here else "",
+                    "fallback": route.fallback.name if route.fallback else None,
+                    "branches": [{"target": b.target, "percent": _percent(b.weight, total),
+                                  "here": b.deployment.name == deployment} for b in branches]})
+    return out
