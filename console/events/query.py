@@ -16,7 +16,7 @@ from console.events.models import Event
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
-KINDS = ("deployment", "replica", "host", "model", "adapter", "token", "alert")
+KINDS = ("deployment", "replica", "host", "model", "adapter", "route", "token", "alert")
 
 
 @dataclass(frozen=True)

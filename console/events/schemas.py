@@ -9,7 +9,7 @@ from console.events.query import DEFAULT_LIMIT, MAX_LIMIT
 class EventQuery(Schema):
     object: str = Field("", max_length=300, description="deployment/NAME (with its replicas' events), "
                         "host/NAME (with its replicas' there), replica/NAME#INDEX, model/NAME, adapter/NAME, "
-                        "token/USER/NAME")
+                        "route/NAME, token/USER/NAME")
     type: Literal["Normal", "Warning", ""] = Field("", description="Normal or Warning")
     reason: str = Field("", max_length=40, description="a reason code: Placed, Preempted, Failed, ...")
     since: str = Field("", max_length=40, description="only events last seen at or after this: unix seconds or "

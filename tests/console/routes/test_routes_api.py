@@ -56,6 +56,8 @@ def test_changing_a_route_replaces_its_branches_and_is_on_the_timeline(api, depl
     assert api.delete("/api/v1/routes/assistant").status_code == 204
     assert api.get("/api/v1/routes/assistant").status_code == 404
     assert Event.objects.filter(object="route/assistant", reason="Deleted").exists()
+    listed = api.get("/api/v1/events?object=route/assistant").json()["events"]
+    assert [e["reason"] for e in listed] == ["Deleted", "Changed", "Changed", "Created"]
 
 
 @pytest.mark.parametrize(("change", "loc", "words"), [
