@@ -118,9 +118,19 @@ async def _list_models(gw: Gateway, request: Request) -> Response:
     data = [_card(d) for d in fleet.deployments.values() if caller.may_call(d.name)]
     data += [_card(fleet.deployments[d], a) for a, d in sorted(fleet.adapters.items())
              if d in fleet.deployments and caller.may_call(d)]
-    data += [_route_card(r, fleet) for r in fleet.routes.values()
-             if any(b.deployment in fleet.deployments and caller.may_call(b.deployment) for b in r.branches)]
+    data += [_route_card(r, fleet) for r in fleet.routes.values() if _visible(r, fleet, caller)]
     return JSONResponse({"object": "list", "data": data})
+
+
+def _visible(route: RouteView, fleet: FleetView, caller: Caller) -> bool:
+    """Whether `caller` may see and call `route`: it may call one of its branches' deployments."""
+    return any(b.deployment in fleet.deployments and caller.may_call(b.deployment) for b in route.branches)
+
+
+def _route(gw: Gateway, request: Request) -> RouteView | None:
+    """The route the path names, if the caller may see it (else None: the name answers as unknown)."""
+    route = gw.fleet.routes.get(request.path_params["name"])
+    return route if route is not None and _visible(route, gw.fleet, request.state.caller) else None
 
 
 def _route_card(route: RouteView, fleet: FleetView) -> dict:
@@ -135,7 +145,7 @@ def _route_card(route: RouteView, fleet: FleetView) -> dict:
 
 
 async def _get_model(gw: Gateway, request: Request) -> Response:
-    if (route := gw.fleet.routes.get(request.path_params["name"])) is not None and route.branches:
+    if (route := _route(gw, request)) is not None:
         return JSONResponse(_route_card(route, gw.fleet))
     dep, adapter = resolve(gw.fleet, request.path_params["name"])
     permitted(request.state.caller, dep)
@@ -147,6 +157,13 @@ async def _server_metadata(gw: Gateway, request: Request) -> Response:
 
 
 async def _model_ready(gw: Gateway, request: Request) -> Response:
+    if (route := _route(gw, request)) is not None:  # ready when a branch or its fallback is
+        check_version(request)
+        names = [b.deployment for b in route.branches] + [route.fallback] * bool(route.fallback)
+        if any(gw.fleet.deployments[n].ready for n in names if n in gw.fleet.deployments):
+            return JSONResponse({"name": route.name, "ready": True})
+        raise Refused(503, f"route {route.name!r}: none of its deployments ({', '.join(names)}) has a ready "
+                      "replica", code="model_not_ready")
     dep, _ = resolve(gw.fleet, request.path_params["name"])
     check_version(request)
     permitted(request.state.caller, dep)

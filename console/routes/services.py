@@ -1,5 +1,6 @@
-"""Creating, changing and deleting routes (shared by the API and the admin). Every check runs before anything is
-written, so a refused route stores nothing; the gateways are told to re-read the fleet when one commits."""
+"""Creating, changing and deleting routes (the REST API), and reading them for the deployment page. Every check
+runs before anything is written, so a refused route stores nothing; the gateways are told to re-read the fleet when
+one commits."""
 
 from __future__ import annotations
 

@@ -169,3 +169,28 @@ def test_a_weighted_choice_follows_the_running_sums():
     route = RouteView("r", (BranchView("a", None, 95), BranchView("b", None, 5)))
     assert [route.choose(d).deployment for d in (0.0, 0.9499, 0.95, 0.9999)] == ["a", "a", "b", "b"]
     assert RouteView("empty", ()).choose(0.5) is None
+
+
+async def test_a_route_is_ready_on_v2_and_hidden_from_a_token_limited_to_none_of_its_deployments(fleet):
+    agents, token = fleet
+    await sync_to_async(create_route)("assistant", [{"deployment": "canary"}], fallback="chat")
+
+    def limited():
+        from django.contrib.auth import get_user_model
+
+        from console.accounts.models import ApiToken
+
+        return ApiToken.issue(get_user_model().objects.get(), name="spare-only", deployments=["spare"])[1]
+
+    spare_only = await sync_to_async(limited)()
+    gateway = _gateway()
+    async with _client(gateway, token) as client:
+        ready = await client.get("/v2/models/assistant/ready")
+    async with _client(gateway, spare_only) as client:
+        listed = {m["id"] for m in (await client.get("/v1/models")).json()["data"]}
+        card = await client.get("/v1/models/assistant")
+        v2 = await client.get("/v2/models/assistant/ready")
+    await gateway.close()
+    assert ready.status_code == 200 and ready.json() == {"name": "assistant", "ready": True}
+    assert listed == {"spare"}
+    assert card.status_code == v2.status_code == 404
