@@ -14,6 +14,7 @@ from ninja.security import django_auth
 
 from console.accounts.api import agent_router as agent_credentials_router
 from console.accounts.api import router as tokens_router
+from console.accounts.api import team_router
 from console.accounts.auth import BearerToken
 from console.alerts.api import router as alerts_router
 from console.catalog.api import adapter_router, estimate_router
@@ -97,6 +98,7 @@ api.add_router("/events", events_router, tags=["events"])
 api.add_router("/alerts", alerts_router, tags=["events"])
 api.add_router("/tokens", tokens_router, tags=["tokens"])
 api.add_router("/agent-credentials", agent_credentials_router, tags=["tokens"])
+api.add_router("/teams", team_router, tags=["teams"])
 # Series live under their objects' paths (/deployments/{name}/series, /hosts/{name}/series).
 api.add_router("/deployments", deployment_series_router, tags=["deployments"])
 api.add_router("/hosts", host_series_router, tags=["fleet"])

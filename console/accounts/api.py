@@ -1,12 +1,15 @@
 from django.http import HttpResponse
 from ninja import Query, Router, Status
 
-from console.accounts import agents, services
+from console.accounts import agents, services, teams
 from console.accounts.auth import actor_of
 from console.accounts.schemas import (
     AgentCredentialIn,
     AgentCredentialIssuedOut,
     AgentCredentialOut,
+    MemberIn,
+    TeamIn,
+    TeamOut,
     TokenCreatedOut,
     TokenIn,
     TokenOut,
@@ -16,6 +19,7 @@ from console.pagination import ListQuery, name_search, paginate, set_page_header
 
 router = Router()
 agent_router = Router()
+team_router = Router()
 
 
 @router.get("", response={200: list[TokenOut], 422: ErrorOut},
@@ -69,3 +73,37 @@ def issue_agent_credential(request, body: AgentCredentialIn):
 def revoke_agent_credential(request, host_name: str):
     agents.revoke(request.user, host_name, actor=actor_of(request))
     return Status(204, None)
+
+
+@team_router.get("", response={200: list[TeamOut], 422: ErrorOut},
+                 summary="Teams and their members: yours, or every team for admins (X-Total-Count and Link headers; "
+                 "filter with q)")
+def list_teams(request, response: HttpResponse, query: Query[ListQuery]):
+    page, window = paginate(name_search(teams.visible_teams(request.user), query.q), query.page, query.per_page)
+    set_page_headers(response, request, page)
+    return list(window)
+
+
+@team_router.post("", response={201: TeamOut, 403: ErrorOut, 409: ErrorOut, 422: ErrorOut},
+                  summary="Create a team, with members (admins only)")
+def create_team(request, body: TeamIn):
+    return Status(201, teams.create_team(request.user, body.name, body.members, actor=actor_of(request)))
+
+
+@team_router.get("/{name}", response={200: TeamOut, 404: ErrorOut}, summary="A team and its members")
+def get_team(request, name: str):
+    return teams.get_team(request.user, name)
+
+
+@team_router.post("/{name}/members", response={200: TeamOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut},
+                  summary="Add a user to a team (admins only); their tokens reach its objects (the gateway within "
+                  "10 s)")
+def add_member(request, name: str, body: MemberIn):
+    return teams.add_member(request.user, name, body.user, actor=actor_of(request))
+
+
+@team_router.delete("/{name}/members/{user}", response={200: TeamOut, 403: ErrorOut, 404: ErrorOut},
+                    summary="Take a user out of a team (admins only); their tokens stop reaching its objects (the "
+                    "gateway within 10 s)")
+def remove_member(request, name: str, user: str):
+    return teams.remove_member(request.user, name, user, actor=actor_of(request))

@@ -146,3 +146,30 @@ class ApiToken(HashedToken):
         """The row of a token that may be used now, or None."""
         row, why = cls.verify(token)
         return None if why else row
+
+
+DEFAULT_TEAM = "default"
+
+
+class Team(models.Model):
+    """Who owns models, deployments and adapters. A user acts within the teams they are a member of (admins within
+    all); a plain many-to-many, because membership carries nothing else yet (no roles: admins are is_staff)."""
+
+    name = models.CharField(max_length=63, unique=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="teams", blank=True)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def timeline_object(self) -> str:
+        return f"team/{self.name}"
+
+
+def default_team_id() -> int:
+    """The team that everything made before teams belongs to, and new users join (made on first use)."""
+    return Team.objects.get_or_create(name=DEFAULT_TEAM)[0].pk

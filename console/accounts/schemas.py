@@ -64,3 +64,22 @@ class AgentCredentialIssuedOut(Schema):
     created: datetime
     rotated: bool = Field(description="it replaced the host's token before, whose links were ended")
     token: str = Field(description="the secret for the agent's --token or MODELGRID_AGENT_TOKEN: shown this once")
+
+
+class TeamIn(RequestBody):
+    name: str = Field(max_length=63, description="letters, digits, '.', '_' and '-', as model names")
+    members: list[str] = Field(default_factory=list, max_length=1000, description="user names to put in it")
+
+
+class MemberIn(RequestBody):
+    user: str = Field(max_length=150, description="the user name to add")
+
+
+class TeamOut(Schema):
+    name: str
+    members: list[str] = Field(description="user names, sorted")
+    created: datetime
+
+    @staticmethod
+    def resolve_members(obj) -> list[str]:
+        return sorted(u.get_username() for u in obj.members.all())

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from console.accounts import expiry
 from console.accounts.models import ApiToken, Scope
+from console.accounts.teams import Teams, scoped, teams_of
 from console.deployments.models import Deployment
 from console.errors import Forbidden, Invalid, NotFound
 
@@ -53,9 +54,9 @@ def create_token(requester, ask: TokenRequest, via: ApiToken | None = None, acto
     came with, if any: what it makes may not outlive it."""
     name = _name(ask.name)
     scope = _scope(ask.scope)
-    deployments = _deployments(ask.deployments, scope)
-    expires = expiry.expiry(ask.expires_in, ask.expires, timezone.now())
     owner = _owner(requester, ask.user)
+    deployments = _deployments(ask.deployments, scope, teams_of(owner))
+    expires = expiry.expiry(ask.expires_in, ask.expires, timezone.now())
     if via is not None and via.expires is not None and (expires is None or expires > via.expires):
         raise Forbidden(f"the token this request came with expires at {expiry.stamp(via.expires)}, and a token it "
                         "makes may not outlive it: give expires_in or expires before then, or sign in to make it")
@@ -92,7 +93,7 @@ def _scope(scope: str) -> str:
     return scope
 
 
-def _deployments(names: Sequence[str], scope: str) -> list[str]:
+def _deployments(names: Sequence[str], scope: str, teams: Teams) -> list[str]:
     wanted = sorted({n.strip() for n in names if n.strip()})
     if not wanted:
         return []
@@ -102,7 +103,8 @@ def _deployments(names: Sequence[str], scope: str) -> list[str]:
     if len(wanted) > MAX_DEPLOYMENTS:
         raise Invalid(f"deployments: {len(wanted)} named, at most {MAX_DEPLOYMENTS}; leave the list empty for a token "
                       "that may call every deployment", field="deployments")
-    known = set(Deployment.objects.filter(name__in=wanted).values_list("name", flat=True))
+    # Only its owner's teams' deployments: another team's is named as missing, not leaked.
+    known = set(scoped(Deployment.objects.filter(name__in=wanted), teams).values_list("name", flat=True))
     missing = [n for n in wanted if n not in known]
     if missing:
         shown = ", ".join(repr(n[:70]) for n in missing[:5]) + (" and more" if len(missing) > 5 else "")

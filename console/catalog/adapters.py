@@ -15,6 +15,7 @@ from django.db import IntegrityError, transaction
 
 from agent.artifacts import ArtifactError, check_adapter_matches, read_adapter_dir, read_model_dir
 from agent.artifacts.adapters import CONFIG_NAME, WEIGHTS_NAME, vllm_lora_rank
+from console.accounts.teams import ALL, Teams, scoped
 from console.catalog.fingerprint import fingerprint
 from console.catalog.memory import deployment_estimates
 from console.catalog.models import Adapter
@@ -24,24 +25,26 @@ from console.events.record import Note, record
 from console.realtime.notify import wake_scheduler
 
 
-def register_adapter(name: str, deployment: str, path: str, pinned: bool = False, actor: str = "") -> Adapter:
-    """Read, check and store an adapter for `deployment`; refreshes the deployment's memory estimate."""
+def register_adapter(name: str, deployment: str, path: str, pinned: bool = False, actor: str = "",
+                     teams: Teams = ALL) -> Adapter:
+    """Read, check and store an adapter for `deployment` (one of `teams`'), in its team; refreshes the
+    deployment's memory estimate."""
     from console.control.rollout import begin_rollout  # control depends on catalog
     from console.deployments.services import get_deployment, refuse_taken_name  # deployments depends on catalog
 
     validate_name(name, "adapter")
-    dep = get_deployment(deployment, missing=Invalid)
+    dep = get_deployment(deployment, missing=Invalid, teams=teams)
     read = artifact_fields(path, dep)
     try:
         with transaction.atomic():
             # Found again, locked: deleted while the files were read, it would leave the pool's update nothing to
             # update and the adapter a deployment that is gone (console/deployments/rowlocks.py).
-            dep = get_deployment(deployment, missing=Invalid, lock="change")
+            dep = get_deployment(deployment, missing=Invalid, lock="change", teams=teams)
             refuse_taken_name(name, "adapter")
             outgrown = _outgrows_vllm(dep, read["rank"])
             if outgrown:  # before the row exists: the replicas hold the adapters they serve now
                 begin_rollout([dep])
-            row = Adapter.objects.create(name=name, deployment=dep, pinned=pinned, **read)
+            row = Adapter.objects.create(name=name, deployment=dep, team_id=dep.team_id, pinned=pinned, **read)
             _refresh_pool(dep)
             restart = f"; {outgrown}: they restart one at a time to serve it" if outgrown else ""
             record([Note(f"adapter/{name}", "Registered", f"LoRA rank {row.rank} for deployment {dep.name} from "
@@ -100,7 +103,7 @@ def _outgrows_vllm(dep, rank: int) -> str:
     return f"the vLLM servers of deployment {dep.name} serve LoRA ranks up to {served}"
 
 
-def update_adapter(name: str, changes: dict, actor: str = "") -> Adapter:
+def update_adapter(name: str, changes: dict, actor: str = "", teams: Teams = ALL) -> Adapter:
     """Change an adapter's directory (a new one, or the same one with its files replaced: read and checked as
     registration does, refused with nothing stored) or its pin. A changed artifact gives its deployment a new pool
     estimate and a new revision, which the scheduler rolls across the replicas one at a time, drained
@@ -108,7 +111,7 @@ def update_adapter(name: str, changes: dict, actor: str = "") -> Adapter:
     from console.control.rollout import begin_rollout  # control depends on catalog
     from console.deployments.services import get_deployment  # deployments depends on catalog
 
-    adapter = get_adapter(name)
+    adapter = get_adapter(name, teams)
     read = artifact_fields(changes["path"], adapter.deployment) if "path" in changes else {}
     if all(getattr(adapter, field) == value for field, value in read.items()):
         read = {}
@@ -140,20 +143,21 @@ def update_adapter(name: str, changes: dict, actor: str = "") -> Adapter:
     return adapter
 
 
-def get_adapter(name: str) -> Adapter:
+def get_adapter(name: str, teams: Teams = ALL) -> Adapter:
+    """The adapter called `name` of one of `teams` (another team's is as missing as none)."""
     try:
         if is_name(name):
-            return Adapter.objects.select_related("deployment").get(name=name)
+            return scoped(Adapter.objects.select_related("deployment", "team"), teams).get(name=name)
     except Adapter.DoesNotExist:
         pass
     raise NotFound(f"no adapter named {name!r}")
 
 
-def delete_adapter(name: str, actor: str = "") -> None:
+def delete_adapter(name: str, actor: str = "", teams: Teams = ALL) -> None:
     from console.deployments.models import Deployment  # deployments depends on catalog
     from console.deployments.rowlocks import locked
 
-    adapter = get_adapter(name)
+    adapter = get_adapter(name, teams)
     with transaction.atomic():
         # Its deployment's row first, as every writer of both takes them (a deployment deleted meanwhile took the
         # adapter along, and two deletes of one adapter take turns here).

@@ -91,14 +91,15 @@ def estimate_path(
 
 
 def estimate_request(path: str | None, model: str | None, dtype: str | None, batch: int, seq: int | None,
-                     device: str, adapter_pool_bytes: int = 0, *, calibrate: bool = True) -> dict:
-    """The estimate of a path or a registered model, with the calibration later admissions would apply
-    (none with calibrate=False, for a console whose database is not set up)."""
+                     device: str, adapter_pool_bytes: int = 0, *, calibrate: bool = True,
+                     teams: frozenset[int] | None = None) -> dict:
+    """The estimate of a path or a registered model (of one of `teams`; None: any), with the calibration later
+    admissions would apply (none with calibrate=False, for a console whose database is not set up)."""
     if bool(path) == bool(model):
         raise Invalid("give exactly one of 'path' (a model directory or file) and 'model' (a registered name)",
                       field="path")
     if model:
-        path = get_model(model).path
+        path = get_model(model, teams=teams).path
     est = estimate_path(path, dtype, batch, seq, device, adapter_pool_bytes)
     corr = current_correction(est.family, device) if calibrate else NONE
     return est.as_dict() | {"calibrated_bytes": corr.apply(est.total_bytes), "calibration_factor": corr.factor,

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from console.accounts.models import default_team_id
 from console.catalog.names import NAME_VALIDATOR
 
 
@@ -10,6 +11,7 @@ class Model(models.Model):
     """A registered model artifact with what was read from it and its memory estimate."""
 
     name = models.CharField(max_length=63, unique=True, validators=[NAME_VALIDATOR])
+    team = models.ForeignKey("accounts.Team", on_delete=models.PROTECT, related_name="models", default=default_team_id)
     path = models.CharField(max_length=1000)
     architecture = models.CharField(max_length=200)
     model_type = models.CharField(max_length=100)
@@ -85,6 +87,9 @@ class Adapter(models.Model):
 
     name = models.CharField(max_length=63, unique=True, validators=[NAME_VALIDATOR])
     deployment = models.ForeignKey("deployments.Deployment", on_delete=models.CASCADE, related_name="adapters")
+    # Its deployment's team, always: only that deployment serves it (console/accounts/teams.py).
+    team = models.ForeignKey("accounts.Team", on_delete=models.PROTECT, related_name="adapters",
+                             default=default_team_id)
     path = models.CharField(max_length=1000)
     rank = models.PositiveIntegerField(help_text="largest LoRA rank among its modules")
     modules = models.PositiveIntegerField(help_text="weights it adapts")

@@ -27,10 +27,15 @@ def name_field(what: str):
                  "ending with a letter or digit; deployments and adapters share one namespace")
 
 
+TEAM_FIELD = ("the team that owns it: one you are a member of (admins: any); needed only when you are in several "
+              "teams")
+
+
 class ModelIn(RequestBody):
     name: str = name_field("model")
     path: str = Field(max_length=MAX_PATH, description="the model directory: absolute, or relative to the first "
                       "model root (MODELGRID_MODEL_ROOTS); it must resolve inside a model root")
+    team: str | None = Field(None, max_length=63, description=TEAM_FIELD)
 
 
 class ModelPatch(RequestBody):
@@ -42,6 +47,7 @@ class ModelPatch(RequestBody):
 
 class ModelOut(Schema):
     name: str
+    team: str = Field(alias="team.name", description="the team that owns it")
     path: str
     architecture: str
     model_type: str
@@ -118,6 +124,7 @@ class AdapterPatch(RequestBody):
 class AdapterOut(Schema):
     name: str
     deployment: str = Field(alias="deployment.name")
+    team: str = Field(alias="team.name", description="the team that owns it: its deployment's")
     path: str
     rank: int
     modules: int

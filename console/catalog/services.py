@@ -9,6 +9,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from agent.artifacts import ArtifactError, estimate_model, inspect_model_dir
+from console.accounts.models import Team
+from console.accounts.teams import ALL, Teams, scoped
 from console.bulk import update_values
 from console.catalog.fingerprint import fingerprint
 from console.catalog.models import Model
@@ -18,14 +20,14 @@ from console.events.record import Note, record
 from console.realtime.notify import wake_scheduler
 
 
-def register_model(name: str, path: str, actor: str = "") -> Model:
-    """Read the artifact at `path`, estimate it and store it as `name`; nothing stored on error. `actor` (who
-    asked) goes on the timeline."""
+def register_model(name: str, path: str, actor: str = "", team: Team | None = None) -> Model:
+    """Read the artifact at `path`, estimate it and store it as `name`, owned by `team` (else the default team);
+    nothing stored on error. `actor` (who asked) goes on the timeline."""
     validate_name(name, "model")
     read = artifact_fields(path)
     try:
         with transaction.atomic():
-            model = Model.objects.create(name=name, **read)
+            model = Model.objects.create(name=name, **({"team": team} if team else {}), **read)
             record([Note(f"model/{name}", "Registered", f"{model.architecture} from {model.path}: "
                          f"{model.parameters:,} parameters, {model.stored_dtype}", actor=actor, folds=False)])
             return model
@@ -33,7 +35,7 @@ def register_model(name: str, path: str, actor: str = "") -> Model:
         raise Conflict(f"a model named {name!r} is already registered", field="name") from None
 
 
-def update_model(name: str, path: str, actor: str = "") -> Model:
+def update_model(name: str, path: str, actor: str = "", teams: Teams = ALL) -> Model:
     """Read the model directory at `path` (a new one, or the same one with its files replaced) as registration
     reads it; refused (Invalid naming the path, or a deployment that could not be served from it) with nothing
     stored. Unchanged files change nothing. Changed ones give the model new figures and each of its deployments a
@@ -44,7 +46,7 @@ def update_model(name: str, path: str, actor: str = "") -> Model:
     from console.deployments.models import Deployment
     from console.deployments.rowlocks import locked
 
-    model = get_model(name)
+    model = get_model(name, teams=teams)
     read = artifact_fields(path)
     if all(getattr(model, field) == value for field, value in read.items()):
         return model
@@ -103,12 +105,12 @@ def artifact_fields(path: str) -> dict:
             "fingerprint": fingerprint([artifact.path / "config.json", *artifact.files])}
 
 
-def get_model(name: str, missing: type[DomainError] = NotFound) -> Model:
-    """The model called `name`; `missing` is raised when there is none (NotFound, or Invalid when the name came
-    inside a request body)."""
+def get_model(name: str, missing: type[DomainError] = NotFound, teams: Teams = ALL) -> Model:
+    """The model called `name` of one of `teams`; `missing` is raised when there is none (NotFound, or Invalid
+    when the name came inside a request body)."""
     try:
         if is_name(name):  # else "no such" without asking (PostgreSQL cannot even compare a NUL)
-            return Model.objects.get(name=name)
+            return scoped(Model.objects.select_related("team"), teams).get(name=name)
     except Model.DoesNotExist:
         pass
     raise missing(f"no model named {name!r}" + ("; register it first (POST /api/v1/models)"
@@ -116,8 +118,8 @@ def get_model(name: str, missing: type[DomainError] = NotFound) -> Model:
                   field="model" if missing is Invalid else None)
 
 
-def delete_model(name: str, actor: str = "") -> None:
-    model = get_model(name)
+def delete_model(name: str, actor: str = "", teams: Teams = ALL) -> None:
+    model = get_model(name, teams=teams)
     users = list(model.deployments.values_list("name", flat=True))
     if users:
         raise Conflict(f"model {name!r} is used by deployment(s) {', '.join(users)}; delete those first")

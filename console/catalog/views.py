@@ -3,15 +3,17 @@ from __future__ import annotations
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from console.accounts.auth import actor_of
+from console.accounts.teams import creation_team, scoped, teams_of
 from console.catalog import adapters, memory, services
 from console.catalog.calibration import error_fraction
 from console.catalog.models import Calibration, MemorySample, Model
 from console.deployments.services import create_deployment, unused_deployment_name
-from console.errors import DomainError
+from console.errors import DomainError, NotFound
 from console.fleet.templatetags.units import gib
 from console.forms import whole_number
 
@@ -23,7 +25,7 @@ def models_page(request):
         "catalog/models.html",
         {
             "entries": services.model_store_entries(),
-            "models": Model.objects.prefetch_related("deployments"),
+            "models": scoped(Model.objects.prefetch_related("deployments"), teams_of(request.user)),
             "store": settings.MODEL_STORE,
             "dtypes": memory.WORKER_DTYPES,
             "calibrations": Calibration.objects.all(),
@@ -49,6 +51,7 @@ def estimate_preview(request):
             whole_number(form.get("batch"), "batch") or 1,
             whole_number(form.get("seq"), "seq"),
             form.get("device") or "cuda",
+            teams=teams_of(request.user),
         )
     except DomainError as e:
         return render(request, "catalog/_estimate.html", {"error": str(e)})
@@ -60,7 +63,8 @@ def estimate_preview(request):
 def register(request):
     name, path = request.POST.get("name", "").strip(), request.POST.get("path", "").strip()
     try:
-        model = services.register_model(name, path, actor=actor_of(request))
+        model = services.register_model(name, path, actor=actor_of(request),
+                                        team=creation_team(request.user, request.POST.get("team") or None))
     except DomainError as e:
         messages.error(request, f"Not registered: {e}")
     else:
@@ -79,9 +83,13 @@ def register(request):
 @require_POST
 def edit_model(request, name: str):
     """A new directory for a model, or the same one read again (services.update_model)."""
-    before = services.get_model(name)
     try:
-        model = services.update_model(name, request.POST.get("path", "").strip(), actor=actor_of(request))
+        before = services.get_model(name, teams=teams_of(request.user))
+    except NotFound as e:
+        raise Http404(str(e)) from None
+    try:
+        model = services.update_model(name, request.POST.get("path", "").strip(), actor=actor_of(request),
+                                      teams=teams_of(request.user))
     except DomainError as e:
         messages.error(request, f"Not changed: {e}")
     else:
@@ -99,13 +107,16 @@ def edit_model(request, name: str):
 @require_POST
 def edit_adapter(request, adapter: str):
     """A new directory for an adapter (or the same one read again) and its pin (adapters.update_adapter)."""
-    deployment = adapters.get_adapter(adapter).deployment.name
+    try:
+        deployment = adapters.get_adapter(adapter, teams_of(request.user)).deployment.name
+    except NotFound as e:
+        raise Http404(str(e)) from None
     form = request.POST
     changes = {"pinned": bool(form.get("pinned"))}
     if form.get("path", "").strip():
         changes["path"] = form["path"].strip()
     try:
-        row = adapters.update_adapter(adapter, changes, actor=actor_of(request))
+        row = adapters.update_adapter(adapter, changes, actor=actor_of(request), teams=teams_of(request.user))
     except DomainError as e:
         messages.error(request, f"Adapter not changed: {e}")
     else:
@@ -125,7 +136,8 @@ def deploy(request, name: str):
         policy = {"priority": form.get("priority") or "standard"} | ({} if replicas is None else {"replicas": replicas})
         dep = create_deployment(dep_name, name, dtype=form.get("dtype") or None,
                                 batch=whole_number(form.get("batch"), "batch") or 1,
-                                seq=whole_number(form.get("seq"), "seq"), actor=actor_of(request), **policy)
+                                seq=whole_number(form.get("seq"), "seq"), actor=actor_of(request),
+                                teams=teams_of(request.user), **policy)
     except DomainError as e:
         messages.error(request, f"Not deployed: {e}")
         return redirect("models")

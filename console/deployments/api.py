@@ -1,7 +1,9 @@
+from asgiref.sync import sync_to_async
 from django.http import HttpResponse
 from ninja import Body, Path, Query, Router, Status
 
 from console.accounts.auth import actor_of
+from console.accounts.teams import creation_team, scoped, teams_of
 from console.catalog.schemas import ErrorOut
 from console.catalog.sizing import sized
 from console.deployments import services
@@ -28,7 +30,7 @@ SERVING_SHAPE = {"name", *services.SERVING_FIELDS}  # what a deployment is made 
 @router.get("", response={200: list[DeploymentOut], 422: ErrorOut},
             summary="Deployments, a page at a time (X-Total-Count and Link headers; filter with q and state)")
 def list_deployments(request, response: HttpResponse, query: Query[DeploymentListQuery]):
-    rows = name_search(Deployment.objects.all(), query.q)
+    rows = name_search(scoped(Deployment.objects.all(), teams_of(request.user)), query.q)
     if query.state:
         rows = rows.filter(state=query.state)
     page, window = paginate(listed(rows), query.page, query.per_page)
@@ -40,7 +42,8 @@ def list_deployments(request, response: HttpResponse, query: Query[DeploymentLis
 def create_deployment(request, body: DeploymentIn):
     policy = body.dict(include=set(services.POLICY_FIELDS), exclude_unset=True)
     dep = services.create_deployment(body.name, body.model, dtype=body.dtype, batch=body.batch, seq=body.seq,
-                                     actor=actor_of(request), **policy)
+                                     actor=actor_of(request), team=_team(request, body.team),
+                                     teams=teams_of(request.user), **policy)
     return Status(201, deployment_data(dep, fresh=True))
 
 
@@ -49,11 +52,22 @@ def create_deployment(request, body: DeploymentIn):
 def create_deployments(request, body: DeploymentBulkIn):
     items = [d.dict(include=SERVING_SHAPE) | d.dict(include=set(services.POLICY_FIELDS), exclude_unset=True)
              for d in body.deployments]
-    created = services.create_deployments(items, actor=actor_of(request))
+    for index, d in enumerate(body.deployments):
+        if d.team is not None:
+            raise Invalid("team: give it once, beside deployments, for all of them", field="team",
+                          errors=[{"loc": ["body", "deployments", index, "team"], "type": Invalid.type,
+                                   "msg": "team: give it once, beside deployments, for all of them"}])
+    created = services.create_deployments(items, actor=actor_of(request), team=_team(request, body.team),
+                                          teams=teams_of(request.user))
     # As created, in request order, not read back: what a read would add (replicas, adapters) a new deployment has
     # none of, and reading a thousand back cost a quarter to a third of the request (bench/create_cost.py), on a console
     # thread that a wave's pushes and acks wait for (the interpreter lock).
     return Status(201, [deployment_data(d, fresh=True) for d in created])
+
+
+def _team(request, name: str | None):
+    """The team named in the body (one of the requester's); None: the model's team (one they can see)."""
+    return creation_team(request.user, name) if name else None
 
 
 # "bulk" is also a valid deployment name (a batch-tier deployment is often called that), and Django routes
@@ -77,18 +91,19 @@ def delete_deployment_named_bulk(request):
 
 @router.get("/{name}", response={200: DeploymentOut, 404: ErrorOut})
 def get_deployment(request, name: str):
-    return deployment_data(services.get_deployment(name))
+    return deployment_data(services.get_deployment(name, teams=teams_of(request.user)))
 
 
 @router.patch("/{name}", response={200: DeploymentOut, 404: ErrorOut, 422: ErrorOut},
               summary="Change a deployment's replicas, priority, SLO or placement constraints")
 def update_deployment(request, name: str, body: DeploymentPatch):
-    return deployment_data(services.update_deployment(name, body.dict(exclude_unset=True), actor=actor_of(request)))
+    return deployment_data(services.update_deployment(name, body.dict(exclude_unset=True), actor=actor_of(request),
+                                                      teams=teams_of(request.user)))
 
 
 @router.delete("/{name}", response={204: None, 404: ErrorOut})
 def delete_deployment(request, name: str):
-    services.delete_deployment(name, actor=actor_of(request))
+    services.delete_deployment(name, actor=actor_of(request), teams=teams_of(request.user))
     return Status(204, None)
 
 
@@ -102,6 +117,7 @@ async def get_replica_logs(request, name: str, query: Query[ReplicaLogsQuery],
                            index: int = Path(..., ge=0, le=2**31 - 1)):
     """404: no such deployment or replica (`index` as in the deployment's `replicas`); 409: not placed on a host;
     503: its host's agent is not connected; 502: the agent refused (its words); 504: the agent did not answer."""
+    await sync_to_async(lambda: services.get_deployment(name, teams=teams_of(request.user)))()  # yours, or 404
     return {"lines": await replica_logs(name, index, query.tail)}
 
 

@@ -5,6 +5,7 @@ from django.db import models
 from django.utils import timezone
 
 from agent.protocol import REPLICA_STATES
+from console.accounts.models import default_team_id
 from console.catalog.models import Model
 from console.catalog.names import NAME_VALIDATOR
 from console.deployments.policy import FIELDS as POLICY_FIELDS
@@ -42,6 +43,8 @@ class Deployment(models.Model):
 
     name = models.CharField(max_length=63, unique=True, validators=[NAME_VALIDATOR])
     model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="deployments")
+    team = models.ForeignKey("accounts.Team", on_delete=models.PROTECT, related_name="deployments",
+                             default=default_team_id)
     # The count the scheduler decided last (between min and max); min = max is a fixed count.
     replicas = models.PositiveIntegerField(default=1)
     min_replicas = models.PositiveIntegerField(default=1)

@@ -93,7 +93,7 @@ def listed(deployments: QuerySet) -> QuerySet:
     `listed_replicas`."""
     replicas = (Replica.objects.select_related("host").defer(*_UNSHOWN_HOST_FIELDS).order_by("index")
                 .prefetch_related(Prefetch("gpus", queryset=Gpu.objects.order_by())))
-    return deployments.select_related("model").prefetch_related(
+    return deployments.select_related("model", "team").prefetch_related(
         Prefetch("replica_set", queryset=replicas, to_attr="listed_replicas"), "adapters")
 
 
@@ -110,6 +110,7 @@ def deployment_data(dep: Deployment, replicas: list[Replica] | None = None, fres
     return {
         "name": dep.name,
         "model": dep.model.name,
+        "team": dep.team.name,
         "replica_count": dep.replicas,
         "min_replicas": dep.min_replicas,
         "max_replicas": dep.max_replicas,

@@ -7,7 +7,7 @@ from ninja import Field, Schema
 from pydantic import create_model
 
 from console.catalog.memory import MAX_BATCH, MAX_SEQ
-from console.catalog.schemas import RequestBody, name_field
+from console.catalog.schemas import TEAM_FIELD, RequestBody, name_field
 from console.deployments.policy import REPLICA_FIELDS, Policy
 from console.pagination import ListQuery
 
@@ -39,6 +39,7 @@ class _DeploymentSettings(RequestBody):
 DeploymentIn = create_model(
     "DeploymentIn", __base__=_DeploymentSettings, __doc__="A new deployment: the serving settings and its policy. "
     "`replicas` alone is a fixed count; with min_replicas/max_replicas the scheduler keeps the count in the range.",
+    team=(str | None, Field(None, max_length=63, description=TEAM_FIELD)),
     **_policy_fields(defaults=True),
 )
 DeploymentPatch = create_model(
@@ -120,6 +121,7 @@ class DeploymentAdapterOut(Schema):
 class DeploymentOut(Schema):
     name: str
     model: str
+    team: str = Field(description="the team that owns it")
     replica_count: int
     min_replicas: int
     max_replicas: int
@@ -188,4 +190,5 @@ class DeploymentBulkIn(RequestBody):
 
     deployments: list[DeploymentIn] = Field(min_length=1, max_length=MAX_BULK,
                                             description=f"1 to {MAX_BULK} deployments, as POST /deployments takes "
-                                            "each; names must differ")
+                                            "each (without team); names must differ")
+    team: str | None = Field(None, max_length=63, description=TEAM_FIELD + "; all of them go to it")

@@ -7,6 +7,8 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from console.accounts.models import Team
+from console.accounts.teams import ALL, Teams, scoped
 from console.bulk import insert, update_in_key_order
 from console.catalog.memory import deployment_estimates, model_positions, serving_dtype, settings_estimates
 from console.catalog.models import Model
@@ -36,17 +38,20 @@ def create_deployment(
     batch: int = 1,
     seq: int | None = None,
     actor: str = "",
+    team: Team | None = None,
+    teams: Teams = ALL,
     **changes: Any,
 ) -> Deployment:
     """Record a deployment and its memory estimate at its serving settings; nothing stored on error.
 
     `changes` takes the POLICY_FIELDS given; min/max replicas default to `replicas` (a fixed count). `actor`
-    (who asked: a user, a token) goes on the timeline, as in the other changes here."""
+    (who asked: a user, a token) goes on the timeline, as in the other changes here. It belongs to `team` (else the
+    model's team) and deploys a model of one of `teams` (the creator's)."""
     validate_name(name, "deployment")
     unknown = set(changes) - set(POLICY_FIELDS)
     if unknown:
         raise Invalid(f"unknown deployment setting {sorted(unknown)[0]!r}", field=sorted(unknown)[0])
-    model_row = get_model(model, missing=Invalid)
+    model_row = get_model(model, missing=Invalid, teams=teams)
     chosen = policy.validate_policy(policy.merged(policy.creation_defaults(changes), changes))
     dtype = serving_dtype(model_row, dtype)
     check_seq(model_row, seq)
@@ -57,7 +62,7 @@ def create_deployment(
             refuse_taken_name(name, "deployment")
             deployment = Deployment.objects.create(
                 name=name, model=model_row, dtype=dtype, batch=batch, seq=seq, estimates=estimates,
-                **chosen.model_dump(),
+                team=team or model_row.team, **chosen.model_dump(),
             )
             record([_created(deployment, actor)])
             transaction.on_commit(wake_scheduler)
@@ -66,7 +71,7 @@ def create_deployment(
         raise Conflict(f"a deployment named {name!r} already exists", field="name") from None
 
 
-def update_deployment(name: str, changes: dict[str, Any], actor: str = "") -> Deployment:
+def update_deployment(name: str, changes: dict[str, Any], actor: str = "", teams: Teams = ALL) -> Deployment:
     """Change a deployment's policy (replica counts, priority, SLO, placement constraints); nothing is
     stored when any change is refused. The next scheduler pass acts on it."""
     unknown = set(changes) - set(POLICY_FIELDS)
@@ -74,7 +79,8 @@ def update_deployment(name: str, changes: dict[str, Any], actor: str = "") -> De
         field = sorted(unknown)[0]
         raise Invalid(f"{field!r} cannot be changed (changeable: {', '.join(POLICY_FIELDS)})", field=field)
     with transaction.atomic():
-        deployment = get_deployment(name, lock="change")  # else a delete meanwhile leaves the save nothing to update
+        # Locked, else a delete meanwhile leaves the save nothing to update.
+        deployment = get_deployment(name, lock="change", teams=teams)
         current = stored_policy(deployment)
         chosen = policy.validate_policy(policy.merged(current, changes)).model_dump()
         fields = [f for f in POLICY_FIELDS if chosen[f] != current[f]]
@@ -139,11 +145,13 @@ def unused_deployment_name(base: str) -> str:
     return name
 
 
-def get_deployment(name: str, missing: type[DomainError] = NotFound, lock: Lock | None = None) -> Deployment:
-    """The deployment called `name`; `missing` is raised when there is none (NotFound, or Invalid when
-    the name came inside a request body). With `lock` (inside a transaction) its row stays locked until the end of
-    the transaction (console/deployments/rowlocks.py), before any row that points at it is read or written."""
-    rows = Deployment.objects.select_related("model")
+def get_deployment(name: str, missing: type[DomainError] = NotFound, lock: Lock | None = None,
+                   teams: Teams = ALL) -> Deployment:
+    """The deployment called `name` of one of `teams` (another team's is as missing as none); `missing` is raised
+    when there is none (NotFound, or Invalid when the name came inside a request body). With `lock` (inside a
+    transaction) its row stays locked until the end of the transaction (console/deployments/rowlocks.py), before any
+    row that points at it is read or written."""
+    rows = scoped(Deployment.objects.select_related("model", "team"), teams)
     try:
         if is_name(name):
             return (locked(rows, lock) if lock else rows).get(name=name)
@@ -152,12 +160,12 @@ def get_deployment(name: str, missing: type[DomainError] = NotFound, lock: Lock 
     raise missing(f"no deployment named {name!r}", field="deployment" if missing is Invalid else None)
 
 
-def delete_deployment(name: str, actor: str = "") -> None:
+def delete_deployment(name: str, actor: str = "", teams: Teams = ALL) -> None:
     """Delete the deployment and its replicas; the next scheduler pass tells the agents to stop them."""
     with transaction.atomic():
         # Locked before its replicas are read: a pass that wrote some has committed them by then (they go with it),
         # and a pass that has not finds it gone. A DELETE right after the POST raced the first pass here.
-        deployment = get_deployment(name, lock="delete")
+        deployment = get_deployment(name, lock="delete", teams=teams)
         # Its rows go with it, so the pass would not see which hosts ran it: they are marked stale, after the
         # delete (deployment, replicas, then hosts: the order a scheduler pass takes its row locks in).
         hosts = list(Host.objects.filter(replicas__deployment=deployment).values_list("pk", flat=True))
@@ -169,19 +177,20 @@ def delete_deployment(name: str, actor: str = "") -> None:
     transaction.on_commit(wake_scheduler)
 
 
-def create_deployments(items: list[dict[str, Any]], actor: str = "") -> list[Deployment]:
+def create_deployments(items: list[dict[str, Any]], actor: str = "", team: Team | None = None,
+                       teams: Teams = ALL) -> list[Deployment]:
     """Record many deployments at once, all or none. Each item is create_deployment()'s arguments as a dict
     (`name`, `model`, `dtype`, `batch`, `seq` and the POLICY_FIELDS given) and is checked as it checks one;
     every refused item is reported, its errors located at its index (["body", "deployments", 3, "name"]).
     Estimates are made once per model and shape, and the scheduler is woken once. Returns the deployments as created,
-    their primary keys not read back."""
+    their primary keys not read back. `team` and `teams` as in create_deployment."""
     if not 1 <= len(items) <= MAX_BULK:
         raise Invalid(f"give 1 to {MAX_BULK} deployments, got {len(items)}", field="deployments")
-    lookups = _BulkLookups(taken=_taken_names([i.get("name") for i in items]))
+    lookups = _BulkLookups(taken=_taken_names([i.get("name") for i in items]), teams=teams)
     rows, errors, first_index = [], [], {}
     for index, item in enumerate(items):
         try:
-            row = _checked_deployment(item, lookups)
+            row = _checked_deployment(item, lookups, team)
             if row.name in first_index:
                 raise Invalid(f"name {row.name!r} is already given to deployment {first_index[row.name]} of this "
                               "request", field="name")
@@ -212,8 +221,9 @@ class _BulkLookups:
     """What several items of one bulk request share, read once: models, their positions, and estimates (a
     thousand deployments of one model at one shape make one estimate, not a thousand)."""
 
-    def __init__(self, taken: dict[str, str]):
+    def __init__(self, taken: dict[str, str], teams: Teams = ALL):
         self.taken = taken
+        self.teams = teams
         self._models: dict[str, Model | DomainError] = {}
         self._seq_checks: dict[tuple[str, int | None], DomainError | None] = {}
         self._estimates: dict[tuple, dict | DomainError] = {}
@@ -230,7 +240,7 @@ class _BulkLookups:
         return cache[key]
 
     def model(self, name: str) -> Model:
-        return self._once(self._models, name, lambda: get_model(name, missing=Invalid))
+        return self._once(self._models, name, lambda: get_model(name, missing=Invalid, teams=self.teams))
 
     def check_seq(self, model: Model, seq: int | None) -> None:
         self._once(self._seq_checks, (model.name, seq), lambda: check_seq(model, seq))
@@ -240,7 +250,7 @@ class _BulkLookups:
                           lambda: settings_estimates(model, dtype, batch, seq, recent=True, engine=engine))
 
 
-def _checked_deployment(item: dict[str, Any], lookups: _BulkLookups) -> Deployment:
+def _checked_deployment(item: dict[str, Any], lookups: _BulkLookups, team: Team | None = None) -> Deployment:
     """One bulk item checked in create_deployment()'s order, as an unsaved row."""
     item = dict(item)
     name, model = item.pop("name", None), item.pop("model", None)
@@ -256,8 +266,10 @@ def _checked_deployment(item: dict[str, Any], lookups: _BulkLookups) -> Deployme
     estimates = lookups.estimates(model_row, dtype, batch, seq, chosen.engine)
     if name in lookups.taken:
         raise Conflict(lookups.taken[name], field="name")
+    # A team always given, not the field's default: that would read the database once per row (the model's team is
+    # read once per model: its row is shared by the items that name it).
     return Deployment(name=name, model=model_row, dtype=dtype, batch=batch, seq=seq, estimates=estimates,
-                      **chosen.model_dump())
+                      team=team or model_row.team, **chosen.model_dump())
 
 
 def _taken_names(names: list) -> dict[str, str]:

@@ -16,6 +16,7 @@ from django.views.decorators.http import require_POST, require_safe
 from django_htmx.http import HttpResponseClientRedirect
 
 from console.accounts.auth import actor_of
+from console.accounts.teams import scoped, teams_of
 from console.catalog import adapters
 from console.deployments import services
 from console.deployments.models import Deployment, Priority, Profile
@@ -76,9 +77,10 @@ def render_partial_or_full(request, fragment: str, context: dict, full: str = PA
     return response
 
 
-def _deployment(name: str) -> Deployment:
+def _deployment(request, name: str) -> Deployment:
+    """The deployment, if it is one of the user's teams' (console/accounts/teams.py); else 404, as for none."""
     try:
-        return services.get_deployment(name)
+        return services.get_deployment(name, teams=teams_of(request.user))
     except NotFound as e:
         raise Http404(str(e)) from None
 
@@ -100,7 +102,7 @@ def _context(dep: Deployment, **policy) -> dict:
 @login_required
 @require_safe
 def deployment_page(request, name: str):
-    return render(request, PAGE, _context(_deployment(name)))
+    return render(request, PAGE, _context(_deployment(request, name)))
 
 
 @login_required_htmx
@@ -108,7 +110,7 @@ def deployment_page(request, name: str):
 def status(request, name: str):
     """The live part of the deployment page (state, SLO, replicas), polled by the page every 2 s."""
     try:
-        dep = services.get_deployment(name)
+        dep = services.get_deployment(name, teams=teams_of(request.user))
     except NotFound:
         if request.htmx:
             return render(request, "deployments/_gone.html", {"name": name}, status=STOP_POLLING)
@@ -136,6 +138,11 @@ async def replica_log(request, name: str):
     index = _index(request.GET.get("replica", "0"))
     if index is None:
         index = -1  # no replica has it: refused below like any other index that does not exist
+    def mine() -> bool:  # another team's deployment is as gone as a deleted one
+        return scoped(Deployment.objects.filter(name=name), teams_of(request.user)).exists()
+
+    if not await sync_to_async(mine)():
+        return HttpResponse(render_to_string("deployments/_gone.html", {"name": name}), status=STOP_POLLING)
     try:
         lines, error = await replica_logs(name, index, LOG_LINES), ""
     except DomainError as e:
@@ -150,10 +157,11 @@ async def replica_log(request, name: str):
 def update_policy(request, name: str):
     """Save the policy form. htmx: the card again, with the outcome inside it (and the status refreshed
     out of band); without JavaScript: back to the page with the outcome as a message."""
-    dep = _deployment(name)
+    dep = _deployment(request, name)
     before = stored_policy(dep)
     try:
-        dep = services.update_deployment(name, parse_policy_form(request.POST), actor=actor_of(request))
+        dep = services.update_deployment(name, parse_policy_form(request.POST), actor=actor_of(request),
+                                         teams=teams_of(request.user))
     except DomainError as e:
         error, error_field, saved = str(e), (e.fields or [None])[0], None
     else:
@@ -177,7 +185,8 @@ def update_policy(request, name: str):
 @login_required
 @require_POST
 def delete(request, name: str):
-    services.delete_deployment(name, actor=actor_of(request))
+    _deployment(request, name)  # 404 unless it is one of the user's teams'
+    services.delete_deployment(name, actor=actor_of(request), teams=teams_of(request.user))
     messages.success(request, f"Deployment {name} deleted; its workers are being stopped.")
     return redirect("dashboard")
 
@@ -188,7 +197,8 @@ def register_adapter(request, name: str):
     form = request.POST
     try:
         adapter = adapters.register_adapter(form.get("name", "").strip(), name, form.get("path", "").strip(),
-                                            pinned=bool(form.get("pinned")), actor=actor_of(request))
+                                            pinned=bool(form.get("pinned")), actor=actor_of(request),
+                                            teams=teams_of(request.user))
     except DomainError as e:
         messages.error(request, f"Adapter not added: {e}")
     else:
@@ -199,7 +209,10 @@ def register_adapter(request, name: str):
 @login_required
 @require_POST
 def delete_adapter(request, adapter: str):
-    deployment = adapters.get_adapter(adapter).deployment.name
-    adapters.delete_adapter(adapter, actor=actor_of(request))
+    try:
+        deployment = adapters.get_adapter(adapter, teams_of(request.user)).deployment.name
+    except NotFound as e:
+        raise Http404(str(e)) from None
+    adapters.delete_adapter(adapter, actor=actor_of(request), teams=teams_of(request.user))
     messages.success(request, f"Adapter {adapter} removed.")
     return redirect("deployment", deployment)

@@ -1,0 +1,51 @@
+"""Ownership on the pages: signed in as a member of team a, team b's deployment page, its status, logs, policy form,
+delete and adapters answer as if they did not exist, and the models page lists only team a's models."""
+
+import pytest
+
+from console.catalog.models import Adapter
+from console.deployments.models import Deployment
+from tests.console.team_scene import PASSWORD, team_scene
+
+pytestmark = pytest.mark.django_db
+HTMX = {"HTTP_HX_REQUEST": "true"}
+
+
+@pytest.fixture
+def alice(client, tmp_path):
+    team_scene(tmp_path)
+    client.login(username="alice", password=PASSWORD)
+    return client
+
+
+def test_another_teams_deployment_page_is_not_found(alice):
+    assert alice.get("/deployments/chat-a/").status_code == 200
+    assert alice.get("/deployments/chat-b/").status_code == 404
+    assert alice.get("/deployments/chat-b/status/").status_code == 404
+
+
+def test_another_teams_deployment_reads_as_gone_where_the_page_polls(alice):
+    status = alice.get("/deployments/chat-b/status/", **HTMX)
+    logs = alice.get("/deployments/chat-b/logs/?replica=0", **HTMX)
+    assert status.status_code == logs.status_code == 286  # htmx: stop polling
+    assert b"chat-b" in status.content and b"replica" not in logs.content.lower()
+
+
+def test_another_teams_deployment_cannot_be_changed_or_deleted_from_a_page(alice):
+    assert alice.post("/deployments/chat-b/policy/", {"max_replicas": 3}).status_code == 404
+    assert alice.post("/deployments/chat-b/delete/").status_code == 404
+    assert alice.post("/adapters/sql-b/delete/").status_code == 404
+    assert alice.post("/adapters/sql-b/edit/", {"pinned": "on"}).status_code == 404
+    assert alice.post("/models/tiny-b/edit/", {"path": "/nowhere"}).status_code == 404
+    assert Deployment.objects.get(name="chat-b").max_replicas == 1
+    assert Adapter.objects.filter(name="sql-b", pinned=False).exists()
+
+
+def test_the_models_page_lists_only_the_users_teams_models(alice):
+    page = alice.get("/models/").content.decode()
+    assert "tiny-a" in page and "/models/tiny-b/" not in page
+
+
+def test_another_teams_model_cannot_be_deployed_from_a_page(alice):
+    alice.post("/models/tiny-b/deploy/", {})
+    assert not Deployment.objects.filter(model__name="tiny-b").exclude(name="chat-b").exists()
