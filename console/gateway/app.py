@@ -29,7 +29,7 @@ from console.gateway.errors import OPENAI, V2, Family, family_of, http_error, se
 from console.gateway.fleet import DeploymentView, FleetView
 from console.gateway.fleet_metrics import scrape
 from console.gateway.metrics import CONTENT_TYPE
-from console.gateway.proxy import permitted, proxy, resolve
+from console.gateway.proxy import permitted, proxy, resolve, visible_route
 from console.gateway.routes import RouteView
 from console.gateway.triton import check_version, not_loaded_on_request, repository_index
 
@@ -115,16 +115,17 @@ def _card(dep: DeploymentView, name: str | None = None) -> dict:
 
 async def _list_models(gw: Gateway, request: Request) -> Response:
     fleet, caller = gw.fleet, request.state.caller
-    data = [_card(d) for d in fleet.deployments.values() if caller.may_call(d.name)]
-    data += [_card(fleet.deployments[d], a) for a, d in sorted(fleet.adapters.items())
-             if d in fleet.deployments and caller.may_call(d)]
+    callable_ = [d for d in fleet.deployments.values() if caller.in_team(d.team) and caller.may_call(d.name)]
+    data = [_card(d) for d in callable_]
+    names = {d.name for d in callable_}
+    data += [_card(fleet.deployments[d], a) for a, d in sorted(fleet.adapters.items()) if d in names]
     data += [_route_card(r, fleet) for r in fleet.routes.values() if _visible(r, fleet, caller)]
     return JSONResponse({"object": "list", "data": data})
 
 
 def _visible(route: RouteView, fleet: FleetView, caller: Caller) -> bool:
     """Whether `caller` may see and call `route`: it may call one of its branches' deployments."""
-    return any(b.deployment in fleet.deployments and caller.may_call(b.deployment) for b in route.branches)
+    return visible_route(caller, route, fleet)
 
 
 def _route(gw: Gateway, request: Request) -> RouteView | None:
@@ -148,7 +149,7 @@ async def _get_model(gw: Gateway, request: Request) -> Response:
     if (route := _route(gw, request)) is not None:
         return JSONResponse(_route_card(route, gw.fleet))
     dep, adapter = resolve(gw.fleet, request.path_params["name"])
-    permitted(request.state.caller, dep)
+    permitted(request.state.caller, dep, request.path_params["name"])
     return JSONResponse(_card(dep, adapter))
 
 
@@ -166,7 +167,7 @@ async def _model_ready(gw: Gateway, request: Request) -> Response:
                       "replica", code="model_not_ready")
     dep, _ = resolve(gw.fleet, request.path_params["name"])
     check_version(request)
-    permitted(request.state.caller, dep)
+    permitted(request.state.caller, dep, request.path_params["name"])
     if dep.ready:
         return JSONResponse({"name": request.path_params["name"], "ready": True})
     raise Refused(503, f"model {dep.name!r} is {dep.serving}: {SERVING_HINTS[dep.serving]}", code="model_not_ready")

@@ -1,6 +1,7 @@
 """Bearer tokens on the gateway: the REST API's tokens, any scope. Lookups are cached briefly in memory, so
 a request costs one hash and one dict read, not a database round trip; a revoked token stops working
-within CACHE_SECONDS, an expired one at once (the cached caller carries its expiry)."""
+within CACHE_SECONDS, an expired one at once (the cached caller carries its expiry). The caller carries its
+user's teams too (console/accounts/teams.py): a change of membership reaches the gateway within CACHE_SECONDS."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from datetime import datetime
 
 from console.accounts import expiry
 from console.accounts.models import ApiToken
+from console.accounts.teams import teams_of
 from console.accounts.tokens import hash_token
 from console.gateway.errors import NO_TOKEN
 
@@ -29,6 +31,7 @@ class Caller:
     expires: datetime | None = None
     label: str = ""  # its name and prefix, for refusals
     refused: str = ""  # why it may not be used at all (revoked, expired when looked up); "" when it may
+    teams: frozenset[int] | None = None  # its user's teams, whose deployments it may call; None: all (admins)
 
     def refusal(self, now: datetime) -> str:
         """Why the token is refused now (401), or "": checked on every request, so the cache never outlives an
@@ -38,6 +41,10 @@ class Caller:
         if self.expires is not None and self.expires <= now:
             return expiry.expired(self.label, self.expires)
         return ""
+
+    def in_team(self, team: int) -> bool:
+        """Whether a deployment of `team` is one this token may even know of (else: 404, as if it did not exist)."""
+        return self.teams is None or team in self.teams
 
     def may_call(self, deployment: str) -> bool:
         return not self.deployments or deployment in self.deployments
@@ -62,7 +69,7 @@ def lookup(token: str) -> Caller | None:
     if row is None:
         return None
     return Caller(hash_token(token)[:16], row.user.get_username(), row.scope, frozenset(row.deployments),
-                  row.expires, row.label, refused)
+                  row.expires, row.label, refused, teams_of(row.user))
 
 
 def bearer(header: str | None) -> str | None:

@@ -38,6 +38,7 @@ class DeploymentView:
     created: int = 0
     slo_latency_ms: int | None = None  # its p95 latency target
     engine: str = "auto"  # auto | torch | vllm, as the deployment asks
+    team: int = 0  # the owning team's id: only its members' tokens (and admins') may call it
 
 
 class HostView(NamedTuple):
@@ -79,7 +80,7 @@ class _Replica(NamedTuple):
 # the fleet and at least every second, and at 10,000 replicas building model instances of every deployment, replica
 # and host took 4 s of CPU a snapshot (under the interpreter lock every agent link and request also needs).
 _DEPLOYMENTS = CarriedRows(Deployment, ("pk", "name", "priority", "model__task", "standby", "demand_status",
-                                        "demand_reason", "created", "slo_latency_ms", "engine"), ("name",))
+                                        "demand_reason", "created", "slo_latency_ms", "engine", "team_id"), ("name",))
 _REPLICAS = CarriedRows(Replica, _Replica._fields, ("deployment_id", "index"))
 
 
@@ -96,7 +97,7 @@ def load_fleet() -> FleetView:
     for dep_id, name in Adapter.objects.order_by("name").values_list("deployment_id", "name"):
         names.setdefault(dep_id, []).append(name)
     deployments, adapters = {}, {}
-    for pk, name, tier, task, standby, demand_status, demand_reason, created, slo, engine in _DEPLOYMENTS.read():
+    for pk, name, tier, task, standby, demand_status, demand_reason, created, slo, engine, team in _DEPLOYMENTS.read():
         rows = replicas.get(pk, [])
         ready = []
         for r in rows:
@@ -110,5 +111,5 @@ def load_fleet() -> FleetView:
             name=name, tier=tier, rank=TIER_RANK.get(tier, len(TIER_RANK)), task=task,
             serving=serving_state(rows, standby, demand_status), ready=tuple(ready), adapters=tuple(names.get(pk, ())),
             demand_status=demand_status, demand_reason=demand_reason, created=int(created.timestamp()),
-            slo_latency_ms=slo, engine=engine)
+            slo_latency_ms=slo, engine=engine, team=team)
     return FleetView(deployments, adapters, by_name, loaded=True, routes=load_routes())

@@ -43,8 +43,25 @@ def resolve(fleet: FleetView, name: str) -> tuple[DeploymentView, str | None]:
     return found
 
 
-def permitted(caller: Caller, dep: DeploymentView) -> None:
-    """Refuse (403) a token limited to other deployments."""
+def known(caller: Caller, dep: DeploymentView, name: str = "") -> None:
+    """Refuse a token of another team as if `name` (the model it asked for; else the deployment's) did not exist
+    (404, as resolve() answers: existence is not leaked across teams; console/accounts/teams.py)."""
+    if not caller.in_team(dep.team):
+        raise Refused(404, f"model {name or dep.name!r} does not exist; GET /v1/models lists the models you can use",
+                      code="model_not_found")
+
+
+def visible_route(caller: Caller, route: RouteView, fleet: FleetView) -> bool:
+    """Whether `caller` may see and call `route`: it may call one of its branches' deployments (one of its teams',
+    and one it is not limited away from); else the route's name answers as unknown."""
+    return any(b.deployment in fleet.deployments and caller.in_team(fleet.deployments[b.deployment].team)
+               and caller.may_call(b.deployment) for b in route.branches)
+
+
+def permitted(caller: Caller, dep: DeploymentView, name: str = "") -> None:
+    """Refuse a token of another team as if the model did not exist (404), and one limited to other deployments
+    with 403."""
+    known(caller, dep, name)
     if not caller.may_call(dep.name):
         raise Refused(403, caller.forbidden(dep.name), code="permission_denied")
 
@@ -60,11 +77,11 @@ async def proxy(gw: Gateway, request: Request, family: Family) -> Response:
     try:
         body = await _read_body(request, gw.settings.max_body_bytes)
         name, adapter = await _model_name(request, body, family)
-        if (route := gw.fleet.routes.get(name)) is not None:
+        if (route := gw.fleet.routes.get(name)) is not None and visible_route(caller, route, gw.fleet):
             return await _routed(gw, request, family, body, route)
-        dep, adapter = _target(gw, name, adapter)
+        dep, adapter = _target(gw, name, adapter, caller)
         check_version(request)
-        permitted(caller, dep)  # before `deployment` is set: a 403 is the token's doing, not the deployment's
+        permitted(caller, dep, name)  # before `deployment` is set: a 403 is the token's doing, not the deployment's
         deployment = dep.name
         if not family.openai and dep.engine == "vllm":
             raise Refused(400, f"model {dep.name!r} runs on the vllm engine, which serves /v1 (completions, chat, "
@@ -174,8 +191,9 @@ def _deeper_than(value, limit: int) -> bool:
     return depth > limit
 
 
-def _target(gw: Gateway, name: str, adapter: str | None) -> tuple[DeploymentView, str | None]:
+def _target(gw: Gateway, name: str, adapter: str | None, caller: Caller) -> tuple[DeploymentView, str | None]:
     dep, named_adapter = resolve(gw.fleet, name)
+    known(caller, dep, name)  # before anything is said of its adapters
     if named_adapter is not None:
         if adapter not in (None, named_adapter):
             raise Refused(400, f"model {name!r} is an adapter; it cannot take adapter {adapter!r} too",

@@ -45,7 +45,8 @@ async def repository_index(gw: Gateway, request: Request) -> Response:
     fleet, caller = gw.fleet, request.state.caller
     names = [(d.name, d) for d in fleet.deployments.values()]
     names += [(a, fleet.deployments[d]) for a, d in fleet.adapters.items() if d in fleet.deployments]
-    entries = sorted((index_entry(name, dep) for name, dep in names if caller.may_call(dep.name)),
+    entries = sorted((index_entry(name, dep) for name, dep in names
+                      if caller.in_team(dep.team) and caller.may_call(dep.name)),
                      key=lambda e: e["name"])
     return JSONResponse([e for e in entries if e["state"] == "READY" or not only_ready])
 

@@ -27,7 +27,8 @@ def expected() -> tuple[dict[str, DeploymentView], dict[str, str]]:
         adapters |= dict.fromkeys(names, dep.name)
         deployments[dep.name] = DeploymentView(
             dep.name, dep.priority, TIER_RANK[dep.priority], dep.model.task, serving_state(replicas, dep.standby),
-            ready, names, dep.demand_status, dep.demand_reason, int(dep.created.timestamp()), dep.slo_latency_ms)
+            ready, names, dep.demand_status, dep.demand_reason, int(dep.created.timestamp()), dep.slo_latency_ms,
+            team=dep.team_id)
     return deployments, adapters
 
 
