@@ -1,5 +1,6 @@
 from ninja import Query, Router
 
+from console.accounts.teams import teams_of
 from console.catalog.schemas import ErrorOut
 from console.events.query import EventFilter, page, parse_since
 from console.events.schemas import EventPage, EventQuery
@@ -11,7 +12,7 @@ router = Router()
             summary="The event timeline, newest first, a page at a time (follow `next`)")
 def list_events(request, query: Query[EventQuery]):
     f = EventFilter(object=query.object, type=query.type, reason=query.reason, since=parse_since(query.since))
-    events, following = page(f, query.cursor, query.limit)
+    events, following = page(f, query.cursor, query.limit, teams=teams_of(request.user))
     return {"events": [as_item(e) for e in events], "next": following}
 
 

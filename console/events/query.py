@@ -8,7 +8,8 @@ import binascii
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, Value
+from django.db.models.functions import Concat
 from django.utils.dateparse import parse_datetime
 
 from console.errors import Invalid
@@ -53,9 +54,30 @@ def matching(f: EventFilter) -> QuerySet[Event]:
     return rows
 
 
-def page(f: EventFilter, cursor: str = "", limit: int = DEFAULT_LIMIT) -> tuple[list[Event], str | None]:
-    """Up to `limit` events after `cursor` (newest first), and the cursor of the next page (None: no more)."""
-    rows = matching(f).order_by("-last_seen", "-id")
+def within(rows: QuerySet[Event], teams: frozenset[int] | None) -> QuerySet[Event]:
+    """`rows` without the events of other teams' deployments (and their replicas), models, adapters and teams
+    (console/accounts/teams.py); None: every team's (admins)."""
+    if teams is None:
+        return rows
+    from console.accounts.models import Team  # the timeline is written by every app: read theirs only here
+    from console.catalog.models import Adapter, Model
+    from console.deployments.models import Deployment
+
+    def others(model, kind: str, team: str = "team_id") -> QuerySet:
+        return (model.objects.order_by().exclude(**{f"{team}__in": teams})
+                .annotate(key=Concat(Value(f"{kind}/"), "name")).values("key"))
+
+    rows = rows.exclude(deployment__in=Deployment.objects.order_by().exclude(team_id__in=teams).values("name"))
+    for model, kind, team in ((Model, "model", "team_id"), (Adapter, "adapter", "team_id"), (Team, "team", "pk")):
+        rows = rows.exclude(object__in=others(model, kind, team))
+    return rows
+
+
+def page(f: EventFilter, cursor: str = "", limit: int = DEFAULT_LIMIT,
+         teams: frozenset[int] | None = None) -> tuple[list[Event], str | None]:
+    """Up to `limit` events after `cursor` (newest first) of `teams`' objects (see within), and the cursor of the
+    next page (None: no more)."""
+    rows = within(matching(f), teams).order_by("-last_seen", "-id")
     if cursor:
         at, key = decode_cursor(cursor)
         rows = rows.filter(Q(last_seen__lt=at) | Q(last_seen=at, id__lt=key))

@@ -8,6 +8,7 @@ from django.shortcuts import render
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_safe
 
+from console.accounts.teams import teams_of
 from console.errors import Invalid
 from console.events.models import EventType
 from console.events.query import EventFilter, page
@@ -30,7 +31,7 @@ def events_page(request):
     cursor = q.get("cursor", "")[:200]
     error = None
     try:
-        events, following = page(f, cursor, PER_PAGE)
+        events, following = page(f, cursor, PER_PAGE, teams=teams_of(request.user))
     except Invalid as e:
         events, following, error = [], None, str(e)
     context = {"events": events, "next": following, "filters": f, "cursor": cursor, "error": error,
@@ -47,7 +48,7 @@ def recent(request):
     """The last events of one object (?object=deployment/NAME), for a page's live card."""
     key = request.GET.get("object", "")[:300]
     try:
-        context = recent_events(key)
+        context = recent_events(key, teams=teams_of(request.user))
     except Invalid as e:
         context = {"events": [], "error": str(e), "object_key": key}
     return render(request, "events/_list.html", context)

@@ -11,7 +11,9 @@ from typing import Annotated, Literal
 from annotated_types import Len
 from ninja import Field, Query, Router, Schema
 
+from console.accounts.teams import teams_of
 from console.catalog.schemas import ErrorOut
+from console.deployments.services import get_deployment
 from console.errors import Invalid
 from console.series.metrics import DEPLOYMENT, DEPLOYMENT_METRICS, HOST, HOST_METRICS, METRICS
 from console.series.store import read_points, resolve
@@ -82,6 +84,7 @@ def series_answer(kind: str, name: str, metric: str, since: str | None) -> dict:
                        summary="A deployment's figures over time: request rate, latency, queue wait, errors, "
                        "replicas by state")
 def deployment_series(request, name: str, query: Query[DeploymentSeriesQuery]):
+    get_deployment(name, teams=teams_of(request.user))  # another team's is as missing as none (404)
     return series_answer(DEPLOYMENT, name, query.metric, query.since)
 
 

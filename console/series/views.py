@@ -9,6 +9,8 @@ from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_safe
 
+from console.accounts.teams import scoped, teams_of
+from console.deployments.models import Deployment
 from console.deployments.views import STOP_POLLING, login_required_htmx
 from console.series.panels import deployment_panel, fleet_panel, host_panel, range_key
 
@@ -34,8 +36,9 @@ def _fragment(request, panel: dict, page: str):
 @login_required_htmx
 @require_safe
 def deployment_charts(request, name: str):
-    panel = deployment_panel(name, range_key(request.GET.get("range")))
-    if panel is None:  # deleted meanwhile
+    mine = scoped(Deployment.objects.filter(name=name), teams_of(request.user)).exists()
+    panel = deployment_panel(name, range_key(request.GET.get("range"))) if mine else None
+    if panel is None:  # deleted meanwhile, or another team's (as missing as none)
         return _gone(request, f"Deployment {name} was deleted", "charts")
     return _fragment(request, panel, reverse("deployment", args=[name]))
 

@@ -8,9 +8,10 @@ RECENT = 10
 
 
 @register.inclusion_tag("events/_list.html")
-def recent_events(object_key: str, limit: int = RECENT) -> dict:
-    """The last events of a deployment, host or other object, as the pages show them."""
-    events, more = page(EventFilter(object=object_key), limit=limit)
+def recent_events(object_key: str, limit: int = RECENT, teams: frozenset[int] | None = None) -> dict:
+    """The last events of a deployment, host or other object (of `teams`' objects; None: all), as the pages show
+    them."""
+    events, more = page(EventFilter(object=object_key), limit=limit, teams=teams)
     return {"events": events, "more": more is not None, "object_key": object_key,
             "all_url": f"{reverse('events')}?object={object_key}"}
 

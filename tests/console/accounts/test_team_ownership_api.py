@@ -132,3 +132,21 @@ def test_a_token_cannot_be_limited_to_another_teams_deployment(as_user):
     r = as_user("alice", "post", "/api/v1/tokens", {"name": "x", "scope": "inference", "deployments": ["chat-b"]})
     assert r.status_code == 422
     assert refusal(r) == "deployments: no deployment named 'chat-b'; GET /api/v1/deployments lists them"
+
+
+def test_another_teams_deployment_series_read_as_missing(as_user):
+    assert as_user("alice", "get", "/api/v1/deployments/chat-a/series?metric=request_rate").status_code == 200
+    r = as_user("alice", "get", "/api/v1/deployments/chat-b/series?metric=request_rate")
+    assert r.status_code == 404 and refusal(r) == "no deployment named 'chat-b'"
+
+
+def test_the_timeline_leaves_out_another_teams_objects(as_user):
+    def objects(user: str) -> set[str]:
+        return {e["object"] for e in as_user(user, "get", "/api/v1/events?limit=500").json()["events"]}
+
+    mine, everything = objects("alice"), objects("root")
+    assert {"model/tiny-a", "deployment/chat-a", "adapter/sql-a"} <= mine
+    assert not mine & {"model/tiny-b", "deployment/chat-b", "adapter/sql-b", "team/team-b"}
+    assert {"model/tiny-b", "deployment/chat-b", "adapter/sql-b"} <= everything
+    r = as_user("alice", "get", "/api/v1/events?object=deployment/chat-b")
+    assert r.status_code == 200 and r.json()["events"] == []

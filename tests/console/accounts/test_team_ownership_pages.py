@@ -49,3 +49,15 @@ def test_the_models_page_lists_only_the_users_teams_models(alice):
 def test_another_teams_model_cannot_be_deployed_from_a_page(alice):
     alice.post("/models/tiny-b/deploy/", {})
     assert not Deployment.objects.filter(model__name="tiny-b").exclude(name="chat-b").exists()
+
+
+def test_another_teams_deployment_charts_read_as_gone(alice):
+    assert alice.get("/deployments/chat-a/charts/", **HTMX).status_code == 200
+    assert alice.get("/deployments/chat-b/charts/", **HTMX).status_code == 286
+
+
+def test_the_timeline_page_and_cards_leave_out_another_teams_objects(alice):
+    page = alice.get("/events/").content.decode()
+    card = alice.get("/events/recent/?object=deployment/chat-b").content.decode()
+    assert "chat-a" in page and "chat-b" not in page and "tiny-b" not in page
+    assert "chat-b" not in card.replace("object=deployment/chat-b", "")
