@@ -8,7 +8,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from console.accounts.auth import actor_of
-from console.accounts.teams import creation_team, scoped, teams_of
+from console.accounts.teams import creation_team, scoped, teams_of, visible_teams
 from console.catalog import adapters, memory, services
 from console.catalog.calibration import error_fraction
 from console.catalog.models import Calibration, MemorySample, Model
@@ -20,10 +20,16 @@ from console.forms import whole_number
 
 @login_required
 def models_page(request):
+    teams = teams_of(request.user)
     return render(
         request,
         "catalog/models.html",
         {
+            # A store directory another team registered says so, without its name (console/accounts/teams.py).
+            "all_teams": teams is None,
+            "team_ids": teams or frozenset(),
+            # Members of several teams (and admins) say which owns what they register.
+            "team_choices": list(visible_teams(request.user).values_list("name", flat=True)),
             "entries": services.model_store_entries(),
             "models": scoped(Model.objects.prefetch_related("deployments"), teams_of(request.user)),
             "store": settings.MODEL_STORE,

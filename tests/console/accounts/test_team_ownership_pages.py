@@ -61,3 +61,16 @@ def test_the_timeline_page_and_cards_leave_out_another_teams_objects(alice):
     card = alice.get("/events/recent/?object=deployment/chat-b").content.decode()
     assert "chat-a" in page and "chat-b" not in page and "tiny-b" not in page
     assert "chat-b" not in card.replace("object=deployment/chat-b", "")
+
+
+def test_a_member_of_several_teams_chooses_the_team_of_a_model_registered_from_the_page(alice, tmp_path):
+    from django.contrib.auth import get_user_model
+
+    from console.accounts.models import Team
+    from console.catalog.models import Model
+    from tests.conftest import write_model_dir
+
+    Team.objects.get(name="team-b").members.add(get_user_model().objects.get(username="alice"))
+    assert '<select name="team">' in alice.get("/models/").content.decode()
+    alice.post("/models/register/", {"name": "m2", "path": str(write_model_dir(tmp_path / "m2")), "team": "team-b"})
+    assert Model.objects.get(name="m2").team.name == "team-b"
