@@ -58,7 +58,8 @@ def fleet(hosts: QuerySet | None = None) -> list[dict]:
             "engines": h.engines or {"torch": ""},
             "ram_free_bytes": h.ram_free_bytes,
             "asleep": [
-                {"deployment": r.deployment.name, "index": r.index, "state": r.observed_state,
+                {"deployment": r.deployment.name, "team": r.deployment.team_id, "index": r.index,
+                 "state": r.observed_state,
                  "desired_state": r.desired_state, "host_bytes": r.host_bytes}
                 for r in h.asleep
             ],
@@ -72,6 +73,7 @@ def _gpu(g) -> dict:
     replicas = [
         {
             "deployment": r.deployment.name,
+            "team": r.deployment.team_id,
             "index": r.index,
             "state": r.observed_state,
             "desired_state": r.desired_state,

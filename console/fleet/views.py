@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
 from console.accounts.auth import actor_of
+from console.accounts.teams import ALL, Teams, scoped, teams_of
 from console.deployments.models import Deployment, DeploymentState
 from console.deployments.policy_form import parse_selector
 from console.deployments.presenters import deployment_row, heading_for, load_progress
@@ -54,7 +55,7 @@ def _segments(gpu: dict) -> dict:
         segments.append(r | {"width": round(width, 3), "fill": round(min(fill, 100), 1), "progress": progress,
                              "toward": toward, "tooltip": _tooltip(r, progress, toward),
                              "labelled": width >= _label_percent(r["deployment"]),
-                             "url": deployment_url(r["deployment"])})
+                             "url": _url(r["deployment"])})
     foreign = foreign_bytes(gpu["used_bytes"], gpu["own_bytes"], sum(r["measured_bytes"] or 0 for r in gpu["replicas"]))
     return gpu | {
         "segments": segments,
@@ -181,24 +182,43 @@ def deployment_url(name: str) -> str:
     return f"{_deployment_url_prefix()}{name}/"
 
 
-def _host_view(host: dict) -> dict:
-    gpus = [_segments(g) for g in host["gpus"]]
-    return host | {"gpus": gpus, "asleep": [r | {"url": deployment_url(r["deployment"])} for r in host["asleep"]],
+OTHER_TEAM = "another team"  # how a replica of a deployment the viewer may not see is named on the grid
+
+
+def _masked(replica: dict, teams: Teams) -> dict:
+    """`replica` as `teams` may see it: another team's deployment goes unnamed, and so do the reasons, which may
+    name it (console/accounts/teams.py); its memory still shows, the GPUs being shared."""
+    if teams is None or replica["team"] in teams:
+        return replica
+    unsaid = {k: "" for k in ("action", "reason", "observed_reason") if k in replica}
+    return replica | unsaid | {"deployment": OTHER_TEAM}
+
+
+def _host_view(host: dict, teams: Teams = ALL) -> dict:
+    gpus = [_segments(g | {"replicas": [_masked(r, teams) for r in g["replicas"]]}) for g in host["gpus"]]
+    asleep = [_masked(r, teams) for r in host["asleep"]]
+    return host | {"gpus": gpus, "asleep": [r | {"url": _url(r["deployment"])} for r in asleep],
                    "replica_count": sum(len(g["replicas"]) for g in gpus),
                    "reserved_bytes": sum(g["reserved_bytes"] for g in gpus),
                    "total_bytes": sum(g["total_bytes"] for g in gpus)}
 
 
-def grid_context(query: QueryDict | dict | None = None) -> dict:
+def _url(deployment: str) -> str:
+    return "#" if deployment == OTHER_TEAM else deployment_url(deployment)
+
+
+def grid_context(query: QueryDict | dict | None = None, teams: Teams = ALL) -> dict:
     """Everything the live part of the dashboard shows for `query` (a request's GET; none: the first page of
-    every host and deployment): the fleet's summary, a page of hosts and a page of deployments."""
+    every host and deployment) to a member of `teams`: the fleet's summary, a page of hosts (other teams'
+    replicas unnamed) and a page of their deployments."""
     query = QueryDict() if query is None else query
     filters = read_filters(query)
     hosts = name_search(Host.objects.all(), filters.q)
     if filters.state:
         hosts = in_state(hosts, filters.state)
     host_page, host_rows, host_note = page_within(hosts, filters.page, HOSTS_PER_PAGE, "page")
-    deployments = name_search(Deployment.objects.select_related("model").prefetch_related("replica_set"), filters.dq)
+    deployments = name_search(scoped(Deployment.objects.select_related("model").prefetch_related("replica_set"),
+                                     teams), filters.dq)
     if filters.dstate:
         deployments = deployments.filter(state=filters.dstate)
     dep_page, dep_rows, dep_note = page_within(deployments, filters.dpage, DEPLOYMENTS_PER_PAGE, "dpage")
@@ -206,7 +226,7 @@ def grid_context(query: QueryDict | dict | None = None) -> dict:
         "summary": summary_view(fleet_summary(), query),
         "filters": filters,
         "notes": [*filters.notes, *(n for n in (host_note, dep_note) if n)],
-        "hosts": [_host_view(h) for h in fleet(host_rows)],
+        "hosts": [_host_view(h, teams) for h in fleet(host_rows)],
         "host_pager": pager(host_page, query, "page"),
         "hosts_clear_url": _with(query, drop=HOST_PARAMS),
         "deployments": [deployment_row(d) | {"url": deployment_url(d.name)} for d in dep_rows],
@@ -222,7 +242,7 @@ def host_page(request, name: str):
     hosts = fleet(Host.objects.filter(name=name))
     if not hosts:
         raise Http404(f"no host named {name!r}")
-    return render(request, "fleet/host.html", {"host": _host_view(hosts[0])})
+    return render(request, "fleet/host.html", {"host": _host_view(hosts[0], teams_of(request.user))})
 
 
 @login_required
@@ -262,7 +282,7 @@ def update_strategy(request):
 @login_required
 def dashboard(request):
     live_query = request.GET.urlencode()
-    return render(request, "fleet/dashboard.html", grid_context(request.GET) | {
+    return render(request, "fleet/dashboard.html", grid_context(request.GET, teams_of(request.user)) | {
         "scheduler": scheduler_context(),
         "host_states": HOST_STATES,
         "deployment_states": DeploymentState.values,

@@ -29,6 +29,7 @@ from agent.protocol import (
     dump,
     parse_agent_message,
 )
+from console.accounts.teams import teams_of
 from console.control.desired import desired_text
 from console.dbthreads import own_thread
 from console.fleet.logs import LOGS_REPLY
@@ -352,6 +353,8 @@ class DashboardConsumer(Consumer):
             return
         # Only read through grid_context()'s lenient parsing: an odd value shows the default, never fails.
         self.query = QueryDict(self.scope.get("query_string", b"").decode("latin-1"))
+        # Read once: a change of membership shows from the next page load (console/accounts/teams.py).
+        self.teams = await database_sync_to_async(teams_of)(user)
         await self.channel_layer.group_add(DASHBOARD_GROUP, self.channel_name)
         await self.accept()
         await self.dashboard_update({})
@@ -363,5 +366,6 @@ class DashboardConsumer(Consumer):
         pass  # the dashboard only listens
 
     async def dashboard_update(self, event):
-        html = await database_sync_to_async(lambda: render_to_string("fleet/_live.html", grid_context(self.query)))()
+        html = await database_sync_to_async(lambda: render_to_string("fleet/_live.html",
+                                                                          grid_context(self.query, self.teams)))()
         await self.send(text_data=html)

@@ -74,3 +74,42 @@ def test_a_member_of_several_teams_chooses_the_team_of_a_model_registered_from_t
     assert '<select name="team">' in alice.get("/models/").content.decode()
     alice.post("/models/register/", {"name": "m2", "path": str(write_model_dir(tmp_path / "m2")), "team": "team-b"})
     assert Model.objects.get(name="m2").team.name == "team-b"
+
+
+def test_the_dashboard_lists_the_users_deployments_and_leaves_other_teams_replicas_unnamed(alice):
+    from console.deployments.models import Replica
+    from console.fleet.models import Gpu, Host
+
+    host = Host.objects.create(name="h1", endpoint="http://127.0.0.1:9", connected=True)
+    gpu = Gpu.objects.create(host=host, index=0, uuid="SIM-0", name="sim", total_bytes=8 << 30, simulated=True)
+    for dep in Deployment.objects.all():
+        replica = Replica.objects.create(deployment=dep, index=0, host=host, desired_state="ready",
+                                         observed_state="ready", reserved_bytes=1 << 30, reason=f"placed {dep.name}")
+        replica.gpus.add(gpu)
+    for page in (alice.get("/").content.decode(), alice.get("/hosts/h1/").content.decode()):
+        assert "chat-a" in page and "chat-b" not in page
+        assert "another team" in page
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_live_dashboard_pushes_only_the_users_teams_deployments(tmp_path):
+    from channels.db import database_sync_to_async
+    from channels.testing import WebsocketCommunicator
+    from django.test import Client
+
+    from console.asgi import application
+
+    def sign_in() -> bytes:
+        team_scene(tmp_path)
+        browser = Client()
+        assert browser.login(username="alice", password=PASSWORD)
+        return f"sessionid={browser.cookies['sessionid'].value}".encode()
+
+    cookie = await database_sync_to_async(sign_in)()
+    comm = WebsocketCommunicator(application, "/ws/dashboard/", headers=[
+        (b"host", b"127.0.0.1"), (b"origin", b"http://127.0.0.1"), (b"cookie", cookie)])
+    connected, _ = await comm.connect()
+    assert connected
+    grid = await comm.receive_from(timeout=5)
+    await comm.disconnect()
+    assert "chat-a" in grid and "chat-b" not in grid
