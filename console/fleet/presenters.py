@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import Count, F, FloatField, Prefetch, Q, QuerySet, Sum
 from django.db.models.functions import Cast
 
+from console.accounts.teams import ALL, Teams
 from console.deployments.models import Deployment, Replica
 from console.fleet.labels import gpu_labels
 from console.fleet.models import Gpu, Host
@@ -29,10 +30,22 @@ def in_state(hosts: QuerySet, state: str) -> QuerySet:
     return hosts.filter(_LIFECYCLE[state])
 
 
-def fleet(hosts: QuerySet | None = None) -> list[dict]:
+OTHER_TEAM = "another team"  # how a replica of a deployment the viewer may not see is named
+
+
+def masked(replica: dict, teams: Teams) -> dict:
+    """`replica` as a member of `teams` may see it: another team's deployment goes unnamed, and so do the reasons,
+    which may name it (console/accounts/teams.py); its memory still shows, the GPUs being shared."""
+    if teams is None or replica["team"] in teams:
+        return replica
+    unsaid = {k: "" for k in ("action", "reason", "observed_reason") if k in replica}
+    return replica | unsaid | {"deployment": OTHER_TEAM}
+
+
+def fleet(hosts: QuerySet | None = None, teams: Teams = ALL) -> list[dict]:
     """Each host of `hosts` (default: all) with its GPUs and the replicas reserved on each GPU, its labels,
     the room it reports for sleeping replicas and the replicas asleep in its memory: five queries for any
-    number of hosts."""
+    number of hosts. Other teams' replicas than `teams`' are masked (ALL: none)."""
     asleep = Replica.objects.filter(Q(desired_state="sleeping") | Q(observed_state="sleeping"))
     on_gpu = Replica.objects.select_related("deployment").defer(*_REPLICA_DEPLOYMENT_FIELDS).order_by("pk")
     hosts = (Host.objects.all() if hosts is None else hosts).defer(*_UNSHOWN_HOST_FIELDS).prefetch_related(
@@ -58,20 +71,19 @@ def fleet(hosts: QuerySet | None = None) -> list[dict]:
             "engines": h.engines or {"torch": ""},
             "ram_free_bytes": h.ram_free_bytes,
             "asleep": [
-                {"deployment": r.deployment.name, "team": r.deployment.team_id, "index": r.index,
-                 "state": r.observed_state,
-                 "desired_state": r.desired_state, "host_bytes": r.host_bytes}
+                masked({"deployment": r.deployment.name, "team": r.deployment.team_id, "index": r.index,
+                        "state": r.observed_state, "desired_state": r.desired_state, "host_bytes": r.host_bytes},
+                       teams)
                 for r in h.asleep
             ],
-            "gpus": [_gpu(g) for g in h.gpus.all()],
+            "gpus": [_gpu(g, teams) for g in h.gpus.all()],
         }
         for h in hosts
     ]
 
 
-def _gpu(g) -> dict:
-    replicas = [
-        {
+def _gpu(g, teams: Teams) -> dict:
+    replicas = [masked({
             "deployment": r.deployment.name,
             "team": r.deployment.team_id,
             "index": r.index,
@@ -85,7 +97,7 @@ def _gpu(g) -> dict:
             "measured_bytes": r.measured_bytes,
             "loaded_bytes": r.loaded_bytes,
             "loading_total_bytes": r.loading_total_bytes,
-        }
+        }, teams)
         for r in g.replicas.all()
     ]
     reserved = sum(r["reserved_bytes"] for r in replicas)

@@ -21,7 +21,7 @@ from console.deployments.policy_form import parse_selector
 from console.deployments.presenters import deployment_row, heading_for, load_progress
 from console.errors import DomainError
 from console.fleet.models import Host, PlacementSettings, foreign_bytes
-from console.fleet.presenters import HOST_STATES, fleet, fleet_summary, in_state
+from console.fleet.presenters import HOST_STATES, OTHER_TEAM, fleet, fleet_summary, in_state
 from console.fleet.services import set_placement, set_strategy
 from console.fleet.templatetags.units import gib
 from console.pagination import MAX_QUERY, name_search, page_number, page_within, pager, query_string, shown
@@ -182,22 +182,9 @@ def deployment_url(name: str) -> str:
     return f"{_deployment_url_prefix()}{name}/"
 
 
-OTHER_TEAM = "another team"  # how a replica of a deployment the viewer may not see is named on the grid
-
-
-def _masked(replica: dict, teams: Teams) -> dict:
-    """`replica` as `teams` may see it: another team's deployment goes unnamed, and so do the reasons, which may
-    name it (console/accounts/teams.py); its memory still shows, the GPUs being shared."""
-    if teams is None or replica["team"] in teams:
-        return replica
-    unsaid = {k: "" for k in ("action", "reason", "observed_reason") if k in replica}
-    return replica | unsaid | {"deployment": OTHER_TEAM}
-
-
-def _host_view(host: dict, teams: Teams = ALL) -> dict:
-    gpus = [_segments(g | {"replicas": [_masked(r, teams) for r in g["replicas"]]}) for g in host["gpus"]]
-    asleep = [_masked(r, teams) for r in host["asleep"]]
-    return host | {"gpus": gpus, "asleep": [r | {"url": _url(r["deployment"])} for r in asleep],
+def _host_view(host: dict) -> dict:
+    gpus = [_segments(g) for g in host["gpus"]]
+    return host | {"gpus": gpus, "asleep": [r | {"url": _url(r["deployment"])} for r in host["asleep"]],
                    "replica_count": sum(len(g["replicas"]) for g in gpus),
                    "reserved_bytes": sum(g["reserved_bytes"] for g in gpus),
                    "total_bytes": sum(g["total_bytes"] for g in gpus)}
@@ -226,7 +213,7 @@ def grid_context(query: QueryDict | dict | None = None, teams: Teams = ALL) -> d
         "summary": summary_view(fleet_summary(), query),
         "filters": filters,
         "notes": [*filters.notes, *(n for n in (host_note, dep_note) if n)],
-        "hosts": [_host_view(h, teams) for h in fleet(host_rows)],
+        "hosts": [_host_view(h) for h in fleet(host_rows, teams)],
         "host_pager": pager(host_page, query, "page"),
         "hosts_clear_url": _with(query, drop=HOST_PARAMS),
         "deployments": [deployment_row(d) | {"url": deployment_url(d.name)} for d in dep_rows],
@@ -239,10 +226,10 @@ def grid_context(query: QueryDict | dict | None = None, teams: Teams = ALL) -> d
 @require_safe
 def host_page(request, name: str):
     """One host: its GPUs and replicas as on the dashboard, its charts and its recent events."""
-    hosts = fleet(Host.objects.filter(name=name))
+    hosts = fleet(Host.objects.filter(name=name), teams_of(request.user))
     if not hosts:
         raise Http404(f"no host named {name!r}")
-    return render(request, "fleet/host.html", {"host": _host_view(hosts[0], teams_of(request.user))})
+    return render(request, "fleet/host.html", {"host": _host_view(hosts[0])})
 
 
 @login_required

@@ -150,3 +150,20 @@ def test_the_timeline_leaves_out_another_teams_objects(as_user):
     assert {"model/tiny-b", "deployment/chat-b", "adapter/sql-b"} <= everything
     r = as_user("alice", "get", "/api/v1/events?object=deployment/chat-b")
     assert r.status_code == 200 and r.json()["events"] == []
+
+
+def test_hosts_show_another_teams_replicas_unnamed(as_user):
+    from console.deployments.models import Replica
+    from console.fleet.models import Gpu, Host
+
+    host = Host.objects.create(name="h1", endpoint="http://127.0.0.1:9", connected=True)
+    gpu = Gpu.objects.create(host=host, index=0, uuid="SIM-0", name="sim", total_bytes=8 << 30, simulated=True)
+    for dep in Deployment.objects.all():
+        Replica.objects.create(deployment=dep, index=0, host=host, desired_state="ready", observed_state="ready",
+                               reserved_bytes=1 << 30).gpus.add(gpu)
+
+    def shown(user: str) -> list[str]:
+        return sorted(r["deployment"] for r in as_user(user, "get", "/api/v1/hosts/h1").json()["gpus"][0]["replicas"])
+
+    assert shown("alice") == ["another team", "chat-a"]
+    assert shown("root") == ["chat-a", "chat-b"]
