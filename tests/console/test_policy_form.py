@@ -80,6 +80,7 @@ def test_it_reads_the_idle_timeout_and_leaves_it_alone_when_empty():
 
 
 def test_a_changed_idle_timeout_is_described_in_seconds():
-    before = stored_policy(Deployment(min_replicas=1, idle_timeout_s=300))
-    after = Deployment(min_replicas=0, idle_timeout_s=600)
+    # A team given, so that no default team is read: these rows are never saved.
+    before = stored_policy(Deployment(min_replicas=1, idle_timeout_s=300, team_id=0))
+    after = Deployment(min_replicas=0, idle_timeout_s=600, team_id=0)
     assert describe_changes(before, after) == ["min replicas 1 → 0", "idle timeout 300 s → 600 s"]
