@@ -36,7 +36,7 @@ def list_hosts(request, response: HttpResponse, query: Query[HostListQuery]):
 
 @router.get("/{name}", response={200: HostOut, 404: ErrorOut}, summary="One host, its GPUs and their replicas")
 def get_host(request, name: str):
-    found = fleet(Host.objects.filter(name=name), teams_of(request.user))
+    found = fleet(Host.named(name), teams_of(request.user))
     if not found:
         raise NotFound(f"no host named {name!r}")
     return found[0]
@@ -46,7 +46,7 @@ def get_host(request, name: str):
               summary="Set a host's labels and/or taints (each given one replaced whole)")
 def patch_host(request, name: str, body: HostPlacement):
     set_placement(name, body.model_dump(exclude_unset=True), actor=actor_of(request))
-    return fleet(Host.objects.filter(name=name), teams_of(request.user))[0]
+    return fleet(Host.named(name), teams_of(request.user))[0]
 
 
 scheduler_router = Router()

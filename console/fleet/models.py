@@ -44,6 +44,11 @@ class Host(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @classmethod
+    def named(cls, name: str) -> models.QuerySet:
+        """The host called `name` (none for a name with a NUL: no host has one, and PostgreSQL refuses it)."""
+        return cls.objects.none() if "\x00" in name else cls.objects.filter(name=name)
+
     @property
     def lifecycle(self) -> str:
         """connected | unknown (lease lapsed, replicas kept) | offline (evicted: its replicas were re-placed)."""

@@ -36,7 +36,7 @@ def set_placement(name: str, changes: dict, actor: str = "") -> Host:
     except PydanticError as e:
         raise invalid_from(e) from None
     with transaction.atomic():
-        host = Host.objects.select_for_update().filter(name=name).first()
+        host = Host.named(name).select_for_update().first()
         if host is None:
             raise NotFound(f"no host named {name!r}")
         changed = {f: v for f, v in chosen.model_dump(exclude_none=True).items() if getattr(host, f) != v}

@@ -226,7 +226,7 @@ def grid_context(query: QueryDict | dict | None = None, teams: Teams = ALL) -> d
 @require_safe
 def host_page(request, name: str):
     """One host: its GPUs and replicas as on the dashboard, its charts and its recent events."""
-    hosts = fleet(Host.objects.filter(name=name), teams_of(request.user))
+    hosts = fleet(Host.named(name), teams_of(request.user))
     if not hosts:
         raise Http404(f"no host named {name!r}")
     return render(request, "fleet/host.html", {"host": _host_view(hosts[0])})
@@ -236,7 +236,7 @@ def host_page(request, name: str):
 @require_POST
 def update_placement(request, name: str):
     """Save a host's labels and taints from its page; back to the page with what changed, or why not."""
-    before = Host.objects.filter(name=name).values("labels", "taints").first()
+    before = Host.named(name).values("labels", "taints").first()
     if before is None:
         raise Http404(f"no host named {name!r}")
     try:
