@@ -19,7 +19,7 @@ from django.db.models import F
 from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
-from console.bulk import insert, lock_rows, update_fields_by_pk, update_in_key_order, update_values
+from console.bulk import insert, lock_rows, update_fields_by_pk, update_in_key_order
 from console.carried import CarriedRows, forget_all
 from console.catalog.memory import Reservation, corrections, deployment_estimates, reservation
 from console.catalog.models import DeviceKind
@@ -39,9 +39,9 @@ from console.control.snapshot import (
     replica_rows,
     replica_specs,
 )
-from console.deployments.models import Deployment, DeploymentState, Replica
+from console.control.states import refresh_deployment_states
+from console.deployments.models import Deployment, Replica
 from console.deployments.rowlocks import hold_existing
-from console.deployments.serving import REFUSED
 from console.errors import Invalid
 from console.events.record import Note, deployment_object, host_object, record, replica_object
 from console.fleet.models import Host, PlacementSettings
@@ -417,71 +417,6 @@ ACTION_REASONS = {"place": "Placed", "move": "Moved", "wake": "Woken", "sleep": 
                   "stop": "Stopped", "refuse": "Refused"}
 
 
-def derive_state(replicas: list[Replica], blocked: str = "") -> tuple[str, str]:
-    """A deployment's state and reason, from its replicas; `blocked`: why a request to it would be refused now
-    (the scheduler's answer), so that its reason does not promise one is brought back."""
-    comes_back = f"requests get 503 now: {blocked}" if blocked else ""
-    if not replicas:
-        return DeploymentState.PENDING, "waiting for the scheduler"
-    serving = [r for r in replicas if r.desired_state in ("ready", "preloaded")]
-    unplaced = [r for r in serving if r.host_id is None]
-    if unplaced and all("scaled to zero" in r.reason for r in unplaced) and len(unplaced) == len(serving):
-        asleep = len(replicas) - len(serving)
-        where = f"{asleep} asleep in host memory, " if asleep else ""
-        state = DeploymentState.ASLEEP if asleep else DeploymentState.IDLE
-        return state, f"scaled to zero ({where}{len(unplaced)} stopped); {comes_back or 'a request brings one back'}"
-    if unplaced and unplaced[0].reason:
-        if len(unplaced) == len(replicas):
-            return DeploymentState.UNSCHEDULABLE, unplaced[0].reason
-        return DeploymentState.DEGRADED, f"{len(unplaced)} of {len(replicas)} replicas unplaced: {unplaced[0].reason}"
-    failed = [r for r in replicas if r.observed_state == "failed"]
-    if failed:
-        why = failed[0].observed_reason or "its agent gave no reason"
-        return DeploymentState.FAILED, f"replica {failed[0].index} failed: {why}"
-    states = [r.observed_state for r in serving]
-    asleep = len(replicas) - len(serving)
-    if states and all(s == r.desired_state for s, r in zip(states, serving, strict=True)) \
-            and any(r.desired_state == "preloaded" for r in serving):
-        return DeploymentState.READY, "standing by: loaded on its GPUs, taking no requests until standby is off"
-    if states and all(s == "ready" for s in states):
-        return DeploymentState.READY, f"{asleep} replica(s) asleep in host memory" if asleep else ""
-    if not serving:
-        return DeploymentState.ASLEEP, (f"all {asleep} replica(s) asleep in host memory; "
-                                        f"{comes_back or 'a request wakes one'}")
-    if "loading" in states or "starting" in states:
-        return DeploymentState.LOADING, "loading weights"
-    return DeploymentState.PENDING, "waiting for an agent to start the replica"
-
-
-class _StateRow(NamedTuple):
-    """What derive_state reads of a replica row."""
-
-    index: int
-    host_id: int | None
-    desired_state: str
-    observed_state: str
-    reason: str
-    observed_reason: str
-
-
-_REPLICA_STATES = CarriedRows(Replica, ("deployment_id", *_StateRow._fields), ("deployment_id", "index"))
-_DEPLOYMENT_STATES = CarriedRows(Deployment, ("pk", "state", "reason", "demand_status", "demand_reason"), ("pk",))
-
-
-def _refresh_deployment_states() -> bool:
-    replicas: dict[int, list[_StateRow]] = {}
-    for dep_id, *fields in _REPLICA_STATES.read():
-        replicas.setdefault(dep_id, []).append(_StateRow(*fields))
-    moved = []
-    for pk, state_was, reason_was, demand_status, demand_reason in _DEPLOYMENT_STATES.read():
-        state, reason = derive_state(replicas.get(pk, []), demand_reason if demand_status in REFUSED else "")
-        if (state_was, reason_was) != (state, reason):
-            moved.append((pk, state, reason))
-    # Updates, not saves: a deployment deleted since it was read is no error. One statement per row, pipelined.
-    update_values(Deployment, ("state", "reason"), moved)
-    return bool(moved)
-
-
 _leading_since: float | None = None  # when this process began passing (its reconnect grace counts from then)
 _leading_since_wall: datetime | None = None  # the same on the clock leases are written with: hosts not heard since
 # then have stale readings (snapshot.gpu_specs)
@@ -558,7 +493,7 @@ def reconcile_once(fence: Callable[[], None] | None = None, scope: Scope = "plan
             with transaction.atomic():
                 if fence is not None:
                     fence()
-                changed = _refresh_deployment_states()
+                changed = refresh_deployment_states()
         return PassResult(changed_hosts=(), changed=changed, planned=False, cpu_s=time.thread_time() - began,
                           behind=_behind(), events=events)
     with transaction.atomic():
@@ -568,7 +503,7 @@ def reconcile_once(fence: Callable[[], None] | None = None, scope: Scope = "plan
         planned = _plan_and_apply(now, actions, touched, setbacks, notes)
         rolled = roll(touched, notes)  # rollouts of changed artifacts, a replica at a time (after the plan's moves)
         replanned = lifecycle | observed | planned.changed | rolled
-        changed = replanned | _refresh_deployment_states()
+        changed = replanned | refresh_deployment_states()
         # The pass's events before the host rows below, which intake's acks and leases wait for until this
         # commits. (No lock order can cross there: the event rows a pass folds into are its own, since a fold
         # matches the actor, and intake's are the agents'.)

@@ -1,13 +1,13 @@
 """A deployment's state says what its replicas are: one whose replicas all sleep in host memory reads `asleep`,
 one scaled to zero with nothing in memory `idle`, never `ready`."""
 
-from console.control.reconcile import _StateRow, derive_state
+from console.control.states import StateRow, derive_state
 
 ZERO = "idle for 312 s (idle_timeout_s 300): scaled to zero; a request places it"
 
 
 def row(index, desired, observed, host=1, reason="", observed_reason=""):
-    return _StateRow(index, host, desired, observed, reason, observed_reason)
+    return StateRow(index, host, desired, observed, reason, observed_reason)
 
 
 def test_it_reads_asleep_when_every_replica_sleeps_in_host_memory():

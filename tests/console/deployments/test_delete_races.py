@@ -102,7 +102,7 @@ def test_a_pass_that_commits_while_the_delete_collects_replicas_does_not_fail_th
 def test_a_delete_while_a_pass_writes_waits_for_it_and_takes_its_replicas(chat, monkeypatch):
     # The other order: the pass has written the new replica when the delete comes; the delete waits for the pass
     # and deletes what it wrote.
-    real = reconcile._refresh_deployment_states
+    real = reconcile.refresh_deployment_states
     others = []
 
     def delete_meanwhile():
@@ -111,7 +111,7 @@ def test_a_delete_while_a_pass_writes_waits_for_it_and_takes_its_replicas(chat, 
             others[0].finished_or_blocked()
         return real()
 
-    monkeypatch.setattr(reconcile, "_refresh_deployment_states", delete_meanwhile)
+    monkeypatch.setattr(reconcile, "refresh_deployment_states", delete_meanwhile)
     reconcile.reconcile_once()
     others[0].outcome()
     assert_gone()
