@@ -5,11 +5,11 @@ larger rank than the replica's pool was sized for, which is served through the c
 import time
 
 import pytest
-from playwright.async_api import async_playwright, expect
+from playwright.async_api import expect
 
-from tests.e2e.stack import ADMIN_PASSWORD, remove, wait_for
+from tests.e2e.browser import signed_in
+from tests.e2e.stack import remove, wait_for
 from tests.e2e.test_adapter_growth import ids_body, lora, only_replica
-from tests.e2e.test_dashboard_browser import ARGS, CHROMIUM
 
 pytestmark = pytest.mark.browser
 
@@ -27,35 +27,25 @@ async def test_an_adapter_added_from_the_page_to_a_running_replica_is_served(sta
     assert api.post("/models", json={"name": "ui-base", "path": str(tiny_llama)}).status_code in (201, 409)
     assert api.post("/deployments", json={"name": "ui-grows", "model": "ui-base"}).status_code == 201
     try:
-        async with async_playwright() as p:
-            browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-            page = await browser.new_page(viewport={"width": 1280, "height": 1000})
-            page.set_default_timeout(20_000)
-            try:
-                await page.goto(stack.url + "deployments/ui-grows/")
-                await page.fill("input[name=username]", "admin")
-                await page.fill("input[name=password]", ADMIN_PASSWORD)
-                await page.click("button[type=submit]")
-                await expect(page.locator("h1")).to_contain_text("ui-grows")
-                await add_adapter(page, "ui-small", str(lora(tmp_path, "small", 2, seed=1)))
-                wait_for(lambda: only_replica(api, "ui-grows").get("state") == "ready", timeout=120,
-                         what="the replica to be ready")
-                with stack.gateway() as gateway:
-                    wait_for(lambda: gateway.post("/v2/models/ui-small/infer", json=ids_body([1, 5, 9])).status_code
-                             == 200, timeout=60, what="the first adapter to be served")
-                    pid = only_replica(api, "ui-grows")["pid"]
+        async with signed_in(stack.url + "deployments/ui-grows/", height=1000) as page:
+            await expect(page.locator("h1")).to_contain_text("ui-grows")
+            await add_adapter(page, "ui-small", str(lora(tmp_path, "small", 2, seed=1)))
+            wait_for(lambda: only_replica(api, "ui-grows").get("state") == "ready", timeout=120,
+                     what="the replica to be ready")
+            with stack.gateway() as gateway:
+                wait_for(lambda: gateway.post("/v2/models/ui-small/infer", json=ids_body([1, 5, 9])).status_code
+                         == 200, timeout=60, what="the first adapter to be served")
+                pid = only_replica(api, "ui-grows")["pid"]
 
-                    await add_adapter(page, "ui-big", str(lora(tmp_path, "big", 32, seed=2)))
-                    await expect(page.locator('tr[data-adapter="ui-big"] td').nth(1)).to_have_text("32")
-                    wait_for(lambda: gateway.post("/v2/models/ui-big/infer", json=ids_body([1, 5, 9])).status_code
-                             == 200, timeout=90, what="the larger adapter to be served")
-                assert only_replica(api, "ui-grows")["pid"] == pid  # its pool grew in the same worker
-                held = page.locator('tr[data-adapter="ui-big"] .tiers .tag')
-                deadline = time.monotonic() + 30
-                while not await held.count() and time.monotonic() < deadline:
-                    await page.reload()  # the adapters card shows what the replica last reported
-                await expect(held.first).to_contain_text("#0")
-            finally:
-                await browser.close()
+                await add_adapter(page, "ui-big", str(lora(tmp_path, "big", 32, seed=2)))
+                await expect(page.locator('tr[data-adapter="ui-big"] td').nth(1)).to_have_text("32")
+                wait_for(lambda: gateway.post("/v2/models/ui-big/infer", json=ids_body([1, 5, 9])).status_code
+                         == 200, timeout=90, what="the larger adapter to be served")
+            assert only_replica(api, "ui-grows")["pid"] == pid  # its pool grew in the same worker
+            held = page.locator('tr[data-adapter="ui-big"] .tiers .tag')
+            deadline = time.monotonic() + 30
+            while not await held.count() and time.monotonic() < deadline:
+                await page.reload()  # the adapters card shows what the replica last reported
+            await expect(held.first).to_contain_text("#0")
     finally:
         remove(api, deployments=("ui-grows",), models=("ui-base",))

@@ -3,10 +3,10 @@ taint set from the host's page, shown there and on the dashboard, keeping a depl
 off the host (its refusal names the taint)."""
 
 import pytest
-from playwright.async_api import async_playwright, expect
+from playwright.async_api import expect
 
-from tests.e2e.stack import ADMIN_PASSWORD, remove
-from tests.e2e.test_dashboard_browser import ARGS, CHROMIUM
+from tests.e2e.browser import signed_in
+from tests.e2e.stack import remove
 from tests.waiting import until
 
 pytestmark = pytest.mark.browser
@@ -24,15 +24,8 @@ async def test_spread_shows_on_the_grid_and_a_taint_keeps_the_host(stack):
         assert model.status_code in (201, 409), model.text
         created = api.post("/deployments", json={"name": "spread-demo", "model": "spread-model", "replicas": 2})
         assert created.status_code == 201, created.text
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        page = await browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(20_000)
-        try:
-            await page.goto(stack.url)
-            await page.fill("input[name=username]", "admin")
-            await page.fill("input[name=password]", ADMIN_PASSWORD)
-            await page.click("button[type=submit]")
+    try:
+        async with signed_in(stack.url) as page:
             await expect(page.locator("h1")).to_have_text("GPU fleet")
             for gpu in ("local/0", "local/1"):  # one replica on each GPU, not both on the one the first tightened
                 segment = page.locator(f'.gpu[data-gpu="{gpu}"] .seg[data-deployment="spread-demo"]')
@@ -52,8 +45,7 @@ async def test_spread_shows_on_the_grid_and_a_taint_keeps_the_host(stack):
                 await until(lambda: _reason(api, "untolerated"), 30, "untolerated to be refused", every=0.2)
                 assert "excluded by taint pool=ml (not tolerated)" in _reason(api, "untolerated")
             await expect(page.locator('tr[data-deployment="untolerated"] .pill')).to_have_text("unschedulable")
-        finally:
-            await browser.close()
-            with stack.api() as api:
-                api.patch("/hosts/local", json={"taints": {}})
-                remove(api, deployments=("untolerated", "spread-demo"), models=("spread-model",))
+    finally:
+        with stack.api() as api:
+            api.patch("/hosts/local", json={"taints": {}})
+            remove(api, deployments=("untolerated", "spread-demo"), models=("spread-model",))
