@@ -32,6 +32,7 @@ class Caller:
     label: str = ""  # its name and prefix, for refusals
     refused: str = ""  # why it may not be used at all (revoked, expired when looked up); "" when it may
     teams: frozenset[int] | None = None  # its user's teams, whose deployments it may call; None: all (admins)
+    token_id: int = 0  # the ApiToken's primary key: what usage is accounted under
 
     def refusal(self, now: datetime) -> str:
         """Why the token is refused now (401), or "": checked on every request, so the cache never outlives an
@@ -69,7 +70,7 @@ def lookup(token: str) -> Caller | None:
     if row is None:
         return None
     return Caller(hash_token(token)[:16], row.user.get_username(), row.scope, frozenset(row.deployments),
-                  row.expires, row.label, refused, teams_of(row.user))
+                  row.expires, row.label, refused, teams_of(row.user), row.pk)
 
 
 def bearer(header: str | None) -> str | None:
