@@ -45,6 +45,9 @@ REPLICA_HEADER = "X-ModelGrid-Replica-Id"
 # The one version of every model that v2 paths may name (/v2/models/{name}/versions/1/...), as in a Triton
 # repository with one version directory; the gateway and the agent refuse any other in unknown_version's words.
 MODEL_VERSION = "1"
+# Triton's extensions that the agents and the gateway serve ("model_repository" is not claimed: its index is served,
+# its load and unload are not: the scheduler decides what loads).
+TRITON_EXTENSIONS = ("binary_tensor_data", "model_configuration")
 
 
 def unknown_version(name: str, version: str | None) -> str | None:
@@ -58,6 +61,7 @@ __all__ = [
     "UNSERVED_HEADER",
     "REPLICA_HEADER",
     "MODEL_VERSION",
+    "TRITON_EXTENSIONS",
     "unknown_version",
     "ENDED",
     "ENGINES",

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 import agent
 from agent.metrics import CONTENT_TYPE, Metrics, replica_snapshot
-from agent.protocol import MODEL_VERSION
+from agent.protocol import MODEL_VERSION, TRITON_EXTENSIONS
 from agent.serving.auth import GatewayAuth, gateway_only
 from agent.serving.batching import BatchSettings
 from agent.serving.body import MAX_BODY_BYTES, parse_json, read_body, read_json
@@ -75,8 +75,6 @@ METRICS = web.AppKey("metrics", Metrics)
 GATEWAY = web.AppKey("gateway", GatewayAuth)
 POSITIONS = web.AppKey("positions", Tokenizers)  # each model directory's max positions, from config.json
 
-# Triton's extensions served here ("model_repository" is not claimed: its index is, its load and unload are not).
-EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 
 __all__ = ["GatewayAuth", "Replica", "ReplicaSource", "make_app"]
 
@@ -154,7 +152,7 @@ async def ready(request: web.Request) -> web.Response:
 
 async def server_metadata(request: web.Request) -> web.Response:
     return web.json_response({"name": "modelgrid-agent", "version": agent.__version__,
-                              "extensions": EXTENSIONS})
+                              "extensions": list(TRITON_EXTENSIONS)})
 
 
 async def model_metadata(request: web.Request) -> web.Response:

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from agent.protocol import TRITON_EXTENSIONS
 from console import __version__
 from console.dbthreads import own_thread
 from console.deployments.serving import SERVING_HINTS
@@ -32,10 +33,6 @@ from console.gateway.metrics import CONTENT_TYPE
 from console.gateway.proxy import permitted, proxy, resolve, visible_route
 from console.gateway.routes import RouteView
 from console.gateway.triton import check_version, not_loaded_on_request, repository_index
-
-# Triton's extensions served ("model_repository" is not claimed: its index is served, its load and unload are not:
-# the scheduler decides what loads).
-EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 
 
 def make_app(gateway: Gateway | None = None) -> Starlette:
@@ -154,7 +151,7 @@ async def _get_model(gw: Gateway, request: Request) -> Response:
 
 
 async def _server_metadata(gw: Gateway, request: Request) -> Response:
-    return JSONResponse({"name": "modelgrid", "version": __version__, "extensions": EXTENSIONS})
+    return JSONResponse({"name": "modelgrid", "version": __version__, "extensions": list(TRITON_EXTENSIONS)})
 
 
 async def _model_ready(gw: Gateway, request: Request) -> Response:
