@@ -57,8 +57,8 @@ def _number(value: float) -> str:
 
 def _bytes(value: float) -> str:
     for size, unit in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB")):
-        if abs(value) >= size:
-            return f"{value / size:.3g} {unit}"
+        if abs(value) >= size:  # three figures, never an exponent (1000 MiB, not 1e+03 MiB)
+            return f"{value / size:.0f} {unit}" if abs(value) >= 100 * size else f"{value / size:.3g} {unit}"
     return "0" if value == 0 else f"{value / (1 << 20):.2g} MiB"
 
 
@@ -121,7 +121,8 @@ def chart(name: str, title: str, unit: str, lines: list[Line], start: float, end
         drawn = columns
     readings = sum(1 for line in lines for _, v in line.points if v is not None)
     peak = max([v for col in drawn for v in col if v is not None] + ([target] if target else []), default=0.0)
-    ceiling = 100.0 if unit == "%" else peak * 1.08 or 1.0  # a share is drawn against the whole
+    # A share is drawn against the whole; nothing at all, against one whole unit (a GiB for bytes, not a byte).
+    ceiling = 100.0 if unit == "%" else peak * 1.08 or (float(2 << 30) if unit == "bytes" else 1.0)
     step = _byte_step(ceiling) if unit == "bytes" else max(nice_step(ceiling), 1.0 if unit == "replicas" else 0.0)
     top_value = step * math.ceil(ceiling / step)
     width, height = size

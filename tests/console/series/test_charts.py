@@ -85,3 +85,13 @@ def test_values_read_with_their_units():
 def test_a_share_is_drawn_against_the_whole():
     c = chart("utilization", "GPU utilisation", "%", [Line("util", "mean", [(T, 12.0)])], T, T + 600, 10)
     assert c["y_ticks"][-1]["label"] == "100%"
+
+
+def test_bytes_at_zero_read_as_whole_units_not_fractions_of_a_byte():
+    c = chart("memory", "GPU memory", "bytes", [Line("reserved", "reserved", [(T, 0.0)])], T, T + 600, 10)
+    labels = [tick["label"] for tick in c["y_ticks"]]
+    assert labels[-1] == "2 GiB" and not any("e-" in label for label in labels)
+
+
+def test_a_thousand_mib_reads_without_an_exponent():
+    assert fmt(1000 * (1 << 20), "bytes") == "1000 MiB"
