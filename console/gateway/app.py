@@ -59,9 +59,9 @@ def make_app(gateway: Gateway | None = None) -> Starlette:
             Route(f"{model}/config", _proxied(gw, V2), methods=["GET"]),  # Triton's model configuration
             Route(f"{model}/infer", _proxied(gw, V2), methods=["POST"]),
         )),
-        Route("/metrics", _wrap(gw, V2, _metrics), methods=["GET"]),
-        Route("/metrics/agents", _wrap(gw, V2, agent_metrics.targets), methods=["GET"]),
-        Route("/metrics/agents/{name}", _wrap(gw, V2, agent_metrics.relay), methods=["GET"]),
+        Route("/metrics", _wrap(gw, V2, _fleet_wide(_metrics)), methods=["GET"]),
+        Route("/metrics/agents", _wrap(gw, V2, _fleet_wide(agent_metrics.targets)), methods=["GET"]),
+        Route("/metrics/agents/{name}", _wrap(gw, V2, _fleet_wide(agent_metrics.relay)), methods=["GET"]),
     ], exception_handlers={HTTPException: _http_error, Exception: _server_error})
     app.state.gateway = gw
     return app
@@ -94,6 +94,18 @@ def _wrap(gw: Gateway, family: Family, handler):
             return await handler(gw, request)
         except Refused as e:
             return family.error(e.status, str(e), e.code, e.retry_after)
+
+    return endpoint
+
+
+def _fleet_wide(handler):
+    """What names every deployment (the metrics) is refused to a token limited to some of them (403)."""
+    async def endpoint(gw: Gateway, request: Request) -> Response:
+        if request.state.caller.deployments:
+            raise Refused(403, "the fleet's metrics name every deployment; this token is limited to deployments "
+                          f"({', '.join(sorted(request.state.caller.deployments))}): use a token without that limit",
+                          code="permission_denied")
+        return await handler(gw, request)
 
     return endpoint
 

@@ -428,6 +428,24 @@ async def test_metrics_need_a_token_and_count_requests(fleet):
     assert 'modelgrid_gateway_requests_total{adapter="",code="200",deployment="chat"} 1.0' in r.text
 
 
+async def test_a_token_limited_to_some_deployments_may_not_read_the_fleets_metrics(fleet):
+    _, _, token = fleet
+
+    def limited() -> str:
+        user = get_user_model().objects.get(username="client")
+        return ApiToken.issue(user, scope=Scope.INFERENCE, deployments=["chat"])[1]
+
+    gateway = _gateway()
+    async with _client(gateway, await sync_to_async(limited)()) as client:
+        answers = [await client.get(path) for path in ("/metrics", "/metrics/agents", "/metrics/agents/h1")]
+        served = await client.post("/v2/models/chat/infer", json=INFER)
+    await gateway.close()
+    assert served.status_code == 200
+    for r in answers:
+        assert r.status_code == 403
+        assert "limited to deployments" in r.json()["error"]
+
+
 async def test_a_deeply_nested_or_huge_body_is_refused_naming_the_limit_and_reaches_no_agent(fleet):
     agents, _, token = fleet
     nested = b"[" * 100_000 + b"]" * 100_000
