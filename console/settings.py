@@ -104,6 +104,7 @@ INSTALLED_APPS = [
     "console.series",
     "console.alerts",
     "console.routes",
+    "console.usage",
 ]
 
 MIDDLEWARE = [
@@ -349,6 +350,13 @@ MODELGRID_SERIES_FINE_RETENTION_SECONDS = _at_least("MODELGRID_SERIES_FINE_RETEN
 MODELGRID_SERIES_COARSE_RETENTION_SECONDS = _at_least("MODELGRID_SERIES_COARSE_RETENTION_SECONDS",
                                                       envfloat("MODELGRID_SERIES_COARSE_RETENTION_SECONDS",
                                                                30 * 86400.0), 3600.0)
+
+# Usage accounting (console/usage/store.py): per-minute buckets are kept this many days, then rolled into hourly
+# buckets, which are kept this many days.
+MODELGRID_USAGE_MINUTE_RETENTION_DAYS = _at_least("MODELGRID_USAGE_MINUTE_RETENTION_DAYS",
+                                                  envfloat("MODELGRID_USAGE_MINUTE_RETENTION_DAYS", 3.0), 0.1)
+MODELGRID_USAGE_HOUR_RETENTION_DAYS = _at_least("MODELGRID_USAGE_HOUR_RETENTION_DAYS",
+                                                envfloat("MODELGRID_USAGE_HOUR_RETENTION_DAYS", 400.0), 1.0)
 
 # Alert webhooks reach public addresses only; these hosts (names or addresses, as the URL writes them) are exempt,
 # e.g. an Alertmanager inside the cluster (console/alerts/targets.py).

@@ -29,7 +29,9 @@ from console.gateway.fleet import DeploymentView, FleetView, ReplicaView, load_f
 from console.gateway.metrics import METRICS, ConsoleMetrics
 from console.gateway.routing import affinity_choice, least_outstanding
 from console.gateway.upstream import Upstream
+from console.gateway.usage import Tally
 from console.realtime.notify import GATEWAY_GROUP, listen, wake_scheduler_async
+from console.usage import store as usage_store
 
 log = logging.getLogger("modelgrid.gateway")
 
@@ -90,6 +92,7 @@ class Gateway:
         self.suspects: dict[int, float] = {}  # replica id -> when a connection to it failed
         self.waiters: dict[str, list[_Waiter]] = {}
         self.book = bookkeeping.Book(f"{socket.gethostname()}:{os.getpid()}")
+        self.usage = Tally()  # what requests cost, per minute, team, token and deployment, until the next flush
         self.upstream = Upstream()
         self._seq = itertools.count()
         self._turn = itertools.count()
@@ -186,6 +189,12 @@ class Gateway:
         batch = self.book.drain(demand, busy, time.time())
         if await own_thread(bookkeeping.write)(batch):
             await wake_scheduler_async()  # traffic began: the scheduler plans with the figures from now on
+        if usage := self.usage.drain():
+            try:
+                await own_thread(usage_store.write)(usage)
+            except Exception:
+                self.usage.restore(usage)  # carried by the next flush
+                raise
 
     # --- admission ----------------------------------------------------------------------------------
 
@@ -350,3 +359,8 @@ class Gateway:
         dep = self.fleet.deployments.get(deployment)
         self.metrics.slo(deployment, dep.slo_latency_ms if dep else None, status, seconds)
         self.book.observe(deployment, seconds, status, time.time(), queue_s)
+
+    def account(self, deployment: str, team: int, caller: Caller, adapter: str | None, status: int, queue_s: float,
+                prompt: int = 0, completion: int = 0) -> None:
+        """Account one finished request that reached `deployment` (its engine's token counts; none for v2)."""
+        self.usage.add(deployment, team, caller.token_id, status, queue_s, prompt, completion)

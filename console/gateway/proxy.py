@@ -23,6 +23,7 @@ from console.gateway.fleet import DeploymentView, FleetView
 from console.gateway.routes import FALLBACK_STATUSES, ROUTE_HEADER, RouteView
 from console.gateway.triton import check_version
 from console.gateway.upstream import INFERENCE_HEADER_LENGTH, PASSED_HEADERS, Unreachable, Upstream
+from console.gateway.usage import STREAMED_PATHS, Meter, ask_for_usage
 
 CLIENT_CLOSED = 499
 PARSE_INLINE_BYTES = 256 * 1024  # bodies above this are parsed in a worker thread, off the event loop
@@ -31,6 +32,7 @@ MAX_DEPTH = 32  # as the agents take (agent.serving.body): a v2 tensor nested by
 # (embeddings: 2,048 inputs of 512 token ids). Parsing holds the interpreter lock however it is threaded, ~1 us a
 # value: counted first, at C speed, so a body of millions of values never stalls the gateway's loop.
 MAX_VALUES = 1 << 20
+TAIL_BYTES = 8192  # an OpenAI answer of unknown length is read for its usage in its last this many bytes
 TOO_DEEP = f"the request body nests arrays and objects more than {MAX_DEPTH} levels deep, the most this gateway takes"
 
 
@@ -73,22 +75,30 @@ async def proxy(gw: Gateway, request: Request, family: Family) -> Response:
     caller = await gw.authenticate(bearer(request.headers.get("authorization")))
     if refused := unauthorized(caller, datetime.now(UTC)):
         return family.error(401, refused, "invalid_api_key")
-    deployment, adapter, status, queue_s = "", None, 500, 0.0
+    deployment, adapter, status, queue_s, team = "", None, 500, 0.0, 0
+    meter = Meter()
+
+    def settle() -> None:  # what the request cost, once it is over (a stream's when it ends)
+        gw.account(deployment, team, caller, adapter, status, queue_s, meter.prompt, meter.completion)
+
     try:
         body = await _read_body(request, gw.settings.max_body_bytes)
-        name, adapter = await _model_name(request, body, family)
+        name, adapter, parsed = await _model_name(request, body, family)
         if (route := gw.fleet.routes.get(name)) is not None and visible_route(caller, route, gw.fleet):
             return await _routed(gw, request, family, body, route)
         dep, adapter = _target(gw, name, adapter, caller)
         check_version(request)
         permitted(caller, dep, name)  # before `deployment` is set: a 403 is the token's doing, not the deployment's
-        deployment = dep.name
+        deployment, team, meter.settle = dep.name, dep.team, settle
+        if parsed is not None and parsed.get("stream") is True and request.scope["path"] in STREAMED_PATHS:
+            body = await _with_usage(body, parsed, meter)
         if not family.openai and dep.engine == "vllm":
             raise Refused(400, f"model {dep.name!r} runs on the vllm engine, which serves /v1 (completions, chat, "
                           "responses) and not v2 tensors", code="unsupported_by_engine")
         with gw.admitted(caller, dep):
             dep, queue_s = await gw.ready_view(dep.name)
-            response = await _send(gw, gw.upstream, request, body, dep, adapter, queue_s, arrived)
+            response = await _send(gw, gw.upstream, request, body, dep, adapter, queue_s, arrived,
+                                   meter if family.openai else None)
         status = response.status_code
         return response
     except Refused as e:
@@ -103,6 +113,8 @@ async def proxy(gw: Gateway, request: Request, family: Family) -> Response:
     finally:
         if deployment and status != 0:
             gw.record(deployment, adapter, status, time.monotonic() - arrived, queue_s)
+            if not meter.deferred:
+                settle()
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -120,25 +132,35 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _model_name(request: Request, body: bytes, family: Family) -> tuple[str, str | None]:
-    """The model the request names, and (v2) the adapter its parameters name."""
+async def _model_name(request: Request, body: bytes, family: Family) -> tuple[str, str | None, dict | None]:
+    """The model the request names, (v2) the adapter its parameters name, and (OpenAI) the parsed body."""
     if not family.openai:
         name = request.path_params["name"]
         header = _json_header(request, body)
         if b'"adapter"' not in header:  # most v2 requests: no need to parse a large tensor body
-            return name, None
+            return name, None, None
         parsed = await _parse(header)
         params = parsed.get("parameters") if isinstance(parsed, dict) else None
         adapter = params.get("adapter") if isinstance(params, dict) else None
         if adapter is not None and not isinstance(adapter, str):
             raise Refused(400, "parameters.adapter must be an adapter's name (a string)", code="invalid_request")
-        return name, adapter
+        return name, adapter, None
     parsed = await _parse(body)
     model = parsed.get("model") if isinstance(parsed, dict) else None
     if not isinstance(model, str) or not model:
         raise Refused(400, "the request body must be a JSON object with 'model' naming a model "
                       "(GET /v1/models lists them)", code="invalid_request")
-    return model, None
+    return model, None, parsed
+
+
+async def _with_usage(body: bytes, parsed: dict, meter: Meter) -> bytes:
+    """A streamed request's body asking for its usage chunk (the engines count its tokens); the client's own
+    when it asked for it already."""
+    meter.strip = ask_for_usage(parsed)
+    if not meter.strip:
+        return body
+    encode = lambda: json.dumps(parsed).encode()  # noqa: E731
+    return encode() if len(body) <= PARSE_INLINE_BYTES else await asyncio.to_thread(encode)
 
 
 def _json_header(request: Request, body: bytes) -> bytes:
@@ -206,7 +228,7 @@ def _target(gw: Gateway, name: str, adapter: str | None, caller: Caller) -> tupl
 
 
 async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, dep: DeploymentView,
-                adapter: str | None, queue_s: float, arrived: float) -> Response:
+                adapter: str | None, queue_s: float, arrived: float, meter: Meter | None = None) -> Response:
     """Send to a replica; a connection that fails before any byte comes back is retried once elsewhere."""
     query = request.scope.get("query_string", b"")
     path = request.scope["path"] + (f"?{query.decode('latin-1')}" if query else "")
@@ -240,13 +262,15 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
                 gw.suspect(replica)
                 continue
             if content is None:
-                return _stream(gw, dep, adapter, upstream_response, headers, arrived, replica)
+                return _stream(gw, dep, adapter, upstream_response, headers, arrived, replica, meter)
             if attempt == 0 and upstream_response.status == 503 and UNSERVED_HEADER in upstream_response.headers:
                 # None of it serves there now (draining, asleep): nothing ran, so another replica may take it, and the
                 # gateway's picture of this one is behind.
                 unserved = upstream_response, content
                 gw.suspect(replica)
                 continue
+        if meter is not None:
+            meter.read(content)
         return _answer(upstream_response, content, headers)
     if unserved is not None:
         return _answer(*unserved, headers)
@@ -344,10 +368,13 @@ async def _until_disconnect(request: Request, work):
 
 
 def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_response: aiohttp.ClientResponse,
-            headers: dict, arrived: float, replica) -> StreamingResponse:
-    """Server-sent events (or a long answer) passed through as the agent produces them, never buffered whole."""
+            headers: dict, arrived: float, replica, meter: Meter | None = None) -> StreamingResponse:
+    """Server-sent events (or a long answer) passed through as the agent produces them, never buffered whole. An
+    OpenAI answer's usage is read on the way (`meter`) and accounted when it ends."""
     gw.outstanding[replica.id] = gw.outstanding.get(replica.id, 0) + 1  # the stream stays in flight
     events_stream = upstream_response.content_type == "text/event-stream"
+    if meter is not None:
+        meter.deferred = True
     for name in PASSED_HEADERS:
         if name in upstream_response.headers:
             headers[name] = upstream_response.headers[name]
@@ -355,19 +382,29 @@ def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_resp
     async def events() -> AsyncIterator[bytes]:
         first = None
         count = 0
+        tail = b""  # an answer of unknown length: its end, where its usage is
         try:
             async for chunk in upstream_response.content.iter_any():
                 if not events_stream:
+                    if meter is not None:
+                        tail = (tail + chunk)[-TAIL_BYTES:]
                     yield chunk
                     continue
                 if first is None:
                     first = time.monotonic()
                     gw.metrics.ttft.labels(dep.name, adapter or "").observe(first - arrived)
+                if meter is not None and not (chunk := meter.events(chunk)):
+                    continue
                 count += chunk.count(b"data:")
                 yield chunk
+            if meter is not None and events_stream and (rest := meter.events(b"", last=True)):
+                yield rest
         finally:
             upstream_response.release()
             gw.outstanding[replica.id] -= 1
+            if meter is not None:
+                meter.read(tail)
+                meter.settle()
             if first is not None and count > 1:
                 elapsed = time.monotonic() - first
                 if elapsed > 0:

@@ -1,0 +1,134 @@
+"""Usage accounting on the gateway: what each request cost, from the engines' own `usage`, tallied in memory per
+minute, team, token and deployment, and drained by the gateway's flusher into the database (console/usage).
+
+Reading `usage` never parses a whole answer: the last `"usage"` key of a JSON body (OpenAI puts it after the
+choices or embeddings) is found at C speed and only its small object is decoded. A stream is asked for its usage
+chunk (`stream_options.include_usage`); when the client did not ask for it, that chunk is taken out of what it
+gets, so it sees exactly what it asked for."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+_DECODER = json.JSONDecoder()
+_USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
+_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+STREAMED_PATHS = ("/v1/completions", "/v1/chat/completions")  # where OpenAI's stream_options.include_usage applies
+
+# One tally entry: requests, errors, prompt tokens, completion tokens, queue seconds.
+Key = tuple[int, int, int, str]  # (minute as unix seconds, team id, token id, deployment)
+
+
+def find_usage(data: bytes) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of the last `"usage"` object in a JSON text (OpenAI's prompt/completion tokens,
+    or vLLM's /v1/responses input/output tokens), or None when there is none. Only that object is decoded. A
+    `"usage"` inside a string cannot match: the quotes of strings are escaped in JSON."""
+    at = data.rfind(b'"usage"')
+    if at < 0:
+        return None
+    match = _USAGE_KEY.match(data, at)
+    if match is None:
+        return None
+    try:
+        value, _ = _DECODER.raw_decode(data[match.end():match.end() + 4096].decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    prompt = value.get("prompt_tokens", value.get("input_tokens"))
+    completion = value.get("completion_tokens", value.get("output_tokens", 0))
+    if not _count(prompt) or not _count(completion or 0):
+        return None
+    return prompt, completion or 0
+
+
+def _count(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+def ask_for_usage(parsed: dict) -> bool:
+    """Make a streamed OpenAI request ask for its usage chunk; True when the client had not asked for it (its
+    chunk is then to be taken out of the answer)."""
+    options = parsed.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return False
+    parsed["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return True
+
+
+@dataclass
+class Meter:
+    """What one request's answer said it cost, filled in as it passes through the gateway."""
+
+    strip: bool = False  # take the usage-only chunk out of the stream (the client did not ask for it)
+    prompt: int = 0
+    completion: int = 0
+    deferred: bool = False  # a stream: accounted when it ends, not when its headers are sent
+    settle: Callable[[], None] = lambda: None  # accounts the request (set once it reached a deployment)
+    _pending: bytes = field(default=b"", repr=False)
+
+    def read(self, content: bytes) -> None:
+        if (found := find_usage(content)) is not None:
+            self.prompt, self.completion = found
+
+    def events(self, chunk: bytes, last: bool = False) -> bytes:
+        """Pass server-sent events through: whole events only (a partial one waits for the rest), each event's
+        usage read (the last one seen counts: a stream's usage is cumulative), a usage-only chunk taken out
+        when `strip`."""
+        data = self._pending + chunk
+        if last:
+            whole, self._pending = data, b""
+        else:
+            end = data.rfind(b"\n\n")
+            if end < 0:
+                self._pending = data
+                return b""
+            whole, self._pending = data[:end + 2], data[end + 2:]
+        if b'"usage"' not in whole:
+            return whole
+        kept = []
+        for event in whole.split(b"\n\n"):
+            if b'"usage"' in event:
+                self.read(event)
+                if self.strip and _NO_CHOICES.search(event) and find_usage(event) is not None:
+                    continue
+            kept.append(event)
+        return b"\n\n".join(kept)
+
+
+class Tally:
+    """Requests, errors, tokens and queue time per (minute, team, token, deployment) since the last drain."""
+
+    def __init__(self) -> None:
+        self.rows: dict[Key, list] = {}
+
+    def add(self, deployment: str, team: int, token: int, status: int, queue_s: float, prompt: int,
+            completion: int, now: float | None = None) -> None:
+        minute = int((time.time() if now is None else now) // 60) * 60
+        row = self.rows.get(key := (minute, team, token, deployment))
+        if row is None:
+            self.rows[key] = [1, int(status >= 400), prompt, completion, queue_s]
+            return
+        row[0] += 1
+        row[1] += status >= 400
+        row[2] += prompt
+        row[3] += completion
+        row[4] += queue_s
+
+    def drain(self) -> dict[Key, list]:
+        rows, self.rows = self.rows, {}
+        return rows
+
+    def restore(self, rows: dict[Key, list]) -> None:
+        """Put back what a failed write did not store, so the next flush carries it."""
+        for key, (requests, errors, prompt, completion, queue_s) in rows.items():
+            row = self.rows.setdefault(key, [0, 0, 0, 0, 0.0])
+            row[0] += requests
+            row[1] += errors
+            row[2] += prompt
+            row[3] += completion
+            row[4] += queue_s

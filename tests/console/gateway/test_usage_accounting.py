@@ -1,0 +1,126 @@
+"""Usage accounting through the gateway against real rows and an engine-like agent on loopback: what the engine's
+`usage` said reaches the minute buckets per team, token and deployment, streams included (the usage chunk asked for
+and, when the client had not, taken out of its answer); v2 and refusals at a deployment count as requests and
+errors without tokens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from aiohttp import web
+from asgiref.sync import sync_to_async
+from django.db.models import Sum
+
+from console.accounts.models import ApiToken
+from console.deployments.models import Deployment
+from console.fleet.models import AgentCredential, Host
+from console.usage.models import UsageMinute
+from tests.console.gateway.test_gateway import INFER, _client, _gateway, _ready_replica
+from tests.console.team_scene import team_scene
+from tests.sockets import serve_on_loopback
+
+pytestmark = pytest.mark.django_db(transaction=True)
+USAGE = {"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10}
+
+
+class EngineAgent:
+    """Answers as an engine does: `usage` in JSON answers, and a usage chunk in streams that ask for it."""
+
+    def __init__(self, secret: str) -> None:
+        self.secret, self.bodies = secret, []
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.complete)
+        app.router.add_post("/v1/embeddings", self.embed)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v2/models/{name}/infer", self.infer)
+        self.runner = web.AppRunner(app)
+
+    async def complete(self, request: web.Request) -> web.Response:
+        return web.json_response({"id": "c", "object": "text_completion", "choices": [{"text": "ok"}],
+                                  "usage": USAGE})
+
+    async def embed(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"embedding": [0.5] * 8}],
+                                  "usage": {"prompt_tokens": 3, "total_tokens": 3}})
+
+    async def infer(self, request: web.Request) -> web.Response:
+        return web.json_response({"outputs": []})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.bodies.append(body)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for word in ("a", "b"):
+            chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": word}}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await response.write(f"data: {json.dumps({'choices': [], 'usage': USAGE})}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+
+@pytest.fixture
+async def scene(tmp_path):
+    credential, _ = await sync_to_async(AgentCredential.issue)("h1")
+    agent = EngineAgent(credential.gateway_secret)
+    endpoint = await serve_on_loopback(agent.runner)
+
+    def rows():
+        teams = team_scene(tmp_path)
+        host = Host.objects.create(name="h1", endpoint=endpoint, connected=True)
+        for dep in Deployment.objects.all():
+            _ready_replica(dep, 0, host)
+        return teams
+
+    yield await sync_to_async(rows)(), agent
+    await agent.runner.cleanup()
+
+
+def _sums(**where) -> dict:
+    return UsageMinute.objects.filter(**where).aggregate(
+        requests=Sum("requests"), errors=Sum("errors"), prompt=Sum("prompt_tokens"),
+        completion=Sum("completion_tokens"))
+
+
+async def test_engine_usage_reaches_the_buckets_per_team_token_and_deployment(scene):
+    teams, agent = scene
+    gateway = _gateway()
+    async with _client(gateway, teams.tokens["alice"]) as alice, _client(gateway, teams.tokens["bob"]) as bob:
+        done = await alice.post("/v1/completions", json={"model": "chat-a", "prompt": "hi"})
+        embedded = await alice.post("/v1/embeddings", json={"model": "chat-a", "input": "hi"})
+        async with alice.stream("POST", "/v1/chat/completions", json={"model": "chat-a", "stream": True}) as r:
+            plain = b"".join([c async for c in r.aiter_bytes()])
+        async with alice.stream("POST", "/v1/chat/completions",
+                                json={"model": "chat-a", "stream": True,
+                                      "stream_options": {"include_usage": True}}) as r:
+            asked = b"".join([c async for c in r.aiter_bytes()])
+        v2 = await bob.post("/v2/models/chat-b/infer", json=INFER)
+    await gateway.flush()
+    await gateway.close()
+    assert done.json()["usage"] == USAGE and embedded.status_code == v2.status_code == 200
+    assert b'"usage"' not in plain and plain.endswith(b"data: [DONE]\n\n")  # as the client asked: no usage chunk
+    assert b'"usage"' in asked
+    assert all(b["stream_options"]["include_usage"] is True for b in agent.bodies)
+
+    def check():
+        alice_token = ApiToken.objects.get(user__username="alice")
+        assert _sums(team=teams.a, token=alice_token, deployment="chat-a") == {
+            "requests": 4, "errors": 0, "prompt": 6 + 3 + 6 + 6, "completion": 4 + 0 + 4 + 4}
+        assert _sums(team=teams.b, deployment="chat-b") == {"requests": 1, "errors": 0, "prompt": 0, "completion": 0}
+
+    await sync_to_async(check)()
+
+
+async def test_refusals_at_a_deployment_count_as_errors_and_unknown_models_not_at_all(scene):
+    teams, _ = scene
+    gateway = _gateway(token_concurrency=0)  # every request that reaches chat-a is refused with 429
+    async with _client(gateway, teams.tokens["alice"]) as alice:
+        limited = await alice.post("/v1/completions", json={"model": "chat-a", "prompt": "hi"})
+        unknown = await alice.post("/v1/completions", json={"model": "nobody", "prompt": "hi"})
+        theirs = await alice.post("/v1/completions", json={"model": "chat-b", "prompt": "hi"})
+    await gateway.flush()
+    await gateway.close()
+    assert limited.status_code == 429 and unknown.status_code == theirs.status_code == 404
+    assert await sync_to_async(_sums)() == {"requests": 1, "errors": 1, "prompt": 0, "completion": 0}
