@@ -28,6 +28,8 @@ from console.fleet.api import scheduler_router
 from console.routes.api import router as routes_router
 from console.series.api import deployment_router as deployment_series_router
 from console.series.api import host_router as host_series_router
+from console.usage.api import csv_router as usage_csv_router
+from console.usage.api import router as usage_router
 
 
 class BodyRefused(Exception):
@@ -99,6 +101,8 @@ api.add_router("/alerts", alerts_router, tags=["events"])
 api.add_router("/tokens", tokens_router, tags=["tokens"])
 api.add_router("/agent-credentials", agent_credentials_router, tags=["tokens"])
 api.add_router("/teams", team_router, tags=["teams"])
+api.add_router("/usage", usage_router, tags=["usage"])
+api.add_router("/usage.csv", usage_csv_router, tags=["usage"])
 # Series live under their objects' paths (/deployments/{name}/series, /hosts/{name}/series).
 api.add_router("/deployments", deployment_series_router, tags=["deployments"])
 api.add_router("/hosts", host_series_router, tags=["fleet"])

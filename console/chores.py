@@ -19,9 +19,11 @@ def _chores() -> list[tuple[str, Callable[[datetime], object]]]:
     from console.alerts.evaluate import evaluate
     from console.events.record import prune
     from console.series.sampler import sample
+    from console.usage.store import keep as keep_usage
 
     # The alerts after the sample: the foreign-memory rule reads the points the sample just wrote.
-    return [("series", sample), ("alerts", evaluate), ("events", prune), ("sign-ins", prune_sign_ins)]
+    return [("series", sample), ("alerts", evaluate), ("events", prune), ("sign-ins", prune_sign_ins),
+            ("usage", keep_usage)]
 
 
 def run_chores(now: datetime | None = None) -> None:

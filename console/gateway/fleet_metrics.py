@@ -1,7 +1,8 @@
-"""What /metrics shows of the database: hosts by lifecycle, desired-state generations not yet acknowledged, and
-each deployment's tier, state, SLO target and observed p95.
+"""What /metrics shows of the database: hosts by lifecycle, desired-state generations not yet acknowledged,
+each deployment's tier, state, SLO target and observed p95, and usage per team, token and deployment
+(console/usage/metrics.py).
 
-Read afresh for every scrape in three queries whatever the fleet's size, and rendered from that snapshot (no
+Read afresh for every scrape in a few queries whatever the fleet's size, and rendered from that snapshot (no
 labelled gauges kept between scrapes: a deleted deployment or host leaves no series behind). The same in every
 console process, so any of them can be scraped."""
 
@@ -17,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from console.deployments.models import Deployment, Replica
 from console.fleet.models import Host
 from console.gateway.metrics import SLO_OBJECTIVE, ConsoleMetrics
+from console.usage.metrics import UsageCollector, read_usage_totals
 
 log = logging.getLogger("modelgrid.gateway")
 LIFECYCLES = ("connected", "unknown", "offline")  # Host.lifecycle
@@ -83,10 +85,11 @@ def scrape(metrics: ConsoleMetrics) -> bytes:
     """The whole /metrics body: this process's series and the fleet's, read now (sync, DB: run off the loop)."""
     try:
         figures = read_fleet_figures()
+        usage = read_usage_totals()
     except Exception:  # the process's own series are worth having while the database is away
         log.exception("metrics: cannot read the fleet's figures")
-        figures = None
-    return metrics.render(FleetCollector(figures))
+        figures = usage = None
+    return metrics.render(FleetCollector(figures), UsageCollector(usage))
 
 
 def _host_families(hosts: tuple[HostFigures, ...]) -> Iterator[Metric]:
