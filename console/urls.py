@@ -10,6 +10,7 @@ from console.deployments import views as deployments
 from console.events import views as events
 from console.fleet import views as fleet
 from console.series import views as series
+from console.usage import views as usage
 
 urlpatterns = [
     path("", fleet.dashboard, name="dashboard"),
@@ -35,6 +36,7 @@ urlpatterns = [
     path("hosts/<str:name>/", fleet.host_page, name="host"),
     path("hosts/<str:name>/placement/", fleet.update_placement, name="host-placement"),
     path("scheduler/strategy/", fleet.update_strategy, name="scheduler-strategy"),
+    path("usage/", usage.usage, name="usage"),
     path("tokens/", tokens.tokens_page, name="tokens"),
     path("tokens/new/", tokens.create, name="token-create"),
     path("tokens/<int:token_id>/revoke/", tokens.revoke, name="token-revoke"),

@@ -1,0 +1,17 @@
+"""The usage page: what requests cost over a range, per team, key and model, as the reader's teams may see."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
+from django.views.decorators.http import require_safe
+
+from console.accounts.teams import teams_of
+from console.usage.page import range_key, table_key, usage_page
+
+
+@login_required
+@require_safe
+def usage(request):
+    page = usage_page(teams_of(request.user), range_key(request.GET.get("range")), table_key(request.GET.get("by")))
+    return render(request, "usage/page.html", {"page": page, "teams_only": teams_of(request.user) is not None})
