@@ -55,20 +55,22 @@ def matching(f: EventFilter) -> QuerySet[Event]:
 
 
 def within(rows: QuerySet[Event], teams: frozenset[int] | None) -> QuerySet[Event]:
-    """`rows` without the events of other teams' deployments (and their replicas), models, adapters and teams
+    """`rows` without the events of other teams' deployments (and their replicas), models, adapters, routes and teams
     (console/accounts/teams.py); None: every team's (admins)."""
     if teams is None:
         return rows
     from console.accounts.models import Team  # the timeline is written by every app: read theirs only here
     from console.catalog.models import Adapter, Model
     from console.deployments.models import Deployment
+    from console.routes.models import Route
 
     def others(model, kind: str, team: str = "team_id") -> QuerySet:
         return (model.objects.order_by().exclude(**{f"{team}__in": teams})
                 .annotate(key=Concat(Value(f"{kind}/"), "name")).values("key"))
 
     rows = rows.exclude(deployment__in=Deployment.objects.order_by().exclude(team_id__in=teams).values("name"))
-    for model, kind, team in ((Model, "model", "team_id"), (Adapter, "adapter", "team_id"), (Team, "team", "pk")):
+    for model, kind, team in ((Model, "model", "team_id"), (Adapter, "adapter", "team_id"), (Route, "route", "team_id"),
+                              (Team, "team", "pk")):
         rows = rows.exclude(object__in=others(model, kind, team))
     return rows
 

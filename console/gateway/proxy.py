@@ -54,10 +54,11 @@ def known(caller: Caller, dep: DeploymentView, name: str = "") -> None:
 
 
 def visible_route(caller: Caller, route: RouteView, fleet: FleetView) -> bool:
-    """Whether `caller` may see and call `route`: it may call one of its branches' deployments (one of its teams',
-    and one it is not limited away from); else the route's name answers as unknown."""
-    return any(b.deployment in fleet.deployments and caller.in_team(fleet.deployments[b.deployment].team)
-               and caller.may_call(b.deployment) for b in route.branches)
+    """Whether `caller` may see and call `route`: it is of one of the caller's teams, and the caller may call one of
+    its branches' deployments (a token limited to some deployments); else its name answers as unknown."""
+    return caller.in_team(route.team) and any(
+        b.deployment in fleet.deployments and caller.in_team(fleet.deployments[b.deployment].team)
+        and caller.may_call(b.deployment) for b in route.branches)
 
 
 def permitted(caller: Caller, dep: DeploymentView, name: str = "") -> None:

@@ -38,6 +38,7 @@ class RouteView:
     branches: tuple[BranchView, ...]
     fallback: str | None = None
     created: int = 0
+    team: int = 0  # the owning team's id: only its members' tokens (and admins') see and call it
     bounds: tuple[int, ...] = field(init=False, repr=False, compare=False)  # running sums of the weights
 
     def __post_init__(self) -> None:
@@ -51,11 +52,12 @@ class RouteView:
 
 
 def load_routes() -> dict[str, RouteView]:
-    """Every route with its branches, in two queries (sync; part of the fleet snapshot)."""
+    """Every route with its branches and team, in two queries (sync; part of the fleet snapshot)."""
     branches: dict[int, list[BranchView]] = {}
     rows = Branch.objects.order_by("route_id", "position").values_list(
         "route_id", "deployment__name", "adapter__name", "weight")
     for route_id, deployment, adapter, weight in rows:
         branches.setdefault(route_id, []).append(BranchView(deployment, adapter, weight))
-    return {name: RouteView(name, tuple(branches.get(pk, ())), fallback, int(created.timestamp()))
-            for pk, name, fallback, created in Route.objects.values_list("pk", "name", "fallback__name", "created")}
+    return {name: RouteView(name, tuple(branches.get(pk, ())), fallback, int(created.timestamp()), team)
+            for pk, name, fallback, created, team in Route.objects.values_list(
+                "pk", "name", "fallback__name", "created", "team_id")}

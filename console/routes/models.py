@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from django.db import models
 
+from console.accounts.models import default_team_id
 from console.catalog.names import NAME_VALIDATOR
 
 MAX_BRANCHES = 16
@@ -15,6 +16,8 @@ MAX_WEIGHT = 10_000
 class Route(models.Model):
     # Shares the namespace of deployments and adapters: a request's `model` names any of the three.
     name = models.CharField(max_length=63, unique=True, validators=[NAME_VALIDATOR])
+    # Only its team's tokens see and call it, and its branches and fallback are that team's deployments.
+    team = models.ForeignKey("accounts.Team", on_delete=models.PROTECT, related_name="routes", default=default_team_id)
     fallback = models.ForeignKey("deployments.Deployment", on_delete=models.SET_NULL, null=True, blank=True,
                                  related_name="fallback_routes")
     created = models.DateTimeField(auto_now_add=True)

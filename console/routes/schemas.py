@@ -22,6 +22,9 @@ class RouteIn(RequestBody):
                                      f"(1 to {MAX_BRANCHES} branches)")
     fallback: str | None = Field(None, max_length=63, description="a deployment that takes a request once when "
                                  "its branch is refused (unschedulable, no replica in time) or overloaded (429, 503)")
+    team: str | None = Field(None, max_length=63, description="the team that owns it (one of yours; any for "
+                             "admins); default: its first branch's deployment's team. Its branches and fallback "
+                             "must be deployments of that team")
 
 
 class RoutePatch(RequestBody):
@@ -38,6 +41,7 @@ class BranchOut(Schema):
 
 class RouteOut(Schema):
     name: str
+    team: str = Field(description="the team that owns it: only its members' tokens see and call it")
     branches: list[BranchOut]
     fallback: str | None
     created: datetime

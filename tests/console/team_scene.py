@@ -3,6 +3,7 @@ model, a deployment of it and an adapter on that, and an admin (staff, in no tea
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,3 +43,14 @@ def team_scene(root: Path) -> TeamScene:
     admin.teams.clear()
     tokens = {u.username: ApiToken.issue(u, "bot")[1] for u in users.filter(username__in=["alice", "bob", "root"])}
     return TeamScene(teams["a"], teams["b"], tokens)
+
+
+def calls_as(client, scene: TeamScene):
+    """`call(user, method, url, body=None)`: the REST API with `user`'s token from the scene (a JSON body)."""
+    def call(user: str, method: str, url: str, body: dict | None = None):
+        extra = {"HTTP_AUTHORIZATION": f"Bearer {scene.tokens[user]}"}
+        if body is not None:
+            extra |= {"data": json.dumps(body), "content_type": "application/json"}
+        return getattr(client, method)(url, **extra)
+
+    return call

@@ -1,7 +1,6 @@
 """Ownership on the REST API: a team-a token lists, reads, changes and deletes only team a's models, deployments
 and adapters; team b's answer 404 as if they did not exist (nothing changes), and an admin's token reaches both."""
 
-import json
 
 import pytest
 
@@ -9,7 +8,7 @@ from console.catalog.models import Adapter, Model
 from console.deployments.models import Deployment
 from tests.adapter_files import write_adapter
 from tests.conftest import write_model_dir
-from tests.console.team_scene import UP, team_scene
+from tests.console.team_scene import UP, calls_as, team_scene
 from tests.refusals import refusal, refused_fields
 
 pytestmark = pytest.mark.django_db
@@ -24,13 +23,7 @@ def scene(tmp_path):
 
 @pytest.fixture
 def as_user(client, scene):
-    def call(user: str, method: str, url: str, body: dict | None = None):
-        extra = {"HTTP_AUTHORIZATION": f"Bearer {scene.tokens[user]}"}
-        if body is not None:
-            extra |= {"data": json.dumps(body), "content_type": "application/json"}
-        return getattr(client, method)(url, **extra)
-
-    return call
+    return calls_as(client, scene)
 
 
 @pytest.mark.parametrize(("kind", "stem"), KINDS)
