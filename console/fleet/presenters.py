@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import Count, F, FloatField, Prefetch, Q, QuerySet, Sum
 from django.db.models.functions import Cast
 
-from console.accounts.teams import ALL, Teams
+from console.accounts.teams import ALL, Teams, scoped
 from console.deployments.models import Deployment, Replica
 from console.fleet.labels import gpu_labels
 from console.fleet.models import Gpu, Host
@@ -156,9 +156,10 @@ def _whole(value) -> int:
     return int(value or 0)
 
 
-def fleet_summary() -> dict:
-    """The whole fleet in figures, whatever page is shown: hosts by state, GPUs and their memory, replicas by
-    observed state, deployments by state. Five aggregate queries, however large the fleet."""
+def fleet_summary(teams: Teams = ALL) -> dict:
+    """The fleet in figures, whatever page is shown: hosts by state, GPUs and their memory (shared by every team:
+    the whole fleet's), and the replicas by observed state and deployments by state of `teams` (None: every team's).
+    Five aggregate queries, however large the fleet."""
     # Aliases unlike any field name: Django refuses an aggregate named "connected".
     hosts = Host.objects.aggregate(n_total=Count("pk"),
                                    **{f"n_{s}": Count("pk", filter=q) for s, q in _LIFECYCLE.items()})
@@ -167,9 +168,11 @@ def fleet_summary() -> dict:
     gpus = {k.removeprefix("n_"): v for k, v in gpus.items()}
     # As each GPU's bar counts it: a replica's reservation on every GPU it spans.
     reserved = _whole(Replica.gpus.through.objects.aggregate(b=float_sum("replica__reserved_bytes"))["b"])
-    replicas = dict(Replica.objects.order_by().values_list("observed_state").annotate(n=Count("pk")))
-    deployments = dict(Deployment.objects.order_by().values_list("state").annotate(n=Count("pk")))
-    violating = Deployment.objects.filter(violating=True).count()
+    theirs = scoped(Deployment.objects.order_by(), teams)
+    replicas = Replica.objects.order_by().filter(deployment__in=theirs) if teams is not None else Replica.objects
+    replicas = dict(replicas.order_by().values_list("observed_state").annotate(n=Count("pk")))
+    deployments = dict(theirs.values_list("state").annotate(n=Count("pk")))
+    violating = theirs.filter(violating=True).count()
     total_bytes, used_bytes = _whole(gpus["total_bytes"]), _whole(gpus["used_bytes"])
     return {
         "hosts": {"total": hosts["n_total"], "states": [(s, hosts[f"n_{s}"]) for s in HOST_STATES]},
@@ -180,4 +183,5 @@ def fleet_summary() -> dict:
         "replicas": {"total": sum(replicas.values()), "states": _ordered(replicas, REPLICA_STATE_ORDER)},
         "deployments": {"total": sum(deployments.values()), "states": _ordered(deployments, DEPLOYMENT_STATE_ORDER),
                         "violating": violating},
+        "teams_only": teams is not None,  # replicas and deployments are the viewer's teams' only
     }

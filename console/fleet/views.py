@@ -210,7 +210,7 @@ def grid_context(query: QueryDict | dict | None = None, teams: Teams = ALL) -> d
         deployments = deployments.filter(state=filters.dstate)
     dep_page, dep_rows, dep_note = page_within(deployments, filters.dpage, DEPLOYMENTS_PER_PAGE, "dpage")
     return {
-        "summary": summary_view(fleet_summary(), query),
+        "summary": summary_view(fleet_summary(teams), query),
         "filters": filters,
         "notes": [*filters.notes, *(n for n in (host_note, dep_note) if n)],
         "hosts": [_host_view(h) for h in fleet(host_rows, teams)],
