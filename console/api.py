@@ -22,6 +22,7 @@ from console.catalog.api import router as catalog_router
 from console.deployments.api import plan_router
 from console.deployments.api import router as deployments_router
 from console.errors import DomainError, pydantic_items
+from console.events.api import audit_router
 from console.events.api import router as events_router
 from console.fleet.api import router as fleet_router
 from console.fleet.api import scheduler_router
@@ -97,6 +98,7 @@ api.add_router("/estimate", estimate_router, tags=["models"])
 api.add_router("/plan", plan_router, tags=["deployments"])
 api.add_router("/scheduler", scheduler_router, tags=["fleet"])
 api.add_router("/events", events_router, tags=["events"])
+api.add_router("/audit", audit_router, tags=["events"])
 api.add_router("/alerts", alerts_router, tags=["events"])
 api.add_router("/tokens", tokens_router, tags=["tokens"])
 api.add_router("/agent-credentials", agent_credentials_router, tags=["tokens"])

@@ -7,6 +7,7 @@ from console.alerts import views as alerts
 from console.api import api
 from console.catalog import views as catalog
 from console.deployments import views as deployments
+from console.events import audit_views
 from console.events import views as events
 from console.fleet import views as fleet
 from console.series import views as series
@@ -31,6 +32,7 @@ urlpatterns = [
     path("adapters/<str:adapter>/delete/", deployments.delete_adapter, name="adapter-delete"),
     path("adapters/<str:adapter>/edit/", catalog.edit_adapter, name="adapter-edit"),
     path("events/", events.events_page, name="events"),
+    path("audit/", audit_views.audit_page, name="audit"),
     path("alerts/banner/", alerts.banner, name="alerts-banner"),
     path("events/recent/", events.recent, name="events-recent"),
     path("hosts/<str:name>/", fleet.host_page, name="host"),

@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.db.models import Model, QuerySet
 
 from console.accounts.auth import actor_of
 from console.events.models import Event
@@ -33,8 +34,8 @@ class AuditedAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         if change and not form.changed_data:
             return
-        words = ("; ".join(f"{f} {before[f]!r} → {form.cleaned_data.get(f)!r}" for f in form.changed_data)
-                 if change else "created in the admin")
+        words = ("; ".join(f"{f} {_shown(before[f])!r} → {_shown(form.cleaned_data.get(f))!r}"
+                           for f in form.changed_data) if change else "created in the admin")
         self._tell(request, obj, "Changed" if change else "Created", words)
 
     def delete_model(self, request, obj):
@@ -47,7 +48,18 @@ class AuditedAdmin(admin.ModelAdmin):
         for obj in rows:
             self._tell(request, obj, "Deleted", "deleted in the admin")
 
+    def audit_host(self, obj) -> str:
+        """The host a row's event concerns, if any (so the host's page shows it)."""
+        return ""
+
     def _tell(self, request, obj, reason: str, words: str) -> None:
         key, deployment = self.audit_object(obj)
         record([Note(key, reason, words, actor=f"{actor_of(request)} (admin)", deployment=deployment,
-                     folds=False)])
+                     host=self.audit_host(obj), folds=False)])
+
+
+def _shown(value):
+    """A field's value as the timeline says it: rows of a many-to-many (a team's members) by their names."""
+    if isinstance(value, QuerySet | list | tuple) and all(isinstance(v, Model) for v in value):
+        return sorted(str(v) for v in value)
+    return value

@@ -38,7 +38,7 @@ def matching(f: EventFilter) -> QuerySet[Event]:
     if f.object:
         kind, _, name = f.object.partition("/")
         if kind not in KINDS or not name:
-            raise _refused("object", f"{f.object!r} is not KIND/NAME with KIND one of {', '.join(KINDS)}")
+            raise refused("object", f"{f.object!r} is not KIND/NAME with KIND one of {', '.join(KINDS)}")
         if kind == "deployment":
             rows = rows.filter(deployment=name)
         elif kind == "host":
@@ -103,11 +103,11 @@ def decode_cursor(cursor: str) -> tuple[datetime, int]:
             raise ValueError(at)
         return when, int(key)
     except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise _refused("cursor", "not a cursor this API gave (take it from a page's `next`)") from None
+        raise refused("cursor", "not a cursor this API gave (take it from a page's `next`)") from None
 
 
-def parse_since(value: str) -> datetime | None:
-    """`since` as unix seconds or ISO 8601 (a time without zone is UTC); empty: None."""
+def parse_since(value: str, param: str = "since") -> datetime | None:
+    """`since` (or `param`) as unix seconds or ISO 8601 (a time without zone is UTC); empty: None."""
     value = value.strip()
     if not value:
         return None
@@ -120,9 +120,9 @@ def parse_since(value: str) -> datetime | None:
     except ValueError:
         when = None
     if when is None:
-        raise _refused("since", f"{value!r} is neither unix seconds nor an ISO 8601 time")
+        raise refused(param, f"{value!r} is neither unix seconds nor an ISO 8601 time")
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
-def _refused(param: str, why: str) -> Invalid:
+def refused(param: str, why: str) -> Invalid:
     return Invalid(f"{param}: {why}", errors=[{"loc": ["query", param], "msg": why, "type": "invalid"}])

@@ -3,7 +3,9 @@ from typing import Literal
 
 from ninja import Field, Schema
 
+from console.events.audit import KINDS
 from console.events.query import DEFAULT_LIMIT, MAX_LIMIT
+from console.pagination import DEFAULT_PER_PAGE, MAX_PAGE, MAX_PER_PAGE
 
 
 class EventQuery(Schema):
@@ -32,3 +34,13 @@ class EventOut(Schema):
 class EventPage(Schema):
     events: list[EventOut]
     next: str | None = Field(description="the cursor of the next (older) page; null on the last")
+
+
+class AuditQuery(Schema):
+    who: str = Field("", max_length=150, description="a user name: their changes, made in a session or with any of "
+                     "their tokens")
+    kind: str = Field("", max_length=40, description="what was changed: " + ", ".join(KINDS))
+    since: str = Field("", max_length=40, description="only changes at or after this: unix seconds or ISO 8601")
+    until: str = Field("", max_length=40, description="only changes at or before this: unix seconds or ISO 8601")
+    page: int = Field(1, ge=1, le=MAX_PAGE, description="which page, from 1; past the last page the list is empty")
+    per_page: int = Field(DEFAULT_PER_PAGE, ge=1, le=MAX_PER_PAGE, description=f"rows per page, at most {MAX_PER_PAGE}")

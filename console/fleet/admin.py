@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from console.events.admin import AuditedAdmin
 from console.fleet.models import AgentCredential, Gpu, Host
 
 
@@ -10,9 +11,15 @@ class GpuInline(admin.TabularInline):
 
 
 @admin.register(Host)
-class HostAdmin(admin.ModelAdmin):
+class HostAdmin(AuditedAdmin):
     list_display = ("name", "endpoint", "connected", "last_seen", "generation", "acked_generation")
     inlines = [GpuInline]
+
+    def audit_object(self, obj):
+        return f"host/{obj.name}", ""
+
+    def audit_host(self, obj):
+        return obj.name
 
 
 @admin.register(Gpu)
@@ -22,6 +29,12 @@ class GpuAdmin(admin.ModelAdmin):
 
 
 @admin.register(AgentCredential)
-class AgentCredentialAdmin(admin.ModelAdmin):
+class AgentCredentialAdmin(AuditedAdmin):
     list_display = ("host_name", "prefix", "created", "last_used")
     readonly_fields = ("prefix", "token_hash", "created", "last_used")
+
+    def audit_object(self, obj):
+        return f"host/{obj.host_name}", ""
+
+    def audit_host(self, obj):
+        return obj.host_name

@@ -9,15 +9,19 @@ gets, so it sees exactly what it asked for."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+log = logging.getLogger("modelgrid.gateway")
 _DECODER = json.JSONDecoder()
 _USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
 _NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 STREAMED_PATHS = ("/v1/completions", "/v1/chat/completions")  # where OpenAI's stream_options.include_usage applies
+MAX_PENDING = 64 * 1024  # a stream without an event boundary this long is passed on as it comes (not SSE as expected)
+MAX_KEYS = 100_000  # tally entries kept for a database that is away; past it, new counts are dropped (and logged)
 
 # One tally entry: requests, errors, prompt tokens, completion tokens, queue seconds.
 Key = tuple[int, int, int, str]  # (minute as unix seconds, team id, token id, deployment)
@@ -84,9 +88,11 @@ class Meter:
             whole, self._pending = data, b""
         else:
             end = data.rfind(b"\n\n")
-            if end < 0:
+            if end < 0 and len(data) <= MAX_PENDING:
                 self._pending = data
                 return b""
+            if end < 0:
+                end = len(data) - 2
             whole, self._pending = data[:end + 2], data[end + 2:]
         if b'"usage"' not in whole:
             return whole
@@ -124,7 +130,10 @@ class Tally:
         return rows
 
     def restore(self, rows: dict[Key, list]) -> None:
-        """Put back what a failed write did not store, so the next flush carries it."""
+        """Put back what a failed write did not store, so the next flush carries it (bounded: MAX_KEYS)."""
+        if len(self.rows) + len(rows) > MAX_KEYS:
+            log.error("usage: the database has been away too long; %d tallies of requests are dropped", len(rows))
+            return
         for key, (requests, errors, prompt, completion, queue_s) in rows.items():
             row = self.rows.setdefault(key, [0, 0, 0, 0, 0.0])
             row[0] += requests

@@ -86,3 +86,32 @@ def test_the_tally_adds_per_minute_team_token_and_deployment_and_counts_errors()
     tally.restore(rows)
     tally.add("chat", 1, 2, 500, 0.0, 0, 0, now=130.0)
     assert tally.drain()[(120, 1, 2, "chat")] == [3, 2, 5, 2, 0.5]
+
+
+def test_a_responses_stream_is_counted_from_its_completed_event():
+    meter = Meter()
+    done = {"type": "response.completed", "response": {"id": "r", "output": [{"content": [{"text": "hi"}]}],
+                                                       "usage": {"input_tokens": 5, "output_tokens": 2}, "user": None}}
+    sent = b"event: response.created\ndata: {\"type\": \"response.created\"}\n\n" + \
+        f"event: response.completed\ndata: {json.dumps(done)}\n\n".encode()
+    assert meter.events(sent) == sent and (meter.prompt, meter.completion) == (5, 2)
+
+
+def test_a_stream_without_event_boundaries_is_passed_on_rather_than_held():
+    meter = Meter()
+    assert meter.events(b"x" * 10) == b""
+    passed = meter.events(b"y" * (70 * 1024))
+    assert len(passed) + len(meter.events(b"", last=True)) == 10 + 70 * 1024
+
+
+def test_a_tally_the_database_never_took_stays_bounded(monkeypatch):
+    import console.gateway.usage as usage
+
+    monkeypatch.setattr(usage, "MAX_KEYS", 2)
+    tally = Tally()
+    tally.add("a", 1, 1, 200, 0.0, 1, 1, now=0)
+    tally.add("b", 1, 1, 200, 0.0, 1, 1, now=0)
+    rows = tally.drain()
+    tally.add("c", 1, 1, 200, 0.0, 1, 1, now=0)
+    tally.restore(rows)  # would be three entries: dropped
+    assert list(tally.drain()) == [(0, 1, 1, "c")]
