@@ -1,7 +1,7 @@
 from django.http import HttpResponse
 from ninja import Query, Router, Status
 
-from console.accounts import agents, services, teams
+from console.accounts import agents, limits, services, teams
 from console.accounts.auth import actor_of
 from console.accounts.schemas import (
     AgentCredentialIn,
@@ -9,9 +9,11 @@ from console.accounts.schemas import (
     AgentCredentialOut,
     MemberIn,
     TeamIn,
+    TeamLimitsIn,
     TeamOut,
     TokenCreatedOut,
     TokenIn,
+    TokenLimitsIn,
     TokenOut,
 )
 from console.catalog.schemas import ErrorOut
@@ -39,6 +41,13 @@ def create_token(request, body: TokenIn):
                                         via=getattr(request, "api_token", None), actor=actor_of(request))
     row.token = secret  # answered this once, never stored
     return Status(201, row)
+
+
+@router.patch("/{token_id}", response={200: TokenOut, 404: ErrorOut, 422: ErrorOut},
+              summary="Change a token's requests and tokens per minute (its owner or staff; null: no limit); the "
+              "gateway applies it within 10 s")
+def change_token(request, token_id: int, body: TokenLimitsIn):
+    return limits.set_token_limits(request.user, token_id, body.dict(exclude_unset=True), actor=actor_of(request))
 
 
 @router.delete("/{token_id}", response={204: None, 404: ErrorOut},
@@ -93,6 +102,13 @@ def create_team(request, body: TeamIn):
 @team_router.get("/{name}", response={200: TeamOut, 404: ErrorOut}, summary="A team and its members")
 def get_team(request, name: str):
     return teams.get_team(request.user, name)
+
+
+@team_router.patch("/{name}", response={200: TeamOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut},
+                   summary="Change a team's requests and tokens per minute, token quota and period, and priority "
+                   "ceiling (admins only; null: no limit); the gateways apply it within a second")
+def change_team(request, name: str, body: TeamLimitsIn):
+    return limits.set_team_limits(request.user, name, body.dict(exclude_unset=True), actor=actor_of(request))
 
 
 @team_router.post("/{name}/members", response={200: TeamOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut},

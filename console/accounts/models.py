@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from console.accounts import expiry
 from console.accounts.tokens import hash_token, matches, new_token, token_prefix
+from console.scheduler.types import TIERS
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
@@ -74,6 +75,8 @@ class ApiToken(HashedToken):
     deployments = models.JSONField(default=list, blank=True,
                                    help_text="names of the deployments it may call on the gateway; empty: all")
     revoked = models.DateTimeField(null=True, blank=True)
+    rpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="requests per minute; empty: none")
+    tpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="tokens per minute; empty: none")
 
     def __str__(self) -> str:
         return f"{self.user} / {self.name} ({self.prefix}…)"
@@ -101,17 +104,20 @@ class ApiToken(HashedToken):
 
     @classmethod
     def issue(cls, user, name: str = "cli", scope: str = Scope.ALL, actor: str = "", expires: datetime | None = None,
-              deployments: Sequence[str] = ()) -> tuple[ApiToken, str]:
+              deployments: Sequence[str] = (), rpm_limit: int | None = None,
+              tpm_limit: int | None = None) -> tuple[ApiToken, str]:
         """Create a token for `user`; returns the row and the plaintext, which is never stored. `actor`: who
         asked, for the timeline. `deployments` should be checked by the caller (console/accounts/services.py)."""
         from console.events.record import Note, record
 
         token, fields = cls.new_secret("api")
         limits = (f", expires {expiry.stamp(expires)}" if expires else "") + (
-            f", deployments {', '.join(deployments)}" if deployments else "")
+            f", deployments {', '.join(deployments)}" if deployments else "") + (
+            f", {rpm_limit} requests per minute" if rpm_limit else "") + (
+            f", {tpm_limit} tokens per minute" if tpm_limit else "")
         with transaction.atomic():
             row = cls.objects.create(user=user, name=name, scope=scope, expires=expires, deployments=list(deployments),
-                                     **fields)
+                                     rpm_limit=rpm_limit, tpm_limit=tpm_limit, **fields)
             record([Note(row.timeline_object, "TokenCreated", f"API token {row.prefix}… with scope {scope}{limits} "
                          f"for user {user.get_username()}", actor=actor, folds=False)])
         return row, token
@@ -149,6 +155,13 @@ class ApiToken(HashedToken):
 
 
 DEFAULT_TEAM = "default"
+DEFAULT_TEAM_FIELDS = {"priority_ceiling": "critical"}  # the team everything was in before ceilings: unbounded
+
+
+class QuotaPeriod(models.TextChoices):
+    DAY = "day"
+    WEEK = "week"
+    MONTH = "month"
 
 
 class Team(models.Model):
@@ -158,6 +171,15 @@ class Team(models.Model):
     name = models.CharField(max_length=63, unique=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="teams", blank=True)
     created = models.DateTimeField(default=timezone.now)
+    # Limits at the gateway (console/gateway/limits.py), counted across console processes; null: none.
+    rpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="requests per minute; empty: none")
+    tpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="tokens per minute; empty: none")
+    token_quota = models.PositiveBigIntegerField(null=True, blank=True,
+                                                 help_text="tokens per quota period; empty: none")
+    quota_period = models.CharField(max_length=5, choices=QuotaPeriod.choices, default=QuotaPeriod.MONTH,
+                                    help_text="UTC calendar periods: a day, a week from Monday, a month")
+    priority_ceiling = models.CharField(max_length=10, choices=[(t, t) for t in TIERS], default="high",
+                                        help_text="the highest priority its deployments may have")
 
     class Meta:
         ordering = ["name"]
@@ -172,4 +194,22 @@ class Team(models.Model):
 
 def default_team_id() -> int:
     """The team that everything made before teams belongs to, and new users join (made on first use)."""
-    return Team.objects.get_or_create(name=DEFAULT_TEAM)[0].pk
+    return Team.objects.get_or_create(name=DEFAULT_TEAM, defaults=DEFAULT_TEAM_FIELDS)[0].pk
+
+
+class LimitCounter(models.Model):
+    """Requests and tokens counted in one window (a minute, a quota period) under one key (a token's, a team's),
+    summed over every console process: each adds what it counted since its last sync (console/accounts/counters.py)."""
+
+    key = models.CharField(max_length=40)
+    start = models.BigIntegerField(help_text="the window's start, seconds since the epoch (UTC)")
+    until = models.BigIntegerField(help_text="the window's end: kept a while after, then deleted")
+    requests = models.BigIntegerField(default=0)
+    tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["key", "start"], name="limit_counter_window")]
+        indexes = [models.Index(fields=["until"], name="limit_counter_until")]
+
+    def __str__(self) -> str:
+        return f"{self.key} from {self.start}: {self.requests} requests, {self.tokens} tokens"

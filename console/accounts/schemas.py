@@ -1,14 +1,20 @@
 from __future__ import annotations
 
-from datetime import datetime
+import time
+from datetime import UTC, datetime
 from typing import Literal
 
 from ninja import Field, Schema
 
+from console.accounts import counters
 from console.accounts.agents import MAX_HOST_NAME
 from console.accounts.expiry import LIFETIME_FORM
 from console.accounts.services import MAX_DEPLOYMENTS, MAX_TOKEN_NAME
 from console.catalog.schemas import RequestBody
+
+RPM = "requests per minute at the gateway (429 beyond); null: no limit"
+TPM = ("tokens (prompt and completion) per minute at the gateway: requests are refused (429) once a minute's "
+       "finished requests used this many; null: no limit")
 
 
 class TokenIn(RequestBody):
@@ -22,6 +28,13 @@ class TokenIn(RequestBody):
     expires: str | None = Field(None, max_length=40, description="or refuse it from this moment: ISO 8601 with a "
                                 "time zone (2027-01-31T18:00:00Z); with neither, it never expires")
     user: str | None = Field(None, max_length=150, description="whose token it is (staff only); default: yours")
+    rpm_limit: int | None = Field(None, description=RPM)
+    tpm_limit: int | None = Field(None, description=TPM)
+
+
+class TokenLimitsIn(RequestBody):
+    rpm_limit: int | None = Field(None, description=RPM)
+    tpm_limit: int | None = Field(None, description=TPM)
 
 
 class TokenOut(Schema):
@@ -35,6 +48,8 @@ class TokenOut(Schema):
     last_used: datetime | None = Field(description="to the minute; null: never used")
     expires: datetime | None = Field(description="null: never expires")
     expired: bool
+    rpm_limit: int | None = Field(description=RPM)
+    tpm_limit: int | None = Field(description=TPM)
 
     @staticmethod
     def resolve_user(obj) -> str:
@@ -75,11 +90,37 @@ class MemberIn(RequestBody):
     user: str = Field(max_length=150, description="the user name to add")
 
 
+class TeamLimitsIn(RequestBody):
+    rpm_limit: int | None = Field(None, description=RPM + " (all its deployments together)")
+    tpm_limit: int | None = Field(None, description=TPM + " (all its deployments together)")
+    token_quota: int | None = Field(None, description="tokens its requests may use per quota period (429 beyond, "
+                                    "until the period ends); null: no quota")
+    quota_period: str | None = Field(None, description="day, week (from Monday) or month: UTC calendar periods")
+    priority_ceiling: str | None = Field(None, description="the highest priority its deployments may have: "
+                                         "critical, high, standard or batch")
+
+
 class TeamOut(Schema):
     name: str
     members: list[str] = Field(description="user names, sorted")
     created: datetime
+    rpm_limit: int | None = Field(description=RPM + " (all its deployments together)")
+    tpm_limit: int | None = Field(description=TPM + " (all its deployments together)")
+    token_quota: int | None = Field(description="tokens per quota period; null: no quota")
+    quota_period: str = Field(description="day, week (from Monday) or month, UTC")
+    quota_used: int = Field(description="tokens used this quota period, as the consoles last shared them (counted "
+                            "with or without a quota)")
+    quota_resets: datetime = Field(description="when this quota period ends")
+    priority_ceiling: str = Field(description="the highest priority its deployments may have")
 
     @staticmethod
     def resolve_members(obj) -> list[str]:
         return sorted(u.get_username() for u in obj.members.all())
+
+    @staticmethod
+    def resolve_quota_used(obj) -> int:
+        return counters.quota_used(obj.pk, obj.quota_period, time.time())
+
+    @staticmethod
+    def resolve_quota_resets(obj) -> datetime:
+        return datetime.fromtimestamp(counters.period_bounds(obj.quota_period, time.time())[1], UTC)

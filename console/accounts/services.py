@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from console.accounts import expiry
+from console.accounts.limits import checked_limit
 from console.accounts.models import ApiToken, Scope
 from console.accounts.teams import Teams, scoped, teams_of
 from console.deployments.models import Deployment
@@ -47,6 +48,8 @@ class TokenRequest:
     expires_in: int | str | None = None
     expires: str | None = None
     user: str | None = None  # whose token: another user's name (staff only); None for the requester's own
+    rpm_limit: int | None = None  # requests and tokens per minute at the gateway; None: none
+    tpm_limit: int | None = None
 
 
 def create_token(requester, ask: TokenRequest, via: ApiToken | None = None, actor: str = "") -> tuple[ApiToken, str]:
@@ -60,7 +63,8 @@ def create_token(requester, ask: TokenRequest, via: ApiToken | None = None, acto
     if via is not None and via.expires is not None and (expires is None or expires > via.expires):
         raise Forbidden(f"the token this request came with expires at {expiry.stamp(via.expires)}, and a token it "
                         "makes may not outlive it: give expires_in or expires before then, or sign in to make it")
-    return ApiToken.issue(owner, name, scope=scope, expires=expires, deployments=deployments, actor=actor)
+    limits = {f: checked_limit(getattr(ask, f), f) for f in ("rpm_limit", "tpm_limit")}
+    return ApiToken.issue(owner, name, scope=scope, expires=expires, deployments=deployments, actor=actor, **limits)
 
 
 def revoke_token(requester, token_id: int, actor: str = "") -> ApiToken:

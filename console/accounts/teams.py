@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
-from console.accounts.models import DEFAULT_TEAM, Team
+from console.accounts.models import DEFAULT_TEAM, DEFAULT_TEAM_FIELDS, Team
 from console.catalog.names import is_name, validate_name
 from console.errors import Conflict, Forbidden, Invalid, NotFound
 from console.events.record import Note, record
@@ -53,7 +53,7 @@ def creation_team(user, name: str | None = None) -> Team:
     if len(mine) == 1:
         return mine[0]
     if is_admin(user):
-        return Team.objects.get_or_create(name=DEFAULT_TEAM)[0]
+        return Team.objects.get_or_create(name=DEFAULT_TEAM, defaults=DEFAULT_TEAM_FIELDS)[0]
     if not mine:
         raise Forbidden(f"{user.get_username()} is in no team, so cannot own anything; ask an admin to add you to "
                         "one (POST /api/v1/teams/NAME/members)")
@@ -136,4 +136,4 @@ def join_default_team(sender, instance, created: bool, raw: bool = False, **kwar
     """A new user joins the default team (post_save), as every user did when teams came: one-team installs keep
     working unchanged, and an admin moves people into other teams."""
     if created and not raw:
-        Team.objects.get_or_create(name=DEFAULT_TEAM)[0].members.add(instance)
+        Team.objects.get_or_create(name=DEFAULT_TEAM, defaults=DEFAULT_TEAM_FIELDS)[0].members.add(instance)

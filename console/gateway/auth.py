@@ -1,7 +1,8 @@
 """Bearer tokens on the gateway: the REST API's tokens, any scope. Lookups are cached briefly in memory, so
 a request costs one hash and one dict read, not a database round trip; a revoked token stops working
 within CACHE_SECONDS, an expired one at once (the cached caller carries its expiry). The caller carries its
-user's teams too (console/accounts/teams.py): a change of membership reaches the gateway within CACHE_SECONDS."""
+user's teams too (console/accounts/teams.py), and its token's rate limits: a change of either reaches the gateway
+within CACHE_SECONDS."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ class Caller:
     refused: str = ""  # why it may not be used at all (revoked, expired when looked up); "" when it may
     teams: frozenset[int] | None = None  # its user's teams, whose deployments it may call; None: all (admins)
     token_id: int = 0  # the ApiToken's primary key: what usage is accounted under
+    rpm_limit: int | None = None  # the token's own limits (console/gateway/limits.py); None: none
+    tpm_limit: int | None = None
 
     def refusal(self, now: datetime) -> str:
         """Why the token is refused now (401), or "": checked on every request, so the cache never outlives an
@@ -70,7 +73,7 @@ def lookup(token: str) -> Caller | None:
     if row is None:
         return None
     return Caller(hash_token(token)[:16], row.user.get_username(), row.scope, frozenset(row.deployments),
-                  row.expires, row.label, refused, teams_of(row.user), row.pk)
+                  row.expires, row.label, refused, teams_of(row.user), row.pk, row.rpm_limit, row.tpm_limit)
 
 
 def bearer(header: str | None) -> str | None:

@@ -26,6 +26,7 @@ from console.dbthreads import own_thread
 from console.gateway import bookkeeping
 from console.gateway.auth import Caller, TokenCache, lookup
 from console.gateway.fleet import DeploymentView, FleetView, ReplicaView, load_fleet
+from console.gateway.limits import Limiter
 from console.gateway.metrics import METRICS, ConsoleMetrics
 from console.gateway.routing import affinity_choice, least_outstanding
 from console.gateway.upstream import Upstream
@@ -86,6 +87,7 @@ class Gateway:
         self.metrics = metrics
         self.fleet = FleetView()
         self.tokens = TokenCache(own_thread(lookup))
+        self.limiter = Limiter()  # requests and tokens per minute, quotas: counted with the other consoles
         self.outstanding: dict[int, int] = {}  # replica id -> requests in flight through this process
         self.per_token: dict[str, int] = {}
         self.per_deployment: dict[str, int] = {}
@@ -119,8 +121,9 @@ class Gateway:
         self._poke = asyncio.Event()
         try:
             await self.refresh()
+            await self.limiter.sync()  # the teams' limits known before the first request is admitted
             self._tasks = [loop.create_task(self._refresher()), loop.create_task(self._flusher()),
-                           loop.create_task(self._listen())]
+                           loop.create_task(self._listen()), loop.create_task(self.limiter.run())]
             self._starting.set_result(None)
         except BaseException as e:
             self._starting.set_exception(e)
@@ -203,7 +206,8 @@ class Gateway:
 
     @contextlib.contextmanager
     def admitted(self, caller: Caller, dep: DeploymentView) -> Iterator[None]:
-        """Count a request against its token's and its deployment's concurrency, or 429 saying which is full."""
+        """Count a request against its token's and its deployment's concurrency, and its token's and team's (the
+        deployment's) rates and quota, or 429 saying which limit it met; a refused request is counted nowhere."""
         s = self.settings
         if self.per_token.get(caller.token_key, 0) >= s.token_concurrency:
             raise Refused(429, f"this token already has {s.token_concurrency} requests in flight (the limit); "
@@ -211,6 +215,8 @@ class Gateway:
         if self.per_deployment.get(dep.name, 0) >= s.deployment_concurrency:
             raise Refused(429, f"model {dep.name!r} already has {s.deployment_concurrency} requests in flight "
                           "(the limit)", retry_after=1, code="rate_limited")
+        if over := self.limiter.admit(caller.token_id, caller.label, caller.rpm_limit, caller.tpm_limit, dep.team):
+            raise Refused(429, over.message, retry_after=over.retry_after, code=over.code)
         self.per_token[caller.token_key] = self.per_token.get(caller.token_key, 0) + 1
         self.per_deployment[dep.name] = self.per_deployment.get(dep.name, 0) + 1
         try:
@@ -364,3 +370,4 @@ class Gateway:
                 prompt: int = 0, completion: int = 0) -> None:
         """Account one finished request that reached `deployment` (its engine's token counts; none for v2)."""
         self.usage.add(deployment, team, caller.token_id, status, queue_s, prompt, completion)
+        self.limiter.charge(caller.token_id, team, prompt + completion)

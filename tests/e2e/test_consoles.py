@@ -97,10 +97,9 @@ def console(env: dict) -> Stack:
                  lines=lines)
 
 
-def test_when_the_leading_console_is_killed_the_other_leads_and_nothing_restarts_or_reconnects(tiny_llama, tmp_path):
-    services_or_skip()
-    db_env, drop_db = _database_env()
-    env = os.environ | db_env | {
+def consoles_env(db_env: dict, tiny_llama: Path, tmp_path: Path) -> dict:
+    """The environment of consoles sharing one database (`db_env`) and one data dir, and of their agent."""
+    return os.environ | db_env | {
         "MODELGRID_DATA_DIR": str(tmp_path / "data"),  # shared: one secret key for both consoles
         "MODELGRID_ADMIN_PASSWORD": ADMIN_PASSWORD,
         "MODELGRID_MODEL_ROOTS": str(tiny_llama.parent),
@@ -108,6 +107,19 @@ def test_when_the_leading_console_is_killed_the_other_leads_and_nothing_restarts
         "PYTHONUNBUFFERED": "1",
         "HF_HUB_OFFLINE": "1",
     }
+
+
+def link_agent(stack: Stack, env: dict) -> tuple[subprocess.Popen, list[str]]:
+    """A real agent, host h1 with one simulated GPU, linked to the console `stack`."""
+    agent_env = env | {"MODELGRID_AGENT_TOKEN": stack.manage("createagenttoken", "h1")}
+    return launch([sys.executable, "-m", "agent", "run", "--console", stack.url.rstrip("/"), "--name", "h1",
+                   "--gpus", "sim:1x24GiB", "--warm-workers", "0"], agent_env, "connected to the console at")
+
+
+def test_when_the_leading_console_is_killed_the_other_leads_and_nothing_restarts_or_reconnects(tiny_llama, tmp_path):
+    services_or_skip()
+    db_env, drop_db = _database_env()
+    env = consoles_env(db_env, tiny_llama, tmp_path)
     began = time.monotonic()
     started: list[subprocess.Popen] = []
     logs: dict[str, list[str]] = {}  # printed at the end: pytest shows them when the test fails
@@ -123,10 +135,7 @@ def test_when_the_leading_console_is_killed_the_other_leads_and_nothing_restarts
         assert not said(second, "leading scheduler")
 
         second.token = second.manage("createapitoken", "e2e")
-        agent_env = env | {"MODELGRID_AGENT_TOKEN": second.manage("createagenttoken", "h1")}
-        agent, agent_lines = launch(
-            [sys.executable, "-m", "agent", "run", "--console", second.url.rstrip("/"), "--name", "h1",
-             "--gpus", "sim:1x24GiB", "--warm-workers", "0"], agent_env, "connected to the console at")
+        agent, agent_lines = link_agent(second, env)
         started.append(agent)
         logs["agent"] = agent_lines
         linked_at = time.monotonic()

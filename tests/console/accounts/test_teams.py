@@ -25,6 +25,7 @@ def people(db):
 
 
 def _api(client, user):
+    """A REST client with a new token ("bot") of `user`."""
     token = ApiToken.issue(user, "bot")[1]
     auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
 
@@ -34,6 +35,9 @@ def _api(client, user):
 
         def post(self, url, body):
             return client.post(url, data=json.dumps(body), content_type="application/json", **auth)
+
+        def patch(self, url, body):
+            return client.patch(url, data=json.dumps(body), content_type="application/json", **auth)
 
         def delete(self, url):
             return client.delete(url, **auth)

@@ -14,7 +14,8 @@ from console.events.models import Event
 from tests.refusals import refusal, refused_fields
 
 pytestmark = pytest.mark.django_db
-SHOWN = {"id", "prefix", "name", "user", "scope", "deployments", "created", "last_used", "expires", "expired"}
+SHOWN = {"id", "prefix", "name", "user", "scope", "deployments", "created", "last_used", "expires", "expired",
+         "rpm_limit", "tpm_limit"}
 
 
 @pytest.fixture

@@ -1,0 +1,77 @@
+"""The shared counts behind the gateway's limits and quotas: fixed windows (a minute; a team's quota period, UTC
+calendar days, weeks from Monday, months) under keys (a token's, a team's), one LimitCounter row each. Every console
+process adds what it counted since its last sync in one upsert and reads back the totals of all of them; nothing
+here runs on a request's path (console/gateway/limits.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+
+from django.db import connection
+
+from console.accounts.models import LimitCounter
+
+MINUTE = 60
+PERIODS = ("day", "week", "month")  # a team's tokens are counted in each, whichever its quota uses
+KEEP_S = 3600  # a window's row outlives its end this long (then a sync deletes it)
+
+Window = tuple[str, int]  # (key, start in seconds since the epoch)
+
+
+def token_key(token_id: int) -> str:
+    return f"token:{token_id}"
+
+
+def team_key(team_id: int) -> str:
+    return f"team:{team_id}"
+
+
+def quota_key(team_id: int, period: str) -> str:
+    return f"quota:{team_id}:{period}"
+
+
+def period_bounds(period: str, now: float) -> tuple[int, int]:
+    """The UTC calendar `period` (day | week | month) that `now` falls in: its start and end, in epoch seconds."""
+    day = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "day":
+        start, end = day, day + timedelta(days=1)
+    elif period == "week":
+        start = day - timedelta(days=day.weekday())
+        end = start + timedelta(days=7)
+    else:
+        start = day.replace(day=1)
+        end = (start + timedelta(days=32)).replace(day=1)
+    return int(start.timestamp()), int(end.timestamp())
+
+
+def add_and_read(deltas: Mapping[Window, tuple[int, int, int]], now: float) -> dict[Window, tuple[int, int]]:
+    """Add this process's counts (window -> requests, tokens, the window's end) and answer every current window's
+    totals over all processes (sync, DB). One statement each way; rows in key order, so that two processes' upserts
+    lock them in one order and never deadlock."""
+    if deltas:
+        q = connection.ops.quote_name
+        table, key, start, until, requests, tokens = map(q, (LimitCounter._meta.db_table, "key", "start", "until",
+                                                             "requests", "tokens"))
+        rows = sorted((k, s, u, r, t) for (k, s), (r, t, u) in deltas.items())
+        values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
+        # Added to, never set: `t.n + excluded.n` is what makes the counts of several processes one sum.
+        sql = (f"INSERT INTO {table} ({key}, {start}, {until}, {requests}, {tokens}) VALUES {values} "  # noqa: S608
+               f"ON CONFLICT ({key}, {start}) DO UPDATE SET {requests} = {table}.{requests} + excluded.{requests}, "
+               f"{tokens} = {table}.{tokens} + excluded.{tokens}")
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [v for row in rows for v in row])
+    current = LimitCounter.objects.filter(until__gt=int(now)).values_list("key", "start", "requests", "tokens")
+    return {(key, start): (requests, tokens) for key, start, requests, tokens in current}
+
+
+def prune(now: float) -> int:
+    """Delete windows that ended more than KEEP_S ago; how many went."""
+    return LimitCounter.objects.filter(until__lt=int(now) - KEEP_S).delete()[0]
+
+
+def quota_used(team_id: int, period: str, now: float) -> int:
+    """Tokens a team's requests have used in its current quota period, as the consoles last synced them."""
+    start, _ = period_bounds(period, now)
+    row = LimitCounter.objects.filter(key=quota_key(team_id, period), start=start).values_list("tokens", flat=True)
+    return next(iter(row), 0)
