@@ -23,6 +23,7 @@ from console.errors import Conflict, DomainError, Invalid, NotFound, describe
 from console.events.record import Note, deployment_object, record
 from console.fleet.models import Host
 from console.realtime.notify import wake_scheduler
+from console.scheduler.types import TIER_RANK
 
 # What an operator may change on a deployment (PATCH, the SLO form); the serving shape is fixed at creation.
 POLICY_FIELDS = policy.FIELDS
@@ -57,6 +58,7 @@ def create_deployment(
     check_seq(model_row, seq)
     estimates = settings_estimates(model_row, dtype, batch, seq, recent=True,  # many creates, one read
                                    engine=chosen.engine)
+    check_ceiling(chosen.priority, team or model_row.team)
     try:
         with transaction.atomic():
             refuse_taken_name(name, "deployment")
@@ -84,6 +86,8 @@ def update_deployment(name: str, changes: dict[str, Any], actor: str = "", teams
         current = stored_policy(deployment)
         chosen = policy.validate_policy(policy.merged(current, changes)).model_dump()
         fields = [f for f in POLICY_FIELDS if chosen[f] != current[f]]
+        if "priority" in fields:  # a deployment above a ceiling lowered since keeps its priority until changed
+            check_ceiling(chosen["priority"], deployment.team)
         for field in fields:
             setattr(deployment, field, chosen[field])
         if "engine" in fields:  # vLLM holds memory of its own: its replicas reserve that too
@@ -98,6 +102,15 @@ def update_deployment(name: str, changes: dict[str, Any], actor: str = "", teams
             mark_stale([deployment])
             transaction.on_commit(wake_scheduler)
     return deployment
+
+
+def check_ceiling(priority: str, team: Team) -> None:
+    """Refuse a priority above the team's ceiling (it binds admins too: they raise the ceiling first)."""
+    ceiling = team.priority_ceiling
+    if TIER_RANK.get(priority, len(TIER_RANK)) < TIER_RANK.get(ceiling, len(TIER_RANK)):
+        raise Invalid(f"priority {priority} is above team {team.name}'s priority ceiling ({ceiling}); an admin can "
+                      f"raise it (PATCH /api/v1/teams/{team.name} with priority_ceiling), or choose {ceiling} or "
+                      "lower", field="priority")
 
 
 def stored_policy(deployment: Deployment) -> dict[str, Any]:
@@ -264,6 +277,7 @@ def _checked_deployment(item: dict[str, Any], lookups: _BulkLookups, team: Team 
     dtype = serving_dtype(model_row, dtype)
     lookups.check_seq(model_row, seq)
     estimates = lookups.estimates(model_row, dtype, batch, seq, chosen.engine)
+    check_ceiling(chosen.priority, team or model_row.team)
     if name in lookups.taken:
         raise Conflict(lookups.taken[name], field="name")
     # A team always given, not the field's default: that would read the database once per row (the model's team is
