@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import F, Sum
 from django.db.models.functions import Mod
 
@@ -27,12 +27,10 @@ def write(rows: Rows, model: type[UsageBucket] = UsageMinute) -> None:
     """Add `rows` to their buckets (sync, DB). A team or token that is gone (or 0: none) is written as null."""
     if not rows:
         return
-    try:
-        with transaction.atomic():
-            _add(rows, model)
-    except IntegrityError:  # a team or token deleted since the request: keep its counts, unnamed
-        with transaction.atomic():
-            _add(_known(rows), model)
+    # A team or token deleted since the request keeps its counts, unnamed (foreign keys are checked at commit:
+    # one deleted meanwhile fails this flush, and the next, which carries its counts, writes them).
+    with transaction.atomic():
+        _add(_known(rows), model)
 
 
 def _add(rows: Rows, model: type[UsageBucket]) -> None:
