@@ -95,6 +95,25 @@ def test_a_change_on_a_page_names_the_user_and_one_in_the_admin_says_so(client, 
     assert rows["team/team-a"] == ("user root (admin)", "members ['alice'] → ['alice', 'bob']")
 
 
+def test_tokens_hosts_and_agent_tokens_changed_in_the_admin_are_audited(scene):
+    from console.fleet.models import AgentCredential
+
+    request = RequestFactory().post("/admin/")
+    request.user = get_user_model().objects.get(username="root")
+    AgentCredential.issue("h1")
+    rows = [(ApiToken.objects.get(user__username="alice"), "name", "bot", "token/alice/bot"),
+            (Host.objects.get(name="h1"), "labels", {}, "host/h1"),
+            (AgentCredential.objects.get(host_name="h1"), "host_name", "h1", "host/h1")]
+    Event.objects.all().delete()
+    for row, field, before, obj in rows:
+        form = SimpleNamespace(changed_data=[field], initial={field: before}, cleaned_data={field: getattr(row, field)})
+        admin.site._registry[type(row)].save_model(request, row, form, change=True)
+        admin.site._registry[type(row)].delete_model(request, row)
+    told = list(Event.objects.order_by("id").values_list("object", "reason", "actor", "host"))
+    assert told == [(obj, reason, "user root (admin)", "h1" if obj == "host/h1" else "")
+                    for _, _, _, obj in rows for reason in ("Changed", "Deleted")]
+
+
 def test_the_schedulers_and_agents_events_are_not_changes_by_people(as_user):
     record([Note("replica/chat-a#0", "Placed", "placed", actor="scheduler", deployment="chat-a"),
             Note("replica/chat-a#0", "Ready", "ready", actor="agent h1", deployment="chat-a"),
