@@ -105,7 +105,7 @@ def test_tokens_hosts_and_agent_tokens_changed_in_the_admin_are_audited(scene):
             (Host.objects.get(name="h1"), "labels", {}, "host/h1"),
             (AgentCredential.objects.get(host_name="h1"), "host_name", "h1", "host/h1")]
     Event.objects.all().delete()
-    for row, field, before, obj in rows:
+    for row, field, before, _ in rows:
         form = SimpleNamespace(changed_data=[field], initial={field: before}, cleaned_data={field: getattr(row, field)})
         admin.site._registry[type(row)].save_model(request, row, form, change=True)
         admin.site._registry[type(row)].delete_model(request, row)
