@@ -69,7 +69,7 @@ def read(request, query: UsageQuery) -> Report:
     """The report a query asks for, as the caller may see it (Invalid naming a bad parameter)."""
     now = time.time()
     until = int(_until(query.until, now))
-    since = int(parse_since(query.since, until + 3600 - DAY))  # its default is an hour before its `now`
+    since = int(parse_since(query.since, until)) if query.since and query.since.strip() else until - DAY
     step = query.step or next((s for s in AUTO_STEPS if (until - since) / s <= AUTO_POINTS), AUTO_STEPS[-1])
     return report(teams_of(request.user), query.group, since, until, step, query.team, query.deployment)
 
