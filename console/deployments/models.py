@@ -114,6 +114,20 @@ class Deployment(models.Model):
         except Invalid as e:
             raise ValidationError({str(item["loc"][-1]) if item["loc"] else NON_FIELD_ERRORS: item["msg"]
                                    for item in e.errors}) from None
+        self._check_ceiling()
+
+    def _check_ceiling(self) -> None:
+        """The team's priority ceiling binds the Django admin's form too, when the priority or the team changes."""
+        from console.deployments.services import check_ceiling  # the services build on this model
+
+        if self.team_id is None:
+            return
+        stored = type(self).objects.filter(pk=self.pk).values_list("priority", "team_id").first()
+        if stored is None or stored != (self.priority, self.team_id):
+            try:
+                check_ceiling(self.priority, self.team)
+            except Invalid as e:
+                raise ValidationError({"priority": str(e)}) from None
 
     @property
     def serving_dtype(self) -> str:

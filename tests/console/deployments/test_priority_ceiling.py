@@ -96,3 +96,17 @@ def test_the_default_team_keeps_critical_so_an_upgrade_changes_nothing(client, m
     r = _api(client, user).post("/api/v1/deployments", {"name": "chat", "model": "tiny", "priority": "critical"})
     assert r.status_code == 201, r.content
     assert Team.objects.get(name=DEFAULT_TEAM).priority_ceiling == "critical"
+
+
+def test_the_django_admins_form_is_bound_by_the_ceiling_too(ml):
+    from django.core.exceptions import ValidationError
+
+    dep = create_deployment("chat", "tiny", priority="high")
+    dep.priority = "critical"
+    with pytest.raises(ValidationError, match="above team ml's priority ceiling") as e:
+        dep.full_clean()
+    assert list(e.value.message_dict) == ["priority"]
+    Team.objects.filter(name="ml").update(priority_ceiling="standard")
+    dep.refresh_from_db()
+    dep.max_replicas = 2
+    dep.full_clean()  # its priority unchanged: other changes are taken
