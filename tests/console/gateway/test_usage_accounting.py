@@ -124,3 +124,21 @@ async def test_refusals_at_a_deployment_count_as_errors_and_unknown_models_not_a
     await gateway.close()
     assert limited.status_code == 429 and unknown.status_code == theirs.status_code == 404
     assert await sync_to_async(_sums)() == {"requests": 1, "errors": 1, "prompt": 0, "completion": 0}
+
+
+async def test_a_routed_stream_is_counted_against_the_branch_that_served(scene):
+    from console.routes.services import create_route
+
+    teams, agent = scene
+    await sync_to_async(create_route)("assistant", [{"deployment": "chat-a"}])
+    gateway = _gateway()
+    async with _client(gateway, teams.tokens["alice"]) as alice:
+        async with alice.stream("POST", "/v1/chat/completions", json={"model": "assistant", "stream": True}) as r:
+            plain = b"".join([c async for c in r.aiter_bytes()])
+            route = r.headers["x-modelgrid-route"]
+    await gateway.flush()
+    await gateway.close()
+    assert route == "assistant -> chat-a" and b'"usage"' not in plain
+    assert agent.bodies[-1]["stream_options"] == {"include_usage": True} and agent.bodies[-1]["model"] == "chat-a"
+    assert await sync_to_async(_sums)(deployment="chat-a") == {"requests": 1, "errors": 0, "prompt": 6,
+                                                               "completion": 4}
