@@ -11,6 +11,7 @@ Sections:
             gateway, interleaved; then throughput at N concurrent keep-alive clients, direct vs gateway
   storm     three min-0 deployments of a tiny Llama on one GPU that holds one: clients send to all three
   ttfr      time to first response for a sleeping model (wake) and for a cold one (load from disk)
+  accounting  what usage accounting and limits cost a request, in process (bench/gateway_accounting.py)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import aiohttp  # noqa: E402
 import httpx  # noqa: E402
 
+from bench.gateway_accounting import section_accounting  # noqa: E402
 from bench.harness import (  # noqa: E402
     deploy,
     deployment,
@@ -460,7 +462,8 @@ def _with_median(rows: list[dict]) -> list[dict]:
 
 # -- running -------------------------------------------------------------------------------------------------
 
-SECTIONS = {"overhead": section_overhead, "storm": section_storm, "ttfr": section_ttfr}
+SECTIONS = {"overhead": section_overhead, "storm": section_storm, "ttfr": section_ttfr,
+            "accounting": section_accounting}
 
 
 def main() -> None:
@@ -494,8 +497,9 @@ def main() -> None:
           f"simulated GPUs, CPU workers; all traffic on 127.0.0.1")
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp_name:
         tmp = Path(tmp_name)
+        served = set(args.sections.split(",")) - {"accounting"}  # sections that start a stack and serve models
         models = {"tiny-llama": build_tiny_llama(tmp / "models" / "tiny-llama"),
-                  "minilm": copy_minilm(tmp / "models" / "minilm")}
+                  "minilm": copy_minilm(tmp / "models" / "minilm")} if served else {}
         for name in args.sections.split(","):
             began = time.monotonic()
             load = os.getloadavg()[0]
