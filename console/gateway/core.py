@@ -137,6 +137,8 @@ class Gateway:
         self._tasks, self._loop, self._starting = [], None, None
         with contextlib.suppress(Exception):
             await self.flush()
+        with contextlib.suppress(Exception):  # what it counted since the last sync still binds the other consoles
+            await self.limiter.sync()
         await self.upstream.close()
 
     def poke(self) -> None:

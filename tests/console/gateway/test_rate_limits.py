@@ -155,3 +155,14 @@ def test_quota_periods_are_utc_calendar_days_weeks_from_monday_and_months():
     assert period_bounds("day", NOW) == (1_799_971_200, 1_800_057_600)  # 2027-01-15 .. 16
     assert period_bounds("week", NOW) == (1_799_625_600, 1_800_230_400)  # Monday 2027-01-11 .. 18
     assert period_bounds("month", NOW) == (1_798_761_600, 1_801_440_000)  # 2027-01-01 .. 02-01
+
+
+async def test_a_closing_gateway_shares_the_counts_it_has_not_synced_yet(fleet):  # noqa: F811
+    _, _, token = fleet
+    token_id = await sync_to_async(_limit_token)(token, rpm_limit=10)
+    gateway = _gateway()
+    await _calls(gateway, token, 2)  # counted in memory; the next sync is half a second away
+    await gateway.close()
+    rows = await sync_to_async(lambda: list(LimitCounter.objects.filter(key=limits.token_key(token_id))
+                                            .values_list("requests", flat=True)))()
+    assert rows == [2]
