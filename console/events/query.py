@@ -8,8 +8,8 @@ import binascii
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from django.db.models import Q, QuerySet, Value
-from django.db.models.functions import Concat
+from django.db.models import Case, Q, QuerySet, Value, When
+from django.db.models.functions import Concat, Greatest, StrIndex, Substr
 from django.utils.dateparse import parse_datetime
 
 from console.errors import Invalid
@@ -56,7 +56,7 @@ def matching(f: EventFilter) -> QuerySet[Event]:
 
 def within(rows: QuerySet[Event], teams: frozenset[int] | None) -> QuerySet[Event]:
     """`rows` without the events of other teams' deployments (and their replicas), models, adapters, routes and teams
-    (console/accounts/teams.py); None: every team's (admins)."""
+    (console/accounts/teams.py), and of tokens of users in none of `teams`; None: every team's (admins)."""
     if teams is None:
         return rows
     from console.accounts.models import Team  # the timeline is written by every app: read theirs only here
@@ -72,7 +72,20 @@ def within(rows: QuerySet[Event], teams: frozenset[int] | None) -> QuerySet[Even
     for model, kind, team in ((Model, "model", "team_id"), (Adapter, "adapter", "team_id"), (Route, "route", "team_id"),
                               (Team, "team", "pk")):
         rows = rows.exclude(object__in=others(model, kind, team))
-    return rows
+    return _without_strangers_tokens(rows, teams)
+
+
+def _without_strangers_tokens(rows: QuerySet[Event], teams: frozenset[int]) -> QuerySet[Event]:
+    """`rows` without the events of tokens (token/USER/NAME) of users who share none of `teams`: a token is its
+    user's, and another team's user's token names are theirs to know."""
+    from django.contrib.auth import get_user_model
+
+    strangers = get_user_model().objects.order_by().exclude(teams__in=teams).values("username")
+    # A user name holds no "/" (Django's validator), so USER runs from after "token/" to the next "/"; only token
+    # events are cut (a negative length is an error on PostgreSQL).
+    user = Case(When(object__startswith="token/", then=Substr(
+        "object", 7, Greatest(StrIndex(Substr("object", 7), Value("/")) - 1, Value(0)))), default=Value(""))
+    return rows.alias(token_user=user).exclude(object__startswith="token/", token_user__in=strangers)
 
 
 def page(f: EventFilter, cursor: str = "", limit: int = DEFAULT_LIMIT,

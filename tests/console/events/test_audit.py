@@ -134,6 +134,19 @@ def test_a_member_sees_their_teams_changes_and_an_admin_everyones(as_user):
     assert everyone == {"route/r-a", "deployment/chat-a", "route/r-b", "deployment/chat-b"}
 
 
+def test_a_member_sees_the_tokens_of_people_in_their_teams_only(as_user):
+    for user in ("alice", "bob"):
+        assert as_user(user, "post", "/api/v1/tokens", {"name": "ci/deploy"}).status_code == 201
+    seen = {u: [e["object"] for e in as_user(u, "get", "/api/v1/events").json()["events"]]
+            for u in ("alice", "root")}
+    assert seen["alice"] == ["token/alice/ci/deploy"]
+    assert [r["object"] for r in as_user("alice", "get", "/api/v1/audit?kind=token").json()] == [
+        "token/alice/ci/deploy"]
+    assert set(seen["root"]) == {"token/alice/ci/deploy", "token/bob/ci/deploy"}
+    Team.objects.get(name="team-a").members.add(get_user_model().objects.get(username="bob"))  # now a teammate
+    assert len(as_user("alice", "get", "/api/v1/audit?kind=token").json()) == 2
+
+
 def test_filters_by_who_kind_and_time(as_user):
     as_user("alice", "patch", "/api/v1/deployments/chat-a", {"max_replicas": 2})
     as_user("root", "patch", "/api/v1/deployments/chat-b", {"max_replicas": 2})
