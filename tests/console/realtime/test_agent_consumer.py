@@ -35,9 +35,10 @@ def token():
 async def linked_with_chat_placed(token):
     """h1's link has said hello and read its first push, and a pass has placed deployment chat (model tiny) on
     h1: (the link, the host, the pass's result)."""
-    from console.control.reconcile import reconcile_once
+    from console.control.reconcile import reconcile_once, start_leading
     from console.deployments.services import create_deployment
 
+    start_leading()  # before h1 speaks: else its readings predate this scheduler's term and are stale (by design)
     comm, _ = await connect(token)
     await comm.send_to(text_data=json.dumps(hello()))
     await comm.receive_from(timeout=5)
