@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from console.accounts import team_views as teams
 from console.accounts import views as tokens
 from console.alerts import views as alerts
 from console.api import api
@@ -39,9 +40,15 @@ urlpatterns = [
     path("hosts/<str:name>/placement/", fleet.update_placement, name="host-placement"),
     path("scheduler/strategy/", fleet.update_strategy, name="scheduler-strategy"),
     path("usage/", usage.usage, name="usage"),
+    path("teams/", teams.teams_page, name="teams"),
+    path("teams/new/", teams.create, name="team-create"),
+    path("teams/<str:name>/limits/", teams.change_limits, name="team-limits"),
+    path("teams/<str:name>/members/", teams.add_member, name="team-member-add"),
+    path("teams/<str:name>/members/<str:user>/remove/", teams.remove_member, name="team-member-remove"),
     path("tokens/", tokens.tokens_page, name="tokens"),
     path("tokens/new/", tokens.create, name="token-create"),
     path("tokens/<int:token_id>/revoke/", tokens.revoke, name="token-revoke"),
+    path("tokens/<int:token_id>/limits/", tokens.change_limits, name="token-limits"),
     path("tokens/agents/", tokens.issue_agent, name="agent-credential-issue"),
     path("tokens/agents/<path:host_name>/revoke/", tokens.revoke_agent, name="agent-credential-revoke"),
     path("api/v1/", api.urls),

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Literal
 
 from ninja import Field, Schema
@@ -123,4 +123,4 @@ class TeamOut(Schema):
 
     @staticmethod
     def resolve_quota_resets(obj) -> datetime:
-        return datetime.fromtimestamp(counters.period_bounds(obj.quota_period, time.time())[1], UTC)
+        return counters.quota_resets(obj.quota_period, time.time())
