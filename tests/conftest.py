@@ -66,9 +66,23 @@ def api_token(db):
 @pytest.fixture
 def api(client, api_token):
     """The Django test client with a valid bearer token and JSON helpers."""
+    return _api(client, api_token)
 
+
+@pytest.fixture
+def admin_api(client, db):
+    """`api` with an admin's (a staff user's) token: for what changes the whole fleet (hosts, strategy, alert rules)."""
+    from django.contrib.auth import get_user_model
+
+    from console.accounts.models import ApiToken
+
+    user = get_user_model().objects.create_user("root-ops", password="unused-password-123", is_staff=True)
+    return _api(client, ApiToken.issue(user)[1])
+
+
+def _api(client, token: str):
     class Api:
-        auth = {"HTTP_AUTHORIZATION": f"Bearer {api_token}"}
+        auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
 
         def get(self, url):
             return client.get(url, **self.auth)

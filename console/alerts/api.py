@@ -5,6 +5,7 @@ from ninja import Field, Router, Schema
 from pydantic import ConfigDict
 
 from console.accounts.auth import actor_of
+from console.accounts.services import require_admin
 from console.alerts.models import Alert, AlertRule, RuleKind
 from console.alerts.targets import url_refusal
 from console.catalog.schemas import ErrorOut, RequestBody
@@ -68,9 +69,10 @@ def list_rules(request):
     return [_rule(r) for r in AlertRule.in_force()]
 
 
-@router.patch("/rules/{kind}", response={200: RuleOut, 404: ErrorOut, 422: ErrorOut},
+@router.patch("/rules/{kind}", response={200: RuleOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut},
               summary="Change an alert rule (told on the timeline)")
 def update_rule(request, kind: str, body: RulePatch):
+    require_admin(request.user, "change alert rules (they watch every team's deployments and hosts)")
     changes = body.dict(exclude_unset=True, exclude_none=True)
     refused = url_refusal(changes["webhook_url"]) if changes.get("webhook_url") else None
     if refused:

@@ -42,10 +42,10 @@ def get_host(request, name: str):
     return found[0]
 
 
-@router.patch("/{name}", response={200: HostOut, 404: ErrorOut, 422: ErrorOut},
+@router.patch("/{name}", response={200: HostOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut},
               summary="Set a host's labels and/or taints (each given one replaced whole)")
 def patch_host(request, name: str, body: HostPlacement):
-    set_placement(name, body.model_dump(exclude_unset=True), actor=actor_of(request))
+    set_placement(request.user, name, body.model_dump(exclude_unset=True), actor=actor_of(request))
     return fleet(Host.named(name), teams_of(request.user))[0]
 
 
@@ -72,8 +72,8 @@ def get_strategy(request):
     return _strategy()
 
 
-@scheduler_router.patch("", response={200: StrategyOut, 422: ErrorOut},
+@scheduler_router.patch("", response={200: StrategyOut, 403: ErrorOut, 422: ErrorOut},
                         summary="Change the placement strategy: new placements follow it from the next pass")
 def patch_strategy(request, body: StrategyIn):
-    set_strategy(body.strategy, actor=actor_of(request))
+    set_strategy(request.user, body.strategy, actor=actor_of(request))
     return _strategy()

@@ -9,6 +9,7 @@ from django.db import transaction
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticError
 
+from console.accounts.services import require_admin
 from console.deployments.policy import MAX_SELECTOR_LABELS, Label, invalid_from
 from console.errors import Invalid, NotFound
 from console.fleet.models import Host, PlacementSettings
@@ -26,9 +27,11 @@ class HostPlacement(BaseModel):
                                   "taint are placed on its GPUs (they keep their replicas there already)")
 
 
-def set_placement(name: str, changes: dict, actor: str = "") -> Host:
-    """Replace a host's labels and/or taints (those given); a refusal (NotFound, Invalid naming the field) stores
-    nothing. The scheduler's next pass plans with them: replicas on GPUs a taint no longer admits are re-placed."""
+def set_placement(requester, name: str, changes: dict, actor: str = "") -> Host:
+    """Replace a host's labels and/or taints (those given); a refusal (Forbidden unless `requester` is an admin,
+    NotFound, Invalid naming the field) stores nothing. The scheduler's next pass plans with them: replicas on GPUs a
+    taint no longer admits are re-placed."""
+    require_admin(requester, "set a host's labels and taints (every team's deployments are placed by them)")
     from console.events.record import Note, host_object, record
 
     try:
@@ -57,8 +60,10 @@ def _text(pairs: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in pairs.items()) or "none"
 
 
-def set_strategy(strategy: str, actor: str = "") -> str:
-    """Plan with `strategy` from the scheduler's next pass on (Invalid naming the choices otherwise)."""
+def set_strategy(requester, strategy: str, actor: str = "") -> str:
+    """Plan with `strategy` from the scheduler's next pass on (Forbidden unless `requester` is an admin; Invalid
+    naming the choices otherwise)."""
+    require_admin(requester, "change the placement strategy (it places every team's deployments)")
     from console.events.record import Note, record
     from console.scheduler import STRATEGIES
 

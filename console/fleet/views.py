@@ -242,7 +242,7 @@ def update_placement(request, name: str):
     try:
         changes = {field: parse_selector(request.POST.get(field, ""), field, example)
                    for field, example in (("labels", "zone=east, rack=r12"), ("taints", "pool=ml"))}
-        host = set_placement(name, changes, actor=actor_of(request))
+        host = set_placement(request.user, name, changes, actor=actor_of(request))
     except DomainError as e:
         messages.error(request, f"Labels and taints not saved: {e}. Nothing was changed.")
     else:
@@ -257,7 +257,7 @@ def update_placement(request, name: str):
 def update_strategy(request):
     """Change the placement strategy from the dashboard; back to it with what changed, or why not."""
     try:
-        strategy = set_strategy(request.POST.get("strategy", ""), actor=actor_of(request))
+        strategy = set_strategy(request.user, request.POST.get("strategy", ""), actor=actor_of(request))
     except DomainError as e:
         messages.error(request, f"Strategy not changed: {e}.")
     else:

@@ -36,10 +36,17 @@ class Stack:
     data_dir: Path
     lines: list[str] = field(default_factory=list)
     token: str = ""
+    admin_token: str = ""
 
-    def api(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url + "api/v1", headers={"Authorization": f"Bearer {self.token}"},
+    def api(self, token: str | None = None) -> httpx.Client:
+        return httpx.Client(base_url=self.url + "api/v1", headers={"Authorization": f"Bearer {token or self.token}"},
                             timeout=30)
+
+    def admin_api(self) -> httpx.Client:
+        """`api` as the stack's admin (a staff user): for what binds every team (hosts, strategy, alert rules)."""
+        if not self.admin_token:
+            self.admin_token = self.manage("createapitoken", "admin", "--name", "e2e-admin")
+        return self.api(self.admin_token)
 
     def gateway(self, token: str | None = None) -> httpx.Client:
         """A client of the console's inference gateway (/v1, /v2) with a bearer token."""

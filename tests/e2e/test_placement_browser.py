@@ -46,6 +46,7 @@ async def test_spread_shows_on_the_grid_and_a_taint_keeps_the_host(stack):
                 assert "excluded by taint pool=ml (not tolerated)" in _reason(api, "untolerated")
             await expect(page.locator('tr[data-deployment="untolerated"] .pill')).to_have_text("unschedulable")
     finally:
+        with stack.admin_api() as admin:
+            assert admin.patch("/hosts/local", json={"taints": {}}).status_code == 200
         with stack.api() as api:
-            api.patch("/hosts/local", json={"taints": {}})
             remove(api, deployments=("untolerated", "spread-demo"), models=("spread-model",))

@@ -3,7 +3,6 @@ sets the team's requests per minute, and a member's token calling the team's dep
 refused with 429 naming the team's limit. The deployment stands by with no replica: admission comes before waiting
 for a replica, so nothing is loaded (the admitted request gets an immediate 503)."""
 
-import httpx
 import pytest
 from playwright.async_api import expect
 
@@ -67,8 +66,6 @@ async def test_an_admin_sets_a_teams_rpm_and_its_token_is_refused(stack):
         assert set(statuses) <= {404, 503, 429}, statuses  # never served: no replica was loaded for it
     finally:
         # The stack's user back in its one team: other tests make models without naming one.
-        admin = stack.manage("createapitoken", "admin", "--name", "teams-cleanup")
-        with httpx.Client(base_url=stack.url + "api/v1", headers={"Authorization": f"Bearer {admin}"},
-                          timeout=30) as api:
+        with stack.admin_api() as api:
             remove(api, deployments=("rpm-chat",), models=("rpm-model",))
             api.delete(f"/teams/{TEAM}/members/e2e")

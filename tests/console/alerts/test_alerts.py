@@ -136,19 +136,26 @@ def test_a_webhook_is_given_up_after_its_attempts_and_that_is_told(model):
     assert failed.type == "Warning" and "after 8 attempts: ConnectionRefusedError: refused" in failed.message
 
 
-def test_rules_change_through_the_api_and_the_change_is_told(api, db):
-    r = api.patch("/api/v1/alerts/rules/host_offline", {"window_s": 120, "webhook_url": "https://ops.example/h"})
+def test_rules_change_through_the_api_and_the_change_is_told(admin_api, db):
+    r = admin_api.patch("/api/v1/alerts/rules/host_offline", {"window_s": 120, "webhook_url": "https://ops.example/h"})
     assert r.status_code == 200 and r.json()["window_s"] == 120
     (e,) = Event.objects.filter(reason="AlertRuleChanged")
-    assert e.object == "alert/host_offline" and "window_s 60 → 120" in e.message and e.actor == "token cli (ops)"
-    assert api.patch("/api/v1/alerts/rules/nope", {"enabled": False}).status_code == 404
+    assert e.object == "alert/host_offline" and "window_s 60 → 120" in e.message and e.actor == "token cli (root-ops)"
+    assert admin_api.patch("/api/v1/alerts/rules/nope", {"enabled": False}).status_code == 404
     # A control character (a NUL was a 500 on PostgreSQL, which refuses one in a query) is no URL either.
     for url in ("ftp://x", "http://ops.example/\x00h", "http://ops.example/\x07h"):
-        bad = api.patch("/api/v1/alerts/rules/host_offline", {"webhook_url": url})
+        bad = admin_api.patch("/api/v1/alerts/rules/host_offline", {"webhook_url": url})
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][-1] == "webhook_url", url
     assert AlertRule.objects.get(kind="host_offline").webhook_url == "https://ops.example/h"
-    assert {r["kind"] for r in api.get("/api/v1/alerts/rules").json()} == {
+    assert {r["kind"] for r in admin_api.get("/api/v1/alerts/rules").json()} == {
         "slo_violation", "replica_failing", "host_offline", "foreign_memory_growing"}
+
+
+def test_only_admins_change_alert_rules_and_a_refusal_changes_nothing(api, admin_api):
+    admin_api.patch("/api/v1/alerts/rules/host_offline", {"window_s": 120})
+    r = api.patch("/api/v1/alerts/rules/host_offline", {"window_s": 30})
+    assert r.status_code == 403 and "only staff users may change alert rules" in r.json()["detail"][0]["msg"]
+    assert AlertRule.objects.get(kind="host_offline").window_s == 120
 
 
 def test_a_replica_failing_repeatedly_and_a_silent_host_fire(host):

@@ -22,20 +22,20 @@ def two_hosts(db):
 
 
 @pytest.fixture
-def registered(api, model_dir):
-    assert api.post("/api/v1/models", {"name": "tiny", "path": str(model_dir)}).status_code == 201
+def registered(admin_api, model_dir):
+    assert admin_api.post("/api/v1/models", {"name": "tiny", "path": str(model_dir)}).status_code == 201
 
 
 def placed_on(name):
     return sorted(r.gpus.get().host.name for r in Replica.objects.filter(deployment__name=name) if r.gpus.exists())
 
 
-def test_the_api_sets_labels_and_taints_and_shows_them(api, two_hosts):
-    r = api.patch("/api/v1/hosts/h1", {"labels": {"zone": "east"}, "taints": {"pool": "ml"}})
+def test_the_api_sets_labels_and_taints_and_shows_them(admin_api, two_hosts):
+    r = admin_api.patch("/api/v1/hosts/h1", {"labels": {"zone": "east"}, "taints": {"pool": "ml"}})
     assert r.status_code == 200, r.content
     assert (r.json()["labels"], r.json()["taints"]) == ({"zone": "east"}, {"pool": "ml"})
-    assert api.get("/api/v1/hosts/h1").json()["taints"] == {"pool": "ml"}
-    r = api.patch("/api/v1/hosts/h1", {"taints": {}})  # one field given: only it is replaced
+    assert admin_api.get("/api/v1/hosts/h1").json()["taints"] == {"pool": "ml"}
+    r = admin_api.patch("/api/v1/hosts/h1", {"taints": {}})  # one field given: only it is replaced
     assert (r.json()["labels"], r.json()["taints"]) == ({"zone": "east"}, {})
     event = Event.objects.filter(reason="HostPlacementChanged").order_by("pk").first()
     assert "taints none → pool=ml" in event.message and "labels none → zone=east" in event.message
@@ -46,21 +46,21 @@ def test_the_api_sets_labels_and_taints_and_shows_them(api, two_hosts):
     ({"labels": {"": "x"}}, "labels", "at least 1 character"),
     ({"labels": {"zone": "east"}, "owner": "me"}, "owner", "extra inputs are not permitted"),
 ])
-def test_a_bad_change_names_the_field_and_stores_nothing(api, two_hosts, body, field, words):
-    r = api.patch("/api/v1/hosts/h1", body)
+def test_a_bad_change_names_the_field_and_stores_nothing(admin_api, two_hosts, body, field, words):
+    r = admin_api.patch("/api/v1/hosts/h1", body)
     assert r.status_code == 422 and refused_fields(r)[0] == field and words in refusal(r).lower(), r.content
     assert Host.objects.get(name="h1").labels == {}
 
 
-def test_an_unknown_host_is_a_404(api, two_hosts):
-    r = api.patch("/api/v1/hosts/ghost", {"labels": {}})
+def test_an_unknown_host_is_a_404(admin_api, two_hosts):
+    r = admin_api.patch("/api/v1/hosts/ghost", {"labels": {}})
     assert r.status_code == 404 and "no host named 'ghost'" in r.content.decode()
 
 
-def test_a_taint_keeps_a_host_for_deployments_that_tolerate_it(api, two_hosts, registered):
-    api.patch("/api/v1/hosts/h1", {"taints": {"pool": "ml"}})
-    api.post("/api/v1/deployments", {"name": "web", "model": "tiny", "replicas": 2})
-    api.post("/api/v1/deployments", {"name": "train", "model": "tiny", "selector": {"gpu": "sim"},
+def test_a_taint_keeps_a_host_for_deployments_that_tolerate_it(admin_api, two_hosts, registered):
+    admin_api.patch("/api/v1/hosts/h1", {"taints": {"pool": "ml"}})
+    admin_api.post("/api/v1/deployments", {"name": "web", "model": "tiny", "replicas": 2})
+    admin_api.post("/api/v1/deployments", {"name": "train", "model": "tiny", "selector": {"gpu": "sim"},
                                      "tolerations": {"pool": "ml"}})
     reconcile_once()
     assert placed_on("web") == ["h2", "h2"]  # both on the untainted host, as apart as it allows
@@ -69,29 +69,39 @@ def test_a_taint_keeps_a_host_for_deployments_that_tolerate_it(api, two_hosts, r
     assert "sharing h2/0 with another replica: no GPU without one has room" in reason
 
 
-def test_replicas_of_a_deployment_land_on_different_hosts_by_default(api, two_hosts, registered):
-    api.post("/api/v1/deployments", {"name": "chat", "model": "tiny", "replicas": 2, "priority": "critical"})
+def test_replicas_of_a_deployment_land_on_different_hosts_by_default(admin_api, two_hosts, registered):
+    admin_api.post("/api/v1/deployments", {"name": "chat", "model": "tiny", "replicas": 2, "priority": "critical"})
     reconcile_once()
     assert placed_on("chat") == ["h1", "h2"]
-    assert api.get("/api/v1/deployments/chat").json()["spread"] == "preferred"
+    assert admin_api.get("/api/v1/deployments/chat").json()["spread"] == "preferred"
 
 
-def test_required_spread_refuses_a_second_replica_on_one_gpu_and_says_why(api, two_hosts, registered):
-    api.patch("/api/v1/hosts/h2", {"taints": {"pool": "ml"}})
-    r = api.post("/api/v1/deployments", {"name": "chat", "model": "tiny", "replicas": 2, "spread": "required"})
+def test_required_spread_refuses_a_second_replica_on_one_gpu_and_says_why(admin_api, two_hosts, registered):
+    admin_api.patch("/api/v1/hosts/h2", {"taints": {"pool": "ml"}})
+    r = admin_api.post("/api/v1/deployments", {"name": "chat", "model": "tiny", "replicas": 2, "spread": "required"})
     assert r.status_code == 201, r.content
     reconcile_once()
     assert placed_on("chat") == ["h1"]
-    reason = api.get("/api/v1/deployments/chat").json()["reason"]
+    reason = admin_api.get("/api/v1/deployments/chat").json()["reason"]
     assert "each holds a replica of it already (spread required)" in reason
     assert "1 GPU excluded by taint pool=ml (not tolerated)" in reason
 
 
-def test_the_host_page_sets_labels_and_taints_and_shows_the_taint(user_client, two_hosts):
-    r = user_client.post("/hosts/h1/placement/", {"labels": "zone=east", "taints": "pool=ml"}, follow=True)
+def test_the_host_page_sets_labels_and_taints_and_shows_the_taint(admin_client, two_hosts):
+    r = admin_client.post("/hosts/h1/placement/", {"labels": "zone=east", "taints": "pool=ml"}, follow=True)
     html = r.content.decode()
     assert Host.objects.get(name="h1").taints == {"pool": "ml"}
     assert "Saved labels and taints" in html and 'data-taint="pool=ml"' in html and 'value="zone=east"' in html
-    r = user_client.post("/hosts/h1/placement/", {"labels": "zone", "taints": ""}, follow=True)
+    r = admin_client.post("/hosts/h1/placement/", {"labels": "zone", "taints": ""}, follow=True)
     assert "labels: &#x27;zone&#x27; is not key=value" in r.content.decode()
     assert Host.objects.get(name="h1").taints == {"pool": "ml"}  # nothing of the refused change was stored
+
+
+def test_only_admins_set_a_hosts_labels_and_taints_by_api_or_page(api, user_client, two_hosts):
+    r = api.patch("/api/v1/hosts/h1", {"taints": {"pool": "ml"}})
+    assert r.status_code == 403
+    assert "only staff users may set a host's labels and taints" in r.json()["detail"][0]["msg"]
+    page = user_client.post("/hosts/h1/placement/", {"labels": "zone=east", "taints": "pool=ml"}, follow=True)
+    assert "only staff users may set a host&#x27;s labels and taints" in page.content.decode()
+    assert 'action="/hosts/h1/placement/"' not in page.content.decode()  # a member is shown no form to try
+    assert Host.objects.filter(name="h1", labels={}, taints={}).exists()
