@@ -1,10 +1,11 @@
 from django import template
 
+from console.accounts.teams import teams_of
 from console.alerts.evaluate import open_alerts
 
 register = template.Library()
 
 
-@register.inclusion_tag("alerts/_banner.html")
-def alert_banner() -> dict:
-    return {"alerts": open_alerts()}
+@register.inclusion_tag("alerts/_banner.html", takes_context=True)
+def alert_banner(context) -> dict:
+    return {"alerts": open_alerts(teams_of(context["request"].user))}
