@@ -1,16 +1,15 @@
-"""Usage on /metrics: counters per team, token and deployment, read from the database's buckets at each scrape, so
-every console process shows the same figures (all processes' requests), and they only grow (rolling minutes into
-hours keeps their sum; hours pruned after MODELGRID_USAGE_HOUR_RETENTION_DAYS read as a counter reset)."""
+"""Usage on /metrics: counters per team, token and deployment, read from the database's totals at each scrape, so
+every console process shows the same figures (all processes' requests), and they only grow: the totals are never
+pruned with the buckets behind the charts."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from django.db.models import Sum
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from console.accounts.models import ApiToken, Team
-from console.usage.models import UsageHour, UsageMinute
+from console.usage.models import UsageTotal
 from console.usage.report import token_label
 from console.usage.store import COUNTS
 
@@ -24,15 +23,9 @@ FAMILIES = (("requests", "Requests through the gateway that reached a deployment
 
 
 def read_usage_totals() -> Totals:
-    """Every bucket summed per team, token and deployment (sync, DB)."""
-    sums: dict[tuple, list] = {}
-    for model in (UsageMinute, UsageHour):
-        for team, token, deployment, *values in (model.objects.order_by().values_list("team_id", "token_id",
-                                                                                      "deployment")
-                                                 .annotate(*(Sum(c) for c in COUNTS))):
-            row = sums.setdefault((team, token, deployment), [0, 0, 0, 0, 0.0])
-            for i, v in enumerate(values):
-                row[i] += v or 0
+    """The totals per team, token and deployment, named (sync, DB)."""
+    sums = {(team, token, deployment): values for team, token, deployment, *values
+            in UsageTotal.objects.order_by().values_list("team_id", "token_id", "deployment", *COUNTS)}
     teams = dict(Team.objects.filter(pk__in={k[0] for k in sums}).values_list("pk", "name"))
     tokens = {t.pk: token_label(t.name, t.prefix, t.user.get_username())
               for t in ApiToken.objects.filter(pk__in={k[1] for k in sums}).select_related("user")}

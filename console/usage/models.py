@@ -1,6 +1,6 @@
 """Usage as counters per bucket of time, team, token and deployment: minute buckets for a few days, rolled into
-hour buckets kept long (console/usage/store.py). Each row is only ever added to, so several console processes
-writing the same bucket add up."""
+hour buckets kept long (console/usage/store.py), and totals for all time, never pruned (what /metrics exports).
+Each row is only ever added to, so several console processes writing the same bucket add up."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from django.db import models
 from console.accounts.models import ApiToken, Team
 
 
-class UsageBucket(models.Model):
-    at = models.BigIntegerField(help_text="the bucket's start, unix seconds (UTC)")
+class UsageCounts(models.Model):
     # Nullable, so a deleted team or token leaves its usage behind; the gateway always names both.
     team = models.ForeignKey(Team, null=True, on_delete=models.SET_NULL, related_name="+")
     token = models.ForeignKey(ApiToken, null=True, on_delete=models.SET_NULL, related_name="+")
@@ -23,6 +22,24 @@ class UsageBucket(models.Model):
 
     class Meta:
         abstract = True
+
+
+class UsageBucket(UsageCounts):
+    at = models.BigIntegerField(help_text="the bucket's start, unix seconds (UTC)")
+
+    class Meta:
+        abstract = True
+
+
+class UsageTotal(UsageCounts):
+    """Everything since the first request, per team, token and deployment: /metrics' counters, which must only grow
+    (pruning old hours would read as a counter reset) and be read without summing months of buckets."""
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "token", "deployment"], name="usage_total_key")]
+
+    def __str__(self) -> str:
+        return f"{self.deployment}: {self.requests} requests in all"
 
 
 class UsageMinute(UsageBucket):

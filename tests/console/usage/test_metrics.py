@@ -1,5 +1,5 @@
 """Usage on /metrics: counters per team, token and deployment read from the buckets, so every console process
-scrapes the same figures, and they keep growing when minutes are rolled into hours."""
+scrapes the same figures, and they keep growing when minutes are rolled into hours and old hours are pruned."""
 
 from __future__ import annotations
 
@@ -42,3 +42,6 @@ def test_usage_counters_are_the_buckets_totals_and_survive_rolling(tmp_path, set
     after = _scrape()
     assert at(after, "modelgrid_usage_requests_total", **label) == 6
     assert at(after, "modelgrid_usage_prompt_tokens_total", **label) == 51
+    settings.MODELGRID_USAGE_HOUR_RETENTION_DAYS = 1
+    keep(datetime.fromtimestamp(T0 + 3 * 86400, UTC))  # the hour of the first two minutes is pruned
+    assert at(_scrape(), "modelgrid_usage_requests_total", **label) == 6  # a counter never goes back

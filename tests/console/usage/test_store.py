@@ -12,7 +12,7 @@ from django.db import connection, connections
 from django.db.models import Sum
 
 from console.accounts.models import ApiToken, Team
-from console.usage.models import UsageHour, UsageMinute
+from console.usage.models import UsageHour, UsageMinute, UsageTotal
 from console.usage.store import keep, write
 
 pytestmark = pytest.mark.django_db
@@ -58,7 +58,8 @@ def test_old_minutes_roll_into_hours_and_old_hours_go(owner, settings):
     old = NOW - 2 * 86400
     write({(old, team, token, "chat"): [1, 0, 5, 1, 0.5], (old + 600, team, token, "chat"): [2, 1, 5, 1, 0.0],
            (old + 3600, team, token, "chat"): [1, 0, 1, 1, 0.0], (NOW, team, token, "chat"): [1, 0, 1, 1, 0.0]})
-    write({(NOW - 30 * 86400, team, token, "chat"): [9, 0, 9, 9, 0.0]}, UsageHour)
+    UsageHour.objects.create(at=NOW - 30 * 86400, team_id=team, token_id=token, deployment="chat", requests=9,
+                             prompt_tokens=9, completion_tokens=9)
     before = _totals()["requests"]
     keep(datetime.fromtimestamp(NOW + 60, UTC))
     assert list(UsageMinute.objects.values_list("at", flat=True)) == [NOW]
@@ -67,6 +68,7 @@ def test_old_minutes_roll_into_hours_and_old_hours_go(owner, settings):
     assert _totals()["requests"] + _totals(UsageHour)["requests"] == before
     keep(datetime.fromtimestamp(NOW + 120, UTC))  # again: nothing moves twice
     assert _totals(UsageHour)["requests"] == 4
+    assert _totals(UsageTotal)["requests"] == 5  # all that was written: pruning an hour takes nothing from it
 
 
 @pytest.mark.django_db(transaction=True)
