@@ -184,7 +184,8 @@ async def _model_ready(gw: Gateway, request: Request) -> Response:
 
 async def _metrics(gw: Gateway, request: Request) -> Response:
     # Read and rendered off the loop: at 10,000 deployments the body is tens of thousands of lines.
-    return Response(await own_thread(scrape)(gw.metrics), headers={"Content-Type": CONTENT_TYPE})
+    admin = request.state.caller.teams is None  # usage per token names every team's people: admins' only
+    return Response(await own_thread(scrape)(gw.metrics, admin), headers={"Content-Type": CONTENT_TYPE})
 
 
 async def _live(request: Request) -> Response:

@@ -81,11 +81,12 @@ class FleetCollector:
             yield from _deployment_families(self.figures.deployments)
 
 
-def scrape(metrics: ConsoleMetrics) -> bytes:
-    """The whole /metrics body: this process's series and the fleet's, read now (sync, DB: run off the loop)."""
+def scrape(metrics: ConsoleMetrics, usage: bool = True) -> bytes:
+    """The whole /metrics body: this process's series and the fleet's, read now (sync, DB: run off the loop); with
+    `usage`, every team's usage per token (for admins: it names other teams' people's tokens)."""
     try:
         figures = read_fleet_figures()
-        usage = read_usage_totals()
+        usage = read_usage_totals() if usage else None
     except Exception:  # the process's own series are worth having while the database is away
         log.exception("metrics: cannot read the fleet's figures")
         figures = usage = None

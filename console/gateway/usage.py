@@ -30,13 +30,16 @@ Key = tuple[int, int, int, str]  # (minute as unix seconds, team id, token id, d
 def find_usage(data: bytes) -> tuple[int, int] | None:
     """(prompt, completion) tokens of the last `"usage"` object in a JSON text (OpenAI's prompt/completion tokens,
     or vLLM's /v1/responses input/output tokens), or None when there is none. Only that object is decoded. A
-    `"usage"` inside a string cannot match: the quotes of strings are escaped in JSON."""
-    at = data.rfind(b'"usage"')
-    if at < 0:
-        return None
-    match = _USAGE_KEY.match(data, at)
-    if match is None:
-        return None
+    `"usage"` that is a string value (a decoded token, after the object) is passed over: only a key has a colon."""
+    end = len(data)
+    while True:
+        at = data.rfind(b'"usage"', 0, end)
+        if at < 0:
+            return None
+        match = _USAGE_KEY.match(data, at)
+        if match is not None:
+            break
+        end = at
     try:
         value, _ = _DECODER.raw_decode(data[match.end():match.end() + 4096].decode("utf-8", "replace"))
     except ValueError:

@@ -23,6 +23,13 @@ def test_it_reads_a_completions_usage():
     assert find_usage(json.dumps(body).encode()) == (5, 2)
 
 
+def test_a_string_usage_after_the_usage_object_does_not_hide_it():
+    # vLLM puts prompt_logprobs after usage; a decoded token may be the word itself.
+    body = {"id": "x", "choices": [], "usage": {"prompt_tokens": 6, "completion_tokens": 2},
+            "prompt_logprobs": [None, {"17": {"logprob": -1.0, "decoded_token": "usage"}}]}
+    assert find_usage(json.dumps(body).encode()) == (6, 2)
+
+
 def test_it_reads_an_embeddings_usage_without_completion_tokens():
     body = {"object": "list", "data": [{"embedding": [0.1] * 50}], "usage": {"prompt_tokens": 4, "total_tokens": 4}}
     assert find_usage(json.dumps(body, separators=(",", ":")).encode()) == (4, 0)

@@ -45,3 +45,25 @@ def test_usage_counters_are_the_buckets_totals_and_survive_rolling(tmp_path, set
     settings.MODELGRID_USAGE_HOUR_RETENTION_DAYS = 1
     keep(datetime.fromtimestamp(T0 + 3 * 86400, UTC))  # the hour of the first two minutes is pruned
     assert at(_scrape(), "modelgrid_usage_requests_total", **label) == 6  # a counter never goes back
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_only_an_admin_scrapes_the_usage_per_token_of_every_team(tmp_path):
+    import httpx
+    from asgiref.sync import sync_to_async
+
+    from console.gateway.app import make_app
+    from console.gateway.core import Gateway, GatewaySettings
+
+    teams = await sync_to_async(team_scene)(tmp_path)
+    bob = await sync_to_async(ApiToken.objects.get)(user__username="bob")
+    await sync_to_async(write)({(T0, teams.b.pk, bob.pk, "chat-b"): [1, 0, 3, 2, 0.0]})
+    gateway = Gateway(GatewaySettings(), ConsoleMetrics())
+    pages = {}
+    for user in ("alice", "root"):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(make_app(gateway)), base_url="http://gw",
+                                     headers={"Authorization": f"Bearer {teams.tokens[user]}"}, timeout=10) as c:
+            pages[user] = (await c.get("/metrics")).text
+    await gateway.close()
+    assert "modelgrid_usage_requests_total" not in pages["alice"] and "bob / bot" not in pages["alice"]
+    assert 'modelgrid_usage_requests_total{deployment="chat-b",team="team-b"' in pages["root"]
