@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NamedTuple
 
+from django.db import transaction
+
 from console.accounts import counters
 from console.accounts.counters import MINUTE, PERIODS, Window, quota_key, team_key, token_key
 from console.dbthreads import own_thread
@@ -54,6 +56,7 @@ class Limiter:
         self.teams: dict[int, TeamLimits] = {}
         self.totals: dict[Window, tuple[int, int]] = {}  # every process's (requests, tokens), as last synced
         self.pending: dict[Window, list[int]] = {}  # this process's [requests, tokens, window end] since then
+        self.sending: dict[Window, tuple[int, int, int]] = {}  # taken from pending, on their way to the database
         self._periods: dict[str, tuple[int, int]] = {}  # quota period -> its current (start, end)
         self._pruned = 0.0
 
@@ -105,6 +108,8 @@ class Limiter:
 
     def _used(self, window: Window) -> tuple[int, int]:
         requests, tokens = self.totals.get(window, (0, 0))
+        if (going := self.sending.get(window)) is not None:
+            requests, tokens = requests + going[0], tokens + going[1]
         mine = self.pending.get(window)
         return (requests, tokens) if mine is None else (requests + mine[0], tokens + mine[1])
 
@@ -125,20 +130,27 @@ class Limiter:
     # --- sharing the counts (background) ---------------------------------------------------------------
 
     async def sync(self) -> None:
-        """Add this process's counts to the shared rows, read back every process's totals and the teams' limits."""
+        """Add this process's counts to the shared rows, read back every process's totals and the teams' limits.
+        The counts sent are taken off this process's own at once, so a sync cut short after the database took them
+        (cancelled at close: its thread still commits) can never send them twice; a failed one gives them back."""
         now = time.time()
         sent = {w: (c[0], c[1], c[2]) for w, c in self.pending.items() if c[0] or c[1]}
+        for window in sent:
+            del self.pending[window]
+        self.sending = sent
         prune = now - self._pruned >= PRUNE_S
-        totals, teams = await own_thread(_exchange)(sent, now, prune)
+        try:
+            totals, teams = await own_thread(_exchange)(sent, now, prune)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:  # rolled back: nothing of it was stored; the next sync carries it
+            for window, (requests, tokens, until) in sent.items():
+                self._add(window, until, requests, tokens)
+            raise
+        finally:
+            self.sending = {}
         if prune:
             self._pruned = now
-        # What was sent is in the totals now: taken off this process's own counts (which kept counting meanwhile).
-        for window, (requests, tokens, _) in sent.items():
-            counts = self.pending[window]
-            counts[0] -= requests
-            counts[1] -= tokens
-            if not counts[0] and not counts[1]:
-                del self.pending[window]
         self.totals, self.teams = totals, teams
 
     async def run(self, interval: float = SYNC_S) -> None:
@@ -164,9 +176,10 @@ def _exchange(sent: dict[Window, tuple[int, int, int]], now: float,
               prune: bool) -> tuple[dict[Window, tuple[int, int]], dict[int, TeamLimits]]:
     from console.accounts.models import Team
 
-    totals = counters.add_and_read(sent, now)
-    teams = {pk: TeamLimits(name, rpm, tpm, quota, period) for pk, name, rpm, tpm, quota, period
-             in Team.objects.values_list("pk", "name", "rpm_limit", "tpm_limit", "token_quota", "quota_period")}
+    with transaction.atomic():  # the counts added and the totals read commit together, or not at all
+        totals = counters.add_and_read(sent, now)
+        teams = {pk: TeamLimits(name, rpm, tpm, quota, period) for pk, name, rpm, tpm, quota, period
+                 in Team.objects.values_list("pk", "name", "rpm_limit", "tpm_limit", "token_quota", "quota_period")}
     if prune:
         counters.prune(now)
     return totals, teams

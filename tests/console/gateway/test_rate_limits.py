@@ -166,3 +166,25 @@ async def test_a_closing_gateway_shares_the_counts_it_has_not_synced_yet(fleet):
     rows = await sync_to_async(lambda: list(LimitCounter.objects.filter(key=limits.token_key(token_id))
                                             .values_list("requests", flat=True)))()
     assert rows == [2]
+
+
+async def test_a_sync_that_fails_after_adding_stores_nothing_and_the_next_sends_it_once(monkeypatch):
+    from console.accounts import counters
+
+    real = counters.add_and_read
+
+    def added_then_lost(deltas, now):
+        real(deltas, now)
+        raise ConnectionError("the connection dropped after the upsert")
+
+    limiter = limits.Limiter()
+    assert limiter.admit(5, "t", 10, None, 1) is None
+    monkeypatch.setattr(counters, "add_and_read", added_then_lost)
+    with pytest.raises(ConnectionError):
+        await limiter.sync()
+    assert limiter._used((limits.token_key(5), int(NOW // 60) * 60))[0] == 1  # still counted here
+    monkeypatch.setattr(counters, "add_and_read", real)
+    await limiter.sync()
+    rows = await sync_to_async(lambda: list(LimitCounter.objects.filter(key=limits.token_key(5))
+                                            .values_list("requests", flat=True)))()
+    assert rows == [1]
