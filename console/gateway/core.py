@@ -66,9 +66,11 @@ class GatewaySettings:
 class Refused(Exception):
     """A request the gateway will not send on: an HTTP status, a reason, and a Retry-After when it helps."""
 
-    def __init__(self, status: int, message: str, retry_after: float | None = None, code: str = "") -> None:
+    def __init__(self, status: int, message: str, retry_after: float | None = None, code: str = "",
+                 callers: bool = False) -> None:
         super().__init__(message)
         self.status, self.retry_after, self.code = status, retry_after, code
+        self.callers = callers  # the caller's own limit (its token's, its team's): no other deployment would take it
 
 
 @dataclass(order=True)
@@ -207,18 +209,21 @@ class Gateway:
         return None if not token else await self.tokens.caller(token)
 
     @contextlib.contextmanager
-    def admitted(self, caller: Caller, dep: DeploymentView) -> Iterator[None]:
+    def admitted(self, caller: Caller, dep: DeploymentView, again: bool = False) -> Iterator[None]:
         """Count a request against its token's and its deployment's concurrency, and its token's and team's (the
-        deployment's) rates and quota, or 429 saying which limit it met; a refused request is counted nowhere."""
+        deployment's) rates and quota, or 429 saying which limit it met; a refused request is counted nowhere. `again`:
+        a route's fallback for a request its branch's admission counted already (not counted, nor refused, twice)."""
         s = self.settings
         if self.per_token.get(caller.token_key, 0) >= s.token_concurrency:
             raise Refused(429, f"this token already has {s.token_concurrency} requests in flight (the limit); "
-                          "retry when one finishes", retry_after=1, code="rate_limited")
+                          "retry when one finishes", retry_after=1, code="rate_limited", callers=True)
         if self.per_deployment.get(dep.name, 0) >= s.deployment_concurrency:
             raise Refused(429, f"model {dep.name!r} already has {s.deployment_concurrency} requests in flight "
                           "(the limit)", retry_after=1, code="rate_limited")
-        if over := self.limiter.admit(caller.token_id, caller.label, caller.rpm_limit, caller.tpm_limit, dep.team):
-            raise Refused(429, over.message, retry_after=over.retry_after, code=over.code)
+        over = None if again else self.limiter.admit(caller.token_id, caller.label, caller.rpm_limit,
+                                                      caller.tpm_limit, dep.team)
+        if over:
+            raise Refused(429, over.message, retry_after=over.retry_after, code=over.code, callers=True)
         self.per_token[caller.token_key] = self.per_token.get(caller.token_key, 0) + 1
         self.per_deployment[dep.name] = self.per_deployment.get(dep.name, 0) + 1
         try:

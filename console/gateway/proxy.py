@@ -69,8 +69,8 @@ def permitted(caller: Caller, dep: DeploymentView, name: str = "") -> None:
         raise Refused(403, caller.forbidden(dep.name), code="permission_denied")
 
 
-async def proxy(gw: Gateway, request: Request, family: Family) -> Response:
-    """Answer one data-plane request through a replica."""
+async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = False) -> Response:
+    """Answer one data-plane request through a replica (`fallback`: a route's second try of one request)."""
     arrived = time.monotonic()
     await gw.ensure_started()
     caller = await gw.authenticate(bearer(request.headers.get("authorization")))
@@ -96,7 +96,7 @@ async def proxy(gw: Gateway, request: Request, family: Family) -> Response:
         if not family.openai and dep.engine == "vllm":
             raise Refused(400, f"model {dep.name!r} runs on the vllm engine, which serves /v1 (completions, chat, "
                           "responses) and not v2 tensors", code="unsupported_by_engine")
-        with gw.admitted(caller, dep):
+        with gw.admitted(caller, dep, again=fallback):
             dep, queue_s = await gw.ready_view(dep.name)
             response = await _send(gw, gw.upstream, request, body, dep, adapter, queue_s, arrived,
                                    meter if family.openai else None)
@@ -104,7 +104,9 @@ async def proxy(gw: Gateway, request: Request, family: Family) -> Response:
         return response
     except Refused as e:
         status = e.status
-        return family.error(e.status, str(e), e.code, e.retry_after)
+        refusal = family.error(e.status, str(e), e.code, e.retry_after)
+        refusal.callers = e.callers  # for a route: its fallback would meet the same limit
+        return refusal
     except ClientDisconnect:
         status = CLIENT_CLOSED
         return Response(status_code=CLIENT_CLOSED)
@@ -289,9 +291,9 @@ async def _routed(gw: Gateway, request: Request, family: Family, body: bytes, ro
     response = await proxy(gw, await _retargeted(request, family, body, branch.model), family)
     served = branch.target
     if (response.status_code in FALLBACK_STATUSES and route.fallback not in (None, branch.deployment)
-            and not isinstance(response, StreamingResponse)):
+            and not isinstance(response, StreamingResponse) and not getattr(response, "callers", False)):
         first = response.status_code
-        response = await proxy(gw, await _retargeted(request, family, body, route.fallback), family)
+        response = await proxy(gw, await _retargeted(request, family, body, route.fallback), family, fallback=True)
         served = f"{route.fallback} (fallback: {branch.target} answered {first})"
     response.headers[ROUTE_HEADER] = f"{route.name} -> {served}"
     return response

@@ -194,3 +194,21 @@ async def test_a_route_is_ready_on_v2_and_hidden_from_a_token_limited_to_none_of
     assert ready.status_code == 200 and ready.json() == {"name": "assistant", "ready": True}
     assert listed == {"spare"}
     assert card.status_code == v2.status_code == 404
+
+
+async def test_a_request_that_falls_back_counts_once_against_its_tokens_requests_per_minute(fleet):
+    from console.accounts.models import ApiToken
+
+    agents, token = fleet
+    await sync_to_async(create_route)("assistant", [{"deployment": "canary"}], fallback="spare")
+    await sync_to_async(lambda: ApiToken.objects.filter(prefix=ApiToken.lookup(token).prefix).update(rpm_limit=2))()
+    agents[1].overloaded = {"canary"}
+    gateway = _gateway()
+    async with _client(gateway, token) as client:
+        answers = [await client.post("/v1/completions", json={"model": "assistant", "prompt": "x"})
+                   for _ in range(3)]
+    await gateway.close()
+    assert [r.status_code for r in answers] == [200, 200, 429], [r.text for r in answers]
+    # The token's own limit is not taken to the fallback: the same token would meet it there.
+    assert _models(agents).count("canary") == _models(agents).count("spare") == 2
+    assert answers[2].headers["x-modelgrid-route"] == "assistant -> canary"
