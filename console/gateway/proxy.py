@@ -407,6 +407,8 @@ def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_resp
             gw.outstanding[replica.id] -= 1
             if meter is not None:
                 meter.read(tail)
+                if events_stream:
+                    meter.cut(count)
                 meter.settle()
             if first is not None and count > 1:
                 elapsed = time.monotonic() - first

@@ -76,11 +76,19 @@ class Meter:
     completion: int = 0
     deferred: bool = False  # a stream: accounted when it ends, not when its headers are sent
     settle: Callable[[], None] = lambda: None  # accounts the request (set once it reached a deployment)
+    found: bool = False  # an engine's usage was read
     _pending: bytes = field(default=b"", repr=False)
 
     def read(self, content: bytes) -> None:
         if (found := find_usage(content)) is not None:
             self.prompt, self.completion = found
+            self.found = True
+
+    def cut(self, events: int) -> None:
+        """A stream that ended without its usage chunk (the client went away): its completion tokens estimated as
+        the events it streamed (one token each, as the engines stream). Its prompt's are not known here."""
+        if not self.found:
+            self.completion = max(self.completion, events)
 
     def events(self, chunk: bytes, last: bool = False) -> bytes:
         """Pass server-sent events through: whole events only (a partial one waits for the rest), each event's

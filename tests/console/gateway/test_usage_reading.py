@@ -122,3 +122,14 @@ def test_a_tally_the_database_never_took_stays_bounded(monkeypatch):
     tally.add("c", 1, 1, 200, 0.0, 1, 1, now=0)
     tally.restore(rows)  # would be three entries: dropped
     assert list(tally.drain()) == [(0, 1, 1, "c")]
+
+
+def test_a_stream_cut_before_its_usage_chunk_is_charged_an_event_a_token():
+    meter = Meter(strip=True)
+    passed = meter.events(_sse(CHUNK, CHUNK, CHUNK))  # the client goes away here
+    meter.cut(passed.count(b"data:"))
+    assert (meter.prompt, meter.completion) == (0, 3)
+    whole = Meter(strip=True)
+    whole.events(_sse(CHUNK, USAGE_CHUNK, "[DONE]"))
+    whole.cut(2)
+    assert (whole.prompt, whole.completion) == (7, 3)  # the engine's own count stands where it came
