@@ -364,9 +364,14 @@ class Gateway:
         self.suspects[replica.id] = time.monotonic()
         self._poke.set()
 
-    def record(self, deployment: str, adapter: str | None, status: int, seconds: float, queue_s: float) -> None:
+    def record(self, deployment: str, adapter: str | None, status: int, seconds: float, queue_s: float,
+               served: bool = True) -> None:
+        """`served` False: refused for the caller's own limit, which says nothing of the deployment's latency or
+        capacity: counted as a request, kept out of its latency, its SLO and the scaling loop's figures."""
         labels = (deployment, adapter or "")
         self.metrics.requests.labels(*labels, str(status)).inc()
+        if not served:
+            return
         self.metrics.latency.labels(*labels).observe(seconds)
         self.metrics.queue.labels(*labels).observe(queue_s)
         dep = self.fleet.deployments.get(deployment)

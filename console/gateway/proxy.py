@@ -76,7 +76,7 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
     caller = await gw.authenticate(bearer(request.headers.get("authorization")))
     if refused := unauthorized(caller, datetime.now(UTC)):
         return family.error(401, refused, "invalid_api_key")
-    deployment, adapter, status, queue_s, team = "", None, 500, 0.0, 0
+    deployment, adapter, status, queue_s, team, served = "", None, 500, 0.0, 0, True
     meter = Meter()
 
     def settle() -> None:  # what the request cost, once it is over (a stream's when it ends)
@@ -103,7 +103,7 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
         status = response.status_code
         return response
     except Refused as e:
-        status = e.status
+        status, served = e.status, not e.callers
         refusal = family.error(e.status, str(e), e.code, e.retry_after)
         refusal.callers = e.callers  # for a route: its fallback would meet the same limit
         return refusal
@@ -115,7 +115,7 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
         raise
     finally:
         if deployment and status != 0:
-            gw.record(deployment, adapter, status, time.monotonic() - arrived, queue_s)
+            gw.record(deployment, adapter, status, time.monotonic() - arrived, queue_s, served)
             if not meter.deferred:
                 settle()
 

@@ -60,3 +60,30 @@ async def test_the_gateway_counts_met_and_missed_requests_per_deployment_with_a_
     assert (count("chat", "met"), count("chat", "missed")) == (2, None)
     assert (count("broken", "met"), count("broken", "missed")) == (None, 1)  # 502: no replica could be reached
     assert (count("loose", "met"), count("loose", "missed")) == (None, None)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_refusal_for_the_callers_own_limit_is_no_slo_miss_of_the_deployment(model_dir):
+    from console.accounts.models import ApiToken
+
+    credential, _ = await sync_to_async(AgentCredential.issue)("h1")
+    agent = FakeAgent(credential.gateway_secret, "h1")
+    endpoint = await agent.start()
+
+    def rows() -> str:
+        host = Host.objects.create(name="h1", endpoint=endpoint, connected=True)
+        register_model("tiny", str(model_dir))
+        _ready_replica(create_deployment("chat", "tiny", slo_latency_ms=60_000), 0, host)
+        token = _token()
+        ApiToken.objects.filter(prefix=ApiToken.lookup(token).prefix).update(rpm_limit=1)
+        return token
+
+    gateway = _gateway()
+    async with _client(gateway, await sync_to_async(rows)()) as client:
+        statuses = [(await client.post("/v2/models/chat/infer", json=INFER)).status_code for _ in range(3)]
+    await gateway.close()
+    await agent.runner.cleanup()
+    assert statuses == [200, 429, 429]
+    slo = gateway.metrics.slo_requests
+    assert slo.labels("chat", "met")._value.get() == 1 and slo.labels("chat", "missed")._value.get() == 0
+    assert gateway.metrics.requests.labels("chat", "", "429")._value.get() == 2  # still counted as requests
