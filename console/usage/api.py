@@ -23,6 +23,8 @@ csv_router = Router()
 AUTO_STEPS = (60, 300, 900, 3600, 21600, 86400)
 AUTO_POINTS = 240  # an automatic step gives about this many steps at most
 DAY = 86400
+EARLIEST = 0  # the times a query may name: 1970-01-01T00:00:00Z ...
+LATEST = int(datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp())  # ... to 9999-12-31T23:59:59Z
 
 
 class UsageQuery(Schema):
@@ -68,10 +70,28 @@ class UsageOut(Schema):
 def read(request, query: UsageQuery) -> Report:
     """The report a query asks for, as the caller may see it (Invalid naming a bad parameter)."""
     now = time.time()
-    until = int(_until(query.until, now))
-    since = int(parse_since(query.since, until)) if query.since and query.since.strip() else until - DAY
+    until = _until(query.until, now)
+    _check_time("until", query.until, until)
+    if query.since and query.since.strip():
+        since = parse_since(query.since, until)
+        _check_time("since", query.since, since)
+        if not (query.until and query.until.strip()) and since >= until:
+            raise refused("since", f"since {query.since.strip()[:40]!r} is in the future: it must be before until, "
+                          "which is now when not given")
+    elif int(until) <= EARLIEST:
+        raise refused("until", f"until {query.until.strip()[:40]!r} must be after 1970-01-01T00:00:00Z")
+    else:
+        since = max(EARLIEST, until - DAY)
+    since, until = int(since), int(until)
     step = query.step or next((s for s in AUTO_STEPS if (until - since) / s <= AUTO_POINTS), AUTO_STEPS[-1])
     return report(teams_of(request.user), query.group, since, until, step, query.team, query.deployment)
+
+
+def _check_time(name: str, text: str | None, value: float) -> None:
+    """Refuse a time a datetime cannot hold (before 1970 or after 9999), naming the parameter."""
+    if not EARLIEST <= value <= LATEST:
+        raise refused(name, f"{name} {(text or '').strip()[:40]!r} is outside 1970-01-01T00:00:00Z to "
+                      f"9999-12-31T23:59:59Z ({EARLIEST} to {LATEST} unix seconds)")
 
 
 def _until(text: str | None, now: float) -> float:

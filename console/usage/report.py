@@ -10,6 +10,7 @@ from django.db.models import Q, Sum
 
 from console.accounts.models import ApiToken, Team
 from console.accounts.teams import Teams
+from console.catalog.names import is_name
 from console.errors import Invalid
 from console.usage.models import UsageHour, UsageMinute
 from console.usage.store import COUNTS
@@ -85,7 +86,7 @@ def report(teams: Teams, group: str, since: int, until: int, step: int, team: st
     if teams is not None:
         where &= Q(team_id__in=teams)
     if team:
-        where &= Q(team__name=team)
+        where &= Q(team_id=_team_id(teams, team))
     if deployment:
         where &= Q(deployment=deployment)
     column = {"team": "team_id", "token": "token_id", "deployment": "deployment"}[group]
@@ -108,6 +109,15 @@ def report(teams: Teams, group: str, since: int, until: int, step: int, team: st
         groups.append(g)
     groups.sort(key=lambda g: (-g.totals.requests, g.label))
     return Report(group, since, until, step, totals, groups)
+
+
+def _team_id(teams: Teams, name: str) -> int:
+    """The id of the team named `name` among `teams` (None: all); one missing or not the reader's is refused alike,
+    naming the `team` parameter."""
+    found = Team.objects.filter(name=name).values_list("pk", flat=True).first() if is_name(name) else None
+    if found is None or (teams is not None and found not in teams):
+        raise refused("team", f"no team named {name[:63]!r}; GET /api/v1/teams lists yours")
+    return found
 
 
 def _names(group: str, keys) -> dict:

@@ -40,8 +40,10 @@ def test_a_member_sees_their_teams_usage_only(client, scene):
                               "queue_seconds": 0.5}
     series = mine["groups"][0]["series"]
     assert len(series) == 12 and series[0]["at"] == T0 and series[0]["requests"] == 3 and series[2]["requests"] == 2
-    theirs = _get(client, teams.tokens["alice"], f"/api/v1/usage?team=team-b&{RANGE}").json()
-    assert theirs["groups"] == [] and theirs["totals"]["requests"] == 0
+    theirs = _get(client, teams.tokens["alice"], f"/api/v1/usage?team=team-b&{RANGE}")
+    assert theirs.status_code == 422 and "no team named 'team-b'" in str(theirs.json())
+    own = _get(client, teams.tokens["alice"], f"/api/v1/usage?team=team-a&{RANGE}").json()
+    assert [(g["key"], g["totals"]["requests"]) for g in own["groups"]] == [("team-a", 5)]
 
 
 def test_an_admin_sees_every_team_and_tokens_are_named_never_shown(client, scene):
@@ -76,3 +78,53 @@ def test_a_bad_parameter_is_a_422_naming_it(client, scene, query, field):
         response = _get(client, teams.tokens["alice"], f"{url}?{query}")
         assert response.status_code == 422, response.content
         assert field in [loc for item in response.json()["detail"] for loc in item["loc"]], response.json()
+
+
+@pytest.mark.parametrize(("query", "field"), [("until=1e12", "until"), ("until=-1e12", "until"),
+                                               ("until=253402300800", "until"), ("since=-1e12", "since"),
+                                               (f"since=-1e12&until={T0}", "since"),
+                                               ("since=1e12&until=1e12", "until"),
+                                               ("until=0001-01-01T00:00:00", "until")])
+def test_a_time_beyond_1970_to_9999_is_a_422_naming_it(client, scene, query, field):
+    teams, _ = scene
+    for url in ("/api/v1/usage", "/api/v1/usage.csv"):
+        response = _get(client, teams.tokens["alice"], f"{url}?{query}")
+        assert response.status_code == 422, (url, response.content)
+        detail = response.json()["detail"]
+        assert [item["loc"] for item in detail] == [["query", field]], detail
+        assert "9999" in detail[0]["msg"], detail
+
+
+def test_the_last_day_of_9999_is_readable(client, scene):
+    teams, _ = scene
+    last = 253402300799
+    for url in ("/api/v1/usage", "/api/v1/usage.csv"):
+        response = _get(client, teams.tokens["alice"], f"{url}?until={last}")
+        assert response.status_code == 200, (url, response.content)
+
+
+def test_a_future_since_without_until_blames_since_not_until(client, scene):
+    teams, _ = scene
+    for url in ("/api/v1/usage", "/api/v1/usage.csv"):
+        response = _get(client, teams.tokens["alice"], f"{url}?since=4000000000")
+        assert response.status_code == 422, response.content
+        detail = response.json()["detail"]
+        assert [item["loc"] for item in detail] == [["query", "since"]], detail
+        assert "future" in detail[0]["msg"] and "until" not in detail[0]["loc"], detail
+
+
+@pytest.mark.parametrize("name", ["typo", "team-b", "Not A Name!"])
+def test_a_team_that_is_missing_or_not_yours_is_a_422_naming_it(client, scene, name):
+    teams, _ = scene
+    for url in ("/api/v1/usage", "/api/v1/usage.csv"):
+        response = _get(client, teams.tokens["alice"], f"{url}?team={name}&{RANGE}")
+        assert response.status_code == 422, response.content
+        detail = response.json()["detail"]
+        assert [item["loc"] for item in detail] == [["query", "team"]], detail
+        assert f"no team named {name!r}" in detail[0]["msg"], detail
+
+
+def test_an_admin_may_read_any_teams_usage(client, scene):
+    teams, _ = scene
+    got = _get(client, teams.tokens["root"], f"/api/v1/usage?team=team-b&{RANGE}").json()
+    assert [(g["key"], g["totals"]["requests"]) for g in got["groups"]] == [("team-b", 7)]
