@@ -56,9 +56,12 @@ class TeamSummary:
 
     @property
     def quota_percent(self) -> int | None:
-        """How much of the quota is used, 0 to 100; None without a quota."""
+        """How much of the quota is used, 0 to 100; None without a quota. A quota of 0 (the team is blocked) is all
+        used: 100."""
         quota = self.team.token_quota
-        return None if quota is None else min(100, round(100 * self.quota_used / quota))
+        if quota is None:
+            return None
+        return 100 if quota <= 0 else min(100, round(100 * self.quota_used / quota))
 
 
 def listed(user) -> QuerySet[Team]:

@@ -122,3 +122,13 @@ def test_an_admin_makes_a_team_and_moves_members(client, scene):
     assert r.status_code == 422 and "no user named &#x27;nobody&#x27;" in field and not Team.objects.filter(name="ops")
     r = client.post("/teams/team-a/members/", {"user": "nobody"})
     assert r.status_code == 422 and "no user named &#x27;nobody&#x27;" in r.content.decode()
+
+
+def test_a_quota_of_zero_reads_as_all_used_not_an_error(client, scene):
+    Team.objects.filter(name="team-a").update(token_quota=0, quota_period="day")
+    r = signed_in(client, "alice").get("/teams/")
+    html = r.content.decode()
+    assert r.status_code == 200
+    assert '<div class="stat-value" data-limit="token_quota">0</div>' in html
+    assert "0 used this day (100%)" in html and 'style="width: 100%"' in html
+    assert signed_in(client, "root").get("/teams/").status_code == 200
