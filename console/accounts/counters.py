@@ -8,12 +8,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 
-from django.db import connection
+from django.db import connection, transaction
 
 from console.accounts.models import LimitCounter
 
 MINUTE = 60
 PERIODS = ("day", "week", "month")  # a team's tokens are counted in each, whichever its quota uses
+CHUNK = 500  # windows per upsert statement, 5 parameters each: under SQLite's limit (32,766)
 KEEP_S = 3600  # a window's row outlives its end this long (then a sync deletes it)
 
 Window = tuple[str, int]  # (key, start in seconds since the epoch)
@@ -47,20 +48,24 @@ def period_bounds(period: str, now: float) -> tuple[int, int]:
 
 def add_and_read(deltas: Mapping[Window, tuple[int, int, int]], now: float) -> dict[Window, tuple[int, int]]:
     """Add this process's counts (window -> requests, tokens, the window's end) and answer every current window's
-    totals over all processes (sync, DB). One statement each way; rows in key order, so that two processes' upserts
-    lock them in one order and never deadlock."""
+    totals over all processes (sync, DB). The adds go in one transaction, CHUNK rows per statement (a long outage's
+    windows can outnumber what one statement's parameters allow), rows in key order across the chunks, so that two
+    processes' upserts lock them in one order and never deadlock; one statement reads back."""
     if deltas:
         q = connection.ops.quote_name
         table, key, start, until, requests, tokens = map(q, (LimitCounter._meta.db_table, "key", "start", "until",
                                                              "requests", "tokens"))
         rows = sorted((k, s, u, r, t) for (k, s), (r, t, u) in deltas.items())
-        values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
-        # Added to, never set: `t.n + excluded.n` is what makes the counts of several processes one sum.
-        sql = (f"INSERT INTO {table} ({key}, {start}, {until}, {requests}, {tokens}) VALUES {values} "  # noqa: S608
-               f"ON CONFLICT ({key}, {start}) DO UPDATE SET {requests} = {table}.{requests} + excluded.{requests}, "
-               f"{tokens} = {table}.{tokens} + excluded.{tokens}")
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [v for row in rows for v in row])
+        with transaction.atomic(), connection.cursor() as cursor:
+            for i in range(0, len(rows), CHUNK):  # chunks in key order too: the lock order holds across them
+                part = rows[i:i + CHUNK]
+                values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(part))
+                # Added to, never set: `t.n + excluded.n` is what makes the counts of several processes one sum.
+                sql = (f"INSERT INTO {table} ({key}, {start}, {until}, {requests}, {tokens}) "  # noqa: S608
+                       f"VALUES {values} ON CONFLICT ({key}, {start}) DO UPDATE SET "
+                       f"{requests} = {table}.{requests} + excluded.{requests}, "
+                       f"{tokens} = {table}.{tokens} + excluded.{tokens}")
+                cursor.execute(sql, [v for row in part for v in row])
     current = LimitCounter.objects.filter(until__gt=int(now)).values_list("key", "start", "requests", "tokens")
     return {(key, start): (requests, tokens) for key, start, requests, tokens in current}
 

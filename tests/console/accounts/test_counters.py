@@ -1,0 +1,49 @@
+"""The limit counters' sync (console/accounts/counters.py): many pending windows, more than one statement's
+parameters allow (SQLite: 32,766 by default; PostgreSQL: 65,535), are all added, in chunks, keys in order."""
+
+import sqlite3
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from console.accounts import counters
+from console.accounts.models import LimitCounter
+
+pytestmark = pytest.mark.django_db
+NOW = 1_800_000_000
+
+
+@pytest.fixture
+def sqlite_default_limit():
+    """SQLite as commonly built (some builds allow 250,000 parameters)."""
+    if connection.vendor != "sqlite":
+        yield
+        return
+    connection.ensure_connection()
+    was = connection.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 32766)
+    yield
+    connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, was)
+
+
+def test_more_windows_than_one_statement_holds_are_all_added(sqlite_default_limit):
+    windows = 14000  # 5 parameters each: 70,000 > 65,535 > 32,766
+    deltas = {(f"token:{i:05d}", NOW - NOW % 60): (1, i, NOW + 60) for i in range(windows)}
+    with CaptureQueriesContext(connection) as queries:
+        totals = counters.add_and_read(deltas, NOW)
+    inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+    assert len(inserts) == -(-windows // counters.CHUNK)
+    assert len(totals) == windows and totals["token:13999", NOW - NOW % 60] == (1, 13999)
+    again = counters.add_and_read(deltas, NOW)
+    assert again["token:00042", NOW - NOW % 60] == (2, 84) and LimitCounter.objects.count() == windows
+
+
+def test_chunks_go_in_key_order():
+    deltas = {(f"team:{i}", NOW - NOW % 60): (1, 1, NOW + 60) for i in reversed(range(2 * counters.CHUNK + 1))}
+    with CaptureQueriesContext(connection) as queries:
+        counters.add_and_read(deltas, NOW)
+    inserts = [q for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+    assert len(inserts) == 3
+    keys = [k for q in inserts for k in q["sql"].split("VALUES", 1)[1].split("'")[1::2] if k.startswith("team:")]
+    assert keys == sorted(f"team:{i}" for i in range(2 * counters.CHUNK + 1))
