@@ -7,6 +7,7 @@ import time
 from urllib.parse import urlencode
 
 from console.accounts.teams import Teams
+from console.catalog.names import is_name
 from console.series.charts import Line, chart
 from console.usage.report import Counts, Report, report
 
@@ -29,19 +30,26 @@ def table_key(value: str | None) -> str:
     return value if any(value == key for key, _ in TABLES) else "team"
 
 
-def usage_page(teams: Teams, key: str, by: str, now: float | None = None) -> dict:
-    """Everything templates/usage/page.html draws for range `key` with the table by `by`."""
+def model_key(value: str | None) -> str:
+    """The one model the page is narrowed to ("": all of them): a deployment's name, else nothing."""
+    return value if value and is_name(value) else ""
+
+
+def usage_page(teams: Teams, key: str, by: str, now: float | None = None, model: str = "") -> dict:
+    """Everything templates/usage/page.html draws for range `key` with the table by `by`, of one `model` if named."""
     now = time.time() if now is None else now
     seconds, step = next((s, st) for k, s, _, st in RANGES if k == key)
     until = int(now) - int(now) % 60 + 60  # through the current minute
     since = until - seconds
-    reports = {group: report(teams, group, since, until, step) for group, _ in CHARTS}
+    reports = {group: report(teams, group, since, until, step, deployment=model or None) for group, _ in CHARTS}
     charts = [_chart(group, title, reports[group]) for group, title in CHARTS]
     shown = reports[by]
     total = shown.totals
-    query = urlencode({"group": by, "since": since, "until": until, "step": step})
+    query = urlencode({"group": by, "since": since, "until": until, "step": step} | ({"deployment": model} if model
+                                                                                      else {}))
     return {
-        "range": key, "by": by, "step": step, "step_text": _duration(step),
+        "range": key, "by": by, "step": step, "step_text": _duration(step), "model": model,
+        "narrow": f"&model={model}" if model else "",
         "ranges": [{"key": k, "label": label, "current": k == key} for k, _, label, _ in RANGES],
         "tables": [{"key": k, "label": label, "current": k == by} for k, label in TABLES],
         "by_label": dict(TABLES)[by],
@@ -67,9 +75,11 @@ def _figures(c: Counts) -> dict:
 
 def _chart(group: str, title: str, got: Report) -> dict:
     times = got.times
+    # The busiest by what the chart draws (tokens), not by the report's order (requests).
+    ranked = sorted(got.groups, key=lambda g: (-_tokens(g.totals), -g.totals.requests, g.label))
     lines = [Line(f"u{i}", g.label, [(t, _tokens(p)) for t, p in zip(times, g.series, strict=True)])
-             for i, g in enumerate(got.groups[:SHOWN])]
-    rest = got.groups[SHOWN:]
+             for i, g in enumerate(ranked[:SHOWN])]
+    rest = ranked[SHOWN:]
     if rest:
         summed = [sum(_tokens(g.series[i]) for g in rest) for i in range(len(times))]
         lines.append(Line("rest", f"{len(rest)} more", list(zip(times, summed, strict=True)), dashed=True))

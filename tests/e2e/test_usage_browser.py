@@ -55,13 +55,16 @@ async def test_the_usage_page_shows_what_the_engine_counted(stack):
             got = wait_for(totals, timeout=30, what="the usage to be written")
         assert (got["prompt_tokens"], got["completion_tokens"], got["errors"]) == (prompt, completion, 0)
 
-        async with signed_in(stack.url + "usage/?by=deployment&range=1h") as page:
+        # Its model's page: the stack's other tests' traffic (the same token, other models) is not on it.
+        async with signed_in(stack.url + f"usage/?by=deployment&range=1h&model={NAME}") as page:
             await expect(page.locator("h1")).to_have_text("Usage")
             row = page.locator(f'table.usage-table tr[data-key="{NAME}"]')
             await expect(row.locator('[data-col="requests"]')).to_have_text(str(len(seen)))
             await expect(row.locator('[data-col="prompt_tokens"]')).to_have_text(f"{prompt:,}")
             await expect(row.locator('[data-col="completion_tokens"]')).to_have_text(f"{completion:,}")
             await expect(page.locator('[data-chart="usage-deployment"] .chart-legend')).to_contain_text(NAME)
+            for total, value in (("requests", len(seen)), ("prompt_tokens", prompt), ("completion_tokens", completion)):
+                await expect(page.locator(f'[data-total="{total}"] .stat-value')).to_have_text(f"{value:,}")
             await page.screenshot(path=str(stack.data_dir / "usage-page.png"), full_page=True)
     finally:
         with stack.api() as api:

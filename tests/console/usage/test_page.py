@@ -57,3 +57,26 @@ def test_an_admin_sees_every_team_and_the_csv_link_downloads(client, scene):
 
 def test_the_page_needs_a_sign_in(client):
     assert client.get("/usage/").status_code == 302
+
+
+def test_a_tokens_chart_shows_the_models_that_used_the_most_tokens_not_requests(client, scene):
+    teams, alice = scene
+    minute = int(time.time()) // 60 * 60
+    # Six busy v2 deployments (many requests, no tokens): the chart of tokens still shows the one that used tokens.
+    write({(minute, teams.a.pk, alice.pk, f"v2-{i}"): [50, 0, 0, 0, 0.0] for i in range(6)})
+    client.login(username="alice", password=PASSWORD)
+    html = client.get("/usage/?by=deployment&range=1h").content.decode()
+    legend = re.search(r'data-chart="usage-deployment".*?<ul class="chart-legend">(.*?)</ul>', html, re.S).group(1)
+    assert "chat-a" in legend and "sql-a" in legend
+
+
+def test_one_models_usage_is_its_own_page_linked_from_the_table(client, scene):
+    client.login(username="alice", password=PASSWORD)
+    html = client.get("/usage/?by=deployment&range=1h").content.decode()
+    assert 'href="?range=1h&amp;by=token&amp;model=chat-a"' in html
+    one = client.get("/usage/?by=deployment&range=1h&model=chat-a").content.decode()
+    assert _total(one, "requests") == "3" and _total(one, "prompt_tokens") == "30"
+    assert 'data-model="chat-a"' in one and 'data-key="sql-a"' not in one
+    assert "deployment=chat-a" in re.search(r'href="(/api/v1/usage.csv[^"]*)"', one).group(1)
+    other = client.get("/usage/?range=1h&model=chat-b").content.decode()  # another team's: nothing of it
+    assert _total(other, "requests") == "0"
