@@ -148,7 +148,7 @@ def _route_card(route: RouteView, fleet: FleetView) -> dict:
     card = {"id": route.name, "object": "model", "created": route.created, "owned_by": "modelgrid",
             "route": [{"deployment": b.deployment, "adapter": b.adapter, "weight": b.weight} for b in route.branches],
             "fallback": route.fallback}
-    dep = fleet.deployments.get(max(route.branches, key=lambda b: b.weight).deployment)
+    dep = fleet.deployments.get(max(route.branches, key=lambda b: b.weight).deployment) if route.branches else None
     if dep is not None:
         card |= {"state": dep.serving, "tier": dep.tier, "task": dep.task}
     return card

@@ -56,9 +56,12 @@ def known(caller: Caller, dep: DeploymentView, name: str = "") -> None:
 def visible_route(caller: Caller, route: RouteView, fleet: FleetView) -> bool:
     """Whether `caller` may see and call `route`: it is of one of the caller's teams, and the caller may call one of
     its branches' deployments (a token limited to some deployments); else its name answers as unknown."""
-    return caller.in_team(route.team) and any(
-        b.deployment in fleet.deployments and caller.in_team(fleet.deployments[b.deployment].team)
-        and caller.may_call(b.deployment) for b in route.branches)
+    if not caller.in_team(route.team):
+        return False
+    if not route.branches:  # all its deployments deleted: its team still sees it, to be told why it cannot serve
+        return not caller.deployments
+    return any(b.deployment in fleet.deployments and caller.in_team(fleet.deployments[b.deployment].team)
+               and caller.may_call(b.deployment) for b in route.branches)
 
 
 def permitted(caller: Caller, dep: DeploymentView, name: str = "") -> None:

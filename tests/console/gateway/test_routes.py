@@ -212,3 +212,20 @@ async def test_a_request_that_falls_back_counts_once_against_its_tokens_requests
     # The token's own limit is not taken to the fallback: the same token would meet it there.
     assert _models(agents).count("canary") == _models(agents).count("spare") == 2
     assert answers[2].headers["x-modelgrid-route"] == "assistant -> canary"
+
+
+async def test_a_route_whose_deployments_were_all_deleted_is_listed_and_says_why_it_cannot_serve(fleet):
+    from console.deployments.services import delete_deployment
+
+    _, token = fleet
+    await sync_to_async(create_route)("assistant", [{"deployment": "canary"}])
+    await sync_to_async(delete_deployment)("canary")
+    gateway = _gateway()
+    async with _client(gateway, token) as client:
+        listed = await client.get("/v1/models")
+        answer = await client.post("/v1/completions", json={"model": "assistant", "prompt": "x"})
+    await gateway.close()
+    assert listed.status_code == 200
+    (card,) = [m for m in listed.json()["data"] if m["id"] == "assistant"]
+    assert card["route"] == []
+    assert answer.status_code == 503 and "route 'assistant' has no branches left" in answer.text
