@@ -78,6 +78,7 @@ class Meter:
     settle: Callable[[], None] = lambda: None  # accounts the request (set once it reached a deployment)
     found: bool = False  # an engine's usage was read
     _pending: bytes = field(default=b"", repr=False)
+    _sep: bytes = field(default=b"", repr=False)  # the stream's event boundary: LF LF, or CRLF CRLF (SSE allows both)
 
     def read(self, content: bytes) -> None:
         if (found := find_usage(content)) is not None:
@@ -95,26 +96,29 @@ class Meter:
         usage read (the last one seen counts: a stream's usage is cumulative), a usage-only chunk taken out
         when `strip`."""
         data = self._pending + chunk
+        if not self._sep and b"\n" in data:
+            self._sep = b"\r\n\r\n" if b"\r\n" in data else b"\n\n"
+        sep = self._sep or b"\n\n"
         if last:
             whole, self._pending = data, b""
         else:
-            end = data.rfind(b"\n\n")
+            end = data.rfind(sep)
             if end < 0 and len(data) <= MAX_PENDING:
                 self._pending = data
                 return b""
             if end < 0:
-                end = len(data) - 2
-            whole, self._pending = data[:end + 2], data[end + 2:]
+                end = len(data) - len(sep)
+            whole, self._pending = data[:end + len(sep)], data[end + len(sep):]
         if b'"usage"' not in whole:
             return whole
         kept = []
-        for event in whole.split(b"\n\n"):
+        for event in whole.split(sep):
             if b'"usage"' in event:
                 self.read(event)
                 if self.strip and _NO_CHOICES.search(event) and find_usage(event) is not None:
                     continue
             kept.append(event)
-        return b"\n\n".join(kept)
+        return sep.join(kept)
 
 
 class Tally:

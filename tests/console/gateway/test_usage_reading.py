@@ -133,3 +133,11 @@ def test_a_stream_cut_before_its_usage_chunk_is_charged_an_event_a_token():
     whole.events(_sse(CHUNK, USAGE_CHUNK, "[DONE]"))
     whole.cut(2)
     assert (whole.prompt, whole.completion) == (7, 3)  # the engine's own count stands where it came
+
+
+def test_a_stream_of_crlf_events_passes_event_by_event_and_loses_its_usage_chunk():
+    meter = Meter(strip=True)
+    crlf = lambda event: _sse(event).replace(b"\n", b"\r\n")  # noqa: E731
+    assert meter.events(crlf(CHUNK)) == crlf(CHUNK)  # at once, not held for more
+    assert meter.events(crlf(USAGE_CHUNK) + crlf("[DONE]")) == crlf("[DONE]")
+    assert (meter.prompt, meter.completion) == (7, 3)
