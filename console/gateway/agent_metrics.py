@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from agent.protocol.messages import ENDPOINT_FORM, endpoint_parts
 from console.gateway.core import Gateway, Refused
 from console.gateway.metrics import CONTENT_TYPE
+from console.gateway.metrics_scope import scoped, visible
 from console.gateway.upstream import Unreachable
 
 # Prometheus's own scrape timeout is 10 s by default; an agent that has not answered by then is down to it anyway.
@@ -66,4 +67,7 @@ async def relay(gw: Gateway, request: Request) -> Response:
         said = body[:QUOTED_BYTES].decode("utf-8", "replace")
         raise Refused(502, f"host {name!r}'s agent answered {response.status} to its metrics scrape: {said}",
                       code="agent_refused")
+    names = visible(request.state.caller, gw.fleet)
+    if names is not None:  # a member's token: other teams' replicas on this (shared) host left out
+        body = await asyncio.to_thread(scoped, body, names)
     return Response(body, headers={"Content-Type": response.headers.get("Content-Type", CONTENT_TYPE)})

@@ -30,6 +30,7 @@ from console.gateway.errors import OPENAI, V2, Family, family_of, http_error, se
 from console.gateway.fleet import DeploymentView, FleetView
 from console.gateway.fleet_metrics import scrape
 from console.gateway.metrics import CONTENT_TYPE
+from console.gateway.metrics_scope import scoped, visible
 from console.gateway.proxy import permitted, proxy, resolve, visible_route
 from console.gateway.routes import RouteView
 from console.gateway.triton import check_version, not_loaded_on_request, repository_index
@@ -184,8 +185,12 @@ async def _model_ready(gw: Gateway, request: Request) -> Response:
 
 async def _metrics(gw: Gateway, request: Request) -> Response:
     # Read and rendered off the loop: at 10,000 deployments the body is tens of thousands of lines.
-    admin = request.state.caller.teams is None  # usage per token names every team's people: admins' only
-    return Response(await own_thread(scrape)(gw.metrics, admin), headers={"Content-Type": CONTENT_TYPE})
+    names = visible(request.state.caller, gw.fleet)  # None: an admin's token, which reads every team's series
+
+    def page() -> bytes:  # usage per token names every team's people: admins' only
+        return scoped(scrape(gw.metrics, names is None), names)
+
+    return Response(await own_thread(page)(), headers={"Content-Type": CONTENT_TYPE})
 
 
 async def _live(request: Request) -> Response:

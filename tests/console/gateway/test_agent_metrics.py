@@ -64,8 +64,8 @@ async def agents():
         await sync_to_async(Host.objects.create)(name=name, endpoint=endpoint, connected=True)
     await sync_to_async(Host.objects.create)(name="h3", endpoint="", connected=False)
 
-    def token() -> str:
-        user, _ = get_user_model().objects.get_or_create(username="prometheus")
+    def token() -> str:  # Prometheus scraping the whole fleet: an admin's token (a member's reads its teams' only)
+        user, _ = get_user_model().objects.get_or_create(username="prometheus", is_staff=True)
         return ApiToken.issue(user, scope=Scope.INFERENCE)[1]
 
     gateway = Gateway(metrics=ConsoleMetrics())

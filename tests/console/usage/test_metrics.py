@@ -48,7 +48,7 @@ def test_usage_counters_are_the_buckets_totals_and_survive_rolling(tmp_path, set
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_only_an_admin_scrapes_the_usage_per_token_of_every_team(tmp_path):
+async def test_a_members_scrape_has_their_teams_deployments_only_and_no_usage_per_token(tmp_path):
     import httpx
     from asgiref.sync import sync_to_async
 
@@ -59,6 +59,8 @@ async def test_only_an_admin_scrapes_the_usage_per_token_of_every_team(tmp_path)
     bob = await sync_to_async(ApiToken.objects.get)(user__username="bob")
     await sync_to_async(write)({(T0, teams.b.pk, bob.pk, "chat-b"): [1, 0, 3, 2, 0.0]})
     gateway = Gateway(GatewaySettings(), ConsoleMetrics())
+    for name in ("chat-a", "chat-b"):
+        gateway.metrics.requests.labels(name, "", "200").inc()
     pages = {}
     for user in ("alice", "root"):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(make_app(gateway)), base_url="http://gw",
@@ -67,3 +69,6 @@ async def test_only_an_admin_scrapes_the_usage_per_token_of_every_team(tmp_path)
     await gateway.close()
     assert "modelgrid_usage_requests_total" not in pages["alice"] and "bob / bot" not in pages["alice"]
     assert 'modelgrid_usage_requests_total{deployment="chat-b",team="team-b"' in pages["root"]
+    assert 'deployment="chat-a"' in pages["alice"] and "chat-b" not in pages["alice"]
+    assert 'modelgrid_gateway_requests_total{adapter="",code="200",deployment="chat-b"} 1.0' in pages["root"]
+    assert "modelgrid_hosts" in pages["alice"]  # the fleet's own series stay: hosts are shared
