@@ -88,6 +88,8 @@ def report(teams: Teams, group: str, since: int, until: int, step: int, team: st
     if team:
         where &= Q(team_id=_team_id(teams, team))
     if deployment:
+        if not is_name(deployment):  # (a NUL, say, which PostgreSQL refuses outright in a query)
+            raise refused("deployment", f"{deployment[:63]!r} is not a deployment's name")
         where &= Q(deployment=deployment)
     column = {"team": "team_id", "token": "token_id", "deployment": "deployment"}[group]
     steps = len(range(since, until, step))
