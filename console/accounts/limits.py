@@ -1,4 +1,4 @@
-"""Setting the gateway's limits (shared by the REST API and, later, the pages): a team's requests and tokens per
+"""Setting the gateway's limits (shared by the REST API and the pages): a team's requests and tokens per
 minute, token quota and period, and priority ceiling (admins), and a token's own requests and tokens per minute.
 Every change goes on the timeline with who made it; a refused request changes nothing. The gateway enforces them
 (console/gateway/limits.py): team limits within a second, a token's within its cache (10 s)."""
