@@ -12,7 +12,9 @@ from django.contrib.auth import get_user_model
 from console.accounts.models import ApiToken, Team
 from console.catalog.adapters import register_adapter
 from console.catalog.services import register_model
+from console.deployments.models import Deployment, Replica
 from console.deployments.services import create_deployment
+from console.fleet.models import Host
 from tests.adapter_files import write_adapter
 from tests.conftest import write_model_dir
 
@@ -54,3 +56,12 @@ def calls_as(client, scene: TeamScene):
         return getattr(client, method)(url, **extra)
 
     return call
+
+
+def served_scene(root: Path, endpoint: str) -> TeamScene:
+    """The scene with each deployment's one replica ready on host h1, whose agent answers at `endpoint`."""
+    scene = team_scene(root)
+    host = Host.objects.create(name="h1", endpoint=endpoint, connected=True)
+    for dep in Deployment.objects.all():
+        Replica.objects.create(deployment=dep, index=0, host=host, desired_state="ready", observed_state="ready")
+    return scene

@@ -25,14 +25,24 @@ def test_an_answer_meets_the_slo_in_time_and_without_a_server_side_error(status,
     assert slo_outcome(200, status, seconds) == outcome
 
 
-@pytest.mark.django_db(transaction=True)
-async def test_the_gateway_counts_met_and_missed_requests_per_deployment_with_a_target(model_dir):
+@pytest.fixture
+async def h1():
+    """Host h1's fake agent, answering its secret: its endpoint."""
     credential, _ = await sync_to_async(AgentCredential.issue)("h1")
     agent = FakeAgent(credential.gateway_secret, "h1")
-    endpoint = await agent.start()
+    yield await agent.start()
+    await agent.runner.cleanup()
 
+
+def _slo(gateway, deployment: str, outcome: str) -> float | None:
+    return gateway.metrics.registry.get_sample_value("modelgrid_gateway_slo_requests_total",
+                                                     {"deployment": deployment, "outcome": outcome})
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_gateway_counts_met_and_missed_requests_per_deployment_with_a_target(model_dir, h1):
     def rows() -> str:
-        live = Host.objects.create(name="h1", endpoint=endpoint, connected=True)
+        live = Host.objects.create(name="h1", endpoint=h1, connected=True)
         dead = Host.objects.create(name="h2", endpoint="http://127.0.0.1:9", connected=True)  # nothing listens
         AgentCredential.issue("h2")
         register_model("tiny", str(model_dir))
@@ -50,29 +60,19 @@ async def test_the_gateway_counts_met_and_missed_requests_per_deployment_with_a_
                 await client.post(f"/v2/models/{name}/infer", json=INFER)
     finally:
         await gateway.close()
-        await agent.runner.cleanup()
-    registry = gateway.metrics.registry
-
-    def count(deployment: str, outcome: str) -> float | None:
-        return registry.get_sample_value("modelgrid_gateway_slo_requests_total",
-                                         {"deployment": deployment, "outcome": outcome})
-
-    assert (count("chat", "met"), count("chat", "missed")) == (2, None)
-    assert (count("broken", "met"), count("broken", "missed")) == (None, 1)  # 502: no replica could be reached
-    assert (count("loose", "met"), count("loose", "missed")) == (None, None)
+    assert (_slo(gateway, "chat", "met"), _slo(gateway, "chat", "missed")) == (2, None)
+    # 502: no replica could be reached
+    assert (_slo(gateway, "broken", "met"), _slo(gateway, "broken", "missed")) == (None, 1)
+    assert (_slo(gateway, "loose", "met"), _slo(gateway, "loose", "missed")) == (None, None)
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_refusal_for_the_callers_own_limit_is_no_slo_miss_of_the_deployment(model_dir):
+async def test_a_refusal_for_the_callers_own_limit_is_no_slo_miss_of_the_deployment(model_dir, h1):
     from console.accounts.models import ApiToken
 
-    credential, _ = await sync_to_async(AgentCredential.issue)("h1")
-    agent = FakeAgent(credential.gateway_secret, "h1")
-    endpoint = await agent.start()
-
     def rows() -> str:
-        host = Host.objects.create(name="h1", endpoint=endpoint, connected=True)
         register_model("tiny", str(model_dir))
+        host = Host.objects.create(name="h1", endpoint=h1, connected=True)
         _ready_replica(create_deployment("chat", "tiny", slo_latency_ms=60_000), 0, host)
         token = _token()
         ApiToken.objects.filter(prefix=ApiToken.lookup(token).prefix).update(rpm_limit=1)
@@ -82,8 +82,8 @@ async def test_a_refusal_for_the_callers_own_limit_is_no_slo_miss_of_the_deploym
     async with _client(gateway, await sync_to_async(rows)()) as client:
         statuses = [(await client.post("/v2/models/chat/infer", json=INFER)).status_code for _ in range(3)]
     await gateway.close()
-    await agent.runner.cleanup()
     assert statuses == [200, 429, 429]
-    slo = gateway.metrics.slo_requests
-    assert slo.labels("chat", "met")._value.get() == 1 and slo.labels("chat", "missed")._value.get() == 0
-    assert gateway.metrics.requests.labels("chat", "", "429")._value.get() == 2  # still counted as requests
+    assert (_slo(gateway, "chat", "met"), _slo(gateway, "chat", "missed")) == (1, None)
+    requests = gateway.metrics.registry.get_sample_value(
+        "modelgrid_gateway_requests_total", {"deployment": "chat", "adapter": "", "code": "429"})
+    assert requests == 2  # still counted as requests

@@ -9,11 +9,10 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 
-from console.deployments.models import Deployment
-from console.fleet.models import AgentCredential, Host
+from console.fleet.models import AgentCredential
 from console.gateway.auth import lookup
-from tests.console.gateway.test_gateway import INFER, FakeAgent, _client, _gateway, _ready_replica
-from tests.console.team_scene import team_scene
+from tests.console.gateway.test_gateway import INFER, FakeAgent, _client, _gateway
+from tests.console.team_scene import served_scene
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,14 +24,7 @@ async def scene(tmp_path):
     agent = FakeAgent(credential.gateway_secret, "h1")
     endpoint = await agent.start()
 
-    def rows():
-        teams = team_scene(tmp_path)
-        host = Host.objects.create(name="h1", endpoint=endpoint, connected=True)
-        for dep in Deployment.objects.all():
-            _ready_replica(dep, 0, host)
-        return teams
-
-    yield await sync_to_async(rows)()
+    yield await sync_to_async(served_scene)(tmp_path, endpoint)
     await agent.runner.cleanup()
 
 

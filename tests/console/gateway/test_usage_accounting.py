@@ -13,11 +13,10 @@ from asgiref.sync import sync_to_async
 from django.db.models import Sum
 
 from console.accounts.models import ApiToken
-from console.deployments.models import Deployment
-from console.fleet.models import AgentCredential, Host
+from console.fleet.models import AgentCredential
 from console.usage.models import UsageMinute
-from tests.console.gateway.test_gateway import INFER, _client, _gateway, _ready_replica
-from tests.console.team_scene import team_scene
+from tests.console.gateway.test_gateway import INFER, _client, _gateway
+from tests.console.team_scene import served_scene
 from tests.sockets import serve_on_loopback
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -67,14 +66,7 @@ async def scene(tmp_path):
     agent = EngineAgent(credential.gateway_secret)
     endpoint = await serve_on_loopback(agent.runner)
 
-    def rows():
-        teams = team_scene(tmp_path)
-        host = Host.objects.create(name="h1", endpoint=endpoint, connected=True)
-        for dep in Deployment.objects.all():
-            _ready_replica(dep, 0, host)
-        return teams
-
-    yield await sync_to_async(rows)(), agent
+    yield await sync_to_async(served_scene)(tmp_path, endpoint), agent
     await agent.runner.cleanup()
 
 
