@@ -76,7 +76,7 @@ def _request_paths(repeats: int) -> list[dict]:
             meter = Meter()
             with gw.admitted(caller, dep):
                 meter.read(ANSWER)
-            gw.account(dep.name, dep.team, caller, None, 200, 0.0, meter.prompt, meter.completion)
+            gw.account(dep.name, dep.team, caller, 200, 0.0, meter.prompt, meter.completion)
         return once
 
     def streamed(gw: Gateway, caller: Caller):
@@ -89,7 +89,7 @@ def _request_paths(repeats: int) -> list[dict]:
                 for chunk in STREAM:
                     meter.events(chunk)
                 meter.events(b"", last=True)
-            gw.account(dep.name, dep.team, caller, None, 200, 0.0, meter.prompt, meter.completion)
+            gw.account(dep.name, dep.team, caller, 200, 0.0, meter.prompt, meter.completion)
         return once
 
     def concurrency_only(gw: Gateway, caller: Caller):  # admission alone: concurrency, then the limits

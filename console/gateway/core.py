@@ -378,8 +378,8 @@ class Gateway:
         self.metrics.slo(deployment, dep.slo_latency_ms if dep else None, status, seconds)
         self.book.observe(deployment, seconds, status, time.time(), queue_s)
 
-    def account(self, deployment: str, team: int, caller: Caller, adapter: str | None, status: int, queue_s: float,
-                prompt: int = 0, completion: int = 0) -> None:
+    def account(self, deployment: str, team: int, caller: Caller, status: int, queue_s: float, prompt: int = 0,
+                completion: int = 0) -> None:
         """Account one finished request that reached `deployment` (its engine's token counts; none for v2)."""
         self.usage.add(deployment, team, caller.token_id, status, queue_s, prompt, completion)
         self.limiter.charge(caller.token_id, team, prompt + completion)

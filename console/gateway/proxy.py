@@ -83,7 +83,7 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
     meter = Meter()
 
     def settle() -> None:  # what the request cost, once it is over (a stream's when it ends)
-        gw.account(deployment, team, caller, adapter, status, queue_s, meter.prompt, meter.completion)
+        gw.account(deployment, team, caller, status, queue_s, meter.prompt, meter.completion)
 
     try:
         body = await _read_body(request, gw.settings.max_body_bytes)

@@ -83,7 +83,7 @@ async def test_tokens_per_minute_refuse_once_a_minutes_finished_requests_used_th
     gateway = _gateway()
     (before,) = await _calls(gateway, token, 1)
     caller = await gateway.authenticate(token)
-    gateway.account("chat", team, caller, None, 200, 0.0, prompt=30, completion=70)  # a finished request's usage
+    gateway.account("chat", team, caller, 200, 0.0, prompt=30, completion=70)  # a finished request's usage
     (mine,) = await _calls(gateway, token, 1)
     other = await sync_to_async(lambda: ApiToken.issue(ApiToken.lookup(token).user, "other")[1])()
     (theirs,) = await _calls(gateway, other, 1)  # the team's 500 are not spent yet
