@@ -8,7 +8,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from console.accounts import expiry
-from console.accounts.tokens import hash_token, matches, new_token, token_prefix
+from console.accounts.tokens import hash_token, legacy_prefix, matches, new_token, token_prefix
 from console.scheduler.types import TIERS
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
@@ -35,7 +35,8 @@ class HashedToken(models.Model):
     def lookup(cls, token: str, rows: models.QuerySet | None = None):
         """The row `token` belongs to, or None; nothing is written."""
         rows = cls.objects.all() if rows is None else rows
-        for row in rows.filter(prefix=token_prefix(token)):
+        # A token stored before the prefix was the secret's start is found by the prefix it was stored under.
+        for row in rows.filter(prefix__in={token_prefix(token), legacy_prefix(token)}):
             if matches(token, row.token_hash):
                 return row
         return None
@@ -55,7 +56,15 @@ class HashedToken(models.Model):
         row = cls.lookup(token, rows)
         if row is not None:
             row.mark_used()
+            row.settle_prefix(token)
         return row
+
+    def settle_prefix(self, token: str) -> None:
+        """Store the prefix of this row's `token` by today's rule (tokens.token_prefix) if it was stored under the
+        legacy one: lists show its secret's start from its first use on."""
+        if self.prefix != token_prefix(token):
+            self.prefix = token_prefix(token)
+            type(self).objects.filter(pk=self.pk).update(prefix=self.prefix)
 
 
 class Scope(models.TextChoices):
@@ -145,6 +154,7 @@ class ApiToken(HashedToken):
         why = row.refusal(now)
         if not why:
             row.mark_used()
+            row.settle_prefix(token)
         return row, why
 
     @classmethod

@@ -56,3 +56,31 @@ def test_a_token_is_marked_used_to_the_minute_without_a_write_per_request(django
     ApiToken.objects.update(last_used=timezone.now() - timedelta(minutes=2))
     ApiToken.authenticate(token)
     assert ApiToken.objects.get().last_used >= first
+
+
+# The probe: a secret that holds `_` was shown (and stored) by what follows its last `_`, not by its start.
+UNDERSCORED = "ab_cd-efGHIJKLMNOPQRSTUVWXYZ_0123456789abcdefg"
+
+
+@pytest.mark.parametrize("issue", [lambda: ApiToken.issue(get_user_model().objects.create_user("ann")),
+                                   lambda: AgentCredential.issue("gpu-1")])
+def test_the_prefix_shown_is_the_start_of_a_secret_that_holds_underscores(monkeypatch, issue):
+    monkeypatch.setattr("console.accounts.tokens.secrets.token_urlsafe", lambda n: UNDERSCORED)
+    row, token = issue()
+    assert row.prefix == "ab_cd-ef" and token.split("_", 2)[2].startswith(row.prefix)
+    assert type(row).authenticate(token) == row
+
+
+@pytest.mark.parametrize("issue", [lambda: ApiToken.issue(get_user_model().objects.create_user("ann")),
+                                   lambda: AgentCredential.issue("gpu-1")])
+def test_a_token_stored_under_the_old_prefix_rule_still_authenticates_and_is_then_shown_by_its_start(monkeypatch,
+                                                                                                       issue):
+    from console.accounts.tokens import legacy_prefix
+
+    monkeypatch.setattr("console.accounts.tokens.secrets.token_urlsafe", lambda n: UNDERSCORED)
+    row, token = issue()
+    type(row).objects.filter(pk=row.pk).update(prefix=legacy_prefix(token))  # as the old rule stored it
+    assert type(row).objects.get(pk=row.pk).prefix == "01234567"
+    assert type(row).authenticate(token) == row
+    assert type(row).objects.get(pk=row.pk).prefix == "ab_cd-ef"
+    assert type(row).authenticate(token) == row
