@@ -16,3 +16,13 @@ def with_reshaped_tensor(source: Path, target: Path, key: str, shape: tuple[int,
     tensors[key] = tensors[key].reshape(shape)
     save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
     return target
+
+
+def with_tensor(source: Path, target: Path, key: str, value) -> Path:
+    """A copy of the model directory `source` at `target` whose checkpoint holds `value` (a numpy array of any dtype
+    and shape) as tensor `key`; config.json is unchanged."""
+    shutil.copytree(source, target)
+    tensors = load_file(target / "model.safetensors")
+    tensors[key] = value
+    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+    return target

@@ -3,8 +3,12 @@
 The loader builds the model from config.json and then copies each tensor in; a shape that differs
 fails that copy on every deploy. For the common families the shapes follow from a few config sizes,
 so the check is a small table keyed by the last parts of a tensor's name (prefixes such as `model.`
-or `bert.` vary between heads and checkpoints). Tensors the table does not know are left alone, as
-are integer tensors (quantisers pack several weights per stored element, in shapes of their own).
+or `bert.` vary between heads and checkpoints). Tensors the table does not know are left alone.
+
+Integer weights are a quantised checkpoint's (quantisers pack several weights per stored element, in shapes of
+their own), which config.json declares in `quantization_config`, and then only their shapes go unchecked. Without
+one the loader builds floating-point layers, and an integer `weight` or `bias` is refused in every family: an I64
+tensor at half the width spans exactly the bytes of the F32 one it stands for, so no byte count catches it.
 """
 
 from __future__ import annotations
@@ -71,16 +75,22 @@ def _bert_rules(cfg: ModelConfig) -> Rules:
 RULES: dict[str, Callable[[ModelConfig], Rules]] = {"llama": _decoder_rules, "moe": _decoder_rules,
                                                     "bert": _bert_rules}
 _LONGEST = 4  # name parts of the longest suffix in the tables
+_PARAMETERS = ("weight", "bias")  # a layer's parameters, as opposed to buffers such as position_ids
 
 
 def check_weights(cfg: ModelConfig, tensors: Iterable[TensorInfo], file: Path) -> None:
-    """Refuse the first floating tensor of `file` whose shape differs from what `cfg` implies for its name."""
+    """Refuse the first tensor of `file` whose dtype or shape differs from what `cfg` implies for its name: an
+    integer weight of a checkpoint that declares no quantisation, or a shape the family's table disagrees with."""
+    quantised = isinstance(cfg.raw.get("quantization_config"), dict)
     make = RULES.get(cfg.family or "")
-    if make is None:
-        return
-    rules = make(cfg)
+    rules = make(cfg) if make is not None else {}
     for t in tensors:
         if t.dtype not in FLOATING_SAFETENSORS:
+            if not quantised and t.name.rsplit(".", 1)[-1] in _PARAMETERS:
+                raise ArtifactError(
+                    f"{file}: tensor {shown(t.name)} is stored as {t.dtype} {list(t.shape)}, but {cfg.source} declares "
+                    "no quantization_config, so the loader builds floating-point layers and cannot load it (a "
+                    "quantised checkpoint names its method there)")
             continue
         parts = t.name.split(".")
         for n in range(min(_LONGEST, len(parts)), 0, -1):

@@ -237,9 +237,33 @@ def test_a_prefixed_bert_checkpoint_is_checked_by_its_last_name_parts(tmp_path):
         inspect_model_dir(write(tmp_path / "m", BERT, tensors))
 
 
-def test_packed_integer_weights_are_not_compared_with_the_float_shape(tmp_path):
-    # 4-bit quantisers store q_proj.weight as packed bytes of another shape: not a contradiction.
+def test_packed_integer_weights_of_a_quantised_checkpoint_are_not_compared_with_the_float_shape(tmp_path):
+    # 4-bit quantisers store q_proj.weight as packed bytes of another shape, and say so in quantization_config.
+    quantised = LLAMA | {"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}}
     tensors = decoder_tensors(LLAMA) | {"model.layers.0.self_attn.q_proj.weight": np.zeros((128, 1), np.uint8)}
+    assert inspect_model_dir(write(tmp_path / "m", quantised, tensors)).parameters > 0
+
+
+@pytest.mark.parametrize(("config", "tensors", "name", "shape"), [
+    # The probe: an I64 tensor at half the width spans the bytes of the F32 one it replaces, so every byte count
+    # held; the loader builds a float [32, 16] and cannot copy it in, on every start.
+    (LLAMA, lambda: decoder_tensors(LLAMA, np.float32) | {"model.embed_tokens.weight": np.zeros((32, 8), np.int64)},
+     "model.embed_tokens.weight", r"I64 \[32, 8\]"),
+    (LLAMA, lambda: decoder_tensors(LLAMA) | {"model.layers.0.self_attn.q_proj.weight": np.zeros((128, 1), np.uint8)},
+     r"model.layers.0.self_attn.q_proj.weight", r"U8 \[128, 1\]"),
+    # Families without a shape table are held to it too: GPT-2's wte at half width.
+    (GPT2, lambda: {"transformer.wte.weight": np.zeros((32, 8), np.int64)}, "transformer.wte.weight",
+     r"I64 \[32, 8\]"),
+])
+def test_integer_weights_without_a_quantization_config_are_refused_naming_the_tensor(tmp_path, config, tensors, name,
+                                                                                     shape):
+    with pytest.raises(ArtifactError, match=rf"m/model\.safetensors: tensor '{name}' is stored as {shape}, but "
+                                            r".*config\.json declares no quantization_config"):
+        inspect_model_dir(write(tmp_path / "m", config, tensors()))
+
+
+def test_integer_buffers_that_are_no_weights_are_still_accepted(tmp_path):
+    tensors = decoder_tensors(LLAMA) | {"model.position_ids": np.arange(8, dtype=np.int64)}
     assert inspect_model_dir(write(tmp_path / "m", LLAMA, tensors)).parameters > 0
 
 

@@ -81,6 +81,9 @@ def test_metadata_that_is_not_an_object_of_strings_is_refused(tmp_path, metadata
      r"tensor 'a' data_offsets \[0, 16\] cover 16 bytes, but its dtype F16 and shape \[4\] make 8 bytes"),
     ({"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 16]},
      r"tensor 'a' data_offsets \[0, 16\] cover 16 bytes, but its dtype F32 and shape \[2, 3\] make 24 bytes"),
+    # issue 45's wording of its probe: an I64 tensor whose offsets span half of what it needs
+    ({"dtype": "I64", "shape": [4], "data_offsets": [0, 16]},
+     r"tensor 'a' data_offsets \[0, 16\] cover 16 bytes, but its dtype I64 and shape \[4\] make 32 bytes"),
 ])
 def test_a_dtype_and_shape_that_disagree_with_the_offsets_name_expected_and_found_bytes(tmp_path, entry, message):
     path = raw_file(tmp_path / "w.safetensors", {"a": entry}, 16)

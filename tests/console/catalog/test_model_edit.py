@@ -3,6 +3,7 @@ with the same reasons and nothing stored, and a changed artifact gets a new esti
 deployment of it, whose placed replicas then restart one at a time (console/control/rollout.py). The probe: PATCH
 answered 405."""
 
+import numpy as np
 import pytest
 
 from console.catalog.models import Model
@@ -11,6 +12,7 @@ from console.deployments.services import create_deployment
 from console.events.models import Event
 from console.fleet.models import Host
 from tests.conftest import write_model_dir
+from tests.model_files import with_tensor
 from tests.refusals import refusal
 
 pytestmark = pytest.mark.django_db
@@ -87,6 +89,16 @@ def test_a_directory_a_deployment_cannot_be_served_from_is_refused_naming_it(api
     assert r.status_code == 422, r.content
     assert "deployment 'long' could not be served from it" in refusal(r)
     assert Model.objects.get().path == model.path
+
+
+def test_weights_an_i64_tensor_at_half_width_stands_for_are_refused_naming_the_tensor(api, model, placed, model_dir,
+                                                                                     tmp_path):
+    lying = with_tensor(model_dir, tmp_path / "lying", "model.embed_tokens.weight", np.zeros((32, 8), np.int64))
+    r = api.patch("/api/v1/models/tiny", {"path": str(lying)})
+    assert r.status_code == 422, r.content
+    assert "tensor 'model.embed_tokens.weight' is stored as I64 [32, 8]" in refusal(r)
+    assert Model.objects.get().path == model.path
+    assert Deployment.objects.get().revision == placed.revision
 
 
 @pytest.mark.parametrize("body, field", [({"name": "other"}, "name"), ({"path": "/x", "weights": 1}, "weights"),

@@ -1,6 +1,8 @@
+import numpy as np
 import pytest
 
 from console.catalog.models import Model
+from tests.model_files import with_tensor
 from tests.refusals import refusal
 
 pytestmark = pytest.mark.django_db
@@ -31,6 +33,16 @@ def test_it_refuses_a_directory_that_is_not_a_model(api, tmp_path):
     r = api.post("/api/v1/models", {"name": "x", "path": str(tmp_path)})
     assert r.status_code == 422
     assert "no config.json" in refusal(r)
+    assert not Model.objects.exists()
+
+
+def test_it_refuses_weights_an_i64_tensor_at_half_width_stands_for_naming_the_tensor(api, model_dir, tmp_path):
+    # Its bytes are those of the F32 tensor it replaces; the worker crash-looped on it, registered.
+    lying = with_tensor(model_dir, tmp_path / "lying", "model.embed_tokens.weight", np.zeros((32, 8), np.int64))
+    r = api.post("/api/v1/models", {"name": "x", "path": str(lying)})
+    assert r.status_code == 422, r.content
+    assert "tensor 'model.embed_tokens.weight' is stored as I64 [32, 8]" in refusal(r)
+    assert r.json()["detail"][0]["loc"] == ["body", "path"]
     assert not Model.objects.exists()
 
 
