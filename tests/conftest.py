@@ -20,16 +20,18 @@ def pytest_collection_modifyitems(items):
 
 
 def write_model_dir(path: Path, *, hidden: int = 16, vocab: int = 32, layers: int = 1, arch="LlamaForCausalLM",
-                    model_type="llama") -> Path:
-    """A small but well-formed model directory written with numpy (no torch needed)."""
+                    model_type="llama", inter: int | None = None) -> Path:
+    """A small but well-formed model directory written with numpy (no torch needed); `inter` (intermediate size,
+    default 2 x hidden) gives a bigger model of the same shape."""
     path.mkdir(parents=True, exist_ok=True)
+    inter = inter or 2 * hidden
     (path / "config.json").write_text(json.dumps({"architectures": [arch], "model_type": model_type,
                                                   "hidden_size": hidden, "vocab_size": vocab,
                                                   "num_hidden_layers": layers, "num_attention_heads": 4,
-                                                  "intermediate_size": 2 * hidden}))
+                                                  "intermediate_size": inter}))
     tensors = {"model.embed_tokens.weight": np.zeros((vocab, hidden), np.float32)}
     for i in range(layers):
-        tensors[f"model.layers.{i}.mlp.up_proj.weight"] = np.zeros((hidden * 2, hidden), np.float32)
+        tensors[f"model.layers.{i}.mlp.up_proj.weight"] = np.zeros((inter, hidden), np.float32)
     save_file(tensors, str(path / "model.safetensors"))
     return path
 

@@ -4,9 +4,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from console.bulk import update_values
-from console.catalog.memory import estimates_from
 from console.catalog.models import Calibration, MemorySample, Model
-from console.catalog.services import ARTIFACT_FIELDS, artifact_fields
+from console.catalog.services import ARTIFACT_FIELDS, checked_edit, read_artifact
 from console.errors import Invalid
 from console.events.admin import AuditedAdmin
 from console.realtime.notify import wake_scheduler
@@ -14,7 +13,8 @@ from console.realtime.notify import wake_scheduler
 
 class ModelForm(forms.ModelForm):
     """A model's name and directory; a new directory is read as registration reads it, and refused (naming what is
-    wrong) unless it holds a model every deployment of this one can be served from."""
+    wrong) unless it holds a model every deployment and adapter of this one can be served from (checked_edit, as
+    the API's PATCH)."""
 
     class Meta:
         model = Model
@@ -27,10 +27,9 @@ class ModelForm(forms.ModelForm):
         cleaned = super().clean()
         if "path" in self.changed_data and cleaned.get("path"):
             try:
-                self.read = artifact_fields(cleaned["path"])
-                moved = Model(**{f.attname: getattr(self.instance, f.attname) for f in Model._meta.concrete_fields}
-                              | self.read)
-                self.estimates = estimates_from(moved, self.instance.deployments.all()) if self.instance.pk else {}
+                artifact, self.read = read_artifact(cleaned["path"])
+                self.estimates = (checked_edit(self.instance, artifact, self.read,
+                                               self.instance.deployments.order_by("pk")) if self.instance.pk else {})
             except Invalid as e:
                 raise ValidationError({"path": str(e)}) from None
             cleaned["path"] = self.read["path"]

@@ -21,6 +21,9 @@ class Model(models.Model):
     weights_bytes = models.PositiveBigIntegerField()
     estimate_bytes = models.PositiveBigIntegerField()
     estimate = models.JSONField(default=dict)
+    # What its deployments and adapters are built against (agent/artifacts/shape.py): an edit keeps it while any
+    # deployment uses the model. {} on rows from before it was stored: their architecture and task stand in.
+    shape = models.JSONField(default=dict, blank=True)
     # The files' sizes and times when they were last read: a PATCH that finds them as they were changes nothing.
     fingerprint = models.CharField(max_length=64, blank=True)
     created = models.DateTimeField(default=timezone.now)

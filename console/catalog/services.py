@@ -8,12 +8,20 @@ from pathlib import Path
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from agent.artifacts import ArtifactError, estimate_model, inspect_model_dir
+from agent.artifacts import (
+    ArtifactError,
+    ModelArtifact,
+    check_adapter_matches,
+    estimate_model,
+    inspect_model_dir,
+    read_adapter_dir,
+)
+from agent.artifacts.shape import serving_shape, shape_changes
 from console.accounts.models import Team
 from console.accounts.teams import ALL, Teams, scoped
 from console.bulk import update_values
 from console.catalog.fingerprint import fingerprint
-from console.catalog.models import Model
+from console.catalog.models import Adapter, Model
 from console.catalog.names import is_name, validate_name
 from console.errors import Conflict, DomainError, Invalid, NotFound
 from console.events.record import Note, record
@@ -37,26 +45,27 @@ def register_model(name: str, path: str, actor: str = "", team: Team | None = No
 
 def update_model(name: str, path: str, actor: str = "", teams: Teams = ALL) -> Model:
     """Read the model directory at `path` (a new one, or the same one with its files replaced) as registration
-    reads it; refused (Invalid naming the path, or a deployment that could not be served from it) with nothing
-    stored. Unchanged files change nothing. Changed ones give the model new figures and each of its deployments a
-    new estimate and a new revision, which the scheduler rolls across their replicas one at a time, drained
+    reads it; refused (Invalid naming the path, and what would break: see checked_edit) with nothing stored.
+    Unchanged files change nothing. Changed ones give the model new figures and each of its deployments a new
+    estimate and a new revision, which the scheduler rolls across their replicas one at a time, drained
     (console/control/rollout.py). `actor` goes on the timeline."""
-    from console.catalog.memory import estimates_from  # memory reads deployments, which depend on catalog
     from console.control.rollout import begin_rollout
     from console.deployments.models import Deployment
     from console.deployments.rowlocks import locked
 
     model = get_model(name, teams=teams)
-    read = artifact_fields(path)
-    if all(getattr(model, field) == value for field, value in read.items()):
+    artifact, read = read_artifact(path)
+    if all(getattr(model, field) == value for field, value in read.items() if field != "shape"):
+        if model.shape != read["shape"]:  # a row from before shapes were stored: the same files tell it
+            Model.objects.filter(pk=model.pk).update(shape=read["shape"])
+            model.shape = read["shape"]
         return model
     with transaction.atomic():
         # Its deployments' rows first, in key order, as every writer of deployment rows takes them; read under the
-        # lock, a deployment created meanwhile gets its estimate from the new files too.
+        # lock, a deployment or adapter created meanwhile is checked against the new files too.
         deployments = list(locked(Deployment.objects.filter(model=model).order_by("pk"), "change"))
         model = get_model(name)
-        moved = Model(**{f.attname: getattr(model, f.attname) for f in Model._meta.concrete_fields} | read)
-        estimates = estimates_from(moved, deployments)
+        estimates = checked_edit(model, artifact, read, deployments)
         was = {field: getattr(model, field) for field in read}
         rolled = begin_rollout(deployments)  # before the row changes: its replicas hold what they run now
         for field, value in read.items():
@@ -85,12 +94,17 @@ def _what_changed(was: dict, now: dict) -> str:
 
 # What a model's row takes from its files, and only from them (the admin shows them, never takes them typed in).
 ARTIFACT_FIELDS = ("architecture", "model_type", "task", "stored_dtype", "parameters", "weights_bytes",
-                   "estimate_bytes", "estimate", "fingerprint")
+                   "estimate_bytes", "estimate", "shape", "fingerprint")
 
 
 def artifact_fields(path: str) -> dict:
     """A model row's path and ARTIFACT_FIELDS, read now from the model directory at `path`; Invalid naming the
     path and what is wrong with it."""
+    return read_artifact(path)[1]
+
+
+def read_artifact(path: str) -> tuple[ModelArtifact, dict]:
+    """The model directory at `path` as read now, and the row fields it gives (artifact_fields)."""
     if not path:
         raise Invalid("path is empty: give the directory that holds config.json and *.safetensors", field="path")
     try:
@@ -98,11 +112,46 @@ def artifact_fields(path: str) -> dict:
         estimate = estimate_model(artifact)
     except ArtifactError as e:
         raise Invalid(str(e), field="path") from None
-    return {"path": str(artifact.path), "architecture": artifact.architecture, "model_type": artifact.model_type,
-            "task": artifact.task, "stored_dtype": artifact.stored_dtype, "parameters": artifact.parameters,
-            "weights_bytes": artifact.weights_bytes, "estimate_bytes": estimate.total_bytes,
-            "estimate": estimate.as_dict(),
-            "fingerprint": fingerprint([artifact.path / "config.json", *artifact.files])}
+    return artifact, {
+        "path": str(artifact.path), "architecture": artifact.architecture, "model_type": artifact.model_type,
+        "task": artifact.task, "stored_dtype": artifact.stored_dtype, "parameters": artifact.parameters,
+        "weights_bytes": artifact.weights_bytes, "estimate_bytes": estimate.total_bytes,
+        "estimate": estimate.as_dict(), "shape": serving_shape(artifact),
+        "fingerprint": fingerprint([artifact.path / "config.json", *artifact.files])}
+
+
+def checked_edit(model: Model, artifact: ModelArtifact, read: dict, deployments) -> dict[int, dict]:
+    """Each of `deployments`' (the model's) breakdowns, by primary key, were `model` served from `artifact` (`read`:
+    its row fields); Invalid naming the path, what would break and why, when it would break one of them or an
+    adapter of theirs. The one rule for a model's edit: the API, the models page and the Django admin use it."""
+    from console.catalog.memory import estimates_from  # memory reads deployments, which depend on catalog
+
+    deployments = list(deployments)
+    if not deployments:
+        return {}
+    adapters = list(Adapter.objects.filter(deployment__in=deployments).select_related("deployment").order_by("name"))
+    changes = shape_changes(model.shape or {"architecture": model.architecture, "task": model.task}, read["shape"])
+    if changes:
+        users = f"deployment(s) {', '.join(d.name for d in deployments)}"
+        if adapters:
+            users += f" and adapter(s) {', '.join(a.name for a in adapters)}"
+        raise Invalid(f"model {model.name!r} would change its {'; '.join(changes)}, which its {users} are built "
+                      "against: a model of another shape is another model; register it under a new name and deploy "
+                      "it (a route can move traffic over), or delete those deployments first", field="path")
+    for adapter in adapters:
+        where = f"adapter {adapter.name!r} of deployment {adapter.deployment.name!r}"
+        try:
+            files = read_adapter_dir(adapter.path, roots=settings.MODEL_ROOTS)
+        except ArtifactError as e:
+            raise Invalid(f"{where} cannot be checked against the new files: {e}; fix or delete it first",
+                          field="path") from None
+        try:
+            check_adapter_matches(files, artifact)
+        except ArtifactError as e:
+            raise Invalid(f"{where} would not fit it: {e}; delete it first (DELETE /api/v1/adapters/"
+                          f"{adapter.name}) and register one trained for the new files after", field="path") from None
+    moved = Model(**{f.attname: getattr(model, f.attname) for f in Model._meta.concrete_fields} | read)
+    return estimates_from(moved, deployments)
 
 
 def get_model(name: str, missing: type[DomainError] = NotFound, teams: Teams = ALL) -> Model:

@@ -20,7 +20,7 @@ def test_the_models_page_offers_to_change_a_models_directory(user_client, model)
 
 def test_a_models_new_directory_is_read_and_its_deployments_roll_onto_it(user_client, model, tmp_path):
     create_deployment("chat", "tiny")
-    bigger = write_model_dir(tmp_path / "bigger", hidden=32)
+    bigger = write_model_dir(tmp_path / "bigger", inter=64)
     r = user_client.post("/models/tiny/edit/", {"path": str(bigger)}, follow=True)
     assert "Model tiny changed" in r.content.decode() and "one replica at a time" in r.content.decode()
     assert Model.objects.get().path == str(bigger.resolve())
@@ -31,6 +31,14 @@ def test_a_refused_directory_says_why_and_changes_nothing(user_client, model, tm
     r = user_client.post("/models/tiny/edit/", {"path": str(tmp_path / "nowhere")}, follow=True)
     assert "Not changed: " in r.content.decode() and "no such" in r.content.decode()
     assert Model.objects.get().path == model.path
+
+
+def test_a_directory_of_another_shape_says_what_would_break_and_changes_nothing(user_client, model, tmp_path):
+    create_deployment("chat", "tiny")
+    other = write_model_dir(tmp_path / "other", arch="BertModel", model_type="bert")
+    page = user_client.post("/models/tiny/edit/", {"path": str(other)}, follow=True).content.decode()
+    assert "Not changed: " in page and "task causal-lm -&gt; encoder" in page and "deployment(s) chat" in page
+    assert Model.objects.get().path == model.path and Deployment.objects.get().revision == 0
 
 
 def test_an_adapter_is_changed_from_its_deployments_page(user_client, model, tmp_path):

@@ -32,7 +32,7 @@ def _change_model(admin_client, model: Model, **fields):
 def test_a_models_new_directory_is_read_and_its_deployments_reserve_the_new_models_memory(admin_client, model,
                                                                                          tmp_path):
     dep = create_deployment("chat", "tiny", batch=2)
-    bigger = write_model_dir(tmp_path / "bigger", hidden=64, vocab=256, layers=4)
+    bigger = write_model_dir(tmp_path / "bigger", inter=64)
     answer = _change_model(admin_client, model, path=str(bigger))
     assert answer.status_code == 302, answer.content.decode()[:2000]
     moved = Model.objects.get(pk=model.pk)
@@ -67,6 +67,17 @@ def test_a_new_directory_a_deployment_cannot_be_served_from_is_refused_naming_th
     message = " ".join(answer.context["adminform"].form.errors["path"])
     assert "chat" in message and "seq 64" in message, message
     assert Model.objects.get(pk=model.pk).path == model.path
+
+
+def test_a_new_directory_of_another_shape_is_refused_naming_the_deployment_as_the_api_does(admin_client, model,
+                                                                                           tmp_path):
+    dep = create_deployment("chat", "tiny")
+    answer = _change_model(admin_client, model, path=str(write_model_dir(tmp_path / "wide", hidden=32)))
+    assert answer.status_code == 200
+    message = " ".join(answer.context["adminform"].form.errors["path"])
+    assert "hidden size 16 -> 32" in message and "deployment(s) chat" in message, message
+    assert Model.objects.get(pk=model.pk).path == model.path
+    assert Deployment.objects.get(pk=dep.pk).revision == dep.revision
 
 
 def test_a_models_figures_read_from_its_files_cannot_be_typed_in(admin_client, model):

@@ -28,7 +28,7 @@ def placed(host, model):
 
 
 def test_a_new_directory_is_read_and_its_deployments_get_new_estimates_and_a_rollout(api, model, placed, tmp_path):
-    bigger = write_model_dir(tmp_path / "bigger", hidden=64, vocab=256, layers=4)
+    bigger = write_model_dir(tmp_path / "bigger", inter=64)  # the same shape, a wider MLP
     r = api.patch("/api/v1/models/tiny", {"path": str(bigger)})
     assert r.status_code == 200, r.content
     body = r.json()
@@ -56,7 +56,7 @@ def test_the_same_directory_unchanged_is_no_change(api, model, placed):
 
 
 def test_files_replaced_at_the_same_path_are_read_again_and_roll_out(api, model, placed, model_dir):
-    write_model_dir(model_dir, hidden=32, vocab=64, layers=2)  # new weights where the old ones were
+    write_model_dir(model_dir, inter=64)  # new weights where the old ones were
     r = api.patch("/api/v1/models/tiny", {"path": model.path})
     assert r.status_code == 200, r.content
     assert r.json()["parameters"] > model.parameters
@@ -114,3 +114,79 @@ def test_an_unknown_model_is_a_404(api, db, model_dir):
     r = api.patch("/api/v1/models/ghost", {"path": str(model_dir)})
     assert r.status_code == 404
     assert "no model named 'ghost'" in refusal(r)
+
+
+# --- edits that would break what serves (issue 45: they answered 200 and rolled out; the deployments then answered
+# 400 and the adapters could not load) ---------------------------------------------------------------------------
+
+UP = "model.layers.0.mlp.up_proj"
+
+
+@pytest.fixture
+def served(model, placed, tmp_path):
+    """The placed deployment with a LoRA adapter on its base model."""
+    from console.catalog.adapters import register_adapter
+    from tests.adapter_files import write_adapter
+
+    register_adapter("sql", "chat", str(write_adapter(tmp_path / "sql", {UP: (4, 16, 32)}, r=4)))
+    return Deployment.objects.get()
+
+
+@pytest.mark.parametrize("kind, changed", [
+    (dict(arch="Qwen2ForCausalLM", model_type="qwen2"), "architecture LlamaForCausalLM -> Qwen2ForCausalLM"),
+    (dict(arch="BertModel", model_type="bert"), "task causal-lm -> encoder"),
+    (dict(hidden=32), "hidden size 16 -> 32"),
+    (dict(vocab=64), "vocabulary size 32 -> 64"),
+    (dict(layers=2), "layers 1 -> 2"),
+])
+def test_a_directory_of_another_shape_is_refused_naming_the_deployments_adapters_and_what_changed(
+        api, model, served, tmp_path, kind, changed):
+    other = write_model_dir(tmp_path / "other", **kind)
+    r = api.patch("/api/v1/models/tiny", {"path": str(other)})
+    assert r.status_code == 422, r.content
+    said = refusal(r)
+    assert changed in said and "deployment(s) chat" in said and "adapter(s) sql" in said, said
+    assert "register it under a new name" in said
+    assert r.json()["detail"][0]["loc"] == ["body", "path"]
+    assert Model.objects.get().path == model.path
+    dep = Deployment.objects.get()
+    assert (dep.revision, dep.estimates) == (served.revision, served.estimates)
+    assert not Replica.objects.exclude(held={}).exists()
+    assert not Event.objects.filter(reason="Updated").exists()
+
+
+def test_the_same_shape_that_an_adapter_no_longer_fits_is_refused_naming_the_adapter(api, model, served, tmp_path):
+    wider = write_model_dir(tmp_path / "wider", inter=64)  # up_proj [64, 16]: the adapter's B is [32, 4]
+    r = api.patch("/api/v1/models/tiny", {"path": str(wider)})
+    assert r.status_code == 422, r.content
+    said = refusal(r)
+    assert "adapter 'sql' of deployment 'chat' would not fit it" in said and "up_proj" in said, said
+    assert Model.objects.get().path == model.path and Deployment.objects.get().revision == served.revision
+
+
+def test_a_model_no_deployment_uses_may_change_its_shape(api, model, tmp_path):
+    other = write_model_dir(tmp_path / "other", arch="BertModel", model_type="bert", hidden=32)
+    r = api.patch("/api/v1/models/tiny", {"path": str(other)})
+    assert r.status_code == 200, r.content
+    assert (r.json()["architecture"], r.json()["task"]) == ("BertModel", "encoder")
+
+
+def test_files_replaced_in_place_by_another_shape_are_refused_too(api, model, served, model_dir):
+    write_model_dir(model_dir, hidden=32)  # its own directory, rewritten: the shape it had is the stored one
+    r = api.patch("/api/v1/models/tiny", {"path": model.path})
+    assert r.status_code == 422, r.content
+    assert "hidden size 16 -> 32" in refusal(r)
+    assert Model.objects.get().fingerprint == model.fingerprint
+
+
+def test_a_model_registered_before_shapes_were_stored_is_held_to_its_architecture_and_task(api, model, placed,
+                                                                                          tmp_path):
+    Model.objects.update(shape={})  # as a row from before the field: architecture and task are all it knows
+    r = api.patch("/api/v1/models/tiny", {"path": model.path})  # files as they were: the shape is stored, quietly
+    assert r.status_code == 200, r.content
+    assert Model.objects.get().shape["hidden_size"] == 16
+    assert Deployment.objects.get().revision == placed.revision and not Event.objects.filter(reason="Updated")
+    Model.objects.update(shape={})
+    other = write_model_dir(tmp_path / "other", arch="BertModel", model_type="bert")
+    r = api.patch("/api/v1/models/tiny", {"path": str(other)})
+    assert r.status_code == 422 and "task causal-lm -> encoder" in refusal(r)

@@ -37,7 +37,7 @@ def pair(host, model):
 
 def test_replicas_restart_with_the_new_artifact_one_at_a_time(host, model, pair, tmp_path):
     old = model.path
-    new = str(write_model_dir(tmp_path / "v2", hidden=32).resolve())
+    new = str(write_model_dir(tmp_path / "v2", inter=64).resolve())
     update_model("tiny", new)
     first, second = pair
     assert running(host) == {first: (0, old), second: (0, old)}  # nothing restarts before the scheduler rolls
@@ -71,7 +71,7 @@ def test_replicas_restart_with_the_new_artifact_one_at_a_time(host, model, pair,
 def test_a_replica_that_fails_on_the_new_artifact_halts_the_rollout_and_the_rest_keep_serving(host, model, pair,
                                                                                               tmp_path):
     old = model.path
-    update_model("tiny", str(write_model_dir(tmp_path / "v2", hidden=32)))
+    update_model("tiny", str(write_model_dir(tmp_path / "v2", inter=64)))
     first, second = pair
     reconcile_once()
     report(0, observed_state="failed", pid=None, observed_reason="cannot load")
@@ -85,7 +85,7 @@ def test_a_replica_that_fails_on_the_new_artifact_halts_the_rollout_and_the_rest
 def test_a_replica_that_serves_nothing_is_released_at_once_and_the_serving_one_waits_for_it(host, model, pair,
                                                                                             tmp_path):
     report(0, observed_state="loading", pid=41)
-    update_model("tiny", str(write_model_dir(tmp_path / "v2", hidden=32)))
+    update_model("tiny", str(write_model_dir(tmp_path / "v2", inter=64)))
     reconcile_once()
     # The loading one starts again from the new artifact straight away; the ready one, the only one serving, goes
     # once another serves.
