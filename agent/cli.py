@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING
 
 import agent
+from agent.protocol.hostnames import host_name_argument as host_name
 from agent.replicas import DEFAULT_DRAIN_TIMEOUT
 from agent.serving.textpool import DEFAULT_TEXT_TIMEOUT, DEFAULT_TEXT_WORKERS
 from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT
@@ -35,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="connect to the console, run workers and serve inference")
     run.add_argument("--console", required=True, help="console base URL, e.g. http://127.0.0.1:8000")
     run.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"agent token (default: ${TOKEN_ENV})")
-    run.add_argument("--name", default=socket.gethostname(), help="host name to register (default: this host's)")
+    run.add_argument("--name", default=socket.gethostname(), type=host_name,
+                     help="host name to register (default: this host's); ASCII letters, digits, '-' and '_' in "
+                     "dot-separated labels")
     run.add_argument("--gpus", default="nvml", help="'nvml' (default) or simulated GPUs like sim:2x24GiB")
     run.add_argument(
         "--listen",

@@ -13,6 +13,7 @@ from django.db.models import QuerySet
 from console.accounts.services import require_admin
 from console.errors import Invalid, NotFound
 from console.events.record import Note, host_object, record
+from console.fleet.hostnames import validate_host_name
 from console.fleet.models import AgentCredential, Host
 
 MAX_HOST_NAME = 200  # Host.name, AgentCredential.host_name
@@ -79,8 +80,4 @@ def _check_host_name(name: str) -> None:
     if not name:
         raise Invalid("host_name is empty; give the name its agent reports (its --name, else the machine's "
                       "hostname)", field="host_name")
-    if len(name) > MAX_HOST_NAME:
-        raise Invalid(f"host_name is {len(name)} characters long, above {MAX_HOST_NAME}", field="host_name")
-    if any(c.isspace() or not c.isprintable() for c in name):
-        raise Invalid(f"host_name {name[:60]!r} holds a space or a control character; host names have neither",
-                      field="host_name")
+    validate_host_name(name)  # the host name rule (agent/protocol/hostnames.py)

@@ -7,12 +7,13 @@ from django.conf import settings
 from django.db import models, transaction
 
 from console.accounts.models import HashedToken
+from console.fleet.hostnames import host_name_validator, validate_host_name
 
 
 class Host(models.Model):
     """A GPU host, known from its agent's hello and reports."""
 
-    name = models.CharField(max_length=200, unique=True)
+    name = models.CharField(max_length=200, unique=True, validators=[host_name_validator])
     endpoint = models.CharField(max_length=300, blank=True, help_text="Base URL of the agent's inference server")
     agent_version = models.CharField(max_length=50, blank=True)
     # Liveness is a lease, as for Kubernetes nodes: every message from the agent renews it (last_seen). A host
@@ -104,16 +105,18 @@ def foreign_bytes(used: int, own: int | None, measured: int) -> int:
 class AgentCredential(HashedToken):
     """The token an agent presents for one host name."""
 
-    host_name = models.CharField(max_length=200, unique=True)
+    host_name = models.CharField(max_length=200, unique=True, validators=[host_name_validator])
 
     def __str__(self) -> str:
         return f"agent {self.host_name} ({self.prefix}…)"
 
     @classmethod
     def issue(cls, host_name: str, actor: str = "") -> tuple[AgentCredential, str]:
-        """Create or rotate the credential for `host_name`; returns the plaintext once. `actor`: who asked."""
+        """Create or rotate the credential for `host_name`; returns the plaintext once. `actor`: who asked. Invalid
+        (field host_name) for a name the host name rule refuses."""
         from console.events.record import Note, host_object, record
 
+        validate_host_name(host_name)
         token, fields = cls.new_secret("agent")
         with transaction.atomic():
             row, created = cls.objects.update_or_create(host_name=host_name, defaults=fields)

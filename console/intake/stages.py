@@ -21,6 +21,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from agent.protocol import Ack, GpuInfo, Hello, HostReport, ReplicaStatus
+from agent.protocol.hostnames import host_name_refusal
 from console.bulk import update_by_pk, update_fields_by_pk, update_in_key_order
 from console.catalog.memory import Load, record_loads
 from console.deployments.models import Replica
@@ -62,6 +63,10 @@ class Outcome:
 def register_hello(credential: AgentCredential, hello: Hello) -> tuple[Host, int]:
     """The host of this hello, connected, and the epoch of the link that said it (it supersedes every
     earlier link of the host: only the newest link's close may mark the host unknown)."""
+    refusal = host_name_refusal(hello.host)  # a token stored under such a name before the rule held
+    if refusal is not None:
+        raise RefusedHello(f"{refusal}; issue a token for a valid name (manage.py createagenttoken NAME) and start "
+                           "the agent with --name NAME")
     if hello.host != credential.host_name:
         raise RefusedHello(
             f"this token is for host {credential.host_name!r}, but the agent says it is {hello.host!r}"

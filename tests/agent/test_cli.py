@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,6 +51,16 @@ def test_it_refuses_a_bad_gpu_spec_and_a_bad_listen_address():
     # Requests no longer wake replicas (only the console's desired state does): the flag is gone.
     code, output = finish(agent("run", "--console", "http://x", "--token", "t", "--wake-timeout", "5"))
     assert code == 2 and "unrecognized arguments: --wake-timeout" in output
+
+
+@pytest.mark.parametrize("name, said", [("gpu-\u0430", "CYRILLIC SMALL LETTER A"), ("gpu/1", "a path separator")])
+def test_a_bad_name_is_refused_before_the_agent_connects(capsys, name, said):
+    from agent.cli import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["run", "--console", "http://x", "--token", "t", "--name", name])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and f"argument --name: host name {name!r} is not valid: it has" in err and said in err
 
 
 def test_sizes_take_binary_and_decimal_units():

@@ -89,11 +89,16 @@ def test_revoking_a_host_without_a_token_is_404_naming_it(as_root):
     assert r.status_code == 404 and "no agent token for host 'ghost'" in refusal(r)
 
 
-@pytest.mark.parametrize("name", ["", "two words", "tab\there", "x" * 201])
+@pytest.mark.parametrize("name", ["", "two words", "tab\there", "x" * 201, "gpu-\u0430", "gpu/1", "gpu?1", "gpu#1"])
 def test_a_bad_host_name_is_422_naming_the_field_and_issues_nothing(as_root, name):
     r = as_root.post("/agent-credentials", {"host_name": name})
     assert r.status_code == 422 and refused_fields(r) == ["host_name"], r.content
     assert not AgentCredential.objects.exists()
+
+
+def test_a_look_alike_letter_of_another_script_is_named_in_the_refusal(as_root):
+    r = as_root.post("/agent-credentials", {"host_name": "gpu-\u0430"})
+    assert "has 'а' (CYRILLIC SMALL LETTER A, U+0430: host names are ASCII) at position 4" in refusal(r)
 
 
 def test_anyone_but_an_admin_is_refused_with_403_and_changes_nothing(as_ops, revoked_hosts):

@@ -108,6 +108,19 @@ async def test_a_token_cannot_speak_for_another_host(token):
     await comm.disconnect()
 
 
+async def test_a_hello_under_a_host_name_the_rule_refuses_is_refused_saying_why(db):
+    # A token stored under such a name before the rule (it is issued no longer): its agent is told, not linked.
+    token, fields = AgentCredential.new_secret("agent")
+    await database_sync_to_async(AgentCredential.objects.create)(host_name="gpu-\u0430", **fields)
+    comm, _ = await connect(token)
+    await comm.send_to(text_data=json.dumps(hello(host="gpu-\u0430")))
+    reply = json.loads(await comm.receive_from(timeout=5))
+    assert "host name 'gpu-а' is not valid" in reply["reason"] and "CYRILLIC SMALL LETTER A" in reply["reason"]
+    assert (await comm.receive_output(timeout=5))["type"] == "websocket.close"
+    assert not await database_sync_to_async(Host.objects.exists)()
+    await comm.disconnect()
+
+
 async def test_reports_update_gpu_memory_and_acks_are_recorded(token):
     comm, _ = await connect(token)
     await comm.send_to(text_data=json.dumps(hello()))

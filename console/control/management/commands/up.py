@@ -20,6 +20,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
+from agent.protocol.hostnames import host_name_argument as host_name
 from console.connections import raise_descriptor_limit, server_options
 from console.control.loop import scheduler_loop
 from console.events.record import command_actor
@@ -151,7 +152,7 @@ class Command(BaseCommand):
         parser.add_argument("--gpus", default="sim:2x24GiB", help="the local agent's GPUs: sim:NxSIZE or nvml")
         parser.add_argument("--data-dir", help="SQLite database and model store (default ./var or MODELGRID_DATA_DIR)")
         parser.add_argument("--no-agent", action="store_true", help="do not start a local agent")
-        parser.add_argument("--agent-name", default="local", help="host name of the local agent")
+        parser.add_argument("--agent-name", default="local", type=host_name, help="host name of the local agent")
         parser.add_argument("--scheduler-process", action="store_true",
                             help="run the scheduler (its election, passes and chores) in a child process "
                             "(`manage.py scheduler`) instead of in this one, which then serves pages, the API, the "

@@ -1,5 +1,6 @@
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
+from console.errors import Invalid
 from console.events.record import command_actor
 from console.fleet.models import AgentCredential
 
@@ -11,5 +12,8 @@ class Command(BaseCommand):
         parser.add_argument("hostname")
 
     def handle(self, hostname, **options):
-        _, token = AgentCredential.issue(hostname, actor=command_actor("createagenttoken"))
+        try:
+            _, token = AgentCredential.issue(hostname, actor=command_actor("createagenttoken"))
+        except Invalid as e:  # a name the host name rule refuses, and why
+            raise CommandError(str(e)) from None
         self.stdout.write(token)
