@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Collection, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -42,6 +42,8 @@ class Replica(Protocol):
     info: dict[str, Any]  # what the worker reported when ready: output_dim, max_positions, ...
     queued: int  # batches waiting or running in the worker
     adapters: Collection[str]  # names of the LoRA adapters this replica can serve
+    # Optional (fakes may lack it): adapter -> why its worker could not load it (WorkerHandle.adapter_failures).
+    adapter_failures: Mapping[str, str]
 
     async def infer(
         self, inputs: dict[str, np.ndarray], adapters: list[str | None] | None = None
@@ -96,6 +98,13 @@ class NoneServing(NotReady):
     """No replica of the model here serves now (sleeping, preloaded, draining, loading): nothing was started."""
 
     unserved = True
+
+
+class AdapterFailed(ServingError):
+    """The adapter asked for could not be loaded on any replica that serves it: the server's failure, not the
+    client's, and not one that passes by waiting (its files or its rank must change)."""
+
+    status, code = 503, "adapter_failed"
 
 
 class OutOfMemory(ServingError):
@@ -167,8 +176,9 @@ class Dispatcher:
 
     def route(self, name: str, adapter: str | None = None, replica_id: int | None = None) -> Route:
         """A deployment name (optionally with one of its adapters) or an adapter's own name; with `replica_id`
-        (the replica the console's gateway picked: it routes once), that replica alone."""
-        return only(self._route(name, adapter), replica_id)
+        (the replica the console's gateway picked: it routes once), that replica alone. AdapterFailed, with the
+        worker's reason, when the adapter could not be loaded on any of them."""
+        return _loaded(only(self._route(name, adapter), replica_id))
 
     def _route(self, name: str, adapter: str | None) -> Route:
         handles = self.source.handles()
@@ -292,6 +302,20 @@ class Dispatcher:
         if any(h not in handles for h in self._batchers):
             for handle in [h for h in self._batchers if h not in handles]:
                 self._batchers.pop(handle).close()
+
+
+def _loaded(route: Route) -> Route:
+    """`route` without the replicas whose worker could not load its adapter; AdapterFailed when none is left."""
+    if route.adapter is None:
+        return route
+    failed = {id(h): why for h in route.replicas
+              if (why := getattr(h, "adapter_failures", {}).get(route.adapter)) is not None}
+    if not failed:
+        return route
+    if len(failed) == len(route.replicas):
+        raise AdapterFailed(f"adapter {route.adapter!r} of model {route.deployment!r} could not be loaded: "
+                            f"{next(iter(failed.values()))}")
+    return replace(route, replicas=tuple(h for h in route.replicas if id(h) not in failed))
 
 
 def only(route: Route, replica_id: int | None) -> Route:

@@ -222,8 +222,9 @@ class VllmModel:
                 "load_seconds": self.load_seconds}
 
     def configure_adapters(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Unload, then load at runtime what the placement lists; a refused adapter is reported, the rest apply."""
-        errors = []
+        """Unload, then load at runtime what the placement lists; a refused adapter is reported (`failures`: each
+        one's reason, which requests for it are answered with), the rest apply."""
+        errors, failures = [], {}
         for name in payload.get("unload", ()):
             if name in self.adapters:
                 try:
@@ -240,7 +241,8 @@ class VllmModel:
                 self.adapters[name] = {"path": path, "nbytes": _directory_bytes(path)}
             except (RuntimeError, OSError) as e:
                 errors.append(f"adapter {name!r}: {e}")
-        return {"stats": self._stats(), "errors": errors}
+                failures[name] = str(e)
+        return {"stats": self._stats(), "errors": errors, "failures": failures}
 
     def _stats(self) -> dict[str, Any]:
         # vLLM keeps its own device and host tiers and counts no hits: every loaded adapter is reported on the

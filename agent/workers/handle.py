@@ -81,6 +81,7 @@ class WorkerHandle:
         self.adapters: set[str] = set()
         self.adapter_stats: list[AdapterStatus] = []
         self.adapter_error = ""
+        self.adapter_failures: dict[str, str] = {}  # adapter -> why its worker could not load it (answered to requests)
         self.adapter_config: dict[str, Any] | None = None  # what its pool last took from the placement
         self.batching: Any = None  # this replica's dynamic-batching settings (agent.serving.batching)
 
@@ -242,8 +243,9 @@ class WorkerHandle:
         totals = stats["totals"]
         self.info["adapters"] = {"hits": totals["hits"], "misses": totals["misses"],
                                  "evictions": totals["evictions"], "loaded": totals["adapters"]}
-        if "errors" in result:
+        if "errors" in result:  # a change was applied: its refusals replace the last change's
             self.adapter_error = "; ".join(result["errors"])
+            self.adapter_failures = dict(result.get("failures", {}))
 
     async def call(
         self,

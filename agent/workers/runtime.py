@@ -91,7 +91,8 @@ class LoadedModel:
 
     def configure_adapters(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Unload, load (and pin) adapters and take the console's demand hints; a refused adapter is
-        reported, the others still apply. Returns the pool's stats and the refusals."""
+        reported, the others still apply. Returns the pool's stats and the refusals (`failures`: each refused
+        adapter's reason, which requests for it are answered with)."""
         self._grow_reservation(payload.get("reserved_bytes", 0))
         if self.pool is None:
             self.pool = AdapterPool(self.model, gpu_budget=payload["gpu_budget"], cpu_budget=payload["cpu_budget"],
@@ -100,7 +101,7 @@ class LoadedModel:
             # The budgets follow the console's grant: an adapter bigger than the first ones then fits.
             for tier, (before, after) in self.pool.grow(payload["gpu_budget"], payload["cpu_budget"]).items():
                 log.info("adapter pool: %s tier grown from %d to %d bytes", tier, before, after)
-        errors = []
+        failures = {}
         for name in payload.get("unload", ()):
             self.pool.unload(name)
         for adapter in payload.get("load", ()):
@@ -109,11 +110,12 @@ class LoadedModel:
                 if not adapter.get("pinned", False):
                     self.pool.unpin(adapter["name"])  # the console took its pin away
             except (ValueError, OSError) as e:  # ArtifactError and AdapterRefused are ValueErrors
-                errors.append(f"adapter {adapter['name']!r}: {e}")
+                failures[adapter["name"]] = str(e)
         if payload.get("hints"):
             self.pool.hint(payload["hints"])
             self.pool.prefetch()
-        return {"stats": self.pool.stats(), "errors": errors}
+        return {"stats": self.pool.stats(), "errors": [f"adapter {n!r}: {why}" for n, why in failures.items()],
+                "failures": failures}
 
     def _grow_reservation(self, reserved: int) -> None:
         """Raise the worker's memory limits to a reservation the console grew in place (see limits)."""

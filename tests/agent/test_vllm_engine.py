@@ -128,6 +128,11 @@ async def test_adapters_load_at_runtime_and_a_refused_one_says_why(console, run_
                                                  adapters=adapters)]))
     status = await status_where(console, lambda s: s.adapter_error)
     assert "adapter 'gone'" in status.adapter_error and "No adapter found" in status.adapter_error
+    # A request for it is told that reason, as the server's failure (it was a 400 "not loaded" from vLLM).
+    code, body = await post(agent, "/v1/completions", {"model": "gone", "prompt": "hi"})
+    assert code == 503 and body["error"]["code"] == "adapter_failed", body
+    assert body["error"]["message"].startswith("adapter 'gone' of model 'chat' could not be loaded: ")
+    assert "No adapter found" in body["error"]["message"]
 
 
 async def test_a_vllm_that_dies_fails_its_replica_with_its_last_lines_and_is_started_again(console, run_agent,

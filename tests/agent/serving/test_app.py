@@ -279,6 +279,31 @@ async def test_parameters_adapter_runs_the_request_with_that_adapter(serve):
     assert chat.adapters_seen[-1] == ["fr"]
 
 
+async def test_an_adapter_that_could_not_load_is_a_503_with_its_reason_not_a_client_error(serve):
+    # The probe: a 400 "not loaded" from the worker, as if the client had asked for something wrong.
+    chat = FakeReplica(1, "chat", adapters={"fr", "big"})
+    chat.adapter_failures = {"big": "LoRA rank 600 is more than vLLM serves (512)"}
+    client = await serve(chat)
+    for path, parameters in (("/v2/models/chat/infer", {"adapter": "big"}), ("/v2/models/big/infer", {})):
+        response = await client.post(path, json=ids_body([1], [1, 1], parameters=parameters))
+        assert response.status == 503
+        assert (await response.json())["error"] == ("adapter 'big' of model 'chat' could not be loaded: LoRA rank 600 "
+                                                    "is more than vLLM serves (512)")
+    assert chat.seen == []  # nothing reached the worker
+    ok = await client.post("/v2/models/chat/infer", json=ids_body([1], [1, 1], parameters={"adapter": "fr"}))
+    assert ok.status == 200
+
+
+async def test_an_adapter_that_failed_on_one_replica_is_served_by_another_that_loaded_it(serve):
+    failed, loaded = FakeReplica(1, "chat", adapters={"big"}), FakeReplica(2, "chat", adapters={"big"})
+    failed.adapter_failures = {"big": "out of room"}
+    client = await serve(failed, loaded)
+    for _ in range(3):
+        response = await client.post("/v2/models/big/infer", json=ids_body([1], [1, 1]))
+        assert response.status == 200
+    assert failed.seen == [] and len(loaded.seen) == 3
+
+
 async def test_an_adapter_the_model_lacks_is_a_404_and_a_malformed_one_a_400(serve):
     client = await serve(FakeReplica(1, "chat", adapters={"fr"}))
     response = await client.post("/v2/models/chat/infer", json=ids_body([1], [1, 1], parameters={"adapter": "de"}))

@@ -202,6 +202,16 @@ async def test_an_adapter_is_chosen_by_using_its_name_as_the_model(client, repli
     assert replicas["embed"].forwards[0][1] == ["legal", "legal"]
 
 
+async def test_an_adapter_that_could_not_load_is_a_503_adapter_failed_with_its_reason(client, replicas):
+    replicas["chat"].adapter_failures = {"chat-fr": "LoRA rank 600 is more than vLLM serves (512)"}
+    with pytest.raises(openai.InternalServerError) as raised:
+        await client.completions.create(model="chat-fr", prompt="Hello", max_tokens=2)
+    assert raised.value.status_code == 503 and raised.value.code == "adapter_failed"
+    assert raised.value.body["message"] == ("adapter 'chat-fr' of model 'chat' could not be loaded: LoRA rank 600 is "
+                                            "more than vLLM serves (512)")
+    assert replicas["chat"].generations == []
+
+
 async def test_an_unknown_model_is_a_404_model_not_found(client):
     with pytest.raises(openai.NotFoundError) as raised:
         await client.embeddings.create(model="nope", input="hi")

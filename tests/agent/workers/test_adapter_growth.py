@@ -103,3 +103,25 @@ def test_a_worker_takes_a_larger_adapter_once_the_console_grants_its_pool_more(l
     ids = {"input_ids": np.array([[1, 5, 9]])}
     tuned = loaded.infer(ids, ["big"])["logits"]
     assert not np.allclose(tuned, loaded.infer(ids)["logits"])
+
+
+def test_an_adapter_the_worker_cannot_load_is_reported_by_name_with_its_reason(loaded, tmp_path):
+    answer = loaded.configure_adapters({"gpu_budget": 1 << 20, "cpu_budget": 1 << 22, "hints": {},
+                                        "load": [{"name": "gone", "path": str(tmp_path / "gone"), "pinned": False}]})
+    assert set(answer["failures"]) == {"gone"} and "no such directory" in answer["failures"]["gone"]
+    assert answer["errors"] == [f"adapter 'gone': {answer['failures']['gone']}"]
+
+
+def test_a_handle_keeps_each_adapters_failure_until_a_later_change_loads_it():
+    import asyncio
+
+    from agent.workers.handle import WorkerHandle
+
+    handle = WorkerHandle(WorkerSpec(1, "/m", "causal-lm"), asyncio.Queue())
+    stats = {"adapters": [], "totals": {"hits": 0, "misses": 0, "evictions": 0, "adapters": 0}}
+    handle._take_adapter_stats({"stats": stats, "errors": ["adapter 'a': bad"], "failures": {"a": "bad"}})
+    assert handle.adapter_failures == {"a": "bad"} and handle.adapter_error == "adapter 'a': bad"
+    handle._take_adapter_stats({"stats": stats})  # a read of the pool's figures: nothing was loaded
+    assert handle.adapter_failures == {"a": "bad"}
+    handle._take_adapter_stats({"stats": stats, "errors": [], "failures": {}})
+    assert handle.adapter_failures == {} and handle.adapter_error == ""
