@@ -242,7 +242,7 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbac
         if setback:
             setbacks.append((action, tiers[pk]))
     answers = {d.deployment: d for d in result.outlooks} | {d.deployment: d for d in result.demands}
-    changed |= _answer_demand(sorted(deployments, key=lambda d: d.pk), answers, now)
+    changed |= _answer_demand(sorted(deployments, key=lambda d: d.pk), answers, now, rows)
     busy = any(d.traffic_rps or d.observed_p95_ms is not None or d.demand for d in deployments)
     recheck = next_change(request)
     if any(g.stale for g in request.gpus):  # a host that speaks is fresh then, and nothing wakes a pass for that
@@ -250,7 +250,7 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbac
     return _Planned(changed, recheck, busy)
 
 
-def _answer_demand(deployments: list[DeploymentRow], outcomes: dict, now: datetime) -> bool:
+def _answer_demand(deployments: list[DeploymentRow], outcomes: dict, now: datetime, rows: _Rows) -> bool:
     """Write the scheduler's answer to each deployment's waiting requests where the gateway reads it. A
     deployment without demand has no answer (so an old refusal never meets new requests), unless a request would
     be refused now: "blocked", which its pages show and the gateway leaves to the answer its requests get."""
@@ -259,6 +259,8 @@ def _answer_demand(deployments: list[DeploymentRow], outcomes: dict, now: dateti
     for dep in deployments:
         outcome = outcomes.get(dep.name)
         status, reason = (outcome.status, outcome.reason) if outcome else ("", "")
+        if status == "served":
+            reason = _not_serving_yet(dep.name, rows.by_deployment.get(dep.pk, ()), rows.host_names) or reason
         if outcome is None and live_demand(dep, now.timestamp(), stale_s):
             continue  # demand the planner did not see (the deployment could not be estimated): leave it
         if (dep.demand_status, dep.demand_reason) != (status, reason):
@@ -266,6 +268,28 @@ def _answer_demand(deployments: list[DeploymentRow], outcomes: dict, now: dateti
             Deployment.objects.filter(pk=dep.pk).update(demand_status=status, demand_reason=reason)
             changed = True
     return changed
+
+
+_NOT_YET = {"pending": "waits for its agent to start it", "starting": "is starting", "loading": "is loading"}
+
+
+def _not_serving_yet(name: str, replicas, host_names: dict[int, str]) -> str:
+    """What the requests for `name` wait on when the plan serves it from replicas that were already placed to serve
+    but none of which its agent reports ready (the scheduler's "ready on h/0" is its plan, not what runs): a failed
+    one's failure, else the state of one on its way; "" when one serves, or none was placed before this pass."""
+    placed = [r for r in replicas if r.host_id is not None and r.desired_state == "ready"]
+    if not placed or any(r.observed_state == "ready" for r in placed):
+        return ""
+    failed = next((r for r in placed if r.observed_state == "failed"), None)
+    if failed is not None:
+        why = Replica.objects.filter(pk=failed.pk).values_list("observed_reason", flat=True).first()
+        return (f"its replica {name}#{failed.index} on {host_names.get(failed.host_id, '?')} failed: "
+                f"{why or 'its agent gave no reason'} (its agent restarts it)")
+    coming = next((r for r in placed if r.observed_state in _NOT_YET), None)
+    if coming is None:
+        return ""
+    where = host_names.get(coming.host_id, "?")
+    return f"its replica {name}#{coming.index} on {where} {_NOT_YET[coming.observed_state]}"
 
 
 def _ensure_rows(dep: DeploymentRow, existing: list[ReplicaRow], reason: str, writes: _Writes) -> bool:

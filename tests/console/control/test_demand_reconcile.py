@@ -125,3 +125,23 @@ def test_the_longest_waiting_demand_gets_the_gpu_first(host, model):
     reconcile_once()
     assert Deployment.objects.get(name="zeta").demand_status == "served"  # not "holder", first by name
     assert Deployment.objects.get(name="holder").demand_status == "waiting"
+
+
+def test_requests_waiting_on_a_replica_that_keeps_failing_are_told_its_failure_not_that_it_is_ready(host, model):
+    # issue 45: a model whose weights the worker could not load crash-looped, and clients waited 60 s for a 503
+    # that said "ready on local/0".
+    sized("chat", 5)
+    reconcile_once()
+    Replica.objects.update(observed_state="failed", observed_reason="size mismatch for model.embed_tokens.weight")
+    waiting("chat")
+    reconcile_once()
+    dep = Deployment.objects.get(name="chat")
+    assert "ready on" not in dep.demand_reason, dep.demand_reason
+    assert dep.demand_reason == (f"its replica chat#0 on {host.name} failed: size mismatch for "
+                                 "model.embed_tokens.weight (its agent restarts it)")
+    Replica.objects.update(observed_state="loading", observed_reason="")  # started again
+    reconcile_once()
+    assert Deployment.objects.get(name="chat").demand_reason == f"its replica chat#0 on {host.name} is loading"
+    Replica.objects.update(observed_state="ready")
+    reconcile_once()
+    assert Deployment.objects.get(name="chat").demand_reason.startswith("ready on ")
