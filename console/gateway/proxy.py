@@ -20,7 +20,7 @@ from console.gateway.auth import Caller, bearer, unauthorized
 from console.gateway.core import Gateway, Refused
 from console.gateway.errors import Family
 from console.gateway.fleet import DeploymentView, FleetView
-from console.gateway.routes import FALLBACK_STATUSES, ROUTE_HEADER, RouteView
+from console.gateway.routes import FALLBACK_STATUSES, GONE, ROUTE_HEADER, BranchView, RouteView, retry_branch
 from console.gateway.triton import check_version
 from console.gateway.upstream import INFERENCE_HEADER_LENGTH, PASSED_HEADERS, Unreachable, Upstream
 from console.gateway.usage import STREAMED_PATHS, Meter, ask_for_usage
@@ -109,6 +109,7 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
         status, served = e.status, not e.callers
         refusal = family.error(e.status, str(e), e.code, e.retry_after)
         refusal.callers = e.callers  # for a route: its fallback would meet the same limit
+        refusal.counted = bool(deployment)  # for a route's 404: admission counted it (or it was refused before)
         return refusal
     except ClientDisconnect:
         status = CLIENT_CLOSED
@@ -247,8 +248,8 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
             # deployment's queue while the scheduler wakes or places one, as for a model that was not ready.
             try:
                 dep, more = await gw.ready_view(dep.name)
-            except Refused:
-                if unserved is None:
+            except Refused as e:
+                if unserved is None or e.status == GONE:  # deleted meanwhile: a route takes that to a live branch
                     raise
                 break  # waited in vain: the agent's own refusal says why
             queue_s += more
@@ -285,21 +286,35 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
 
 
 async def _routed(gw: Gateway, request: Request, family: Family, body: bytes, route: RouteView) -> Response:
-    """A request to a route: to a branch chosen by weight, as if the client had named it, and to the route's fallback
-    once when that branch is refused or overloaded; the answer names the branch that served (x-modelgrid-route)."""
+    """A request to a route: to a branch chosen by weight, as if the client had named it, and on once when that branch
+    is gone (to another live branch), refused or overloaded (to the route's fallback); the answer names the branch
+    that served (x-modelgrid-route). The second try counts against the caller's limits only if the first did not."""
     branch = route.choose(gw.rng.random())
     if branch is None:
         raise Refused(503, f"route {route.name!r} has no branches left (their deployments were deleted); give it one "
                       f"(PATCH /api/v1/routes/{route.name})", code="model_not_ready")
     response = await proxy(gw, await _retargeted(request, family, body, branch.model), family)
-    served = branch.target
-    if (response.status_code in FALLBACK_STATUSES and route.fallback not in (None, branch.deployment)
-            and not isinstance(response, StreamingResponse) and not getattr(response, "callers", False)):
-        first = response.status_code
-        response = await proxy(gw, await _retargeted(request, family, body, route.fallback), family, fallback=True)
-        served = f"{route.fallback} (fallback: {branch.target} answered {first})"
+    served, first = branch.target, response.status_code
+    target = None
+    if first in FALLBACK_STATUSES and not isinstance(response, StreamingResponse) \
+            and not getattr(response, "callers", False):
+        if first == GONE and (live := _live_branch(gw, route, branch)) is not None:
+            target, how = live.model, f"{live.target} (retried: {branch.target} answered {first})"
+        elif route.fallback not in (None, branch.deployment):
+            target, how = route.fallback, f"{route.fallback} (fallback: {branch.target} answered {first})"
+    if target is not None:
+        again = getattr(response, "counted", True)
+        response = await proxy(gw, await _retargeted(request, family, body, target), family, fallback=again)
+        served = how
     response.headers[ROUTE_HEADER] = f"{route.name} -> {served}"
     return response
+
+
+def _live_branch(gw: Gateway, route: RouteView, gone: BranchView) -> BranchView | None:
+    """Another branch of the route as the snapshot has it now (the gone one's deployment may have left it)."""
+    fleet = gw.fleet
+    now = fleet.routes.get(route.name, route)
+    return retry_branch(now, gone, fleet.deployments, fleet.adapters, gw.rng.random())
 
 
 async def _retargeted(request: Request, family: Family, body: bytes, model: str) -> Request:
