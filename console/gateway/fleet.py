@@ -22,6 +22,7 @@ class ReplicaView:
     label: str  # "chat#0", as the API and the dashboard name it
     endpoint: str  # the agent's inference base URL
     secret: str  # what that agent's inference port accepts (its host's gateway secret)
+    host: str = ""  # its host's name (FleetView.hosts says whether that host is still connected)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class DeploymentView:
 class HostView(NamedTuple):
     endpoint: str  # the agent's inference base URL ("" until its hello names one)
     secret: str  # what that agent's inference port accepts
+    state: str = "connected"  # connected | unknown | offline (Host.lifecycle)
 
 
 @dataclass(frozen=True)
@@ -87,9 +89,9 @@ _REPLICAS = CarriedRows(Replica, _Replica._fields, ("deployment_id", "index"))
 def load_fleet() -> FleetView:
     """Read the fleet from the database (sync; the gateway calls it off the event loop)."""
     secrets = {c.host_name: c.gateway_secret for c in AgentCredential.objects.only("host_name", "token_hash")}
-    rows = list(Host.objects.values_list("pk", "name", "endpoint", "connected"))
-    hosts = {pk: (endpoint.rstrip("/"), secrets.get(name, ""), connected) for pk, name, endpoint, connected in rows}
-    by_name = {name: HostView(*hosts[pk][:2]) for pk, name, _, _ in rows}
+    rows = list(Host.objects.only("pk", "name", "endpoint", "connected", "unknown_since", "evicted_at"))
+    hosts = {h.pk: (h.endpoint.rstrip("/"), secrets.get(h.name, ""), h.connected, h.name) for h in rows}
+    by_name = {h.name: HostView(*hosts[h.pk][:2], h.lifecycle) for h in rows}
     replicas: dict[int, list[_Replica]] = {}
     for row in _REPLICAS.read():
         replicas.setdefault(row[0], []).append(_Replica(*row))
@@ -104,7 +106,7 @@ def load_fleet() -> FleetView:
             host = hosts.get(r.host_id) if r.host_id is not None else None
             if host is not None and r.desired_state == "ready" and r.observed_state == "ready" and host[2] \
                     and host[0] and not standby:
-                ready.append(ReplicaView(r.pk, f"{name}#{r.index}", host[0], host[1]))
+                ready.append(ReplicaView(r.pk, f"{name}#{r.index}", host[0], host[1], host[3]))
         for a in names.get(pk, ()):
             adapters[a] = name
         deployments[name] = DeploymentView(

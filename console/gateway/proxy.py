@@ -1,7 +1,9 @@
 """Sending a request on to a replica: the body (size-limited), the model it names, concurrency limits, a
 ready replica (waiting in the deployment's queue while the scheduler wakes or places one), the agent with
 its host's secret, and the answer (streamed through when the agent streams). A connection that fails before
-the first byte is retried once on another replica; a client that goes away cancels the upstream request."""
+the first byte is retried once on another replica, and so is a request still waiting for its answer when its
+replica's host is lost (failover.py); a client that goes away cancels the upstream request. The wait for an
+answer and the gaps in a stream are bounded: a stream that breaks off ends with an error event."""
 
 from __future__ import annotations
 
@@ -19,10 +21,19 @@ from agent.protocol import UNSERVED_HEADER
 from console.gateway.auth import Caller, bearer, unauthorized
 from console.gateway.core import Gateway, Refused
 from console.gateway.errors import Family
-from console.gateway.fleet import DeploymentView, FleetView
+from console.gateway.failover import HostLost, host_state
+from console.gateway.fleet import DeploymentView, FleetView, ReplicaView
 from console.gateway.routes import FALLBACK_STATUSES, GONE, ROUTE_HEADER, BranchView, RouteView, retry_branch
 from console.gateway.triton import check_version
-from console.gateway.upstream import INFERENCE_HEADER_LENGTH, PASSED_HEADERS, Unreachable, Upstream
+from console.gateway.upstream import (
+    INFERENCE_HEADER_LENGTH,
+    PASSED_HEADERS,
+    Broken,
+    Unreachable,
+    Upstream,
+    error_event,
+    pieces,
+)
 from console.gateway.usage import STREAMED_PATHS, Meter, ask_for_usage
 
 CLIENT_CLOSED = 499
@@ -236,14 +247,16 @@ def _target(gw: Gateway, name: str, adapter: str | None, caller: Caller) -> tupl
 
 async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, dep: DeploymentView,
                 adapter: str | None, queue_s: float, arrived: float, meter: Meter | None = None) -> Response:
-    """Send to a replica; a connection that fails before any byte comes back is retried once elsewhere."""
+    """Send to a replica; a connection that fails before any byte comes back, or a request whose replica's host is
+    lost before it answers, is sent once elsewhere."""
     query = request.scope.get("query_string", b"")
     path = request.scope["path"] + (f"?{query.decode('latin-1')}" if query else "")
     tried: set[int] = set()
     unserved = None  # a first replica's agent refused it untouched: its answer, should no other replica take it
+    lost = None  # a replica's host was lost before it answered: why, should no other replica take it
     for attempt in range(2):
         replica = gw.pick(dep, adapter, tried)
-        if replica is None and (attempt == 0 or unserved is not None):
+        if replica is None and lost is None and (attempt == 0 or unserved is not None):
             # Every ready replica is suspect, or the one tried does not serve now (asleep, draining): wait in the
             # deployment's queue while the scheduler wakes or places one, as for a model that was not ready.
             try:
@@ -257,16 +270,22 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
         if replica is None:
             if unserved is not None:
                 break
+            if lost is not None:
+                raise Refused(504, f"{lost}, and no other replica of model {dep.name!r} is ready", retry_after=2,
+                              code="upstream_timeout")
             raise Refused(503, f"no ready replica of model {dep.name!r} could be reached", retry_after=2,
                           code="model_not_ready")
         tried.add(replica.id)
         headers = {"x-modelgrid-replica": replica.label, "x-modelgrid-queue-ms": f"{1000 * queue_s:.1f}"}
         with gw.in_flight(dep, replica):
             try:
-                upstream_response, content = await _until_disconnect(
-                    request, _exchange(upstream, replica, request, path, body))
+                upstream_response, content = await _answered(gw, request, replica,
+                                                             _exchange(upstream, replica, request, path, body))
             except Unreachable:
                 gw.suspect(replica)
+                continue
+            except HostLost as e:
+                lost = e
                 continue
             if content is None:
                 return _stream(gw, dep, adapter, upstream_response, headers, arrived, replica, meter)
@@ -281,6 +300,8 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
         return _answer(upstream_response, content, headers)
     if unserved is not None:
         return _answer(*unserved, headers)
+    if lost is not None:
+        raise Refused(504, str(lost), retry_after=2, code="upstream_timeout")
     raise Refused(502, f"model {dep.name!r}: its replicas could not be reached ({', '.join(map(str, tried))})",
                   retry_after=2, code="upstream_unreachable")
 
@@ -349,7 +370,7 @@ def _answer(upstream_response: aiohttp.ClientResponse, content: bytes, headers: 
     return Response(content, status_code=upstream_response.status, headers=headers)
 
 
-async def _exchange(upstream: Upstream, replica, request: Request, path: str,
+async def _exchange(upstream: Upstream, replica: ReplicaView, request: Request, path: str,
                     body: bytes) -> tuple[aiohttp.ClientResponse, bytes | None]:
     """The agent's response with its whole body, or (a stream) with the body still to read (None). Server-sent
     events and answers of unknown length (the agent streams large v2 tensors) pass through as they come."""
@@ -359,8 +380,36 @@ async def _exchange(upstream: Upstream, replica, request: Request, path: str,
         return response, None
     try:
         return response, await response.read()
+    except aiohttp.ClientError as e:  # it answered, so it may have run the request: not sent again
+        raise Refused(502, f"replica {replica.label} on host {replica.host} broke off its answer "
+                      f"({e or type(e).__name__})", retry_after=2, code="upstream_broken") from e
     finally:
         response.release()
+
+
+async def _answered(gw: Gateway, request: Request, replica: ReplicaView, work):
+    """`work` (the exchange with `replica`) within the response timeout, else 504 naming the replica and its host's
+    state; HostLost when the replica's host leaves the connected state first (nothing was answered: the request
+    may go elsewhere); ClientDisconnect when the client goes away."""
+    task, began, limit = asyncio.current_task(), time.monotonic(), gw.settings.response_timeout_s
+    with gw.waiting.on(replica) as wait:
+        try:
+            async with asyncio.timeout(limit) as bound:
+                return await _until_disconnect(request, work)
+        except TimeoutError:
+            if not bound.expired():
+                raise
+            raise Refused(504, _unanswered(gw, replica, limit), retry_after=2, code="upstream_timeout") from None
+        except asyncio.CancelledError:
+            if not wait.lost or task.cancelling() > 1:  # not (only) this gateway's doing
+                raise
+            task.uncancel()
+            raise HostLost(_unanswered(gw, replica, time.monotonic() - began)) from None
+
+
+def _unanswered(gw: Gateway, replica: ReplicaView, waited: float) -> str:
+    return (f"replica {replica.label} on host {replica.host} did not answer within {waited:.3g} s "
+            f"({host_state(gw.fleet.hosts, replica.host)})")
 
 
 async def _until_disconnect(request: Request, work):
@@ -405,7 +454,7 @@ def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_resp
         count = 0
         tail = b""  # an answer of unknown length: its end, where its usage is
         try:
-            async for chunk in upstream_response.content.iter_any():
+            async for chunk in pieces(upstream_response, gw.settings.stream_idle_s):
                 if not events_stream:
                     if meter is not None:
                         tail = (tail + chunk)[-TAIL_BYTES:]
@@ -420,6 +469,12 @@ def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_resp
                 yield chunk
             if meter is not None and events_stream and (rest := meter.events(b"", last=True)):
                 yield rest
+        except Broken as e:
+            if not events_stream:
+                raise  # the connection is dropped: its client sees an answer cut short
+            # An event cut in half stays in the meter, not sent: the error starts an event of its own.
+            yield error_event(f"replica {replica.label} on host {replica.host} {e}; the answer is incomplete",
+                              "upstream_broken")
         finally:
             upstream_response.release()
             gw.outstanding[replica.id] -= 1

@@ -20,7 +20,7 @@ def expected() -> tuple[dict[str, DeploymentView], dict[str, str]]:
     for dep in Deployment.objects.select_related("model"):
         replicas = list(Replica.objects.filter(deployment=dep).select_related("host").order_by("index"))
         ready = tuple(ReplicaView(r.pk, f"{dep.name}#{r.index}", r.host.endpoint.rstrip("/"),
-                                  secrets.get(r.host.name, ""))
+                                  secrets.get(r.host.name, ""), r.host.name)
                       for r in replicas if r.host is not None and r.desired_state == r.observed_state == "ready"
                       and r.host.connected and r.host.endpoint and not dep.standby)
         names = tuple(sorted(a.name for a in dep.adapters.all()))
@@ -57,3 +57,18 @@ def test_the_snapshot_says_what_the_rows_say_through_changes(model_dir):
     fleet = load_fleet()
     assert (fleet.deployments, fleet.adapters) == expected()
     assert fleet.deployments["chat"].ready == () and "nightly-batch" not in fleet.deployments
+
+
+def test_the_snapshot_names_each_replicas_host_and_each_hosts_lifecycle(model_dir):
+    from django.utils import timezone
+
+    scene(str(model_dir))
+    fleet = load_fleet()
+    assert [(r.label, r.host) for r in fleet.deployments["chat"].ready] == [("chat#0", "gpu-a"), ("chat#1", "gpu-b")]
+    assert {name: h.state for name, h in fleet.hosts.items()} == {"gpu-a": "connected", "gpu-b": "connected"}
+
+    Host.objects.filter(name="gpu-a").update(connected=False, unknown_since=timezone.now())  # its lease lapsed
+    Host.objects.filter(name="gpu-b").update(connected=False, unknown_since=timezone.now(), evicted_at=timezone.now())
+    fleet = load_fleet()
+    assert {name: h.state for name, h in fleet.hosts.items()} == {"gpu-a": "unknown", "gpu-b": "offline"}
+    assert fleet.deployments["chat"].ready == ()
