@@ -279,8 +279,7 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
         headers = {"x-modelgrid-replica": replica.label, "x-modelgrid-queue-ms": f"{1000 * queue_s:.1f}"}
         with gw.in_flight(dep, replica):
             try:
-                upstream_response, content = await _answered(gw, request, replica,
-                                                             _exchange(upstream, replica, request, path, body))
+                upstream_response, content = await _exchange(gw, upstream, replica, request, path, body)
             except Unreachable:
                 gw.suspect(replica)
                 continue
@@ -370,32 +369,37 @@ def _answer(upstream_response: aiohttp.ClientResponse, content: bytes, headers: 
     return Response(content, status_code=upstream_response.status, headers=headers)
 
 
-async def _exchange(upstream: Upstream, replica: ReplicaView, request: Request, path: str,
+async def _exchange(gw: Gateway, upstream: Upstream, replica: ReplicaView, request: Request, path: str,
                     body: bytes) -> tuple[aiohttp.ClientResponse, bytes | None]:
     """The agent's response with its whole body, or (a stream) with the body still to read (None). Server-sent
     events and answers of unknown length (the agent streams large v2 tensors) pass through as they come."""
-    response = await upstream.send(replica, request.method, path, body, request.headers.get("content-type"),
-                                   request.headers.get(INFERENCE_HEADER_LENGTH))
+    response = await _answered(gw, request, replica, upstream.send(
+        replica, request.method, path, body, request.headers.get("content-type"),
+        request.headers.get(INFERENCE_HEADER_LENGTH)))
     if response.content_type == "text/event-stream" or response.content_length is None:
         return response, None
     try:
-        return response, await response.read()
-    except aiohttp.ClientError as e:  # it answered, so it may have run the request: not sent again
-        raise Refused(502, f"replica {replica.label} on host {replica.host} broke off its answer "
-                      f"({e or type(e).__name__})", retry_after=2, code="upstream_broken") from e
+        return response, await _until_disconnect(request, _whole(response, gw.settings.stream_idle_s))
+    except Broken as e:  # it answered, so it may have run the request: not sent again
+        raise Refused(502, f"replica {replica.label} on host {replica.host} {e}", retry_after=2,
+                      code="upstream_broken") from e
     finally:
         response.release()
 
 
-async def _answered(gw: Gateway, request: Request, replica: ReplicaView, work):
-    """`work` (the exchange with `replica`) within the response timeout, else 504 naming the replica and its host's
-    state; HostLost when the replica's host leaves the connected state first (nothing was answered: the request
-    may go elsewhere); ClientDisconnect when the client goes away."""
+async def _whole(response: aiohttp.ClientResponse, idle_s: float) -> bytes:
+    return b"".join([piece async for piece in pieces(response, idle_s)])
+
+
+async def _answered(gw: Gateway, request: Request, replica: ReplicaView, send):
+    """The response `send` gets from `replica` (its headers) within the response timeout, else 504 naming the replica
+    and its host's state; HostLost when the replica's host leaves the connected state first (nothing was answered:
+    the request may go elsewhere); ClientDisconnect when the client goes away."""
     task, began, limit = asyncio.current_task(), time.monotonic(), gw.settings.response_timeout_s
     with gw.waiting.on(replica) as wait:
         try:
             async with asyncio.timeout(limit) as bound:
-                return await _until_disconnect(request, work)
+                return await _until_disconnect(request, send)
         except TimeoutError:
             if not bound.expired():
                 raise

@@ -32,6 +32,18 @@ class FaultyAgent(FakeAgent):
         super().__init__(secret, name)
         self.fault = ""
 
+    async def answer(self, request: web.Request) -> web.StreamResponse:
+        if self.fault != "cut":
+            return await super().answer(request)
+        self.seen.append((request.path, await request.read()))
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.content_length = 100
+        await response.prepare(request)
+        await response.write(b'{"agent": ')
+        await asyncio.sleep(0.05)
+        request.transport.close()
+        return response
+
     async def stream(self, request: web.Request) -> web.StreamResponse:
         self.seen.append((request.path, await request.read()))
         if not self.fault:
@@ -160,6 +172,22 @@ async def test_a_stream_that_stops_ends_with_an_error_event(fleet, fault):
     why = "sent nothing for 0.5 s" if fault == "stall" else "broke off its answer"
     host = next(a.name for a in agents if a.seen)
     assert error["message"].startswith(f"replica {r.headers['x-modelgrid-replica']} on host {host} {why}"), error
+
+
+async def test_an_answer_cut_off_after_its_headers_gets_502_and_is_not_sent_again(fleet):
+    agents, _, token = fleet
+    for agent in agents:
+        agent.fault = "cut"
+    gateway = _gateway()
+    async with _client(gateway, token) as client:
+        r = await client.post("/v1/completions", json={"model": "chat", "prompt": "hi"})
+    await gateway.close()
+    assert r.status_code == 502, r.text
+    (agent,) = [a for a in agents if a.seen]  # the replica may have run it
+    label = {"h1": "chat#0", "h2": "chat#1"}[agent.name]
+    error = r.json()["error"]
+    assert error["code"] == "upstream_broken"
+    assert error["message"].startswith(f"replica {label} on host {agent.name} broke off its answer")
 
 
 def test_the_gateways_timeouts_come_from_the_settings():
