@@ -1,8 +1,8 @@
-"""Requests waiting for a replica's answer, by replica. When a snapshot of the fleet finds that replica's host no
-longer connected (its lease lapsed or its link closed: Host.lifecycle, the one rule of host liveness), the requests
-still waiting for their answer's headers are cancelled, so that each goes once to another replica (proxy.py):
-nothing reached their clients yet, and the paused agent finds the connection closed when it wakes. An answer that
-has begun is never sent elsewhere."""
+"""Requests waiting for a replica's answer, by replica. When a snapshot of the fleet finds that replica's host lost
+(no longer connected, Host.lifecycle's rule, and its agent unheard for a lease: HostView.lost), the requests still
+waiting for their answer's headers are cancelled, so that each goes once to another replica (proxy.py): nothing
+reached their clients yet, and a paused agent finds the connection closed when it wakes. An answer that has begun is
+never sent elsewhere."""
 
 from __future__ import annotations
 
@@ -51,16 +51,15 @@ class Waiting:
                 del self._by_replica[replica.id]
 
     def lapse(self, hosts: Mapping[str, HostView]) -> int:
-        """Cancel the waits on replicas whose host `hosts` (a new snapshot's) no longer has connected; how many."""
+        """Cancel the waits on replicas whose host `hosts` (a new snapshot's) has lost, or no longer has; how many."""
         cancelled = 0
         for waits in self._by_replica.values():
             for wait in waits:
-                if not wait.replica.host:
+                if not wait.replica.host or wait.lost:
                     continue
                 host = hosts.get(wait.replica.host)
-                state = host.state if host is not None else "offline"  # deleted
-                if state != "connected" and not wait.lost:
-                    wait.lost = state
+                if host is None or host.lost:  # (a deleted host is gone for good)
+                    wait.lost = host.state if host is not None else "offline"
                     wait.task.cancel()
                     cancelled += 1
         return cancelled

@@ -135,6 +135,26 @@ async def test_a_request_waiting_on_a_host_whose_lease_lapses_is_sent_once_to_an
     assert [r.json()["agent"] for r in after] == ["h2"] * 3 and len(agents[0].seen) == 1
 
 
+async def test_a_request_waiting_on_a_host_whose_link_closes_under_a_live_agent_is_answered_there(fleet):
+    # A console restarting closes its agents' links: they are unknown until they reconnect, but they were heard just
+    # now and serve on; what they run is not sent again elsewhere.
+    agents, replicas, token = fleet
+    agents[0].delay = 0.5
+    gateway = _gateway()
+    await gateway.ensure_started()
+    gateway.outstanding[replicas[1]] = 1  # busier: the request goes to h1
+    async with _client(gateway, token) as client:
+        call = asyncio.ensure_future(client.post("/v1/completions", json={"model": "chat", "prompt": "hi"}))
+        await _until(lambda: agents[0].seen or call.done(), "the request reach h1")
+        now = timezone.now()
+        await sync_to_async(Host.objects.filter(name="h1").update)(connected=False, unknown_since=now, last_seen=now)
+        await gateway.refresh()
+        answer = await asyncio.wait_for(call, 10)
+    await gateway.close()
+    assert answer.status_code == 200 and answer.json()["agent"] == "h1"
+    assert not agents[1].seen and agents[0].cancelled == 0
+
+
 async def test_a_request_on_a_lapsed_host_with_no_other_replica_gets_504_saying_so(fleet):
     agents, _, token = fleet
     await sync_to_async(Replica.objects.filter(host__name="h2").delete)()

@@ -60,6 +60,9 @@ def test_the_snapshot_says_what_the_rows_say_through_changes(model_dir):
 
 
 def test_the_snapshot_names_each_replicas_host_and_each_hosts_lifecycle(model_dir):
+    from datetime import timedelta
+
+    from django.conf import settings
     from django.utils import timezone
 
     scene(str(model_dir))
@@ -67,8 +70,16 @@ def test_the_snapshot_names_each_replicas_host_and_each_hosts_lifecycle(model_di
     assert [(r.label, r.host) for r in fleet.deployments["chat"].ready] == [("chat#0", "gpu-a"), ("chat#1", "gpu-b")]
     assert {name: h.state for name, h in fleet.hosts.items()} == {"gpu-a": "connected", "gpu-b": "connected"}
 
-    Host.objects.filter(name="gpu-a").update(connected=False, unknown_since=timezone.now())  # its lease lapsed
-    Host.objects.filter(name="gpu-b").update(connected=False, unknown_since=timezone.now(), evicted_at=timezone.now())
+    assert not any(h.lost for h in fleet.hosts.values())
+
+    now = timezone.now()
+    Host.objects.filter(name="gpu-a").update(connected=False, unknown_since=now, last_seen=now)  # its link closed
+    Host.objects.filter(name="gpu-b").update(connected=False, unknown_since=now - timedelta(minutes=2),
+                                             evicted_at=now, last_seen=now - timedelta(minutes=2))
     fleet = load_fleet()
     assert {name: h.state for name, h in fleet.hosts.items()} == {"gpu-a": "unknown", "gpu-b": "offline"}
     assert fleet.deployments["chat"].ready == ()
+    # Lost: not connected and unheard for a lease (a lapsed lease; a closed link its agent did not come back to).
+    assert {name: h.lost for name, h in fleet.hosts.items()} == {"gpu-a": False, "gpu-b": True}
+    Host.objects.filter(name="gpu-a").update(last_seen=now - timedelta(seconds=settings.MODELGRID_HOST_LEASE_SECONDS))
+    assert load_fleet().hosts["gpu-a"].lost
