@@ -321,6 +321,16 @@ MODELGRID_GATEWAY_QUEUE_MAX = envint("MODELGRID_GATEWAY_QUEUE_MAX", 256)
 MODELGRID_GATEWAY_TOKEN_CONCURRENCY = envint("MODELGRID_GATEWAY_TOKEN_CONCURRENCY", 64)
 MODELGRID_GATEWAY_DEPLOYMENT_CONCURRENCY = envint("MODELGRID_GATEWAY_DEPLOYMENT_CONCURRENCY", 256)
 MODELGRID_GATEWAY_MAX_BODY_BYTES = envint("MODELGRID_GATEWAY_MAX_BODY_BYTES", 16 * 1024 * 1024)
+# How long the gateway waits on an agent: to connect; for an answer's headers (a non-streamed generation's come when
+# it is done, so this stays above the agents' --generation-timeout, 300 s); and between two pieces of a streamed
+# answer, the first included (a prompt's prefill and the engine's queue come before it).
+MODELGRID_GATEWAY_CONNECT_TIMEOUT_SECONDS = _at_least("MODELGRID_GATEWAY_CONNECT_TIMEOUT_SECONDS",
+                                                      envfloat("MODELGRID_GATEWAY_CONNECT_TIMEOUT_SECONDS", 5.0), 0.1)
+MODELGRID_GATEWAY_RESPONSE_TIMEOUT_SECONDS = _at_least("MODELGRID_GATEWAY_RESPONSE_TIMEOUT_SECONDS",
+                                                       envfloat("MODELGRID_GATEWAY_RESPONSE_TIMEOUT_SECONDS", 360.0),
+                                                       0.1)
+MODELGRID_GATEWAY_STREAM_IDLE_SECONDS = _at_least("MODELGRID_GATEWAY_STREAM_IDLE_SECONDS",
+                                                  envfloat("MODELGRID_GATEWAY_STREAM_IDLE_SECONDS", 120.0), 0.1)
 # `up`'s HTTP connections (console/connections.py): at most this many open (0: half the process's descriptor
 # limit), each sending a request's headers within the first timeout and its body within the second.
 MODELGRID_MAX_CONNECTIONS = int(_at_least("MODELGRID_MAX_CONNECTIONS", envint("MODELGRID_MAX_CONNECTIONS", 0), 0))

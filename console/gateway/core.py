@@ -25,6 +25,7 @@ from channels.layers import get_channel_layer
 from console.dbthreads import own_thread
 from console.gateway import bookkeeping
 from console.gateway.auth import Caller, TokenCache, lookup
+from console.gateway.failover import Waiting
 from console.gateway.fleet import DeploymentView, FleetView, ReplicaView, load_fleet
 from console.gateway.limits import Limiter
 from console.gateway.metrics import METRICS, ConsoleMetrics
@@ -51,6 +52,9 @@ class GatewaySettings:
     token_concurrency: int = 64
     deployment_concurrency: int = 256
     max_body_bytes: int = 16 * 1024 * 1024
+    connect_timeout_s: float = 5.0  # to an agent's inference port
+    response_timeout_s: float = 360.0  # for an answer's headers (a whole non-streamed generation)
+    stream_idle_s: float = 120.0  # between two pieces of a streamed answer
 
     @classmethod
     def from_django(cls) -> GatewaySettings:
@@ -60,7 +64,10 @@ class GatewaySettings:
                    queue_max=settings.MODELGRID_GATEWAY_QUEUE_MAX,
                    token_concurrency=settings.MODELGRID_GATEWAY_TOKEN_CONCURRENCY,
                    deployment_concurrency=settings.MODELGRID_GATEWAY_DEPLOYMENT_CONCURRENCY,
-                   max_body_bytes=settings.MODELGRID_GATEWAY_MAX_BODY_BYTES)
+                   max_body_bytes=settings.MODELGRID_GATEWAY_MAX_BODY_BYTES,
+                   connect_timeout_s=settings.MODELGRID_GATEWAY_CONNECT_TIMEOUT_SECONDS,
+                   response_timeout_s=settings.MODELGRID_GATEWAY_RESPONSE_TIMEOUT_SECONDS,
+                   stream_idle_s=settings.MODELGRID_GATEWAY_STREAM_IDLE_SECONDS)
 
 
 class Refused(Exception):
@@ -97,7 +104,8 @@ class Gateway:
         self.waiters: dict[str, list[_Waiter]] = {}
         self.book = bookkeeping.Book(f"{socket.gethostname()}:{os.getpid()}")
         self.usage = Tally()  # what requests cost, per minute, team, token and deployment, until the next flush
-        self.upstream = Upstream()
+        self.upstream = Upstream(self.settings.connect_timeout_s)
+        self.waiting = Waiting()  # requests waiting for replicas' answers: sent elsewhere when a host is lost
         self._seq = itertools.count()
         self._turn = itertools.count()
         self.rng = random.Random()  # routes' weighted choices (tests seed it)
@@ -150,6 +158,7 @@ class Gateway:
     async def refresh(self) -> None:
         began = time.monotonic()
         self.fleet = await own_thread(load_fleet)()
+        self.waiting.lapse(self.fleet.hosts)  # a host no longer connected: its waiting requests go elsewhere
         ready = {r.id for d in self.fleet.deployments.values() for r in d.ready}
         # A suspect that the fleet no longer lists as ready will be routable once it reports ready again.
         for rid in [r for r, t in self.suspects.items() if r not in ready or began - t > SUSPECT_S]:

@@ -5,7 +5,11 @@ request path reads memory only and never waits on the database."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import NamedTuple
+
+from django.conf import settings
+from django.utils import timezone
 
 from console.carried import CarriedRows
 from console.catalog.models import Adapter
@@ -22,6 +26,7 @@ class ReplicaView:
     label: str  # "chat#0", as the API and the dashboard name it
     endpoint: str  # the agent's inference base URL
     secret: str  # what that agent's inference port accepts (its host's gateway secret)
+    host: str = ""  # its host's name (FleetView.hosts says whether that host is still connected)
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,11 @@ class DeploymentView:
 class HostView(NamedTuple):
     endpoint: str  # the agent's inference base URL ("" until its hello names one)
     secret: str  # what that agent's inference port accepts
+    state: str = "connected"  # connected | unknown | offline (Host.lifecycle)
+    # Not connected, and its agent unheard for a lease (its lease lapsed, or its link closed and it has not come back
+    # within one): requests still waiting for its replicas' answers go elsewhere (failover.py). A link that closes
+    # under a live agent (a console restarting) is not that: its agent reconnects, and what it runs carries on.
+    lost: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,9 +97,11 @@ _REPLICAS = CarriedRows(Replica, _Replica._fields, ("deployment_id", "index"))
 def load_fleet() -> FleetView:
     """Read the fleet from the database (sync; the gateway calls it off the event loop)."""
     secrets = {c.host_name: c.gateway_secret for c in AgentCredential.objects.only("host_name", "token_hash")}
-    rows = list(Host.objects.values_list("pk", "name", "endpoint", "connected"))
-    hosts = {pk: (endpoint.rstrip("/"), secrets.get(name, ""), connected) for pk, name, endpoint, connected in rows}
-    by_name = {name: HostView(*hosts[pk][:2]) for pk, name, _, _ in rows}
+    rows = list(Host.objects.only("pk", "name", "endpoint", "connected", "last_seen", "unknown_since", "evicted_at"))
+    hosts = {h.pk: (h.endpoint.rstrip("/"), secrets.get(h.name, ""), h.connected, h.name) for h in rows}
+    unheard = timezone.now() - timedelta(seconds=settings.MODELGRID_HOST_LEASE_SECONDS)
+    by_name = {h.name: HostView(*hosts[h.pk][:2], h.lifecycle, not h.connected and (
+        h.last_seen is None or h.last_seen <= unheard)) for h in rows}
     replicas: dict[int, list[_Replica]] = {}
     for row in _REPLICAS.read():
         replicas.setdefault(row[0], []).append(_Replica(*row))
@@ -104,7 +116,7 @@ def load_fleet() -> FleetView:
             host = hosts.get(r.host_id) if r.host_id is not None else None
             if host is not None and r.desired_state == "ready" and r.observed_state == "ready" and host[2] \
                     and host[0] and not standby:
-                ready.append(ReplicaView(r.pk, f"{name}#{r.index}", host[0], host[1]))
+                ready.append(ReplicaView(r.pk, f"{name}#{r.index}", host[0], host[1], host[3]))
         for a in names.get(pk, ()):
             adapters[a] = name
         deployments[name] = DeploymentView(

@@ -1,7 +1,9 @@
 """Sending a request on to a replica: the body (size-limited), the model it names, concurrency limits, a
 ready replica (waiting in the deployment's queue while the scheduler wakes or places one), the agent with
 its host's secret, and the answer (streamed through when the agent streams). A connection that fails before
-the first byte is retried once on another replica; a client that goes away cancels the upstream request."""
+the first byte is retried once on another replica, and so is a request still waiting for its answer when its
+replica's host is lost (failover.py); a client that goes away cancels the upstream request. The wait for an
+answer and the gaps in a stream are bounded: a stream that breaks off ends with an error event."""
 
 from __future__ import annotations
 
@@ -19,10 +21,19 @@ from agent.protocol import UNSERVED_HEADER
 from console.gateway.auth import Caller, bearer, unauthorized
 from console.gateway.core import Gateway, Refused
 from console.gateway.errors import Family
-from console.gateway.fleet import DeploymentView, FleetView
-from console.gateway.routes import FALLBACK_STATUSES, ROUTE_HEADER, RouteView
+from console.gateway.failover import HostLost, host_state
+from console.gateway.fleet import DeploymentView, FleetView, ReplicaView
+from console.gateway.routes import FALLBACK_STATUSES, GONE, ROUTE_HEADER, BranchView, RouteView, retry_branch
 from console.gateway.triton import check_version
-from console.gateway.upstream import INFERENCE_HEADER_LENGTH, PASSED_HEADERS, Unreachable, Upstream
+from console.gateway.upstream import (
+    INFERENCE_HEADER_LENGTH,
+    PASSED_HEADERS,
+    Broken,
+    Unreachable,
+    Upstream,
+    error_event,
+    pieces,
+)
 from console.gateway.usage import STREAMED_PATHS, Meter, ask_for_usage
 
 CLIENT_CLOSED = 499
@@ -109,6 +120,7 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
         status, served = e.status, not e.callers
         refusal = family.error(e.status, str(e), e.code, e.retry_after)
         refusal.callers = e.callers  # for a route: its fallback would meet the same limit
+        refusal.counted = bool(deployment)  # for a route's 404: admission counted it (or it was refused before)
         return refusal
     except ClientDisconnect:
         status = CLIENT_CLOSED
@@ -235,20 +247,22 @@ def _target(gw: Gateway, name: str, adapter: str | None, caller: Caller) -> tupl
 
 async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, dep: DeploymentView,
                 adapter: str | None, queue_s: float, arrived: float, meter: Meter | None = None) -> Response:
-    """Send to a replica; a connection that fails before any byte comes back is retried once elsewhere."""
+    """Send to a replica; a connection that fails before any byte comes back, or a request whose replica's host is
+    lost before it answers, is sent once elsewhere."""
     query = request.scope.get("query_string", b"")
     path = request.scope["path"] + (f"?{query.decode('latin-1')}" if query else "")
     tried: set[int] = set()
     unserved = None  # a first replica's agent refused it untouched: its answer, should no other replica take it
+    lost = None  # a replica's host was lost before it answered: why, should no other replica take it
     for attempt in range(2):
         replica = gw.pick(dep, adapter, tried)
-        if replica is None and (attempt == 0 or unserved is not None):
+        if replica is None and lost is None and (attempt == 0 or unserved is not None):
             # Every ready replica is suspect, or the one tried does not serve now (asleep, draining): wait in the
             # deployment's queue while the scheduler wakes or places one, as for a model that was not ready.
             try:
                 dep, more = await gw.ready_view(dep.name)
-            except Refused:
-                if unserved is None:
+            except Refused as e:
+                if unserved is None or e.status == GONE:  # deleted meanwhile: a route takes that to a live branch
                     raise
                 break  # waited in vain: the agent's own refusal says why
             queue_s += more
@@ -256,16 +270,21 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
         if replica is None:
             if unserved is not None:
                 break
+            if lost is not None:
+                raise Refused(504, f"{lost}, and no other replica of model {dep.name!r} is ready", retry_after=2,
+                              code="upstream_timeout")
             raise Refused(503, f"no ready replica of model {dep.name!r} could be reached", retry_after=2,
                           code="model_not_ready")
         tried.add(replica.id)
         headers = {"x-modelgrid-replica": replica.label, "x-modelgrid-queue-ms": f"{1000 * queue_s:.1f}"}
         with gw.in_flight(dep, replica):
             try:
-                upstream_response, content = await _until_disconnect(
-                    request, _exchange(upstream, replica, request, path, body))
+                upstream_response, content = await _exchange(gw, upstream, replica, request, path, body)
             except Unreachable:
                 gw.suspect(replica)
+                continue
+            except HostLost as e:
+                lost = e
                 continue
             if content is None:
                 return _stream(gw, dep, adapter, upstream_response, headers, arrived, replica, meter)
@@ -280,26 +299,42 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
         return _answer(upstream_response, content, headers)
     if unserved is not None:
         return _answer(*unserved, headers)
+    if lost is not None:
+        raise Refused(504, str(lost), retry_after=2, code="upstream_timeout")
     raise Refused(502, f"model {dep.name!r}: its replicas could not be reached ({', '.join(map(str, tried))})",
                   retry_after=2, code="upstream_unreachable")
 
 
 async def _routed(gw: Gateway, request: Request, family: Family, body: bytes, route: RouteView) -> Response:
-    """A request to a route: to a branch chosen by weight, as if the client had named it, and to the route's fallback
-    once when that branch is refused or overloaded; the answer names the branch that served (x-modelgrid-route)."""
+    """A request to a route: to a branch chosen by weight, as if the client had named it, and on once when that branch
+    is gone (to another live branch), refused or overloaded (to the route's fallback); the answer names the branch
+    that served (x-modelgrid-route). The second try counts against the caller's limits only if the first did not."""
     branch = route.choose(gw.rng.random())
     if branch is None:
         raise Refused(503, f"route {route.name!r} has no branches left (their deployments were deleted); give it one "
                       f"(PATCH /api/v1/routes/{route.name})", code="model_not_ready")
     response = await proxy(gw, await _retargeted(request, family, body, branch.model), family)
-    served = branch.target
-    if (response.status_code in FALLBACK_STATUSES and route.fallback not in (None, branch.deployment)
-            and not isinstance(response, StreamingResponse) and not getattr(response, "callers", False)):
-        first = response.status_code
-        response = await proxy(gw, await _retargeted(request, family, body, route.fallback), family, fallback=True)
-        served = f"{route.fallback} (fallback: {branch.target} answered {first})"
+    served, first = branch.target, response.status_code
+    target = None
+    if first in FALLBACK_STATUSES and not isinstance(response, StreamingResponse) \
+            and not getattr(response, "callers", False):
+        if first == GONE and (live := _live_branch(gw, route, branch)) is not None:
+            target, how = live.model, f"{live.target} (retried: {branch.target} answered {first})"
+        elif route.fallback not in (None, branch.deployment):
+            target, how = route.fallback, f"{route.fallback} (fallback: {branch.target} answered {first})"
+    if target is not None:
+        again = getattr(response, "counted", True)
+        response = await proxy(gw, await _retargeted(request, family, body, target), family, fallback=again)
+        served = how
     response.headers[ROUTE_HEADER] = f"{route.name} -> {served}"
     return response
+
+
+def _live_branch(gw: Gateway, route: RouteView, gone: BranchView) -> BranchView | None:
+    """Another branch of the route as the snapshot has it now (the gone one's deployment may have left it)."""
+    fleet = gw.fleet
+    now = fleet.routes.get(route.name, route)
+    return retry_branch(now, gone, fleet.deployments, fleet.adapters, gw.rng.random())
 
 
 async def _retargeted(request: Request, family: Family, body: bytes, model: str) -> Request:
@@ -334,18 +369,51 @@ def _answer(upstream_response: aiohttp.ClientResponse, content: bytes, headers: 
     return Response(content, status_code=upstream_response.status, headers=headers)
 
 
-async def _exchange(upstream: Upstream, replica, request: Request, path: str,
+async def _exchange(gw: Gateway, upstream: Upstream, replica: ReplicaView, request: Request, path: str,
                     body: bytes) -> tuple[aiohttp.ClientResponse, bytes | None]:
     """The agent's response with its whole body, or (a stream) with the body still to read (None). Server-sent
     events and answers of unknown length (the agent streams large v2 tensors) pass through as they come."""
-    response = await upstream.send(replica, request.method, path, body, request.headers.get("content-type"),
-                                   request.headers.get(INFERENCE_HEADER_LENGTH))
+    response = await _answered(gw, request, replica, upstream.send(
+        replica, request.method, path, body, request.headers.get("content-type"),
+        request.headers.get(INFERENCE_HEADER_LENGTH)))
     if response.content_type == "text/event-stream" or response.content_length is None:
         return response, None
     try:
-        return response, await response.read()
+        return response, await _until_disconnect(request, _whole(response, gw.settings.stream_idle_s))
+    except Broken as e:  # it answered, so it may have run the request: not sent again
+        raise Refused(502, f"replica {replica.label} on host {replica.host} {e}", retry_after=2,
+                      code="upstream_broken") from e
     finally:
         response.release()
+
+
+async def _whole(response: aiohttp.ClientResponse, idle_s: float) -> bytes:
+    return b"".join([piece async for piece in pieces(response, idle_s)])
+
+
+async def _answered(gw: Gateway, request: Request, replica: ReplicaView, send):
+    """The response `send` gets from `replica` (its headers) within the response timeout, else 504 naming the replica
+    and its host's state; HostLost when the replica's host leaves the connected state first (nothing was answered:
+    the request may go elsewhere); ClientDisconnect when the client goes away."""
+    task, began, limit = asyncio.current_task(), time.monotonic(), gw.settings.response_timeout_s
+    with gw.waiting.on(replica) as wait:
+        try:
+            async with asyncio.timeout(limit) as bound:
+                return await _until_disconnect(request, send)
+        except TimeoutError:
+            if not bound.expired():
+                raise
+            raise Refused(504, _unanswered(gw, replica, limit), retry_after=2, code="upstream_timeout") from None
+        except asyncio.CancelledError:
+            if not wait.lost or task.cancelling() > 1:  # not (only) this gateway's doing
+                raise
+            task.uncancel()
+            raise HostLost(_unanswered(gw, replica, time.monotonic() - began)) from None
+
+
+def _unanswered(gw: Gateway, replica: ReplicaView, waited: float) -> str:
+    return (f"replica {replica.label} on host {replica.host} did not answer within {waited:.3g} s "
+            f"({host_state(gw.fleet.hosts, replica.host)})")
 
 
 async def _until_disconnect(request: Request, work):
@@ -390,7 +458,7 @@ def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_resp
         count = 0
         tail = b""  # an answer of unknown length: its end, where its usage is
         try:
-            async for chunk in upstream_response.content.iter_any():
+            async for chunk in pieces(upstream_response, gw.settings.stream_idle_s):
                 if not events_stream:
                     if meter is not None:
                         tail = (tail + chunk)[-TAIL_BYTES:]
@@ -405,6 +473,12 @@ def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_resp
                 yield chunk
             if meter is not None and events_stream and (rest := meter.events(b"", last=True)):
                 yield rest
+        except Broken as e:
+            if not events_stream:
+                raise  # the connection is dropped: its client sees an answer cut short
+            # An event cut in half stays in the meter, not sent: the error starts an event of its own.
+            yield error_event(f"replica {replica.label} on host {replica.host} {e}; the answer is incomplete",
+                              "upstream_broken")
         finally:
             upstream_response.release()
             gw.outstanding[replica.id] -= 1

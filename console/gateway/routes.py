@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from console.routes.models import Branch, Route
 
 ROUTE_HEADER = "x-modelgrid-route"
-# A branch's answers that send the request on to the route's fallback, once: refused (the scheduler's 503, no replica
-# in time) or overloaded (a limit's 429, an agent's 503). Nothing ran for either.
-FALLBACK_STATUSES = frozenset({429, 503})
+# A branch's answers that send the request on once, to the route's fallback: refused (the scheduler's 503, no replica
+# in time), overloaded (a limit's 429, an agent's 503), or gone (404: its deployment or adapter was deleted after the
+# branch was chosen, or its agent no longer runs it). Nothing ran for any of them. A gone branch's request goes to
+# another live branch first (retry_branch), so deleting a branch mid-traffic loses none.
+FALLBACK_STATUSES = frozenset({404, 429, 503})
+GONE = 404
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,15 @@ class RouteView:
         if not self.branches:
             return None
         return self.branches[bisect.bisect_right(self.bounds, draw * self.bounds[-1])]
+
+
+def retry_branch(route: RouteView, gone: BranchView, deployments: Collection[str], adapters: Mapping[str, str],
+                 draw: float) -> BranchView | None:
+    """The branch to send a request to once `gone` answered that its model is not there: another of `route`'s branches
+    whose deployment (and adapter) the snapshot still holds, by weight for a uniform `draw`; None without one."""
+    live = tuple(b for b in route.branches if b.target != gone.target and b.deployment in deployments
+                 and (b.adapter is None or adapters.get(b.adapter) == b.deployment))
+    return RouteView(route.name, live).choose(draw)
 
 
 def load_routes() -> dict[str, RouteView]:

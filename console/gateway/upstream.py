@@ -5,6 +5,8 @@ after the first byte (never retried: the replica may have acted on it)."""
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import AsyncIterator
 
 import aiohttp
 
@@ -12,6 +14,7 @@ from agent.protocol import REPLICA_HEADER
 from console.gateway.fleet import ReplicaView
 
 CONNECT_TIMEOUT_S = 5.0
+DONE = b"data: [DONE]\n\n"
 # Triton's binary tensor extension: the length of the JSON header before a body's raw tensor bytes, both ways.
 INFERENCE_HEADER_LENGTH = "inference-header-content-length"
 PASSED_HEADERS = ("content-type", "retry-after", INFERENCE_HEADER_LENGTH)
@@ -21,8 +24,36 @@ class Unreachable(Exception):
     """The replica's agent could not be reached before it sent anything back."""
 
 
+class Broken(Exception):
+    """An answer that stopped coming after it had begun: its connection broke, or nothing came for too long."""
+
+
+async def pieces(response: aiohttp.ClientResponse, idle_s: float) -> AsyncIterator[bytes]:
+    """A response's body as it comes; Broken when its connection breaks off or nothing comes for `idle_s` seconds
+    (a paused agent sends nothing and keeps its connection open)."""
+    while True:
+        try:
+            async with asyncio.timeout(idle_s):
+                piece = await response.content.readany()
+        except TimeoutError:
+            raise Broken(f"sent nothing for {idle_s:g} s") from None
+        except aiohttp.ClientError as e:
+            raise Broken(f"broke off its answer ({e or type(e).__name__})") from e
+        if not piece:
+            return
+        yield piece
+
+
+def error_event(message: str, code: str) -> bytes:
+    """A stream's end after a failure, as vLLM and the agents end theirs: an OpenAI error object as the last event,
+    then `[DONE]` (the official client raises on the error; one that reads to `[DONE]` still ends)."""
+    error = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+    return b"data: " + json.dumps(error).encode() + b"\n\n" + DONE
+
+
 class Upstream:
-    def __init__(self) -> None:
+    def __init__(self, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        self.connect_timeout_s = connect_timeout_s
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -30,8 +61,9 @@ class Upstream:
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._loop is not loop:
             # No total timeout: a long generation is the replica's business, and the client's disconnect
-            # cancels it. Connecting is bounded so a dead host is found out quickly and retried elsewhere.
-            timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S)
+            # cancels it. Connecting is bounded so a dead host is found out quickly and retried elsewhere; the
+            # wait for an answer and the gaps in a stream are bounded by the gateway (proxy.py, pieces()).
+            timeout = aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s)
             connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
             # No cookies between the gateway and agents: a dummy jar skips that work on every request.
             self._session = aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False,

@@ -182,6 +182,33 @@ def test_a_killed_vllm_fails_its_replica_with_its_last_lines_and_comes_back(vllm
     assert client(vllm_stack).completions.create(model="vchat", prompt="hi", max_tokens=2).usage.completion_tokens
 
 
+def test_a_vllm_killed_mid_stream_ends_its_clients_stream_with_an_error_and_comes_back(vllm_stack):
+    import openai
+    import psutil
+
+    api = vllm_stack.api()
+    worker = serving(api, "vchat")["pid"]
+    (server,) = [p for p in psutil.Process(worker).children() if "vllm.entrypoints" in " ".join(p.cmdline())]
+    # A client that would wait a minute between two pieces: the stream must end well before that, by itself.
+    impatient = OpenAI(base_url=vllm_stack.url.rstrip("/") + "/v1", api_key=vllm_stack.token, timeout=60,
+                       max_retries=0)
+    stream = impatient.completions.create(model="vchat", prompt="hi", max_tokens=200, n=8, stream=True,
+                                          extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    assert next(chunks).choices  # it has begun
+    os.kill(server.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    with pytest.raises(openai.APIError) as raised:
+        for _ in chunks:
+            pass
+    ended = time.monotonic() - killed
+    assert not isinstance(raised.value, openai.APIConnectionError), raised.value  # an error event, not a cut or hang
+    assert "its vLLM server broke off the stream" in raised.value.message, raised.value.message
+    assert ended < 30, ended  # promised within 5 s; bounded generously on a loaded machine
+    wait_for(lambda: serving(api, "vchat", fail_fast=False), START_S, interval=1, what="vchat to be started again")
+    assert client(vllm_stack).completions.create(model="vchat", prompt="hi", max_tokens=2).usage.completion_tokens
+
+
 def test_two_vllm_deployments_share_one_gpu_in_time_with_no_failed_request(llama64, tmp_path):
     # Room for one vLLM replica (about 3 GiB reserved), not two: each request switches the GPU to its model.
     stack, drop_db = start(tmp_path / "data", gpus="sim:1x4GiB", MODELGRID_VLLM_PYTHON=VLLM_PYTHON,

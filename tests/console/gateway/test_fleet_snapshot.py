@@ -20,7 +20,7 @@ def expected() -> tuple[dict[str, DeploymentView], dict[str, str]]:
     for dep in Deployment.objects.select_related("model"):
         replicas = list(Replica.objects.filter(deployment=dep).select_related("host").order_by("index"))
         ready = tuple(ReplicaView(r.pk, f"{dep.name}#{r.index}", r.host.endpoint.rstrip("/"),
-                                  secrets.get(r.host.name, ""))
+                                  secrets.get(r.host.name, ""), r.host.name)
                       for r in replicas if r.host is not None and r.desired_state == r.observed_state == "ready"
                       and r.host.connected and r.host.endpoint and not dep.standby)
         names = tuple(sorted(a.name for a in dep.adapters.all()))
@@ -57,3 +57,29 @@ def test_the_snapshot_says_what_the_rows_say_through_changes(model_dir):
     fleet = load_fleet()
     assert (fleet.deployments, fleet.adapters) == expected()
     assert fleet.deployments["chat"].ready == () and "nightly-batch" not in fleet.deployments
+
+
+def test_the_snapshot_names_each_replicas_host_and_each_hosts_lifecycle(model_dir):
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    scene(str(model_dir))
+    fleet = load_fleet()
+    assert [(r.label, r.host) for r in fleet.deployments["chat"].ready] == [("chat#0", "gpu-a"), ("chat#1", "gpu-b")]
+    assert {name: h.state for name, h in fleet.hosts.items()} == {"gpu-a": "connected", "gpu-b": "connected"}
+
+    assert not any(h.lost for h in fleet.hosts.values())
+
+    now = timezone.now()
+    Host.objects.filter(name="gpu-a").update(connected=False, unknown_since=now, last_seen=now)  # its link closed
+    Host.objects.filter(name="gpu-b").update(connected=False, unknown_since=now - timedelta(minutes=2),
+                                             evicted_at=now, last_seen=now - timedelta(minutes=2))
+    fleet = load_fleet()
+    assert {name: h.state for name, h in fleet.hosts.items()} == {"gpu-a": "unknown", "gpu-b": "offline"}
+    assert fleet.deployments["chat"].ready == ()
+    # Lost: not connected and unheard for a lease (a lapsed lease; a closed link its agent did not come back to).
+    assert {name: h.lost for name, h in fleet.hosts.items()} == {"gpu-a": False, "gpu-b": True}
+    Host.objects.filter(name="gpu-a").update(last_seen=now - timedelta(seconds=settings.MODELGRID_HOST_LEASE_SECONDS))
+    assert load_fleet().hosts["gpu-a"].lost

@@ -27,15 +27,22 @@ UP = "model.layers.0.mlp.up_proj"
 
 
 class PickyAgent(FakeAgent):
-    """A fake agent that answers 503 (overloaded, as a busy engine does) for the models in `overloaded`."""
+    """A fake agent that answers 503 (overloaded, as a busy engine does) for the models in `overloaded`, and 404 (as
+    an agent that no longer runs them: their deployment was deleted) for those in `gone`."""
 
     def __init__(self, secret: str, name: str) -> None:
         super().__init__(secret, name)
         self.overloaded: set[str] = set()
+        self.gone: set[str] = set()
 
     async def answer(self, request: web.Request) -> web.Response:
         body = await request.read()
         model = request.match_info.get("name") or json.loads(body).get("model")
+        if model in self.gone:
+            self.seen.append((request.path, body))
+            return web.json_response({"error": {"message": f"model {model!r} is not served by this agent",
+                                                "type": "invalid_request_error", "param": None,
+                                                "code": "model_not_found"}}, status=404)
         if model in self.overloaded:
             self.seen.append((request.path, body))
             return web.json_response({"error": f"model {model!r} is overloaded"}, status=503,
@@ -229,3 +236,91 @@ async def test_a_route_whose_deployments_were_all_deleted_is_listed_and_says_why
     (card,) = [m for m in listed.json()["data"] if m["id"] == "assistant"]
     assert card["route"] == []
     assert answer.status_code == 503 and "route 'assistant' has no branches left" in answer.text
+
+
+class FirstBranch:
+    """Draws that choose a route's first branch; `then` runs as the draw is made (between choosing and sending)."""
+
+    def __init__(self, then=lambda: None) -> None:
+        self.then = then
+
+    def random(self) -> float:
+        self.then()
+        return 0.0
+
+
+async def test_a_branch_whose_deployment_its_agent_no_longer_runs_is_retried_once_on_a_live_branch(fleet):
+    from console.accounts.models import ApiToken
+
+    agents, token = fleet
+    await sync_to_async(create_route)("assistant", [{"deployment": "canary"}, {"deployment": "chat"}])
+    await sync_to_async(lambda: ApiToken.objects.filter(prefix=ApiToken.lookup(token).prefix).update(rpm_limit=2))()
+    agents[1].gone = {"canary"}  # deleted: its agent stopped it before the gateway's snapshot said so
+    gateway = _gateway()
+    gateway.rng = FirstBranch()
+    async with _client(gateway, token) as client:
+        answers = [await client.post("/v1/completions", json={"model": "assistant", "prompt": "x"})
+                   for _ in range(3)]
+    await gateway.close()
+    assert [r.status_code for r in answers] == [200, 200, 429], [r.text for r in answers]
+    assert answers[0].headers["x-modelgrid-route"] == "assistant -> chat (retried: canary answered 404)"
+    assert answers[0].headers["x-modelgrid-replica"] == "chat#0"
+    # Retried, the request counts once against the token's requests per minute: the third is the one refused.
+    assert _models(agents).count("canary") == _models(agents).count("chat") == 2
+
+
+async def test_a_branch_deleted_between_choosing_it_and_sending_is_retried_once_on_a_live_branch(fleet):
+    from console.deployments.services import delete_deployment
+
+    agents, token = fleet
+    await sync_to_async(create_route)("assistant", [{"deployment": "canary"}, {"deployment": "spare"}],
+                                      fallback="chat")
+    gateway = _gateway()
+
+    async def still() -> None:  # the snapshot changes when this test says so only
+        await asyncio.Event().wait()
+
+    gateway._refresher = still
+    await gateway.ensure_started()
+    before = gateway.fleet
+    await sync_to_async(delete_deployment)("canary")
+    await gateway.refresh()
+    after = gateway.fleet
+    gateway.fleet = before
+
+    def deleted_now() -> None:
+        gateway.fleet = after
+
+    gateway.rng = FirstBranch(deleted_now)
+    async with _client(gateway, token) as client:
+        answer = await client.post("/v1/completions", json={"model": "assistant", "prompt": "x"})
+    await gateway.close()
+    assert answer.status_code == 200, answer.text
+    # Another branch, not the fallback: the route's own split still holds while a branch is deleted.
+    assert answer.headers["x-modelgrid-route"] == "assistant -> spare (retried: canary answered 404)"
+    assert _models(agents) == ["spare"]
+
+
+async def test_a_request_waiting_on_a_branch_that_is_deleted_meanwhile_is_retried_on_a_live_branch(fleet):
+    # Deleting a deployment: its agent drains its replica (a 503 that nothing ran), so the request waits in the queue
+    # for another replica of it, and the deployment is gone before one comes.
+    from console.deployments.services import delete_deployment
+
+    agents, token = fleet
+    await sync_to_async(create_route)("assistant", [{"deployment": "canary"}, {"deployment": "spare"}])
+    agents[1].draining = True
+    gateway = _gateway()
+    gateway.rng = FirstBranch()
+    async with _client(gateway, token) as client:
+        call = asyncio.ensure_future(client.post("/v1/completions", json={"model": "assistant", "prompt": "x"}))
+        for _ in range(200):
+            if agents[1].seen or call.done():
+                break
+            await asyncio.sleep(0.02)
+        await sync_to_async(delete_deployment)("canary")
+        await gateway.refresh()
+        answer = await asyncio.wait_for(call, 10)
+    await gateway.close()
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-modelgrid-route"] == "assistant -> spare (retried: canary answered 404)"
+    assert sorted(_models(agents)) == ["canary", "spare"]
