@@ -11,6 +11,7 @@ from console.deployments import views as deployments
 from console.events import audit_views
 from console.events import views as events
 from console.fleet import views as fleet
+from console.routes import views as routes
 from console.series import views as series
 from console.usage import views as usage
 
@@ -32,6 +33,10 @@ urlpatterns = [
     path("deployments/<str:name>/adapters/", deployments.register_adapter, name="adapter-register"),
     path("adapters/<str:adapter>/delete/", deployments.delete_adapter, name="adapter-delete"),
     path("adapters/<str:adapter>/edit/", catalog.edit_adapter, name="adapter-edit"),
+    path("routes/", routes.routes_page, name="routes"),
+    path("routes/branch/", routes.branch_row, name="route-branch"),
+    path("routes/<str:name>/edit/", routes.edit, name="route-edit"),
+    path("routes/<str:name>/delete/", routes.delete, name="route-delete"),
     path("events/", events.events_page, name="events"),
     path("audit/", audit_views.audit_page, name="audit"),
     path("alerts/banner/", alerts.banner, name="alerts-banner"),
