@@ -7,6 +7,7 @@ from console.accounts import views as tokens
 from console.alerts import views as alerts
 from console.api import api
 from console.catalog import views as catalog
+from console.deployments import deploy_views
 from console.deployments import views as deployments
 from console.events import audit_views
 from console.events import views as events
@@ -20,7 +21,7 @@ urlpatterns = [
     path("models/", catalog.models_page, name="models"),
     path("models/register/", catalog.register, name="model-register"),
     path("models/estimate/", catalog.estimate_preview, name="model-estimate"),
-    path("models/<str:name>/deploy/", catalog.deploy, name="model-deploy"),
+    path("models/<str:name>/deploy/", deploy_views.deploy, name="model-deploy"),
     path("models/<str:name>/edit/", catalog.edit_model, name="model-edit"),
     path("deployments/<str:name>/", deployments.deployment_page, name="deployment"),
     path("deployments/<str:name>/status/", deployments.status, name="deployment-status"),

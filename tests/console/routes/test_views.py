@@ -20,8 +20,9 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 
 
 @pytest.fixture
-def scene(tmp_path):
+def scene(tmp_path, settings):
     """The team scene with a second deployment of each team (chat-a2, chat-b2) and team b's route `route-b`."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # the scene's users, at once
     scene = team_scene(tmp_path)
     for side in "ab":
         create_deployment(f"chat-{side}2", f"tiny-{side}")
