@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from console.accounts import invite_views
 from console.accounts import team_views as teams
 from console.accounts import views as tokens
 from console.alerts import views as alerts
@@ -50,6 +51,7 @@ urlpatterns = [
     path("teams/new/", teams.create, name="team-create"),
     path("teams/<str:name>/limits/", teams.change_limits, name="team-limits"),
     path("teams/<str:name>/members/", teams.add_member, name="team-member-add"),
+    path("teams/<str:name>/invite/", invite_views.invite, name="team-invite"),
     path("teams/<str:name>/members/<str:user>/remove/", teams.remove_member, name="team-member-remove"),
     path("tokens/", tokens.tokens_page, name="tokens"),
     path("tokens/new/", tokens.create, name="token-create"),
@@ -60,5 +62,6 @@ urlpatterns = [
     path("api/v1/", api.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/invite/<uidb64>/<token>/", invite_views.AcceptInvite.as_view(), name="invite-accept"),
     path("admin/", admin.site.urls),
 ]
