@@ -87,8 +87,11 @@ def routes_page(request):
                                       team=team, teams=teams_of(request.user))
     except DomainError as e:
         return _refused(request, form, e)
+    # htmx sends the browser to the list without the anchor: from /routes/ itself, a change of anchor alone would
+    # only scroll, not load the page again.
+    to = reverse("routes") + ("" if request.htmx else f"#route-{route.name}")
     return _done(request, f"Route {route.name} created: {_described(route)}. The gateways send requests by it "
-                 "within a second.", reverse("routes") + f"#route-{route.name}")
+                 "within a second.", to)
 
 
 def _route(request, name: str) -> Route:
