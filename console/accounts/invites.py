@@ -118,8 +118,9 @@ def link_refusal(user, token: str | None) -> str:
         return "This page needs the link from your invite: open that link again."
     issued = _issued_at(user, token)
     if user.has_usable_password() and issued is None:
-        return (f"This link was used: {user.get_username()} has set a password already. Sign in with it; an admin "
-                "can reset a forgotten one.")
+        # Not named: whoever holds a forged link would learn who has an account.
+        return ("This link was used: the password it was for is set already. Sign in with it; an admin can reset a "
+                "forgotten one.")
     if issued is not None:
         ended = issued + timedelta(seconds=settings.PASSWORD_RESET_TIMEOUT)
         if ended < timezone.now():

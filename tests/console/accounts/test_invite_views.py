@@ -89,7 +89,9 @@ def test_a_used_link_is_refused_saying_it_was_used(client, scene):
     set_password(client, link)
     r = client.get(link)
     assert r.status_code == 410
-    assert "This link was used: nina has set a password already" in r.content.decode()
+    assert "This link was used: the password it was for is set already" in r.content.decode()
+    refusal = r.content.decode().split("data-refusal>", 1)[1].split("</p>", 1)[0]
+    assert "nina" not in refusal  # a forged link learns no user's name
 
 
 def test_an_expired_link_is_refused_saying_when(client, scene, monkeypatch):
