@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from console.accounts.models import Team
-from console.catalog.models import Model
 from console.deployments.policy_form import parse_policy_form
 from console.errors import Invalid
 from console.fleet.models import Host
@@ -23,9 +22,9 @@ from console.scheduler.types import TIER_RANK, TIERS
 POLICY_FIELDS = ("priority", "min_replicas", "max_replicas", "slo_latency_ms", "latency_critical", "engine")
 # What the form shows, typed (or defaulted) as text.
 FIELDS = ("name", "team", *POLICY_FIELDS, "dtype", "batch", "seq", "device")
-ENGINES = (("auto", "auto", "vLLM for a causal LM where a host runs it, else the built-in torch engine"),
-           ("torch", "torch", "the built-in engine: embeddings, encoders, small models, CPU hosts"),
-           ("vllm", "vLLM", "one vLLM server per replica, on hosts whose agent runs it"))
+# (value, name, what the option says)
+ENGINES = (("auto", "auto", "auto (vLLM for a causal LM where a host runs it, else torch)"),
+           ("torch", "torch", "torch (built in)"), ("vllm", "vLLM", "vLLM"))
 DEFAULT_PRIORITY = "standard"
 
 
@@ -64,16 +63,16 @@ def engine_choices(running: set[str] | None = None) -> list[Choice]:
     """auto always; torch and vLLM when a connected host runs them, else disabled saying so."""
     running = running_engines() if running is None else running
     return [Choice(value, label, "" if value == "auto" or value in running else
-                   f"no connected host runs {label}" + (" (an agent runs it when started with --vllm-python)"
-                                                         if value == "vllm" else ""))
-            for value, label, _ in ENGINES]
+                   f"no connected host runs {name}" + (" (an agent runs it when started with --vllm-python)"
+                                                        if value == "vllm" else ""))
+            for value, name, label in ENGINES]
 
 
 def check_engine(engine: str, running: set[str] | None = None) -> None:
     """Refuse, naming the engine field, an engine the form offered disabled."""
     for choice in engine_choices(running):
         if choice.value == engine and not choice.available:
-            raise Invalid(f"engine {choice.label}: {choice.why}; choose auto, or start such a host first",
+            raise Invalid(f"engine {engine}: {choice.why}; choose auto, or start such a host first",
                           field="engine")
 
 
@@ -90,7 +89,7 @@ def default_priority(team: Team) -> str:
     return max(DEFAULT_PRIORITY, team.priority_ceiling, key=lambda t: TIER_RANK.get(t, len(TIERS)))
 
 
-def initial(model: Model, name: str, team: Team) -> dict[str, str]:
+def initial(name: str, team: Team) -> dict[str, Any]:
     """The form's values before anything is typed: one replica at the model's stored shape, no SLO."""
     return {"name": name, "team": team.name, "priority": default_priority(team), "min_replicas": "1",
             "max_replicas": "1", "slo_latency_ms": "", "latency_critical": False, "engine": "auto", "dtype": "",

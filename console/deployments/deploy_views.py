@@ -49,7 +49,7 @@ def _context(request, model: Model, values: dict, error: DomainError | None = No
 def deploy(request, name: str):
     """GET: the deploy form (for htmx, the form's card alone, drawn again for the team chosen); POST: deploy."""
     model = _model(request, name)
-    base = deploy_form.initial(model, unused_deployment_name(model.name), model.team)
+    base = deploy_form.initial(unused_deployment_name(model.name), model.team)
     if request.method != "POST":
         return render_partial_or_full(request, FORM, _context(request, model, deploy_form.typed(request.GET, base)),
                                       full=PAGE)

@@ -87,9 +87,9 @@ def test_a_priority_above_the_teams_ceiling_is_offered_disabled_and_refused_besi
 def test_an_engine_no_connected_host_runs_is_offered_disabled_with_why_and_refused(alice):
     html = alice.get("/models/tiny-a/deploy/").content.decode()
     assert "disabled" in option(html, "engine", "vllm") and "disabled" not in option(html, "engine", "torch")
-    assert "vLLM: no connected host runs vLLM" in beside(html, "engine")
+    assert "no connected host runs vLLM (an agent runs it when started with --vllm-python)" in beside(html, "engine")
     r = alice.post("/models/tiny-a/deploy/", form(engine="vllm"))
-    assert r.status_code == 422 and "engine vLLM: no connected host runs vLLM" in beside(r.content.decode(), "engine")
+    assert r.status_code == 422 and "engine vllm: no connected host runs vLLM" in beside(r.content.decode(), "engine")
     assert not Deployment.objects.filter(name="chat").exists()
     Host.objects.create(name="h2", endpoint="http://127.0.0.1:10", connected=True, engines={"torch": "", "vllm": ""})
     assert "disabled" not in option(alice.get("/models/tiny-a/deploy/").content.decode(), "engine", "vllm")
