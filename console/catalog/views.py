@@ -12,7 +12,6 @@ from console.accounts.teams import creation_team, scoped, teams_of, visible_team
 from console.catalog import adapters, memory, services
 from console.catalog.calibration import error_fraction
 from console.catalog.models import Calibration, MemorySample, Model
-from console.deployments.services import create_deployment, unused_deployment_name
 from console.errors import DomainError, NotFound
 from console.fleet.templatetags.units import gib
 from console.forms import whole_number
@@ -130,22 +129,3 @@ def edit_adapter(request, adapter: str):
                          f"{', pinned' if row.pinned else ''}); a new directory restarts the deployment's replicas "
                          "onto it one at a time.")
     return redirect("deployment", deployment)
-
-
-@login_required
-@require_POST
-def deploy(request, name: str):
-    form = request.POST
-    try:
-        dep_name = form.get("deployment") or unused_deployment_name(name)
-        replicas = whole_number(form.get("replicas"), "replicas")
-        policy = {"priority": form.get("priority") or "standard"} | ({} if replicas is None else {"replicas": replicas})
-        dep = create_deployment(dep_name, name, dtype=form.get("dtype") or None,
-                                batch=whole_number(form.get("batch"), "batch") or 1,
-                                seq=whole_number(form.get("seq"), "seq"), actor=actor_of(request),
-                                teams=teams_of(request.user), **policy)
-    except DomainError as e:
-        messages.error(request, f"Not deployed: {e}")
-        return redirect("models")
-    messages.success(request, f"Deployment {dep.name} created; the scheduler is placing it.")
-    return redirect("deployment", dep.name)

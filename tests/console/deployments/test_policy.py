@@ -88,6 +88,6 @@ def test_the_django_admin_validates_through_the_policy(model):
 
 @pytest.mark.django_db
 def test_a_one_click_deploy_keeps_zero_replicas(model, user_client):
-    r = user_client.post("/models/tiny/deploy/", {"deployment": "cold", "replicas": "0"})
+    r = user_client.post("/models/tiny/deploy/", {"name": "cold", "replicas": "0"})
     assert r.status_code == 302
     assert Deployment.objects.get(name="cold").replicas == 0
