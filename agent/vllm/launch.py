@@ -49,12 +49,14 @@ def launch(replica: DesiredReplica, device: str, weights_bytes: int, gpu_total_b
         if threads:
             env["OMP_NUM_THREADS"] = str(threads)
     else:
-        env["CUDA_VISIBLE_DEVICES"] = device.partition(":")[2] or "0"
+        # Every GPU of its placement: tensor and pipeline parallelism span them (their product is checked below).
+        spans = [str(g) for g in replica.gpus] if len(replica.gpus) > 1 else [device.partition(":")[2] or "0"]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(spans)
         env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM's /sleep and /wake_up are behind it
         args += ["--enable-sleep-mode", "--gpu-memory-utilization",
                  f"{gpu_fraction(replica.reserved_bytes, gpu_total_bytes):.4f}"]
     args += lora_args(replica)
-    problem = engine_args_problem(replica.engine_args)
+    problem = engine_args_problem(replica.engine_args, gpus=len(replica.gpus) or None)
     if problem:
         raise ArtifactError(problem)
     args += replica.engine_args

@@ -6,7 +6,6 @@ import pytest
 from agent.artifacts import ArtifactError
 from agent.artifacts.estimate import VLLM_RUNTIME_BYTES
 from agent.protocol import DesiredAdapter, DesiredReplica
-from agent.protocol.engine_args import engine_args_problem
 from agent.vllm.launch import GIB, launch, lora_rank
 from tests.adapter_files import write_adapter
 
@@ -71,18 +70,11 @@ def test_a_deployments_own_flags_follow_and_only_those_it_may_set():
         launch(replica(engine_args=["--port", "1"]), "cpu", weights_bytes=0)
 
 
-@pytest.mark.parametrize("args, problem", [
-    ([], None),
-    (["--enable-prefix-caching", "--quantization", "awq", "--seed=1"], None),
-    (["--tool-call-parser"], "'--tool-call-parser' needs a value"),
-    (["--tool-call-parser", "--enforce-eager"], "'--tool-call-parser' needs a value"),
-    (["--enforce-eager=1"], "'--enforce-eager=1' is not one a deployment may set"),
-    (["--trust-remote-code"], "'--trust-remote-code' is not one"),
-    (["--load-format", "pt"], "'--load-format' is not one"),
-    (["--api-key", "x"], "'--api-key' is not one"),
-    (["--seed", "1\n2"], "engine argument 2 must be printable text"),
-    (["--enforce-eager"] * 33, "at most 32 engine arguments"),
-])
-def test_engine_arguments_are_an_allowlist_and_a_refusal_names_the_argument(args, problem):
-    found = engine_args_problem(args)
-    assert found == problem if problem is None else problem in found
+def test_parallelism_spans_exactly_the_replicas_gpus_and_sees_them_all():
+    tp = ["--tensor-parallel-size", "2"]
+    started = launch(replica(gpus=[2, 3], engine_args=tp), "cuda:2", weights_bytes=0, gpu_total_bytes=80 * GIB)
+    assert dict(started.env)["CUDA_VISIBLE_DEVICES"] == "2,3" and started.args[-2:] == tuple(tp)
+    with pytest.raises(ArtifactError, match="make 2 GPUs per replica; this deployment's replicas have 1"):
+        launch(replica(gpus=[1], engine_args=tp), "cuda:1", weights_bytes=0, gpu_total_bytes=80 * GIB)
+    with pytest.raises(ArtifactError, match="'--max-num-seqs' takes an integer from 1 to 1,024, not '1e9'"):
+        launch(replica(engine_args=["--max-num-seqs", "1e9"]), "cpu", weights_bytes=0)

@@ -1,0 +1,22 @@
+"""docs/engines.md shows what the code enforces, generated from it: the engine arguments a deployment may set. A
+change to the allowlist without the doc fails here, with the text to paste."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from agent.protocol.engine_args import allowlist_markdown
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "engines.md"
+
+
+def block(name: str) -> str:
+    """The generated block `name` of docs/engines.md (between its start and end markers)."""
+    found = re.search(rf"<!-- {name}:start[^\n]*-->\n(.*?)\n<!-- {name}:end -->", DOC.read_text(), re.S)
+    assert found, f"docs/engines.md has no {name} block"
+    return found.group(1)
+
+
+def test_the_engine_arguments_table_is_the_allowlist():
+    assert block("engine-args") == allowlist_markdown(), "paste agent.protocol.engine_args.allowlist_markdown()"
