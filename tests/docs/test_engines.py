@@ -1,5 +1,5 @@
-"""docs/engines.md shows what the code enforces, generated from it: the engine arguments a deployment may set. A
-change to the allowlist without the doc fails here, with the text to paste."""
+"""docs/engines.md shows what the code enforces, generated from it: the engine arguments a deployment may set and
+what an engine's environment holds. A change to either without the doc fails here, naming the text to paste."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from agent.protocol.engine_args import allowlist_markdown
+from agent.workers import environment
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "engines.md"
 
@@ -20,3 +21,7 @@ def block(name: str) -> str:
 
 def test_the_engine_arguments_table_is_the_allowlist():
     assert block("engine-args") == allowlist_markdown(), "paste agent.protocol.engine_args.allowlist_markdown()"
+
+
+def test_the_engine_environment_list_is_the_allowlist():
+    assert block("engine-env") == environment.allowlist_markdown(), "paste environment.allowlist_markdown()"
