@@ -28,6 +28,7 @@ def test_on_cpu_the_kv_cache_is_what_the_reservation_leaves_in_whole_gib_and_thr
     assert (flag(started.args, "--host"), flag(started.args, "--max-model-len")) == ("127.0.0.1", "512")
     assert env["VLLM_CPU_KVCACHE_SPACE"] == str((8 * GIB - 2 * GIB - VLLM_RUNTIME_BYTES["cpu"]) // GIB)
     assert (env["VLLM_CPU_OMP_THREADS_BIND"], env["OMP_NUM_THREADS"]) == ("nobind", "2")
+    assert env["VLLM_REGEX_COMPILATION_TIMEOUT_S"] == "5"  # vLLM's own bound on a grammar's compile
     assert "--port" not in started.args and "--api-key" not in started.args  # the worker's, at start
     assert "--enable-lora" not in started.args and "--enable-sleep-mode" not in started.args
     # A reservation too small for any KV cache still gets vLLM's least, 1 GiB.

@@ -1,5 +1,6 @@
-"""docs/engines.md shows what the code enforces, generated from it: the engine arguments a deployment may set and
-what an engine's environment holds. A change to either without the doc fails here, naming the text to paste."""
+"""docs/engines.md shows what the code enforces, generated from it: the engine arguments a deployment may set, what
+an engine's environment holds and what one request may ask of an engine. A change to one of them without the doc
+fails here, naming the text to paste."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 from pathlib import Path
 
 from agent.protocol.engine_args import allowlist_markdown
+from agent.serving.request_bounds import bounds_markdown
 from agent.workers import environment
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "engines.md"
@@ -25,3 +27,7 @@ def test_the_engine_arguments_table_is_the_allowlist():
 
 def test_the_engine_environment_list_is_the_allowlist():
     assert block("engine-env") == environment.allowlist_markdown(), "paste environment.allowlist_markdown()"
+
+
+def test_the_per_request_bounds_table_is_the_code():
+    assert block("request-bounds") == bounds_markdown(), "paste agent.serving.request_bounds.bounds_markdown()"
