@@ -31,6 +31,7 @@ from agent.serving.detokenize import TokenText
 from agent.serving.dispatch import DISPATCHER, BadInput, Route, ServingError, engine_of, picked_replica
 from agent.serving.generate import Choice, Delta, LogprobEntry, run_all, stream_sse, usage_of
 from agent.serving.relay import add_relay, relay
+from agent.serving.request_bounds import MAX_N, check_request
 from agent.serving.textpool import TextPool
 from agent.serving.tokenization import NoTokenizer, TextCodec, Tokenizers
 from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT, MAX_TOP_LOGPROBS, GenerationRequest
@@ -50,7 +51,6 @@ ERROR_TYPES = {
     404: "invalid_request_error",
     429: "rate_limit_error",
 }
-MAX_CHOICES = 16  # n per request
 MIN_LOGPROB = -9999.0  # what OpenAI sends for a token too unlikely to have a log probability
 MAX_GENERATION_TIMEOUT = 3600.0
 TIMEOUT_HEADER = "X-ModelGrid-Timeout"
@@ -312,7 +312,7 @@ def _params(request: web.Request, body: dict[str, Any], route: Route, codec: Tex
         raise BadInput("'top_p' must be above 0", param="top_p")
     top_k = _integer(body, "top_k", 0, minimum=-1)
     seed = _integer(body, "seed", None, minimum=0, maximum=MAX_SEED)
-    n = _integer(body, "n", 1, minimum=1, maximum=MAX_CHOICES)
+    n = _integer(body, "n", 1, minimum=1, maximum=MAX_N)
     best_of = body.get("best_of")
     if best_of is not None and best_of != n:
         raise BadInput(f"best_of={json.dumps(best_of)} is not supported by this server (only best_of = n)",
@@ -409,6 +409,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
     body = await read_json(request, max_values=MAX_INPUTS * 512)
     if not isinstance(body, dict):
         raise BadInput("the request body must be a JSON object")
+    check_request(body)  # what it may ask of either engine (n, logprobs, structured outputs), before either sees it
     return body
 
 

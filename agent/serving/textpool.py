@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.serving.dispatch import BadInput, ServingError
+from agent.workers.environment import child_environment
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,8 @@ class _Process:
 
     def __init__(self, memory_bytes: int) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
+        env = child_environment()  # no secret of the agent's: it renders a team's chat templates
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, os.environ.get("PYTHONPATH")]))
         env["TOKENIZERS_PARALLELISM"] = "false"  # one job at a time; no thread pool per process
         try:
             self.popen = subprocess.Popen(

@@ -20,6 +20,9 @@ MAX_HOST_LORA_SLOTS = 512
 # On a GPU, vLLM takes this fraction of the device at most: the rest is the CUDA context's and NVML's.
 MAX_GPU_FRACTION = 0.95
 MIN_GPU_FRACTION = 0.02
+# vLLM's one bound on a grammar's compile: a request's regex that takes longer fails (agent.serving.request_bounds
+# bounds the rest). Set here, not left to an environment the agent was started with.
+REGEX_COMPILE_TIMEOUT_S = 5
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ def launch(replica: DesiredReplica, device: str, weights_bytes: int, gpu_total_b
             "--served-model-name", replica.deployment, "--host", "127.0.0.1", "--dtype", replica.dtype,
             "--disable-uvicorn-access-log"]
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "DO_NOT_TRACK": "1"}
+           "DO_NOT_TRACK": "1", "VLLM_REGEX_COMPILATION_TIMEOUT_S": str(REGEX_COMPILE_TIMEOUT_S)}
     if replica.seq:
         args += ["--max-model-len", str(replica.seq)]
     if device == "cpu":
@@ -49,12 +52,14 @@ def launch(replica: DesiredReplica, device: str, weights_bytes: int, gpu_total_b
         if threads:
             env["OMP_NUM_THREADS"] = str(threads)
     else:
-        env["CUDA_VISIBLE_DEVICES"] = device.partition(":")[2] or "0"
+        # Every GPU of its placement: tensor and pipeline parallelism span them (their product is checked below).
+        spans = [str(g) for g in replica.gpus] if len(replica.gpus) > 1 else [device.partition(":")[2] or "0"]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(spans)
         env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM's /sleep and /wake_up are behind it
         args += ["--enable-sleep-mode", "--gpu-memory-utilization",
                  f"{gpu_fraction(replica.reserved_bytes, gpu_total_bytes):.4f}"]
     args += lora_args(replica)
-    problem = engine_args_problem(replica.engine_args)
+    problem = engine_args_problem(replica.engine_args, gpus=len(replica.gpus) or None)
     if problem:
         raise ArtifactError(problem)
     args += replica.engine_args

@@ -32,6 +32,7 @@ from typing import Any
 
 import psutil
 
+from agent.workers.environment import child_environment
 from agent.workers.spec import WorkerSpec
 
 log = logging.getLogger("agent.worker")
@@ -72,7 +73,8 @@ class VllmServer:
     def start(self) -> None:
         python = self.spec.engine_python or sys.executable
         argv = [python, *self.spec.engine_args, "--port", str(self.port)]
-        env = os.environ | dict(self.spec.engine_env) | {"VLLM_API_KEY": self.key, "PYTHONUNBUFFERED": "1"}
+        # The allowlist again (an adopted worker may predate it), then its settings and its own key: no other secret.
+        env = child_environment() | dict(self.spec.engine_env) | {"VLLM_API_KEY": self.key, "PYTHONUNBUFFERED": "1"}
         log.info("starting vLLM: %s", " ".join(argv))
         self.process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, start_new_session=True,

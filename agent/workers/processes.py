@@ -23,6 +23,8 @@ import sys
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from agent.workers.environment import child_environment
+
 # The worker's entry point, run as `python <WORKER_COMMAND> <descriptor> <agent pid> spare|cold` (tests run a
 # torch-free one).
 WORKER_COMMAND: tuple[str, ...] = ("-m", "agent.workers")
@@ -36,8 +38,8 @@ def spawn_worker(spare: bool = False) -> tuple[SpawnedProcess, Connection]:
     # Without pidfds, the exit shows as EOF on a pipe whose write end only the worker holds (multiprocessing's way).
     watch = None if _HAVE_PIDFD else os.pipe()
     passed = (worker_end.fileno(),) if watch is None else (worker_end.fileno(), watch[1])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
+    env = child_environment()  # no secret of the agent's (or of the console it may run inside)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, os.environ.get("PYTHONPATH")]))
     try:
         popen = subprocess.Popen(
             [sys.executable, *WORKER_COMMAND, str(worker_end.fileno()), str(os.getpid()), "spare" if spare else "cold"],

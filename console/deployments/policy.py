@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
 from pydantic import ValidationError as PydanticError
 
-from agent.protocol.engine_args import MAX_ENGINE_ARGS, engine_args_problem
+from agent.artifacts import ArtifactError
+from agent.artifacts.roots import resolve_in_roots
+from agent.protocol.engine_args import MAX_ENGINE_ARGS, EngineArgsError, parse_engine_args
 from console.errors import Invalid, describe, pydantic_items
 
 MAX_REPLICAS = 64
@@ -66,10 +69,16 @@ class Policy(BaseModel):
 
     @field_validator("engine_args")
     @classmethod
-    def _engine_args_taken(cls, args: list[str]) -> list[str]:
-        problem = engine_args_problem(args)
-        if problem:
-            raise ValueError(problem)
+    def _engine_args_taken(cls, args: list[str], info: ValidationInfo) -> list[str]:
+        try:
+            taken = parse_engine_args(args, gpus=info.data.get("gpus_per_replica"))
+            for flag, path in taken.paths:  # a directory vLLM reads: inside the model roots, as a model's own
+                try:
+                    resolve_in_roots(path, settings.MODEL_ROOTS, kind="dir")
+                except ArtifactError as e:
+                    raise EngineArgsError(f"engine argument {flag!r}: {e}") from None
+        except EngineArgsError as e:
+            raise ValueError(str(e)) from None
         return args
 
     @field_validator("max_replicas")

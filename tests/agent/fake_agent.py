@@ -4,9 +4,10 @@
 import sys
 
 from agent import cli
-from agent.workers import processes
+from agent.workers import environment, processes
 from tests.agent.fake_worker import COMMAND
 
 if __name__ == "__main__":
     processes.WORKER_COMMAND = COMMAND
+    environment.KEPT_NAMES |= {"MODELGRID_FAKE_LOADS"}  # the fake workers' load log, past the workers' allowlist
     sys.exit(cli.main())

@@ -20,7 +20,7 @@ from agent.cli import build_parser, default_state_dir
 from agent.daemon import Agent, AgentConfig
 from agent.gpus import SimulatedBackend
 from agent.protocol import Ack, Hello, HostReport, ReplicaStatus
-from agent.workers import processes, rendezvous
+from agent.workers import environment, processes, rendezvous
 from agent.workers import supervisor as supervisor_module
 from agent.workers.messages import WORKER_PROTOCOL, Describe, Description
 from agent.workers.rendezvous import StateDirError
@@ -46,6 +46,7 @@ def state_dir(monkeypatch):
     monkeypatch.setattr(processes, "WORKER_COMMAND", COMMAND)
     root = Path(tempfile.mkdtemp(prefix="mg-"))
     monkeypatch.setenv("MODELGRID_FAKE_LOADS", str(root / "loads"))
+    monkeypatch.setattr(environment, "KEPT_NAMES", environment.KEPT_NAMES | {"MODELGRID_FAKE_LOADS"})  # to workers
     yield root / "state"
     for pid in worker_pids(root):  # each test ends its workers itself; this keeps a failed one from leaking them
         with contextlib.suppress(psutil.NoSuchProcess):

@@ -33,7 +33,7 @@ def ours() -> set[str]:
             found.add(flag)
             if "BooleanOptionalAction" in rest.split("add_argument(")[0]:
                 found.add("--no-" + flag[2:])
-        if path.parent.name == "vllm" or path.name == "engine_args.py":
+        if path.parent.name in ("vllm", "engine_args"):
             found |= set(re.findall(r'"(--[a-z][a-z0-9-]*)"', text))
     return found
 

@@ -225,7 +225,7 @@ async def test_an_unknown_model_is_a_404_model_not_found(client):
     ("call", "param", "message"),
     [
         (dict(model="embed", prompt="hi"), "model", "model 'embed' is an encoder: /v1/completions needs"),
-        (dict(model="chat", prompt="hi", n=17), "n", "'n' must be an integer >= 1 and <= 16"),
+        (dict(model="chat", prompt="hi", n=17), "n", "'n' is 17; a request may ask for at most 16 sequences"),
         (dict(model="chat", prompt="hi", logprobs=6), "logprobs", "'logprobs' must be an integer >= 0 and <= 5"),
         (dict(model="chat", prompt="hi", extra_body={"stop_token_ids": [-1]}), "stop_token_ids", "token ids"),
         (dict(model="chat", prompt="hi", extra_body={"timeout": 0}), "timeout", "must be a number of seconds"),

@@ -25,6 +25,45 @@ def test_engine_flags_are_set_shown_and_a_refused_one_is_named_and_changes_nothi
     assert api.patch("/api/v1/deployments/chat", {"engine_args": []}).json()["engine_args"] == []
 
 
+@pytest.mark.parametrize("args, named", [
+    (["--structured-outputs-config", '{"reasoning_parser_plugin": "/tmp/evil.py"}'],
+     "'--structured-outputs-config': key 'reasoning_parser_plugin' is not one a deployment may set"),
+    (["--tool-parser-plugin", "/tmp/evil.py"], "'--tool-parser-plugin' is not one a deployment may set"),
+    (["--max-num-seqs", "1e9"], "'--max-num-seqs' takes an integer from 1 to 1,024, not '1e9'"),
+    (["--tensor-parallel-size", "64"], "'--tensor-parallel-size' takes an integer from 1 to 16, not '64'"),
+    (["--generation-config", "/etc"], "'--generation-config': path is outside the model roots"),
+])
+def test_a_plugin_a_value_out_of_range_or_a_path_outside_the_roots_is_a_422_naming_it(api, model, args, named):
+    assert api.post("/api/v1/deployments", {"name": "chat", "model": "tiny", "engine": "vllm",
+                                            "engine_args": TOOLS}).status_code == 201
+    r = api.patch("/api/v1/deployments/chat", {"engine_args": args})
+    assert r.status_code == 422 and named in refusal(r), r.content
+    assert Deployment.objects.get(name="chat").engine_args == TOOLS
+    r = api.post("/api/v1/deployments", {"name": "other", "model": "tiny", "engine": "vllm", "engine_args": args})
+    assert r.status_code == 422 and named in refusal(r) and not Deployment.objects.filter(name="other").exists()
+
+
+def test_a_generation_config_inside_the_model_roots_is_taken(api, model, model_dir):
+    r = api.post("/api/v1/deployments", {"name": "chat", "model": "tiny", "engine": "vllm",
+                                         "engine_args": ["--generation-config", str(model_dir)]})
+    assert r.status_code == 201, r.content
+    r = api.patch("/api/v1/deployments/chat", {"engine_args": ["--generation-config", str(model_dir / "none")]})
+    assert r.status_code == 422 and "no such directory in the model roots" in refusal(r)
+
+
+def test_tensor_and_pipeline_parallelism_must_span_the_replicas_gpus(api, model):
+    tp = ["--tensor-parallel-size", "2"]
+    r = api.post("/api/v1/deployments", {"name": "chat", "model": "tiny", "engine": "vllm", "engine_args": tp})
+    assert r.status_code == 422 and "replicas have 1 (gpus_per_replica)" in refusal(r)
+    r = api.post("/api/v1/deployments", {"name": "chat", "model": "tiny", "engine": "vllm", "engine_args": tp,
+                                         "gpus_per_replica": 2})
+    assert r.status_code == 201, r.content
+    # Changing the GPUs alone is checked against the flags it keeps.
+    r = api.patch("/api/v1/deployments/chat", {"gpus_per_replica": 1})
+    assert r.status_code == 422 and "'--tensor-parallel-size' x '--pipeline-parallel-size' make 2" in refusal(r)
+    assert Deployment.objects.get(name="chat").gpus_per_replica == 2
+
+
 def test_a_vllm_deployment_reserves_vllms_own_memory_and_calibrates_apart(api, model):
     api.post("/api/v1/deployments", {"name": "builtin", "model": "tiny", "engine": "torch"})
     api.post("/api/v1/deployments", {"name": "llm", "model": "tiny", "engine": "vllm"})
