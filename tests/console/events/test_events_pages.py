@@ -6,6 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from console.accounts.models import default_team_id
 from console.events.models import Event
 from console.events.record import Note, record
 
@@ -19,10 +20,11 @@ def rows(html: str) -> list[str]:
 @pytest.fixture
 def timeline(db):
     t0 = timezone.now() - timedelta(minutes=30)
+    ours = default_team_id()  # the team every user joins: chat and other were its deployments
     record([Note("replica/chat#0", "Preempted", "preempted by crit#0 (critical, needs its minimum of 1 replica)",
-                 warning=True, actor="scheduler", deployment="chat", host="h1")], t0)
+                 warning=True, actor="scheduler", deployment="chat", host="h1", team=ours)], t0)
     record([Note("host/h1", "Disconnected", "link closed", warning=True, host="h1")], t0 + timedelta(minutes=1))
-    record([Note("deployment/other", "Created", "deploys tiny", actor="user ann", deployment="other")],
+    record([Note("deployment/other", "Created", "deploys tiny", actor="user ann", deployment="other", team=ours)],
            t0 + timedelta(minutes=2))
     return t0
 
