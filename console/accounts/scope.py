@@ -108,12 +108,12 @@ class TeamScope:
         return row | unsaid | {"deployment": OTHER_TEAM}
 
     def samples(self, rows: QuerySet | None = None) -> QuerySet:
-        """Measured loads (console/catalog/models.py MemorySample) of the scope's models; those of a model since
-        deleted only for admins."""
+        """Measured loads (console/catalog/models.py MemorySample) of the scope's deployments (a load is its
+        deployment's, whichever team's model it loaded); those of a deployment since deleted only for admins."""
         from console.catalog.models import MemorySample
 
         rows = MemorySample.objects.all() if rows is None else rows
-        return rows if self.teams is None else rows.filter(model__team_id__in=self.teams)
+        return rows if self.teams is None else rows.filter(deployment__in=self.deployments().values("name"))
 
     def alerts(self, alerts: list) -> list:
         """`alerts` (console/alerts/models.py) of the scope's deployments and replicas and of every host; one of a

@@ -101,14 +101,15 @@ def test_a_replica_on_a_shared_gpu_is_unnamed_to_other_teams_and_keeps_its_memor
     assert seen["reserved_bytes"] == 1 << 30
 
 
-def test_measured_loads_are_their_models_teams(scene):
-    for side in "ab":
-        MemorySample.objects.create(load_key=f"h1/{side}", model=Model.objects.get(name=f"tiny-{side}"),
-                                    deployment=f"chat-{side}", family="llama", architecture="LlamaForCausalLM",
+def test_a_measured_load_is_its_deployments_teams(scene):
+    for side, deployment in (("a", "chat-a"), ("b", "chat-b"), ("a", "gone-a")):
+        MemorySample.objects.create(load_key=f"h1/{deployment}", model=Model.objects.get(name=f"tiny-{side}"),
+                                    deployment=deployment, family="llama", architecture="LlamaForCausalLM",
                                     device="cpu", dtype="float32", batch=1, seq=8, estimated_bytes=1,
                                     calibrated_bytes=1, measured_bytes=1)
     assert list(scope_of("bob").samples().values_list("deployment", flat=True)) == ["chat-b"]
-    assert scope_of("root").samples().count() == 2
+    assert list(scope_of("alice").samples().values_list("deployment", flat=True)) == ["chat-a"]  # gone: admins'
+    assert scope_of("root").samples().count() == 3
 
 
 def test_a_member_sees_the_request_rate_of_their_teams_and_an_admin_the_fleets(scene):
