@@ -172,25 +172,22 @@ def event_teams(keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int | 
     from console.deployments.models import Deployment
     from console.routes.models import Route
 
-    owners = {"deployment": Deployment, "model": Model, "adapter": Adapter, "route": Route}
-    wanted: dict[str, set[str]] = {kind: set() for kind in (*owners, "team")}
-    keyed = {}
+    # Each owning kind's model and the field that is its team.
+    owners = {"deployment": (Deployment, "team_id"), "model": (Model, "team_id"), "adapter": (Adapter, "team_id"),
+              "route": (Route, "team_id"), "team": (Team, "pk")}
+    wanted: dict[str, set[str]] = {kind: set() for kind in owners}
+    keyed: dict[tuple[str, str], tuple[str, str] | None] = {}
     for obj, deployment in set(keys):
         kind, _, name = obj.partition("/")
-        named = _deployment_of(obj)
-        if kind in wanted and named is None:
-            keyed[(obj, deployment)] = (kind, name)
-        elif named or deployment:
-            keyed[(obj, deployment)] = ("deployment", named or deployment)
-        else:
-            keyed[(obj, deployment)] = None
-        if keyed[(obj, deployment)] is not None:
-            wanted[keyed[(obj, deployment)][0]].add(keyed[(obj, deployment)][1])
+        named = _deployment_of(obj) or deployment  # a replica's is its deployment's, and so is what names one
+        owner = (kind, name) if kind in owners and kind != "deployment" else ("deployment", named) if named else None
+        keyed[(obj, deployment)] = owner
+        if owner is not None:
+            wanted[owner[0]].add(owner[1])
     found: dict[tuple[str, str], int] = {}
     for kind, names in wanted.items():
-        ordered, model = sorted(names), owners.get(kind, Team)
+        (model, team), ordered = owners[kind], sorted(names)
         for i in range(0, len(ordered), _CHUNK):
-            rows = model.objects.order_by().filter(name__in=ordered[i:i + _CHUNK])
-            found |= {(kind, name): team for name, team in rows.values_list("name", "pk" if model is Team
-                                                                              else "team_id")}
+            rows = model.objects.order_by().filter(name__in=ordered[i:i + _CHUNK]).values_list("name", team)
+            found |= {(kind, name): owner for name, owner in rows}
     return {key: found.get(owner) if owner else None for key, owner in keyed.items()}
