@@ -1,6 +1,7 @@
-"""Teams and ownership: which teams a user acts within, the one filter that every layer (REST API, pages) puts
-on models, deployments and adapters, the team a new object goes to, and managing teams (admins). The gateway
-carries the same teams in its cached caller (console/gateway/auth.py).
+"""Teams and ownership: the team a new object goes to, and managing teams (admins). Which teams a user acts within
+and what that lets them see is the team scope's (console/accounts/scope.py; `teams_of`, `scoped` and the rest are
+named here too, as callers have long imported them). The gateway carries the same teams in its cached caller
+(console/gateway/auth.py).
 
 Another team's object is answered as if it did not exist (404 "no deployment named X"): a name is no secret
 within a team, but telling others it exists would be. Names stay one namespace across teams (the gateway's
@@ -13,31 +14,13 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
 from console.accounts.models import DEFAULT_TEAM, DEFAULT_TEAM_FIELDS, Team
+from console.accounts.scope import ALL, Teams, is_admin, scoped, teams_of
 from console.catalog.names import is_name, validate_name
 from console.errors import Conflict, Forbidden, Invalid, NotFound
 from console.events.record import Note, record
 
-Teams = frozenset[int] | None  # the teams one acts within; None: all of them (admins)
-ALL: Teams = None
-
-
-def is_admin(user) -> bool:
-    """Staff and superusers act across teams."""
-    return bool(user.is_active and (user.is_staff or user.is_superuser))
-
-
-def teams_of(user) -> Teams:
-    """The teams `user` acts within: their memberships, or ALL for admins."""
-    if is_admin(user):
-        return ALL
-    if not user.is_authenticated:
-        return frozenset()
-    return frozenset(user.teams.values_list("pk", flat=True))
-
-
-def scoped(rows: QuerySet, teams: Teams) -> QuerySet:
-    """`rows` (of a model with a `team`) narrowed to `teams`: what list, get, change and delete may touch."""
-    return rows if teams is None else rows.filter(team_id__in=teams)
+__all__ = ["ALL", "Teams", "add_member", "creation_team", "create_team", "get_team", "is_admin", "remove_member",
+           "scoped", "teams_of", "visible_teams"]
 
 
 def creation_team(user, name: str | None = None) -> Team:

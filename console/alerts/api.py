@@ -5,9 +5,8 @@ from ninja import Field, Router, Schema
 from pydantic import ConfigDict
 
 from console.accounts.auth import actor_of
+from console.accounts.scope import TeamScope
 from console.accounts.services import require_admin
-from console.accounts.teams import teams_of
-from console.alerts.evaluate import of_teams
 from console.alerts.models import Alert, AlertRule, RuleKind
 from console.alerts.targets import url_refusal
 from console.catalog.schemas import ErrorOut, RequestBody
@@ -63,7 +62,7 @@ def _rule(r: AlertRule) -> dict:
 def list_alerts(request, resolved: bool = False):
     rows = Alert.objects.select_related("rule")
     rows = rows.exclude(resolved_at=None).order_by("-resolved_at")[:100] if resolved else rows.filter(resolved_at=None)
-    return [_alert(a) for a in of_teams(list(rows), teams_of(request.user))]
+    return [_alert(a) for a in TeamScope.of(request.user).alerts(list(rows))]
 
 
 @router.get("/rules", response={200: list[RuleOut]}, summary="The alert rules: windows, thresholds, webhooks")

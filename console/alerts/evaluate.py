@@ -9,6 +9,7 @@ from django.db import transaction
 from django.db.models import F, Sum
 from django.db.models.functions import Coalesce, Greatest
 
+from console.accounts.scope import TeamScope
 from console.alerts import rules
 from console.alerts.models import Alert, AlertRule, RuleKind, WebhookDelivery
 from console.deployments.models import Deployment
@@ -106,25 +107,6 @@ def _note(obj: str, reason: str, message: str, warning: bool = False) -> Note:
                 host=name if kind == "host" else "")
 
 
-def open_alerts(teams: frozenset[int] | None = None) -> list[Alert]:
-    """The alerts firing now, of `teams`' deployments (and their replicas) and of every host (hosts are shared);
-    None: all of them (admins)."""
-    return of_teams(list(Alert.objects.filter(resolved_at=None).select_related("rule").order_by("-since")), teams)
-
-
-def of_teams(alerts: list[Alert], teams: frozenset[int] | None) -> list[Alert]:
-    """`alerts` without those of other teams' deployments and replicas (as if those did not exist)."""
-    if teams is None:
-        return alerts
-    named = {a: _deployment_of(a.object) for a in alerts}
-    mine = set(Deployment.objects.filter(name__in={n for n in named.values() if n}, team_id__in=teams)
-               .values_list("name", flat=True))
-    return [a for a in alerts if named[a] is None or named[a] in mine]
-
-
-def _deployment_of(obj: str) -> str | None:
-    """The deployment an alert's object is or belongs to (deployment/NAME, replica/NAME#I); None for a host's."""
-    kind, _, name = obj.partition("/")
-    if kind == "deployment":
-        return name
-    return name.rpartition("#")[0] if kind == "replica" else None
+def open_alerts(scope: TeamScope) -> list[Alert]:
+    """The alerts firing now that `scope` may see (TeamScope.alerts: its deployments' and replicas', every host's)."""
+    return scope.alerts(list(Alert.objects.filter(resolved_at=None).select_related("rule").order_by("-since")))

@@ -167,7 +167,7 @@ def delete_adapter(name: str, actor: str = "", teams: Teams = ALL) -> None:
         adapter.delete()
         _refresh_pool(dep)
         record([Note(f"adapter/{name}", "Deleted", f"removed from deployment {dep.name}", actor=actor,
-                     deployment=dep.name, folds=False)])
+                     deployment=dep.name, folds=False, team=adapter.team_id)])
         transaction.on_commit(wake_scheduler)
 
 

@@ -175,7 +175,7 @@ def delete_model(name: str, actor: str = "", teams: Teams = ALL) -> None:
     with transaction.atomic():
         model.delete()
         record([Note(f"model/{name}", "Deleted", f"unregistered (its files stay at {model.path})", actor=actor,
-                     folds=False)])
+                     folds=False, team=model.team_id)])
 
 
 @dataclass(frozen=True)

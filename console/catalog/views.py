@@ -3,15 +3,17 @@ from __future__ import annotations
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import Prefetch
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from console.accounts.auth import actor_of
-from console.accounts.teams import creation_team, scoped, teams_of, visible_teams
+from console.accounts.scope import TeamScope
+from console.accounts.teams import creation_team, teams_of, visible_teams
 from console.catalog import adapters, memory, services
 from console.catalog.calibration import error_fraction
-from console.catalog.models import Calibration, MemorySample, Model
+from console.catalog.models import Calibration
 from console.errors import DomainError, NotFound
 from console.fleet.templatetags.units import gib
 from console.forms import whole_number
@@ -19,25 +21,27 @@ from console.forms import whole_number
 
 @login_required
 def models_page(request):
-    teams = teams_of(request.user)
+    scope = TeamScope.of(request.user)
     return render(
         request,
         "catalog/models.html",
         {
-            # A store directory another team registered says so, without its name (console/accounts/teams.py).
-            "all_teams": teams is None,
-            "team_ids": teams or frozenset(),
+            # A store directory another team registered says so, without its name (console/accounts/scope.py).
+            "all_teams": scope.everything,
+            "team_ids": scope.teams or frozenset(),
             # Members of several teams (and admins) say which owns what they register.
             "team_choices": list(visible_teams(request.user).values_list("name", flat=True)),
             "entries": services.model_store_entries(),
-            "models": scoped(Model.objects.prefetch_related("deployments"), teams_of(request.user)),
+            "models": scope.models().prefetch_related(Prefetch("deployments", queryset=scope.deployments())),
             "store": settings.MODEL_STORE,
             "dtypes": memory.WORKER_DTYPES,
+            # Corrections per architecture family are every team's (a figure, no name); the loads behind them are
+            # each their own team's.
             "calibrations": Calibration.objects.all(),
             "samples": [
                 {"sample": s, "error": error_fraction(s.estimated_bytes, s.measured_bytes),
                  "calibrated_error": error_fraction(s.calibrated_bytes, s.measured_bytes)}
-                for s in MemorySample.objects.all()[:10]
+                for s in scope.samples()[:10]
             ],
         },
     )

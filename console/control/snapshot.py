@@ -63,6 +63,7 @@ class DeploymentRow:
     engine: str
     tolerations: dict
     spread: str
+    team_id: int  # the scheduler's reasons name another team's replicas without their names
 
 
 _DEPLOYMENTS = CarriedRows(Deployment, tuple(DeploymentRow.__dataclass_fields__), ("name",))
@@ -197,6 +198,7 @@ def deployment_spec(dep: Deployment | DeploymentRow, replica_bytes: int, now: fl
         status_since=dep.status_since.timestamp() if dep.status_since else None,
         last_scale_at=dep.last_scale_at.timestamp() if dep.last_scale_at else None,
         demand=live_demand(dep, now, demand_stale_s),
+        team=dep.team_id,
         demand_since=_unix(dep.demand_since),
         idle_timeout_s=float(dep.idle_timeout_s) if dep.idle_timeout_s else None,
         active_at=max(t for t in (last, created) if t is not None) if (last or created) else None,

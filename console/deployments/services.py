@@ -186,7 +186,7 @@ def delete_deployment(name: str, actor: str = "", teams: Teams = ALL) -> None:
         deployment.delete()
         update_in_key_order(Host.objects.filter(pk__in=hosts), desired_digest="")
         record([Note(deployment_object(name), "Deleted", f"deleted with its {replicas} replica(s); their workers "
-                     "are stopped", actor=actor, deployment=name, folds=False)])
+                     "are stopped", actor=actor, deployment=name, folds=False, team=deployment.team_id)])
     transaction.on_commit(wake_scheduler)
 
 

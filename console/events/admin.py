@@ -54,8 +54,10 @@ class AuditedAdmin(admin.ModelAdmin):
 
     def _tell(self, request, obj, reason: str, words: str) -> None:
         key, deployment = self.audit_object(obj)
+        # Its team as the row says, which a row just deleted can no longer be looked up for (a team is its own).
+        team = obj.pk if obj._meta.label == "accounts.Team" else getattr(obj, "team_id", None)
         record([Note(key, reason, words, actor=f"{actor_of(request)} (admin)", deployment=deployment,
-                     host=self.audit_host(obj), folds=False)])
+                     host=self.audit_host(obj), folds=False, team=team)])
 
 
 def _shown(value):

@@ -1,7 +1,7 @@
 from django.http import HttpResponse
 from ninja import Query, Router
 
-from console.accounts.teams import teams_of
+from console.accounts.scope import TeamScope
 from console.catalog.schemas import ErrorOut
 from console.events.audit import audit_filter, audited
 from console.events.query import EventFilter, page, parse_since
@@ -16,7 +16,7 @@ audit_router = Router()
             summary="The event timeline, newest first, a page at a time (follow `next`)")
 def list_events(request, query: Query[EventQuery]):
     f = EventFilter(object=query.object, type=query.type, reason=query.reason, since=parse_since(query.since))
-    events, following = page(f, query.cursor, query.limit, teams=teams_of(request.user))
+    events, following = page(f, TeamScope.of(request.user), query.cursor, query.limit)
     return {"events": [as_item(e) for e in events], "next": following}
 
 
@@ -25,7 +25,7 @@ def list_events(request, query: Query[EventQuery]):
                   "objects (all for admins), a page at a time (X-Total-Count and Link headers)")
 def list_audit(request, response: HttpResponse, query: Query[AuditQuery]):
     f = audit_filter(query.who, query.kind, query.since, query.until)
-    found, window = paginate(audited(f, teams_of(request.user)), query.page, query.per_page)
+    found, window = paginate(audited(f, TeamScope.of(request.user)), query.page, query.per_page)
     set_page_headers(response, request, found)
     return [as_item(e) for e in window]
 

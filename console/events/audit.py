@@ -10,8 +10,9 @@ from datetime import datetime
 
 from django.db.models import Q, QuerySet
 
+from console.accounts.scope import TeamScope
 from console.events.models import Event
-from console.events.query import parse_since, refused, within
+from console.events.query import parse_since, refused
 
 # What people change, as the timeline names objects ("scheduler" is the placement strategy, one object).
 KINDS = ("deployment", "model", "adapter", "route", "token", "team", "host", "alert", "scheduler")
@@ -44,8 +45,8 @@ def audit_filter(who: str = "", kind: str = "", since: str = "", until: str = ""
     return f
 
 
-def audited(f: AuditFilter, teams: frozenset[int] | None) -> QuerySet[Event]:
-    """People's changes matching `f`, of `teams`' objects (as the events page shows them), newest first."""
+def audited(f: AuditFilter, scope: TeamScope) -> QuerySet[Event]:
+    """People's changes matching `f` that `scope` may read (as the events page shows them), newest first."""
     rows = Event.objects.filter(PEOPLE)
     if f.who:
         rows = rows.filter(by_user(f.who))
@@ -57,7 +58,7 @@ def audited(f: AuditFilter, teams: frozenset[int] | None) -> QuerySet[Event]:
         rows = rows.filter(last_seen__gte=f.since)
     if f.until is not None:
         rows = rows.filter(last_seen__lte=f.until)
-    return within(rows, teams).order_by("-last_seen", "-id")
+    return scope.events(rows).order_by("-last_seen", "-id")
 
 
 def by_user(name: str) -> Q:

@@ -7,7 +7,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.views.decorators.http import require_safe
 
-from console.accounts.teams import teams_of
+from console.accounts.scope import TeamScope
 from console.errors import Invalid
 from console.events.audit import KINDS, audit_filter, audited
 from console.events.models import Event
@@ -24,7 +24,7 @@ def audit_page(request):
     number, note = page_number(request.GET)
     notes, rows = [note], Event.objects.none()
     try:
-        rows = audited(audit_filter(**asked), teams_of(request.user))
+        rows = audited(audit_filter(**asked), TeamScope.of(request.user))
     except Invalid as e:
         notes.append(str(e))
     found, window, past = page_within(rows, number, PER_PAGE)

@@ -18,6 +18,9 @@ class Event(models.Model):
     # host's page shows its replicas' events too. Names, not keys: the timeline outlives what it names.
     deployment = models.CharField(max_length=63, blank=True)
     host = models.CharField(max_length=200, blank=True)
+    # The team that owned its object when it was recorded (console/accounts/scope.py event_teams): who reads it.
+    # A plain number, not a key: the timeline outlives teams too. Null: no team's (hosts, the strategy, tokens).
+    team = models.IntegerField(null=True, blank=True)
     type = models.CharField(max_length=7, choices=EventType.choices, default=EventType.NORMAL)
     reason = models.CharField(max_length=40, help_text="a CamelCase code: Placed, Preempted, Failed, ...")
     message = models.TextField()

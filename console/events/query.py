@@ -1,5 +1,6 @@
 """Reading the timeline, newest first, a page at a time: filters (object, type, reason, since) and an opaque
-cursor (the last row's time and key), so every page is one indexed range read however deep it goes."""
+cursor (the last row's time and key), so every page is one indexed range read however deep it goes. What a reader
+may see of it is the team scope's to say (console/accounts/scope.py): every read takes one."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import binascii
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from django.db.models import Case, Q, QuerySet, Value, When
-from django.db.models.functions import Concat, Greatest, StrIndex, Substr
+from django.db.models import Q, QuerySet
 from django.utils.dateparse import parse_datetime
 
+from console.accounts.scope import TeamScope
 from console.errors import Invalid
 from console.events.models import Event
 
@@ -54,45 +55,11 @@ def matching(f: EventFilter) -> QuerySet[Event]:
     return rows
 
 
-def within(rows: QuerySet[Event], teams: frozenset[int] | None) -> QuerySet[Event]:
-    """`rows` without the events of other teams' deployments (and their replicas), models, adapters, routes and teams
-    (console/accounts/teams.py), and of tokens of users in none of `teams`; None: every team's (admins)."""
-    if teams is None:
-        return rows
-    from console.accounts.models import Team  # the timeline is written by every app: read theirs only here
-    from console.catalog.models import Adapter, Model
-    from console.deployments.models import Deployment
-    from console.routes.models import Route
-
-    def others(model, kind: str, team: str = "team_id") -> QuerySet:
-        return (model.objects.order_by().exclude(**{f"{team}__in": teams})
-                .annotate(key=Concat(Value(f"{kind}/"), "name")).values("key"))
-
-    rows = rows.exclude(deployment__in=Deployment.objects.order_by().exclude(team_id__in=teams).values("name"))
-    for model, kind, team in ((Model, "model", "team_id"), (Adapter, "adapter", "team_id"), (Route, "route", "team_id"),
-                              (Team, "team", "pk")):
-        rows = rows.exclude(object__in=others(model, kind, team))
-    return _without_strangers_tokens(rows, teams)
-
-
-def _without_strangers_tokens(rows: QuerySet[Event], teams: frozenset[int]) -> QuerySet[Event]:
-    """`rows` without the events of tokens (token/USER/NAME) of users who share none of `teams`: a token is its
-    user's, and another team's user's token names are theirs to know."""
-    from django.contrib.auth import get_user_model
-
-    strangers = get_user_model().objects.order_by().exclude(teams__in=teams).values("username")
-    # A user name holds no "/" (Django's validator), so USER runs from after "token/" to the next "/"; only token
-    # events are cut (a negative length is an error on PostgreSQL).
-    user = Case(When(object__startswith="token/", then=Substr(
-        "object", 7, Greatest(StrIndex(Substr("object", 7), Value("/")) - 1, Value(0)))), default=Value(""))
-    return rows.alias(token_user=user).exclude(object__startswith="token/", token_user__in=strangers)
-
-
-def page(f: EventFilter, cursor: str = "", limit: int = DEFAULT_LIMIT,
-         teams: frozenset[int] | None = None) -> tuple[list[Event], str | None]:
-    """Up to `limit` events after `cursor` (newest first) of `teams`' objects (see within), and the cursor of the
-    next page (None: no more)."""
-    rows = within(matching(f), teams).order_by("-last_seen", "-id")
+def page(f: EventFilter, scope: TeamScope, cursor: str = "", limit: int = DEFAULT_LIMIT
+         ) -> tuple[list[Event], str | None]:
+    """Up to `limit` events after `cursor` (newest first) of what `scope` may read, and the cursor of the next page
+    (None: no more)."""
+    rows = scope.events(matching(f)).order_by("-last_seen", "-id")
     if cursor:
         at, key = decode_cursor(cursor)
         rows = rows.filter(Q(last_seen__lt=at) | Q(last_seen=at, id__lt=key))

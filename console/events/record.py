@@ -1,7 +1,8 @@
 """Writing the timeline: `record` appends events, folding repeats into the row they repeat (one row with a count,
 as Kubernetes does, so a replica failing every minute is one line that counts, not a thousand); `prune` keeps it
 within its retention and its row cap. Both are synchronous and run inside the caller's transaction, so an event
-is committed exactly when the change it tells of is."""
+is committed exactly when the change it tells of is. Each event is stamped with the team that owns its object
+(console/accounts/scope.py event_teams), which is what decides who reads it."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from console.bulk import insert_values
 from console.events.models import Event, EventType
 
 _CHUNK = 500  # objects per lookup of foldable rows: far below every backend's limit on query parameters
-_COLUMNS = ("object", "deployment", "host", "type", "reason", "message", "actor", "count", "first_seen", "last_seen")
+_COLUMNS = ("object", "deployment", "host", "team", "type", "reason", "message", "actor", "count", "first_seen",
+            "last_seen")
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,9 @@ class Note:
     host: str = ""
     # What a person or token did is told once each time: never folded (and no lookup of rows to fold into).
     folds: bool = True
+    # The team owning its object, where the writer knows it better than a lookup by name can: an object it has just
+    # deleted. None: looked up when recorded.
+    team: int | None = None
     key: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -71,34 +76,40 @@ def command_actor(command: str) -> str:
 def record(notes: Iterable[Note], now: datetime | None = None) -> int:
     """Append `notes` to the timeline, each folded into the same event seen within the fold window if there is
     one; returns how many rows were appended."""
+    from console.accounts.scope import event_teams  # who owns what: the scope's to say, of every app's objects
+
     now = now or timezone.now()
-    counts: dict[tuple, int] = {}
-    first: dict[tuple, Note] = {}
-    for note in notes:
-        counts[note.key] = counts.get(note.key, 0) + 1
-        first.setdefault(note.key, note)
-    if not counts:
+    notes = list(notes)
+    if not notes:
         return 0
-    folded = _foldable([n for n in first.values() if n.folds],
+    owners = event_teams((n.object, n.deployment) for n in notes if n.team is None)
+    counts: dict[tuple, int] = {}
+    first: dict[tuple, tuple[Note, int | None]] = {}
+    for note in notes:
+        # Its team is part of what it is: a name another team took since is another object.
+        key = (*note.key, note.team if note.team is not None else owners[(note.object, note.deployment)])
+        counts[key] = counts.get(key, 0) + 1
+        first.setdefault(key, (note, key[-1]))
+    folded = _foldable([k for k, (n, _) in first.items() if n.folds],
                        now - timedelta(seconds=settings.MODELGRID_EVENTS_FOLD_SECONDS))
     for key, pk in sorted(folded.items(), key=lambda kv: kv[1]):  # in key order, as every writer takes them
         Event.objects.filter(pk=pk).update(count=F("count") + counts[key], last_seen=now)
     # Plain rows, no Event instance each: a pass that placed 8,000 replicas has as many events, and building the
     # instances was a fifth to a third of writing them (bench/create_cost.py), on the pass's thread.
-    new = [(n.object, n.deployment, n.host, n._type, n.reason, n.message, n.actor, counts[k] if n.folds else 1, now,
-            now) for k, n in first.items() if k not in folded for _ in range(1 if n.folds else counts[k])]
+    new = [(n.object, n.deployment, n.host, team, n._type, n.reason, n.message, n.actor, counts[k] if n.folds else 1,
+            now, now) for k, (n, team) in first.items() if k not in folded for _ in range(1 if n.folds else counts[k])]
     insert_values(Event, _COLUMNS, new)
     return len(new)
 
 
-def _foldable(notes: Iterable[Note], since: datetime) -> dict[tuple, int]:
-    """The newest event within the window per note's key: key -> its primary key."""
-    wanted = {n.key for n in notes}
+def _foldable(keys: Iterable[tuple], since: datetime) -> dict[tuple, int]:
+    """The newest event within the window per key (a note's, then its team): key -> its primary key."""
+    wanted = set(keys)
     objects = sorted({k[0] for k in wanted})
     found: dict[tuple, int] = {}
     for i in range(0, len(objects), _CHUNK):
         rows = (Event.objects.filter(object__in=objects[i:i + _CHUNK], last_seen__gte=since)
-                .values_list("pk", "object", "type", "reason", "message", "actor").order_by("pk"))
+                .values_list("pk", "object", "type", "reason", "message", "actor", "team").order_by("pk"))
         for pk, *key in rows:
             if tuple(key) in wanted:
                 found[tuple(key)] = pk  # the newest wins: rows come oldest first

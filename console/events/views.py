@@ -8,11 +8,11 @@ from django.shortcuts import render
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_safe
 
-from console.accounts.teams import teams_of
+from console.accounts.scope import TeamScope
 from console.errors import Invalid
 from console.events.models import EventType
 from console.events.query import EventFilter, page
-from console.events.templatetags.timeline import recent_events
+from console.events.templatetags.timeline import recent_of
 
 PER_PAGE = 50
 REASONS = ("Placed", "Moved", "Woken", "Slept", "Preempted", "Stopped", "Refused", "Scaled", "Starting", "Loading",
@@ -31,7 +31,7 @@ def events_page(request):
     cursor = q.get("cursor", "")[:200]
     error = None
     try:
-        events, following = page(f, cursor, PER_PAGE, teams=teams_of(request.user))
+        events, following = page(f, TeamScope.of(request.user), cursor, PER_PAGE)
     except Invalid as e:
         events, following, error = [], None, str(e)
     context = {"events": events, "next": following, "filters": f, "cursor": cursor, "error": error,
@@ -48,7 +48,7 @@ def recent(request):
     """The last events of one object (?object=deployment/NAME), for a page's live card."""
     key = request.GET.get("object", "")[:300]
     try:
-        context = recent_events(key, teams=teams_of(request.user))
+        context = recent_of(key, TeamScope.of(request.user))
     except Invalid as e:
         context = {"events": [], "error": str(e), "object_key": key}
     return render(request, "events/_list.html", context)

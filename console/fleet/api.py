@@ -4,7 +4,7 @@ from django.http import HttpResponse
 from ninja import Field, Query, Router, Schema
 
 from console.accounts.auth import actor_of
-from console.accounts.teams import teams_of
+from console.accounts.scope import TeamScope
 from console.catalog.schemas import ErrorOut
 from console.errors import NotFound
 from console.fleet.models import Host, PlacementSettings
@@ -31,12 +31,12 @@ def list_hosts(request, response: HttpResponse, query: Query[HostListQuery]):
         rows = in_state(rows, query.state)
     page, window = paginate(rows, query.page, query.per_page)
     set_page_headers(response, request, page)
-    return fleet(window, teams_of(request.user))
+    return fleet(window, TeamScope.of(request.user))
 
 
 @router.get("/{name}", response={200: HostOut, 404: ErrorOut}, summary="One host, its GPUs and their replicas")
 def get_host(request, name: str):
-    found = fleet(Host.named(name), teams_of(request.user))
+    found = fleet(Host.named(name), TeamScope.of(request.user))
     if not found:
         raise NotFound(f"no host named {name!r}")
     return found[0]
@@ -46,7 +46,7 @@ def get_host(request, name: str):
               summary="Set a host's labels and/or taints (each given one replaced whole)")
 def patch_host(request, name: str, body: HostPlacement):
     set_placement(request.user, name, body.model_dump(exclude_unset=True), actor=actor_of(request))
-    return fleet(Host.named(name), teams_of(request.user))[0]
+    return fleet(Host.named(name), TeamScope.of(request.user))[0]
 
 
 scheduler_router = Router()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.db.models import Count, F, FloatField, Prefetch, Q, QuerySet, Sum
 from django.db.models.functions import Cast
 
-from console.accounts.teams import ALL, Teams, scoped
-from console.deployments.models import Deployment, Replica
+from console.accounts.scope import TeamScope
+from console.deployments.models import Replica
 from console.fleet.labels import gpu_labels
 from console.fleet.models import Gpu, Host
 
@@ -30,22 +30,10 @@ def in_state(hosts: QuerySet, state: str) -> QuerySet:
     return hosts.filter(_LIFECYCLE[state])
 
 
-OTHER_TEAM = "another team"  # how a replica of a deployment the viewer may not see is named
-
-
-def masked(replica: dict, teams: Teams) -> dict:
-    """`replica` as a member of `teams` may see it: another team's deployment goes unnamed, and so do the reasons,
-    which may name it (console/accounts/teams.py); its memory still shows, the GPUs being shared."""
-    if teams is None or replica["team"] in teams:
-        return replica
-    unsaid = {k: "" for k in ("action", "reason", "observed_reason") if k in replica}
-    return replica | unsaid | {"deployment": OTHER_TEAM}
-
-
-def fleet(hosts: QuerySet | None = None, teams: Teams = ALL) -> list[dict]:
+def fleet(hosts: QuerySet | None, scope: TeamScope) -> list[dict]:
     """Each host of `hosts` (default: all) with its GPUs and the replicas reserved on each GPU, its labels,
     the room it reports for sleeping replicas and the replicas asleep in its memory: five queries for any
-    number of hosts. Other teams' replicas than `teams`' are masked (ALL: none)."""
+    number of hosts. Hosts are every team's; their replicas are as `scope` may see them (TeamScope.replica)."""
     asleep = Replica.objects.filter(Q(desired_state="sleeping") | Q(observed_state="sleeping"))
     on_gpu = Replica.objects.select_related("deployment").defer(*_REPLICA_DEPLOYMENT_FIELDS).order_by("pk")
     hosts = (Host.objects.all() if hosts is None else hosts).defer(*_UNSHOWN_HOST_FIELDS).prefetch_related(
@@ -71,19 +59,19 @@ def fleet(hosts: QuerySet | None = None, teams: Teams = ALL) -> list[dict]:
             "engines": h.engines or {"torch": ""},
             "ram_free_bytes": h.ram_free_bytes,
             "asleep": [
-                masked({"deployment": r.deployment.name, "team": r.deployment.team_id, "index": r.index,
-                        "state": r.observed_state, "desired_state": r.desired_state, "host_bytes": r.host_bytes},
-                       teams)
+                scope.replica({"deployment": r.deployment.name, "team": r.deployment.team_id, "index": r.index,
+                               "state": r.observed_state, "desired_state": r.desired_state,
+                               "host_bytes": r.host_bytes})
                 for r in h.asleep
             ],
-            "gpus": [_gpu(g, teams) for g in h.gpus.all()],
+            "gpus": [_gpu(g, scope) for g in h.gpus.all()],
         }
         for h in hosts
     ]
 
 
-def _gpu(g, teams: Teams) -> dict:
-    replicas = [masked({
+def _gpu(g, scope: TeamScope) -> dict:
+    replicas = [scope.replica({
             "deployment": r.deployment.name,
             "team": r.deployment.team_id,
             "index": r.index,
@@ -97,7 +85,7 @@ def _gpu(g, teams: Teams) -> dict:
             "measured_bytes": r.measured_bytes,
             "loaded_bytes": r.loaded_bytes,
             "loading_total_bytes": r.loading_total_bytes,
-        }, teams)
+        })
         for r in g.replicas.all()
     ]
     reserved = sum(r["reserved_bytes"] for r in replicas)
@@ -156,10 +144,10 @@ def _whole(value) -> int:
     return int(value or 0)
 
 
-def fleet_summary(teams: Teams = ALL) -> dict:
+def fleet_summary(scope: TeamScope) -> dict:
     """The fleet in figures, whatever page is shown: hosts by state, GPUs and their memory (shared by every team:
-    the whole fleet's), and the replicas by observed state and deployments by state of `teams` (None: every team's).
-    Five aggregate queries, however large the fleet."""
+    the whole fleet's), and the replicas by observed state and deployments by state that `scope` sees. Five
+    aggregate queries, however large the fleet."""
     # Aliases unlike any field name: Django refuses an aggregate named "connected".
     hosts = Host.objects.aggregate(n_total=Count("pk"),
                                    **{f"n_{s}": Count("pk", filter=q) for s, q in _LIFECYCLE.items()})
@@ -168,9 +156,8 @@ def fleet_summary(teams: Teams = ALL) -> dict:
     gpus = {k.removeprefix("n_"): v for k, v in gpus.items()}
     # As each GPU's bar counts it: a replica's reservation on every GPU it spans.
     reserved = _whole(Replica.gpus.through.objects.aggregate(b=float_sum("replica__reserved_bytes"))["b"])
-    theirs = scoped(Deployment.objects.order_by(), teams)
-    replicas = Replica.objects.order_by().filter(deployment__in=theirs) if teams is not None else Replica.objects
-    replicas = dict(replicas.order_by().values_list("observed_state").annotate(n=Count("pk")))
+    theirs = scope.deployments().order_by()
+    replicas = dict(scope.replicas().order_by().values_list("observed_state").annotate(n=Count("pk")))
     deployments = dict(theirs.values_list("state").annotate(n=Count("pk")))
     violating = theirs.filter(violating=True).count()
     total_bytes, used_bytes = _whole(gpus["total_bytes"]), _whole(gpus["used_bytes"])
@@ -183,5 +170,5 @@ def fleet_summary(teams: Teams = ALL) -> dict:
         "replicas": {"total": sum(replicas.values()), "states": _ordered(replicas, REPLICA_STATE_ORDER)},
         "deployments": {"total": sum(deployments.values()), "states": _ordered(deployments, DEPLOYMENT_STATE_ORDER),
                         "violating": violating},
-        "teams_only": teams is not None,  # replicas and deployments are the viewer's teams' only
+        "teams_only": not scope.everything,  # replicas and deployments are the viewer's teams' only
     }

@@ -15,13 +15,13 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
 from console.accounts.auth import actor_of
-from console.accounts.teams import ALL, Teams, scoped, teams_of
+from console.accounts.scope import OTHER_TEAM, Teams, TeamScope
 from console.deployments.models import Deployment, DeploymentState
 from console.deployments.policy_form import parse_selector
 from console.deployments.presenters import deployment_row, heading_for, load_progress
 from console.errors import DomainError
 from console.fleet.models import Host, PlacementSettings, foreign_bytes
-from console.fleet.presenters import HOST_STATES, OTHER_TEAM, fleet, fleet_summary, in_state
+from console.fleet.presenters import HOST_STATES, fleet, fleet_summary, in_state
 from console.fleet.services import set_placement, set_strategy
 from console.fleet.templatetags.units import gib
 from console.pagination import MAX_QUERY, name_search, page_number, page_within, pager, query_string, shown
@@ -194,26 +194,27 @@ def _url(deployment: str) -> str:
     return "#" if deployment == OTHER_TEAM else deployment_url(deployment)
 
 
-def grid_context(query: QueryDict | dict | None = None, teams: Teams = ALL) -> dict:
+def grid_context(query: QueryDict | dict | None, scope: TeamScope | Teams) -> dict:
     """Everything the live part of the dashboard shows for `query` (a request's GET; none: the first page of
-    every host and deployment) to a member of `teams`: the fleet's summary, a page of hosts (other teams'
-    replicas unnamed) and a page of their deployments."""
+    every host and deployment) within `scope` (or the scope of a member of those teams): the fleet's summary, a
+    page of hosts (other teams' replicas unnamed) and a page of the scope's deployments."""
+    scope = scope if isinstance(scope, TeamScope) else TeamScope(scope)  # the live dashboard's teams_of(user)
     query = QueryDict() if query is None else query
     filters = read_filters(query)
     hosts = name_search(Host.objects.all(), filters.q)
     if filters.state:
         hosts = in_state(hosts, filters.state)
     host_page, host_rows, host_note = page_within(hosts, filters.page, HOSTS_PER_PAGE, "page")
-    deployments = name_search(scoped(Deployment.objects.select_related("model").prefetch_related("replica_set"),
-                                     teams), filters.dq)
+    deployments = name_search(scope.deployments(Deployment.objects.select_related("model")
+                                                .prefetch_related("replica_set")), filters.dq)
     if filters.dstate:
         deployments = deployments.filter(state=filters.dstate)
     dep_page, dep_rows, dep_note = page_within(deployments, filters.dpage, DEPLOYMENTS_PER_PAGE, "dpage")
     return {
-        "summary": summary_view(fleet_summary(teams), query),
+        "summary": summary_view(fleet_summary(scope), query),
         "filters": filters,
         "notes": [*filters.notes, *(n for n in (host_note, dep_note) if n)],
-        "hosts": [_host_view(h) for h in fleet(host_rows, teams)],
+        "hosts": [_host_view(h) for h in fleet(host_rows, scope)],
         "host_pager": pager(host_page, query, "page"),
         "hosts_clear_url": _with(query, drop=HOST_PARAMS),
         "deployments": [deployment_row(d) | {"url": deployment_url(d.name)} for d in dep_rows],
@@ -226,7 +227,7 @@ def grid_context(query: QueryDict | dict | None = None, teams: Teams = ALL) -> d
 @require_safe
 def host_page(request, name: str):
     """One host: its GPUs and replicas as on the dashboard, its charts and its recent events."""
-    hosts = fleet(Host.named(name), teams_of(request.user))
+    hosts = fleet(Host.named(name), TeamScope.of(request.user))
     if not hosts:
         raise Http404(f"no host named {name!r}")
     return render(request, "fleet/host.html", {"host": _host_view(hosts[0])})
@@ -269,7 +270,7 @@ def update_strategy(request):
 @login_required
 def dashboard(request):
     live_query = request.GET.urlencode()
-    return render(request, "fleet/dashboard.html", grid_context(request.GET, teams_of(request.user)) | {
+    return render(request, "fleet/dashboard.html", grid_context(request.GET, TeamScope.of(request.user)) | {
         "scheduler": scheduler_context(),
         "host_states": HOST_STATES,
         "deployment_states": DeploymentState.values,

@@ -80,7 +80,7 @@ def delete_route(name: str, actor: str = "", teams: Teams = ALL) -> None:
         first = route.branches.select_related("deployment").first()  # the event concerns it, as the others did
         route.delete()
         record([Note(route_object(name), "Deleted", "deleted: its name no longer routes requests", actor=actor,
-                     deployment=first.deployment.name if first else "", folds=False)])
+                     deployment=first.deployment.name if first else "", folds=False, team=route.team_id)])
         transaction.on_commit(_refresh)
 
 

@@ -119,7 +119,7 @@ def _shape(unit: Unit) -> tuple:
 def _blocked(run: Run, unit: Unit, v: Unit) -> str:
     """Why displaceable `v` may not be evicted for `unit` now ("" when it may), in words."""
     now, settings = run.request.now, run.settings
-    label = f"{v.label} ({v.demand.tier})"
+    label = f"{v.named_for(unit)} ({v.demand.tier})"
     if not v.fixed or v.relocated:
         return f"waiting for {label} to finish its {settings.min_residency_s:g} s minimum residency (placed in " \
                "this pass)"
@@ -152,12 +152,13 @@ def demand_for(run: Run, unit: Unit) -> bool:
 
     def describe(v: Unit) -> tuple[str, str]:
         if v.demand.rank > d.rank:
-            return "preempt", explain.preempted_by(d.name, unit.index, d.tier, why)
-        return "sleep", f"put to sleep for {unit.label} ({d.tier}, {why}): {_idle_words(v, run.request.now)}"
+            return "preempt", explain.preempted_by(unit.named_for(v), d.tier, why)
+        return "sleep", (f"put to sleep for {unit.named_for(v)} ({d.tier}, {why}): "
+                         f"{_idle_words(v, run.request.now)}")
 
     def note(victims: list[Unit]) -> str:
         return "took the room of " + ", ".join(
-            f"{v.label} ({'lower tier' if v.demand.rank > d.rank else 'idle'})" for v in victims)
+            f"{v.named_for(unit)} ({'lower tier' if v.demand.rank > d.rank else 'idle'})" for v in victims)
 
     def single() -> Found | None:
         return _best_single(run, unit, ok)
@@ -333,7 +334,7 @@ def _never(run: Run, d: Demand, eligible: list[int], capable: list[int], width: 
 def _held(unit: Unit, v: Unit) -> str:
     if v.demand is unit.demand:
         return f"{v.label} (its own)"
-    return f"{v.label} ({v.demand.tier}{', at its minimum' if v.phase == 'min' else ''})"
+    return f"{v.named_for(unit)} ({v.demand.tier}{', at its minimum' if v.phase == 'min' else ''})"
 
 
 def _names(items: list[str]) -> str:

@@ -120,6 +120,6 @@ def placed(strategy_note: str, share: int, width: int, gpus: list[str], free_bef
             f"(at least {gib(left)} left after on each)")
 
 
-def preempted_by(name: str, index: int, tier: str, why: str) -> str:
-    """Who took a replica's room, and why that one outranks it."""
-    return f"preempted by {name}#{index} ({tier}, {why})"
+def preempted_by(label: str, tier: str, why: str) -> str:
+    """Who took a replica's room (its label, or how another team's is named), and why that one outranks it."""
+    return f"preempted by {label} ({tier}, {why})"

@@ -230,7 +230,7 @@ def _not_ready(u: Unit, refusal: str, fate: tuple[str, str | None, str] | None) 
         reason = f"{u.cause}; {words}"
         if u.cause_kind == "displaced":
             reason += f"; no room elsewhere: {refusal}"
-        by = u.evictor.label if u.evictor is not None else None
+        by = u.evictor.named_for(u) if u.evictor is not None else None
         return PlannedReplica(name, index, (), host, state, action, 0, None, reason, u.origin, by)
     if u.asleep:
         more = "; a request wakes it" if u.phase == "idle" else ""

@@ -308,7 +308,7 @@ class Run:
         """Move a placed replica to `gpus` to make room for `beneficiary`."""
         self._unreserve(mover)
         self.place(mover, gpus, note)
-        mover.moved_by = (f"to make room for {beneficiary.label} ({beneficiary.demand.tier}), which fits "
+        mover.moved_by = (f"to make room for {beneficiary.named_for(mover)} ({beneficiary.demand.tier}), which fits "
                           "nowhere else")
 
     def evict(self, victim: Unit, kind: str, cause: str, by: Unit) -> None:

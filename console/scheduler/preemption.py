@@ -47,8 +47,8 @@ def preempt_for(run: Run, unit: Unit, phase: str | None = None) -> bool:
     """Place `unit` by preempting lower-priority replicas; False when no set of them makes room. `phase`: the
     phase it is preempting as (default its own)."""
     why = unit.demand.why(unit.phase if phase is None else phase)
-    cause = preempted_by(unit.demand.name, unit.index, unit.demand.tier, why)
-    return _evict_for(run, unit, lambda v: may_preempt(unit, v), "preempt", cause)
+    return _evict_for(run, unit, lambda v: may_preempt(unit, v), "preempt", "",
+                      describe=lambda v: ("preempt", preempted_by(unit.named_for(v), unit.demand.tier, why)))
 
 
 def swap_for(run: Run, unit: Unit) -> bool:
@@ -66,9 +66,11 @@ def swap_for(run: Run, unit: Unit) -> bool:
                 and v.demand.dep.demand == 0
                 and v.demand.value * SWAP_FACTOR <= value and within_residency(v, now, residency) is None)
 
-    cause = (f"put to sleep for {unit.demand.name}#{unit.index} ({unit.demand.tier}, "
-             f"{unit.demand.dep.traffic_rps:g} req/s): more tier-weighted traffic per replica")
-    return _evict_for(run, unit, ok, "sleep", cause)
+    def cause(v: Unit) -> tuple[str, str]:
+        return "sleep", (f"put to sleep for {unit.named_for(v)} ({unit.demand.tier}, "
+                         f"{unit.demand.dep.traffic_rps:g} req/s): more tier-weighted traffic per replica")
+
+    return _evict_for(run, unit, ok, "sleep", "", describe=cause)
 
 
 def victim_order(v: Unit) -> tuple:
@@ -167,7 +169,7 @@ def _evict_for(run: Run, unit: Unit, ok: Callable[[Unit], bool], kind: str, caus
         if describe is not None:
             kind, cause = describe(v)
         run.evict(v, kind, cause, unit)
-    names = ", ".join(v.label for v in victims)
+    names = ", ".join(v.named_for(unit) for v in victims)
     if note is not None:
         words = note(victims)
     elif kind == "preempt":

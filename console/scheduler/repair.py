@@ -52,7 +52,7 @@ def one_move(run: Run, unit: Unit) -> bool:
     if mover.fixed:
         run.moves_left -= 1
     run.relocate(mover, gpus, note, unit)
-    run.place(unit, (g,), f"{placer.note}, after moving {mover.label} away")
+    run.place(unit, (g,), f"{placer.note}, after moving {mover.named_for(unit)} away")
     return True
 
 

@@ -79,6 +79,9 @@ class Deployment:
     idle_timeout_s: float | None = None  # with min_replicas 0: no request this long -> off its GPUs; None: never
     demand_since: float | None = None  # when its requests started waiting (the longest-waiting demand goes first)
     active_at: float | None = None  # last request in flight or queued, else its creation; None: unknown (never idle)
+    # Its owners' team: a reason written for another team's replica names this one's replicas only as "a replica of
+    # another team" (units.Unit.named_for). None: one team (a dry run's deployments, say).
+    team: int | None = None
 
     def __post_init__(self) -> None:
         if self.bytes < 0 or self.gpus_per_replica < 1 or self.replicas < 0:

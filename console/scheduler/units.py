@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 # How much one request per second of each tier weighs when replicas compete for room in time.
 TIER_WEIGHT = {"critical": 8.0, "high": 4.0, "standard": 2.0, "batch": 1.0}
 EXTRA_CLASS, BATCH_CLASS, IDLE_CLASS = 8, 9, 10
+OTHER_TEAM_REPLICA = "a replica of another team"  # how reasons name a replica of another team's deployment
 
 
 class Demand:
@@ -123,6 +124,11 @@ class Unit:
     @property
     def label(self) -> str:
         return f"{self.demand.name}#{self.index}"
+
+    def named_for(self, reader: Unit) -> str:
+        """This replica as a reason written for `reader` names it: its label within one team, else unnamed, so that
+        no team learns another's deployments from the scheduler's words (console/accounts/scope.py)."""
+        return self.label if self.demand.dep.team == reader.demand.dep.team else OTHER_TEAM_REPLICA
 
     @property
     def home(self) -> str | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-DEPLOYMENT, HOST, FLEET = "deployment", "host", "fleet"
+DEPLOYMENT, HOST, FLEET, TEAM = "deployment", "host", "fleet", "team"
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,10 @@ HOST_METRICS = {m.name: m for m in (
 )}
 
 FLEET_METRICS = HOST_METRICS | {"request_rate": DEPLOYMENT_METRICS["request_rate"]}
+# A team's deployments summed: what a member's dashboard shows of the fleet's traffic (console/accounts/scope.py).
+TEAM_METRICS = {"request_rate": DEPLOYMENT_METRICS["request_rate"]}
 
-METRICS = {DEPLOYMENT: DEPLOYMENT_METRICS, HOST: HOST_METRICS, FLEET: FLEET_METRICS}
+METRICS = {DEPLOYMENT: DEPLOYMENT_METRICS, HOST: HOST_METRICS, FLEET: FLEET_METRICS, TEAM: TEAM_METRICS}
 
 # Per unit, how finely a value is kept: changes below it are jitter no chart shows, and storing them would
 # write a row each tick for a value that is in effect steady.

@@ -1,5 +1,6 @@
 """Which charts each page shows, read from the store: the deployment page's five, the dashboard's two and the
-host page's two."""
+host page's two, each as its reader's team scope may see them (console/accounts/scope.py): a deployment of theirs,
+any host (hosts are shared), and the fleet's request rate summed over their teams' deployments."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from functools import partial
 
 from django.urls import reverse
 
-from console.deployments.models import Deployment
+from console.accounts.scope import TeamScope
 from console.fleet.models import Host
 from console.series.charts import Line
 from console.series.charts import chart as draw
 from console.series.metrics import DEPLOYMENT, FLEET, HOST
-from console.series.store import COARSE_STEP_S, read_many
+from console.series.store import COARSE_STEP_S, read_many, read_sum
 
 # The range selector: key (the `range` parameter), seconds, label.
 RANGES = (("15m", 900, "15 min"), ("1h", 3600, "1 h"), ("6h", 6 * 3600, "6 h"), ("24h", 86400, "24 h"),
@@ -44,9 +45,10 @@ def _window(key: str, now: float | None) -> tuple[float, float]:
     return now - dict((k, s) for k, s, _ in RANGES)[key], now
 
 
-def deployment_panel(name: str, key: str, now: float | None = None) -> dict | None:
-    """The deployment page's charts over range `key`; None when there is no such deployment."""
-    dep = Deployment.objects.filter(name=name).values("pk", "slo_latency_ms").first()
+def deployment_panel(name: str, key: str, scope: TeamScope, now: float | None = None) -> dict | None:
+    """The deployment page's charts over range `key`; None when `scope` has no such deployment (another team's is
+    as missing as none)."""
+    dep = scope.deployments().filter(name=name).values("pk", "slo_latency_ms").first()
     if dep is None:
         return None
     start, end = _window(key, now)
@@ -103,17 +105,19 @@ def host_panel(name: str, key: str, now: float | None = None) -> dict | None:
                   charts, res)
 
 
-def fleet_panel(key: str, now: float | None = None) -> dict:
-    """The dashboard's charts over range `key`: the fleet's GPU memory and request rate."""
+def fleet_panel(key: str, scope: TeamScope, now: float | None = None) -> dict:
+    """The dashboard's charts over range `key`: the fleet's GPU memory (every team's: the GPUs are shared) and the
+    request rate of the deployments `scope` sees."""
     start, end = _window(key, now)
-    reads = read_many(FLEET, 0, ["reserved_bytes", "measured_bytes", "foreign_bytes", "total_bytes", "request_rate"],
-                      start, end)
+    reads = read_many(FLEET, 0, ["reserved_bytes", "measured_bytes", "foreign_bytes", "total_bytes"], start, end)
+    reads["request_rate"] = read_sum(scope.request_rate_series(), "request_rate", start, end)
     res = reads["total_bytes"].resolution_s
     chart = partial(draw, size=WIDE)
     charts = [
         chart("fleet_memory", "GPU memory", "bytes", _memory_lines(reads), start, end, res,
               note="every GPU of every host"),
         chart("fleet_request_rate", "Request rate", "req/s",
-              [Line("rate", "requests", reads["request_rate"].points)], start, end, res, note="all deployments"),
+              [Line("rate", "requests", reads["request_rate"].points)], start, end, res,
+              note="all deployments" if scope.everything else "your teams' deployments"),
     ]
     return _panel("fleet-charts", "The fleet over time", reverse("fleet-charts"), key, charts, res)

@@ -9,10 +9,11 @@ from datetime import datetime
 
 from django.db.models import Count, Q, Sum
 
+from console.accounts.models import Team
 from console.control.observed import gateway_detail
 from console.deployments.models import Deployment, Replica
 from console.fleet.models import Gpu, Host
-from console.series.metrics import DEPLOYMENT, FLEET, HOST
+from console.series.metrics import DEPLOYMENT, FLEET, HOST, TEAM
 from console.series.store import Key, prune, record
 
 log = logging.getLogger("modelgrid.series")
@@ -45,7 +46,7 @@ def replica_group(observed: str, desired: str) -> str | None:
 def deployment_values(now: float) -> dict[Key, float | None]:
     """Per deployment: the request rate and p95 the scheduler acts on (Deployment.traffic_rps and
     observed_p95_ms), p50, errors/s and queue wait as the gateway saw them (else as agents report them),
-    and replicas by state; and the fleet's request rate, their sum. Three queries."""
+    and replicas by state; and the request rate summed per team and over the fleet. Four queries."""
     agents: dict[str, dict] = {}  # stand-ins where no console process reported lately: hosts' own figures
     for serving in Host.objects.filter(connected=True).order_by().values_list("serving", flat=True):
         for name, figures in (serving or {}).items():
@@ -62,8 +63,9 @@ def deployment_values(now: float) -> dict[Key, float | None]:
             here[group] = here.get(group, 0) + n
     values: dict[Key, float | None] = {}
     total = 0.0
-    for pk, name, rps, p95, stats in Deployment.objects.order_by().values_list(
-            "pk", "name", "traffic_rps", "observed_p95_ms", "gateway_stats"):
+    teams = dict.fromkeys(Team.objects.order_by().values_list("pk", flat=True), 0.0)  # a team with none: 0
+    for pk, team, name, rps, p95, stats in Deployment.objects.order_by().values_list(
+            "pk", "team_id", "name", "traffic_rps", "observed_p95_ms", "gateway_stats"):
         seen = gateway_detail(stats, now) or agents.get(name, {})
         here = counts.get(pk, {})
         for metric, value in (("request_rate", rps), ("p95_ms", p95), ("p50_ms", seen.get("p50_ms")),
@@ -74,7 +76,9 @@ def deployment_values(now: float) -> dict[Key, float | None]:
                               ("replicas_failed", here.get("replicas_failed", 0))):
             values[(DEPLOYMENT, pk, metric)] = value
         total += rps
+        teams[team] = teams.get(team, 0.0) + rps
     values[(FLEET, 0, "request_rate")] = total
+    values |= {(TEAM, team, "request_rate"): rate for team, rate in teams.items()}
     return values
 
 

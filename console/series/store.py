@@ -34,12 +34,13 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import OuterRef, Q, Subquery
 
+from console.accounts.models import Team
 from console.bulk import insert_values, update_values
 from console.chores import CHORE_SECONDS
 from console.deployments.models import Deployment
 from console.errors import Invalid, NotFound
 from console.fleet.models import Host
-from console.series.metrics import DEPLOYMENT, FLEET, HOST, METRICS, quantize
+from console.series.metrics import DEPLOYMENT, FLEET, HOST, METRICS, TEAM, quantize
 from console.series.models import Clock, Outage, Point, Series
 
 FINE_STEP_S = int(CHORE_SECONDS)
@@ -238,7 +239,8 @@ def prune(now: int, thorough: bool = False) -> int:
         stale = Series.objects.filter(Q(value__isnull=True, since__lt=coarse_cut),
                                       Q(coarse_since__isnull=True) | Q(coarse_since__lt=coarse_cut))
         gone = (stale.filter(kind=DEPLOYMENT).exclude(object_id__in=Deployment.objects.values("pk"))
-                | stale.filter(kind=HOST).exclude(object_id__in=Host.objects.values("pk")))
+                | stale.filter(kind=HOST).exclude(object_id__in=Host.objects.values("pk"))
+                | stale.filter(kind=TEAM).exclude(object_id__in=Team.objects.values("pk")))
         Series.objects.filter(pk__in=list(gone.values_list("pk", flat=True))).delete()
         forget()
         Outage.objects.filter(end__lt=coarse_cut).delete()
@@ -290,14 +292,40 @@ def read_points(kind: str, object_id: int, metric: str, since: float, now: float
     return read_many(kind, object_id, [metric], since, now)[metric]
 
 
+def resolution(since: float, now: float) -> int:
+    """The step a read from `since` to `now` answers in: 10 s up to a day back (and the fine retention), else 5 min."""
+    return COARSE_STEP_S if now - since > min(FINE_SPAN_MAX_S, fine_retention_s()) else FINE_STEP_S
+
+
+def read_sum(objects: list[tuple[str, int]], metric: str, since: float, now: float | None = None) -> Points:
+    """read_points() of `metric` summed over `objects` ((kind, object id) each): at each time the sum of the values
+    in force then, None where none of them has one. What a team's member sees of a fleet-wide figure is the sum of
+    their teams' (console/accounts/scope.py)."""
+    now = time.time() if now is None else now
+    reads = [read_points(kind, object_id, metric, since, now) for kind, object_id in objects]
+    if len(reads) == 1:
+        return reads[0]
+    times = sorted({t for read in reads for t, _ in read.points})
+    summed, at = [], [0] * len(reads)
+    for t in times:
+        values = []
+        for i, read in enumerate(reads):
+            while at[i] < len(read.points) and read.points[at[i]][0] <= t:
+                at[i] += 1
+            values.append(read.points[at[i] - 1][1] if at[i] else None)
+        known = [v for v in values if v is not None]
+        summed.append((t, sum(known) if known else None))
+    return Points(reads[0].resolution_s if reads else resolution(since, now), summed)
+
+
 def read_many(kind: str, object_id: int, metrics: list[str], since: float, now: float | None = None
               ) -> dict[str, Points]:
     """read_points() for several metrics of one object in the same few queries, whatever their number."""
     for metric in metrics:
         check_metric(kind, metric)
     now = time.time() if now is None else now
-    coarse = now - since > min(FINE_SPAN_MAX_S, fine_retention_s())
-    step = COARSE_STEP_S if coarse else FINE_STEP_S
+    step = resolution(since, now)
+    coarse = step == COARSE_STEP_S
     since = int(max(since, now - (coarse_retention_s() if coarse else fine_retention_s())))
     answer = {metric: Points(step, []) for metric in metrics}
     last_tick = Clock.objects.filter(pk=1).values_list("last_tick", flat=True).first()

@@ -9,8 +9,7 @@ from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_safe
 
-from console.accounts.teams import scoped, teams_of
-from console.deployments.models import Deployment
+from console.accounts.scope import TeamScope
 from console.deployments.views import STOP_POLLING, login_required_htmx
 from console.series.panels import deployment_panel, fleet_panel, host_panel, range_key
 
@@ -36,8 +35,7 @@ def _fragment(request, panel: dict, page: str):
 @login_required_htmx
 @require_safe
 def deployment_charts(request, name: str):
-    mine = scoped(Deployment.objects.filter(name=name), teams_of(request.user)).exists()
-    panel = deployment_panel(name, range_key(request.GET.get("range"))) if mine else None
+    panel = deployment_panel(name, range_key(request.GET.get("range")), TeamScope.of(request.user))
     if panel is None:  # deleted meanwhile, or another team's (as missing as none)
         return _gone(request, f"Deployment {name} was deleted", "charts")
     return _fragment(request, panel, reverse("deployment", args=[name]))
@@ -55,4 +53,5 @@ def host_charts(request, name: str):
 @login_required_htmx
 @require_safe
 def fleet_charts(request):
-    return _fragment(request, fleet_panel(range_key(request.GET.get("range"))), reverse("dashboard"))
+    return _fragment(request, fleet_panel(range_key(request.GET.get("range")), TeamScope.of(request.user)),
+                     reverse("dashboard"))

@@ -12,7 +12,7 @@ from typing import Literal
 from django.http import HttpResponse
 from ninja import Field, Query, Router, Schema
 
-from console.accounts.teams import teams_of
+from console.accounts.scope import TeamScope
 from console.catalog.schemas import ErrorOut
 from console.errors import Invalid
 from console.series.api import parse_since
@@ -84,7 +84,7 @@ def read(request, query: UsageQuery) -> Report:
         since = max(EARLIEST, until - DAY)
     since, until = int(since), int(until)
     step = query.step or next((s for s in AUTO_STEPS if (until - since) / s <= AUTO_POINTS), AUTO_STEPS[-1])
-    return report(teams_of(request.user), query.group, since, until, step, query.team, query.deployment)
+    return report(TeamScope.of(request.user), query.group, since, until, step, query.team, query.deployment)
 
 
 def _check_time(name: str, text: str | None, value: float) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from urllib.parse import urlencode
 
-from console.accounts.teams import Teams
+from console.accounts.scope import TeamScope
 from console.catalog.names import is_name
 from console.series.charts import Line, chart
 from console.usage.report import Counts, Report, report
@@ -35,13 +35,14 @@ def model_key(value: str | None) -> str:
     return value if value and is_name(value) else ""
 
 
-def usage_page(teams: Teams, key: str, by: str, now: float | None = None, model: str = "") -> dict:
-    """Everything templates/usage/page.html draws for range `key` with the table by `by`, of one `model` if named."""
+def usage_page(scope: TeamScope, key: str, by: str, now: float | None = None, model: str = "") -> dict:
+    """Everything templates/usage/page.html draws for range `key` with the table by `by`, of one `model` if named, as
+    `scope` may see it."""
     now = time.time() if now is None else now
     seconds, step = next((s, st) for k, s, _, st in RANGES if k == key)
     until = int(now) - int(now) % 60 + 60  # through the current minute
     since = until - seconds
-    reports = {group: report(teams, group, since, until, step, deployment=model or None) for group, _ in CHARTS}
+    reports = {group: report(scope, group, since, until, step, deployment=model or None) for group, _ in CHARTS}
     charts = [_chart(group, title, reports[group]) for group, title in CHARTS]
     shown = reports[by]
     total = shown.totals

@@ -1,5 +1,5 @@
-"""Reading usage: totals and a series per team, token or deployment over a range, in steps, narrowed to the teams
-the reader acts within (console/accounts/teams.py). Minute and hour buckets are read together: rolling moves a
+"""Reading usage: totals and a series per team, token or deployment over a range, in steps, narrowed to the reader's
+team scope (console/accounts/scope.py). Minute and hour buckets are read together: rolling moves a
 minute's counts into its hour, so the two never count the same request."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from django.db.models import Q, Sum
 
 from console.accounts.models import ApiToken, Team
-from console.accounts.teams import Teams
+from console.accounts.scope import TeamScope
 from console.catalog.names import is_name
 from console.errors import Invalid
 from console.usage.models import UsageHour, UsageMinute
@@ -75,7 +75,7 @@ def check_range(since: int, until: int, step: int) -> None:
                       f"{MAX_POINTS:,}: take a longer step or a shorter range")
 
 
-def report(teams: Teams, group: str, since: int, until: int, step: int, team: str | None = None,
+def report(scope: TeamScope, group: str, since: int, until: int, step: int, team: str | None = None,
            deployment: str | None = None) -> Report:
     """Usage in [since, until) by `group`, in steps of `step` seconds (since aligned down to a minute)."""
     if group not in GROUPS:
@@ -83,10 +83,8 @@ def report(teams: Teams, group: str, since: int, until: int, step: int, team: st
     since -= since % 60
     check_range(since, until, step)
     where = Q(at__gte=since, at__lt=until)
-    if teams is not None:
-        where &= Q(team_id__in=teams)
     if team:
-        where &= Q(team_id=_team_id(teams, team))
+        where &= Q(team_id=_team_id(scope, team))
     if deployment:
         if not is_name(deployment):  # (a NUL, say, which PostgreSQL refuses outright in a query)
             raise refused("deployment", f"{deployment[:63]!r} is not a deployment's name")
@@ -96,7 +94,7 @@ def report(teams: Teams, group: str, since: int, until: int, step: int, team: st
     keyed: dict[object, list[Counts]] = {}
     totals = Counts()
     for model in (UsageMinute, UsageHour):
-        rows = (model.objects.filter(where).order_by().values_list(column, "at")
+        rows = (scope.usage(model.objects.filter(where)).order_by().values_list(column, "at")
                 .annotate(*(Sum(c) for c in COUNTS)))
         for key, at, *values in rows:
             series = keyed.setdefault(key, [Counts() for _ in range(steps)])
@@ -113,11 +111,11 @@ def report(teams: Teams, group: str, since: int, until: int, step: int, team: st
     return Report(group, since, until, step, totals, groups)
 
 
-def _team_id(teams: Teams, name: str) -> int:
-    """The id of the team named `name` among `teams` (None: all); one missing or not the reader's is refused alike,
-    naming the `team` parameter."""
+def _team_id(scope: TeamScope, name: str) -> int:
+    """The id of the team named `name` in `scope`; one missing or not the reader's is refused alike, naming the
+    `team` parameter."""
     found = Team.objects.filter(name=name).values_list("pk", flat=True).first() if is_name(name) else None
-    if found is None or (teams is not None and found not in teams):
+    if found is None or not scope.owns(found):
         raise refused("team", f"no team named {name[:63]!r}; GET /api/v1/teams lists yours")
     return found
 

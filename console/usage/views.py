@@ -6,13 +6,14 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.views.decorators.http import require_safe
 
-from console.accounts.teams import teams_of
+from console.accounts.scope import TeamScope
 from console.usage.page import model_key, range_key, table_key, usage_page
 
 
 @login_required
 @require_safe
 def usage(request):
-    page = usage_page(teams_of(request.user), range_key(request.GET.get("range")), table_key(request.GET.get("by")),
+    scope = TeamScope.of(request.user)
+    page = usage_page(scope, range_key(request.GET.get("range")), table_key(request.GET.get("by")),
                       model=model_key(request.GET.get("model")))
-    return render(request, "usage/page.html", {"page": page, "teams_only": teams_of(request.user) is not None})
+    return render(request, "usage/page.html", {"page": page, "teams_only": not scope.everything})

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from console.accounts.scope import TeamScope
 from console.deployments.models import Deployment
 from console.fleet.presenters import gpu_short_name
 from console.fleet.views import grid_context
@@ -105,7 +106,7 @@ def test_the_websocket_render_has_the_same_grid(model_dir):
     from django.template.loader import render_to_string
 
     scene(str(model_dir))
-    live = render_to_string("fleet/_live.html", grid_context())
+    live = render_to_string("fleet/_live.html", grid_context(None, TeamScope()))
     assert 'id="fleet-grid"' in live and 'id="deployment-table"' in live and "nightly-batch#0 8.00 GiB" in live
 
 

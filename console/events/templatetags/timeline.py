@@ -1,19 +1,24 @@
 from django import template
 from django.urls import reverse
 
+from console.accounts.scope import TeamScope
 from console.events.query import EventFilter, page
 
 register = template.Library()
 RECENT = 10
 
 
-@register.inclusion_tag("events/_list.html")
-def recent_events(object_key: str, limit: int = RECENT, teams: frozenset[int] | None = None) -> dict:
-    """The last events of a deployment, host or other object (of `teams`' objects; None: all), as the pages show
-    them."""
-    events, more = page(EventFilter(object=object_key), limit=limit, teams=teams)
+def recent_of(object_key: str, scope: TeamScope, limit: int = RECENT) -> dict:
+    """The last events of a deployment, host or other object that `scope` may read, as the pages show them."""
+    events, more = page(EventFilter(object=object_key), scope, limit=limit)
     return {"events": events, "more": more is not None, "object_key": object_key,
             "all_url": f"{reverse('events')}?object={object_key}"}
+
+
+@register.inclusion_tag("events/_list.html", takes_context=True)
+def recent_events(context, object_key: str, limit: int = RECENT) -> dict:
+    """recent_of() for the page's reader (its request's user): a page shows the events its reader's scope holds."""
+    return recent_of(object_key, TeamScope.of(context["request"].user), limit)
 
 
 @register.filter

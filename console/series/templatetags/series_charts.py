@@ -1,10 +1,11 @@
 """`{% deployment_charts name %}`, `{% host_charts name %}` and `{% fleet_charts %}`: the charts sections,
-rendered with the page (the range from its `range` parameter) and then polled by htmx."""
+rendered with the page (the range from its `range` parameter, the scope of its reader) and then polled by htmx."""
 
 from __future__ import annotations
 
 from django import template
 
+from console.accounts.scope import TeamScope
 from console.series.panels import deployment_panel, fleet_panel, host_panel, range_key
 
 register = template.Library()
@@ -17,12 +18,12 @@ def _range(context) -> str:
 
 @register.inclusion_tag("series/_charts.html", takes_context=True)
 def deployment_charts(context, name: str) -> dict:
-    return {"panel": deployment_panel(name, _range(context))}
+    return {"panel": deployment_panel(name, _range(context), TeamScope.of(context["request"].user))}
 
 
 @register.inclusion_tag("series/_charts.html", takes_context=True)
 def fleet_charts(context) -> dict:
-    return {"panel": fleet_panel(_range(context))}
+    return {"panel": fleet_panel(_range(context), TeamScope.of(context["request"].user))}
 
 
 @register.inclusion_tag("series/_charts.html", takes_context=True)

@@ -1,10 +1,12 @@
 """GET /api/v1/events: newest first, filtered by object, type, reason and time, paged by an opaque cursor."""
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
+from console.accounts.models import default_team_id
 from console.events.models import Event
 from console.events.record import Note, record
 
@@ -15,6 +17,7 @@ pytestmark = pytest.mark.django_db
 def timeline(api):
     Event.objects.all().delete()  # the API token's creation, told by the fixture
     t0 = timezone.now() - timedelta(minutes=10)
+    ours = default_team_id()  # the team of the token's user: chat and other were its deployments
     notes = [
         (Note("deployment/chat", "Created", "deploys tiny", actor="user ann", deployment="chat"), 0),
         (Note("replica/chat#0", "Placed", "placed on h1/0", actor="scheduler", deployment="chat", host="h1"), 1),
@@ -24,7 +27,7 @@ def timeline(api):
         (Note("replica/other#0", "Placed", "placed on h2/0", deployment="other", host="h2"), 4),
     ]
     for note, minute in notes:
-        record([note], t0 + timedelta(minutes=minute))
+        record([note if note.object.startswith("host/") else replace(note, team=ours)], t0 + timedelta(minutes=minute))
     return t0
 
 

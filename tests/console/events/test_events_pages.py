@@ -6,6 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from console.accounts.models import default_team_id
 from console.events.models import Event
 from console.events.record import Note, record
 
@@ -19,10 +20,11 @@ def rows(html: str) -> list[str]:
 @pytest.fixture
 def timeline(db):
     t0 = timezone.now() - timedelta(minutes=30)
+    ours = default_team_id()  # the team every user joins: chat and other were its deployments
     record([Note("replica/chat#0", "Preempted", "preempted by crit#0 (critical, needs its minimum of 1 replica)",
-                 warning=True, actor="scheduler", deployment="chat", host="h1")], t0)
+                 warning=True, actor="scheduler", deployment="chat", host="h1", team=ours)], t0)
     record([Note("host/h1", "Disconnected", "link closed", warning=True, host="h1")], t0 + timedelta(minutes=1))
-    record([Note("deployment/other", "Created", "deploys tiny", actor="user ann", deployment="other")],
+    record([Note("deployment/other", "Created", "deploys tiny", actor="user ann", deployment="other", team=ours)],
            t0 + timedelta(minutes=2))
     return t0
 
@@ -79,3 +81,17 @@ def test_the_host_page_shows_its_gpus_and_events(user_client, host, timeline):
     assert 'data-gpu="h1/0"' in page and 'data-gpu="h1/1"' in page
     assert "link closed by the test" in page and ("Preempted", "replica/chat#0") in rows(page)
     assert user_client.get("/hosts/nope/").status_code == 404
+
+
+def test_a_shared_hosts_page_lists_its_replicas_events_of_the_readers_teams_only(client, tmp_path):
+    from tests.console.team_scene import PASSWORD, shared_scene
+
+    shared_scene(tmp_path)
+    seen = {}
+    for user in ("bob", "root"):
+        client.login(username=user, password=PASSWORD)
+        page = client.get("/hosts/h1/").content.decode()
+        card = client.get("/events/recent/?object=host/h1").content.decode()
+        assert sorted(rows(card)) == sorted(rows(page[page.index('id="events"'):]))  # first render as polled
+        seen[user] = sorted(obj for _, obj in rows(card))
+    assert seen == {"bob": ["replica/chat-b#0"], "root": ["replica/chat-a#0", "replica/chat-b#0"]}

@@ -10,6 +10,7 @@ import pytest
 from django.utils import timezone
 
 from agent.protocol import GpuInfo, Hello, HostReport, parse_agent_message
+from console.accounts.scope import TeamScope
 from console.alerts.evaluate import evaluate
 from console.alerts.models import Alert
 from console.fleet.models import AgentCredential, Gpu, Host
@@ -51,7 +52,7 @@ def test_the_dashboard_and_alert_evaluation_survive_reports_at_the_protocols_bou
     html = page.content.decode()
     assert 'data-host="big0"' in html and "100.0%" in html
     assert user_client.get("/hosts/big0/").status_code == 200
-    memory = fleet_summary()["memory"]
+    memory = fleet_summary(TeamScope())["memory"]
     assert memory["total_bytes"] == pytest.approx(HOSTS * MAX_GPUS * MAX_BYTES, rel=1e-9)
     assert memory["used_pct"] == 100.0
     evaluate(timezone.now())  # every rule, the foreign-memory one reading every host above its threshold
@@ -67,5 +68,5 @@ def test_rows_stored_under_older_wider_bounds_still_render_and_are_judged(user_c
     html = user_client.get("/").content.decode()
     widths = [float(w) for w in re.findall(r'class="seg foreign" style="width: ([\d.]+)%"', html)]
     assert widths and max(widths) <= 100
-    assert fleet_summary()["memory"]["total_bytes"] == pytest.approx(2 * big + (1 << 30), rel=1e-9)
+    assert fleet_summary(TeamScope())["memory"]["total_bytes"] == pytest.approx(2 * big + (1 << 30), rel=1e-9)
     evaluate(timezone.now())

@@ -185,6 +185,15 @@ def test_a_higher_tier_occupant_is_never_displaced_and_demand_is_refused_naming_
                           "min_replicas: a/0 holds crit#0 (critical)")
 
 
+def test_a_refusal_names_an_occupant_of_another_team_only_as_a_replica_of_another_team():
+    gpus = [Gpu("a/0", "a", 40 * GiB)]
+    crit = above_min("crit", priority="critical", team=2)
+    mine = above_min("ours", priority="critical", team=1)
+    replicas = [Replica("crit", 0, ("a/0",), 20 * GiB), Replica("ours", 0, ("a/0",), 20 * GiB)]
+    result = run(gpus, [web(team=1), crit, mine], replicas, ram=64 * GiB)
+    assert outcome(result, "web").reason.endswith("a/0 holds a replica of another team (critical), ours#0 (critical)")
+
+
 def test_a_same_tier_occupant_at_its_minimum_is_never_displaced_and_demand_is_refused_naming_it():
     pinned = Deployment("std", 40 * GiB, replicas=1, min_replicas=1)
     result = run(ONE, [web(), pinned], [Replica("std", 0, ("a/0",), 40 * GiB)], ram=64 * GiB)

@@ -72,6 +72,14 @@ def test_a_preempted_replica_stops_when_its_host_reports_no_ram_for_sleeping():
     assert out[("crawl", 0)].state == "sleeping" and out[("crawl", 0)].host == "h"
 
 
+def test_a_reason_names_another_teams_replica_only_as_a_replica_of_another_team():
+    theirs = preemption([(Deployment("crawl", 30 * GiB, priority="batch", team=2), 30 * GiB)])[("crawl", 0)]
+    assert theirs.reason.startswith("preempted by a replica of another team (critical, needs its minimum")
+    assert "chat" not in theirs.reason and theirs.preempted_by == "a replica of another team"
+    ours = preemption([(Deployment("crawl", 30 * GiB, priority="batch", team=None), 30 * GiB)])[("crawl", 0)]
+    assert ours.reason.startswith("preempted by chat#0 (critical")  # one team (chat's is None too): named
+
+
 def test_a_preempted_replica_that_fits_elsewhere_moves_instead():
     gpus = (Gpu("h/0", "h", 40 * GiB), Gpu("h/1", "h", 24 * GiB))
     deployments = (Deployment("chat", 30 * GiB, priority="critical"), Deployment("crawl", 20 * GiB, priority="batch"),

@@ -9,6 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from console.accounts.models import default_team_id
 from console.chores import _chores
 from console.deployments.models import Deployment, Replica
 from console.deployments.services import create_deployment
@@ -16,6 +17,7 @@ from console.fleet.models import Gpu, Host
 from console.series.models import Point
 from console.series.sampler import deployment_values, host_values, replica_group, sample
 from console.series.store import read
+from tests.console.team_scene import team_scene
 
 pytestmark = pytest.mark.django_db
 GiB = 1 << 30
@@ -171,3 +173,13 @@ def test_a_steady_fleet_writes_nothing_and_its_queries_do_not_grow_with_it(host,
         Gpu.objects.create(host=h, index=0, uuid=f"G{i}", name="sim", total_bytes=GiB)
     written, many = steady_queries(now + timedelta(seconds=20))
     assert written == 0 and many == few
+
+
+def test_the_request_rate_is_summed_per_team_too(tmp_path):
+    scene = team_scene(tmp_path)
+    Deployment.objects.filter(name="chat-a").update(traffic_rps=5.0)
+    Deployment.objects.filter(name="chat-b").update(traffic_rps=2.0)
+    values = deployment_values(time.time())
+    assert values[("team", scene.a.pk, "request_rate")] == 5.0 and values[("team", scene.b.pk, "request_rate")] == 2.0
+    assert values[("fleet", 0, "request_rate")] == 7.0
+    assert values[("team", default_team_id(), "request_rate")] == 0.0  # a team without deployments: none, not a gap

@@ -7,7 +7,7 @@ from django.test.utils import CaptureQueriesContext
 
 from console.errors import Invalid
 from console.series.models import Clock, Point, Series
-from console.series.store import MAX_POINTS, _thin, prune, read_points, record
+from console.series.store import MAX_POINTS, _thin, prune, read_points, read_sum, record
 
 pytestmark = pytest.mark.django_db
 T0 = 1_800_000_000 - 1_800_000_000 % 300  # a 5-minute window starts here
@@ -176,3 +176,13 @@ def test_a_series_pruned_away_is_created_again_when_its_object_reappears():
         assert not Series.objects.filter(kind=RATE[0], object_id=RATE[1], metric=RATE[2]).exists()
         ticks({320: {RATE: 3.0}})
         assert stored() == [(T0 + 320, 3.0)]
+
+
+def test_a_sum_of_series_holds_at_each_time_the_sum_of_the_values_in_force_then():
+    a, b = ("team", 1, "request_rate"), ("team", 2, "request_rate")
+    ticks({0: {a: 1.0, b: None}, 10: {a: 1.0, b: 2.0}, 20: {a: 3.0, b: 2.0}, 30: {a: 3.0, b: 2.0}})
+    summed = read_sum([a[:2], b[:2]], "request_rate", T0 - 5, now=T0 + 35)
+    assert summed.resolution_s == 10
+    assert summed.points == [(T0, 1.0), (T0 + 10, 3.0), (T0 + 20, 5.0), (T0 + 30, 5.0)]
+    assert read_sum([a[:2]], "request_rate", T0 - 5, now=T0 + 35) == fine(a, since=T0 - 5, now=T0 + 35)
+    assert read_sum([], "request_rate", T0 - 5, now=T0 + 35).points == []  # a member of no team sees no traffic

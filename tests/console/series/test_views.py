@@ -10,6 +10,7 @@ from django.utils import timezone
 from console.deployments.models import Deployment
 from console.deployments.services import create_deployment
 from console.series.sampler import sample
+from tests.console.team_scene import PASSWORD, team_scene
 
 pytestmark = pytest.mark.django_db
 HTMX = {"HTTP_HX_REQUEST": "true"}
@@ -155,3 +156,18 @@ def test_a_host_that_is_gone_stops_the_polling(user_client, host):
     host.delete()
     r = user_client.get("/hosts/h1/charts/", **HTMX)
     assert r.status_code == 286 and "Host h1 is gone" in r.content.decode()
+
+
+def test_the_dashboards_request_rate_counts_the_readers_teams_deployments_only(client, tmp_path):
+    team_scene(tmp_path)
+    Deployment.objects.filter(name="chat-a").update(traffic_rps=5.0)
+    Deployment.objects.filter(name="chat-b").update(traffic_rps=2.0)
+    sample(timezone.now())
+    seen = {}
+    for user in ("alice", "bob", "root"):
+        client.login(username=user, password=PASSWORD)
+        page = charts(client.get("/").content.decode())["fleet_request_rate"]
+        fragment = client.get("/fleet/charts/", **HTMX).content.decode()
+        assert charts(fragment)["fleet_request_rate"] == page
+        seen[user] = attr(page, "data-max")
+    assert seen == {"alice": "5.0", "bob": "2.0", "root": "7.0"}
