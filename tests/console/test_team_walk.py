@@ -24,6 +24,8 @@ from tests.console.team_scene import PASSWORD, SharedScene, shared_scene
 # Patterns no member's walk reads team data from, by their start, each with why (and a check that it still holds).
 UNWALKED = {
     "admin/": "the Django admin: staff only, every page of it sends bob to its login (checked below)",
+    "accounts/invite/": "an invite's one-time link: only its signed token opens it, and a link bob forges for "
+                        "alice is refused naming nobody (checked below)",
 }
 
 # Which object a path parameter names: by the path's segment before it and the parameter's name.
@@ -212,6 +214,21 @@ def test_the_admin_sends_a_member_to_its_login(client, tmp_path):
     for url in ("/admin/", "/admin/deployments/deployment/", "/admin/events/event/"):
         response = client.get(url)
         assert response.status_code == 302 and "/admin/login/" in response["Location"], url
+
+
+@pytest.mark.django_db
+def test_an_invite_link_forged_for_another_teams_person_names_nobody(client, tmp_path):
+    from django.contrib.auth import get_user_model
+    from django.utils.encoding import force_bytes
+    from django.utils.http import urlsafe_base64_encode
+
+    shared_scene(tmp_path)
+    assert client.login(username="bob", password=PASSWORD)
+    alice = get_user_model().objects.get(username="alice")
+    forged = f"/accounts/invite/{urlsafe_base64_encode(force_bytes(alice.pk))}/c2h-0123456789abcdef0123456789ab/"
+    response = client.get(forged, follow=True)
+    body = _body(response)
+    assert response.status_code in (404, 410) and "alice" not in body and "team-a" not in body
 
 
 def test_the_walk_asks_each_api_list_with_its_filters():
