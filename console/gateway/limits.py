@@ -131,27 +131,35 @@ class Limiter:
 
     async def sync(self) -> None:
         """Add this process's counts to the shared rows, read back every process's totals and the teams' limits.
-        The counts sent are taken off this process's own at once, so a sync cut short after the database took them
-        (cancelled at close: its thread still commits) can never send them twice; a failed one gives them back."""
+        The counts sent are taken off this process's own at once, so they can never be sent twice; a failed sync gives
+        them back, and one cancelled (the gateway closing) lets its database call finish first, so they are never
+        lost either."""
         now = time.time()
         sent = {w: (c[0], c[1], c[2]) for w, c in self.pending.items() if c[0] or c[1]}
         for window in sent:
             del self.pending[window]
         self.sending = sent
         prune = now - self._pruned >= PRUNE_S
+        call = asyncio.ensure_future(own_thread(_exchange)(sent, now, prune))
         try:
-            totals, teams = await own_thread(_exchange)(sent, now, prune)
-        except asyncio.CancelledError:
+            totals, teams = await asyncio.shield(call)
+        except asyncio.CancelledError:  # a call still queued would be dropped with what it carries: let it run
+            await asyncio.wait([call])
+            if call.exception() is not None:
+                self._give_back(sent)
             raise
         except BaseException:  # rolled back: nothing of it was stored; the next sync carries it
-            for window, (requests, tokens, until) in sent.items():
-                self._add(window, until, requests, tokens)
+            self._give_back(sent)
             raise
         finally:
             self.sending = {}
         if prune:
             self._pruned = now
         self.totals, self.teams = totals, teams
+
+    def _give_back(self, sent: dict[Window, tuple[int, int, int]]) -> None:
+        for window, (requests, tokens, until) in sent.items():
+            self._add(window, until, requests, tokens)
 
     async def run(self, interval: float = SYNC_S) -> None:
         while True:

@@ -5,6 +5,7 @@ the first's after a sync. The clock is pinned inside one minute, so no window tu
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
@@ -185,6 +186,31 @@ async def test_a_sync_that_fails_after_adding_stores_nothing_and_the_next_sends_
     assert limiter._used((limits.token_key(5), int(NOW // 60) * 60))[0] == 1  # still counted here
     monkeypatch.setattr(counters, "add_and_read", real)
     await limiter.sync()
+    rows = await sync_to_async(lambda: list(LimitCounter.objects.filter(key=limits.token_key(5))
+                                            .values_list("requests", flat=True)))()
+    assert rows == [1]
+
+
+async def test_a_sync_cancelled_while_its_database_call_waits_for_a_thread_still_stores_what_it_took(monkeypatch):
+    queued, free = asyncio.Event(), asyncio.Event()
+
+    def own_thread(fn):  # a call that waits for a free database thread first: cancelled then, it never runs
+        async def call(*args):
+            queued.set()
+            await free.wait()
+            return await sync_to_async(fn)(*args)
+        return call
+
+    monkeypatch.setattr(limits, "own_thread", own_thread)
+    limiter = limits.Limiter()
+    limiter.admit(5, "t", 10, None, 1)
+    syncing = asyncio.ensure_future(limiter.sync())
+    await queued.wait()
+    syncing.cancel()  # the gateway closing
+    await asyncio.sleep(0)
+    free.set()
+    with pytest.raises(asyncio.CancelledError):
+        await syncing
     rows = await sync_to_async(lambda: list(LimitCounter.objects.filter(key=limits.token_key(5))
                                             .values_list("requests", flat=True)))()
     assert rows == [1]
