@@ -79,14 +79,29 @@ class Hold:
 
 
 class _Bound(NamedTuple):
-    """A token limit that binds a request: the window it counts in, the window's end, the limit, and its words."""
+    """A token limit that binds a request: the window it counts in, the window's end, the limit, and whose it is (a
+    team's, else the token's `label` and id: words made only for a refusal)."""
 
     window: Window
     until: int
     limit: int
-    whose: str  # "team 'search'"
-    what: str  # "tpm_limit"
-    raise_it: str  # where an admin raises it
+    team: TeamLimits | None
+    label: str = ""
+    token_id: int = 0
+
+    @property
+    def whose(self) -> str:
+        return f"team {self.team.name!r}" if self.team else f"token {self.label}"
+
+    @property
+    def what(self) -> str:
+        if self.team is None or self.window[0].startswith("team:"):
+            return "tpm_limit"
+        return f"{ADJECTIVES.get(self.team.period, self.team.period)} token_quota"
+
+    @property
+    def raise_it(self) -> str:
+        return f"PATCH /api/v1/teams/{self.team.name}" if self.team else f"PATCH /api/v1/tokens/{self.token_id}"
 
 
 class Limiter:
@@ -104,6 +119,7 @@ class Limiter:
         self._periods: dict[str, tuple[int, int]] = {}  # quota period -> its current (start, end)
         self._pruned = 0.0
         self._stamp = 0.0  # the last sync's stamp on this process's reservations (LimitHold.seen)
+        self._holding = False  # whether the database may hold reservations of this process's
 
     # --- the request path: memory only ---------------------------------------------------------------
 
@@ -117,8 +133,7 @@ class Limiter:
         mine, ours = (token_key(token_id), minute), (team_key(team_id), minute)
         team = self.teams.get(team_id)
         theirs = self._team_bounds(team_id, team, minute, now)
-        bounds = ([_Bound(mine, minute + MINUTE, tpm, f"token {label}", "tpm_limit",
-                          f"PATCH /api/v1/tokens/{token_id}")] if tpm is not None else []) + theirs
+        bounds = [_Bound(mine, minute + MINUTE, tpm, None, label, token_id), *theirs] if tpm is not None else theirs
         if not again:
             over = self._refusal(need, rpm, label, team, mine, ours, bounds, theirs, now)
             if over is not None:
@@ -175,14 +190,12 @@ class Limiter:
     def _team_bounds(self, team_id: int, team: TeamLimits | None, minute: int, now: float) -> list[_Bound]:
         if team is None:
             return []
-        bounds, raise_it = [], f"PATCH /api/v1/teams/{team.name}"
+        bounds = []
         if team.tpm is not None:
-            bounds.append(_Bound((team_key(team_id), minute), minute + MINUTE, team.tpm, f"team {team.name!r}",
-                                 "tpm_limit", raise_it))
+            bounds.append(_Bound((team_key(team_id), minute), minute + MINUTE, team.tpm, team))
         if team.quota is not None:
             start, end = self._period(team.period, now)
-            bounds.append(_Bound((quota_key(team_id, team.period), start), end, team.quota, f"team {team.name!r}",
-                                 f"{ADJECTIVES.get(team.period, team.period)} token_quota", raise_it))
+            bounds.append(_Bound((quota_key(team_id, team.period), start), end, team.quota, team))
         return bounds
 
     def _tokens(self, b: _Bound, need: Need, now: float) -> Over | None:
@@ -242,13 +255,16 @@ class Limiter:
             del self.pending[window]
         self.sending = sent
         held = {w: (h[0], h[1]) for w, h in self.held.items()}
+        write = bool(held) or self._holding  # (most syncs of a console without token limits have none to write)
         # Each sync's stamp above the last, even where the clock stands still or steps back: a row not stamped by
         # this one is a reservation released since the last, and goes.
         stamp = self._stamp = max(now, self._stamp + 0.001)
         prune = now - self._pruned >= PRUNE_S
-        call = asyncio.ensure_future(own_thread(_exchange)(sent, self.console, held, stamp, now, prune))
+        call = asyncio.ensure_future(own_thread(_exchange)(sent, self.console, held if write else None, stamp, now,
+                                                            prune))
         try:
             totals, others, teams = await asyncio.shield(call)
+            self._holding = bool(held)
         except asyncio.CancelledError:  # a call still queued would be dropped with what it carries: let it run
             await asyncio.wait([call])
             if call.exception() is not None:
@@ -290,14 +306,15 @@ def _never(need: Need, b: _Bound) -> Over:
                 400)
 
 
-def _exchange(sent: dict[Window, tuple[int, int, int]], console: str, held: dict[Window, tuple[int, int]],
+def _exchange(sent: dict[Window, tuple[int, int, int]], console: str, held: dict[Window, tuple[int, int]] | None,
               stamp: float, now: float, prune: bool) -> tuple[dict[Window, tuple[int, int]], dict[Window, int],
                                                 dict[int, TeamLimits]]:
     from console.accounts.models import Team
 
     with transaction.atomic():  # the counts added and the totals read commit together, or not at all
         counters.add(sent)
-        counters.hold(console, held, stamp)
+        if held is not None:
+            counters.hold(console, held, stamp)
         # The others' reservations before the totals: a settle committed between the two reads is then counted
         # twice (its reservation and its tokens), never not at all.
         others = counters.held_by_others(console, now - STALE_S, now)
