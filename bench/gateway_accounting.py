@@ -1,11 +1,13 @@
 """The `accounting` section of bench/gateway.py: what usage accounting and limits cost a request at the gateway.
 
-In process, the gateway's own code (console/gateway/usage.py, limits.py, Gateway.admitted and Gateway.account),
-timed per request: a non-streamed chat answer, and a streamed one of 64 tokens (its body re-encoded to ask for
-usage, every event passed through the meter, the usage chunk taken out). The limits are all set (the token's
-RPM and TPM, the team's RPM, TPM and quota) and never reached, so every check runs. Then the background share:
-writing a flush's tallies and syncing the limit counters, per request, on SQLite and (when it answers) PostgreSQL;
-that runs in a worker thread, off the event loop, but on the console's CPU."""
+In process, the gateway's own code (console/gateway/usage.py, reservation.py, limits.py, Gateway.admitted and
+Gateway.account), timed per request: a non-streamed chat answer, and a streamed one of 64 tokens (its body
+re-encoded to ask for usage, every event passed through the meter, the usage chunk taken out). The limits are all set
+(the token's RPM and TPM, the team's RPM, TPM and quota) and never reached, so every check runs, and each request's
+tokens are reserved at admission (what it may use, from its body) and settled at its end. Then the background share:
+writing a flush's tallies and syncing the limit counters (a tenth of the requests still in flight, their
+reservations shared), per request, on SQLite and (when it answers) PostgreSQL; that runs in a worker thread, off the
+event loop, but on the console's CPU."""
 
 from __future__ import annotations
 
@@ -58,10 +60,12 @@ def _request_paths(repeats: int) -> list[dict]:
     from console.gateway.fleet import DeploymentView
     from console.gateway.limits import TeamLimits
     from console.gateway.metrics import ConsoleMetrics
+    from console.gateway.reservation import need
     from console.gateway.usage import Meter, ask_for_usage
 
     big = 10**12  # limits set, never reached: every check runs, none refuses
-    dep = DeploymentView("chat", "standard", 2, "generate", "ready", (), (), team=7)
+    dep = DeploymentView("chat", "standard", 2, "generate", "ready", (), (), team=7, context=4096)
+    body = json.dumps(REQUEST).encode()
 
     def gateway(limited: bool) -> tuple[Gateway, Caller]:
         gw = Gateway(GatewaySettings(), ConsoleMetrics())
@@ -74,9 +78,9 @@ def _request_paths(repeats: int) -> list[dict]:
     def plain(gw: Gateway, caller: Caller):
         def once() -> None:
             meter = Meter()
-            with gw.admitted(caller, dep):
+            with gw.admitted(caller, dep, need=need("/v1/chat/completions", REQUEST, len(body), dep.context)) as hold:
                 meter.read(ANSWER)
-            gw.account(dep.name, dep.team, caller, 200, 0.0, meter.prompt, meter.completion)
+            gw.account(dep.name, dep.team, caller, 200, 0.0, meter.prompt, meter.completion, hold)
         return once
 
     def streamed(gw: Gateway, caller: Caller):
@@ -85,22 +89,23 @@ def _request_paths(repeats: int) -> list[dict]:
             parsed = dict(REQUEST, stream=True)
             meter.strip = ask_for_usage(parsed)
             json.dumps(parsed).encode()
-            with gw.admitted(caller, dep):
+            with gw.admitted(caller, dep, need=need("/v1/chat/completions", parsed, len(body), dep.context)) as hold:
                 for chunk in STREAM:
                     meter.events(chunk)
                 meter.events(b"", last=True)
-            gw.account(dep.name, dep.team, caller, 200, 0.0, meter.prompt, meter.completion)
+            gw.account(dep.name, dep.team, caller, 200, 0.0, meter.prompt, meter.completion, hold)
         return once
 
-    def concurrency_only(gw: Gateway, caller: Caller):  # admission alone: concurrency, then the limits
+    def concurrency_only(gw: Gateway, caller: Caller):  # admission alone: concurrency, the limits, the reservation
         def once() -> None:
-            with gw.admitted(caller, dep):
+            with gw.admitted(caller, dep, need=need("/v1/chat/completions", REQUEST, len(body), dep.context)) as hold:
                 pass
+            gw.limiter.settle(hold, 81)
         return once
 
     rows = []
-    for name, make, n in (("admission (concurrency and limits), none set", concurrency_only, 20_000),
-                          ("admission (concurrency and limits), all set", concurrency_only, 20_000),
+    for name, make, n in (("admission (concurrency, limits, reservation), none set", concurrency_only, 20_000),
+                          ("admission (concurrency, limits, reservation), all set", concurrency_only, 20_000),
                           ("chat answer: limits, usage read, accounted", plain, 20_000),
                           ("streamed chat, 64 tokens: the same, per stream", streamed, 2_000)):
         limited = not name.endswith("none set")
@@ -119,6 +124,7 @@ def _background(database: str, requests: int, repeats: int) -> dict:
 
     from console.accounts.models import ApiToken, Team
     from console.gateway.limits import Limiter
+    from console.gateway.reservation import Need
     from console.gateway.usage import Tally
     from console.usage import store
 
@@ -133,8 +139,9 @@ def _background(database: str, requests: int, repeats: int) -> dict:
         for i in range(requests):
             team = teams[i % 2].pk
             tally.add(f"dep-{i % 5}", team, tokens[i % 10], 200, 0.0, 17, 64)
-            limiter.admit(tokens[i % 10], "bench", 10**9, 10**12, team)
-            limiter.charge(tokens[i % 10], team, 81)
+            hold = limiter.admit(tokens[i % 10], "bench", 10**9, 10**12, team, need=Need(150, 86, 64, 1))
+            if i % 10:  # the rest still in flight at the sync: their reservations shared
+                limiter.settle(hold, 81)
         rows = tally.drain()
         flush.append(_timed(lambda: store.write(rows)))  # noqa: B023
         sync.append(_timed(lambda: asyncio.run(limiter.sync())))

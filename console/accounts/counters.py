@@ -1,7 +1,9 @@
 """The shared counts behind the gateway's limits and quotas: fixed windows (a minute; a team's quota period, UTC
 calendar days, weeks from Monday, months) under keys (a token's, a team's), one LimitCounter row each. Every console
-process adds what it counted since its last sync in one upsert and reads back the totals of all of them; nothing
-here runs on a request's path (console/gateway/limits.py)."""
+process adds what it counted since its last sync in one upsert and reads back the totals of all of them. The tokens
+reserved by its requests in flight are one LimitHold row per (console, window), replaced whole at each sync, so that
+the others count them and stop counting them once that console no longer syncs. Nothing here runs on a request's
+path (console/gateway/limits.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection, transaction
+from django.db.models import Sum
 
-from console.accounts.models import LimitCounter
+from console.accounts.models import LimitCounter, LimitHold
 
 MINUTE = 60
 PERIODS = ("day", "week", "month")  # a team's tokens are counted in each, whichever its quota uses
@@ -47,32 +50,74 @@ def period_bounds(period: str, now: float) -> tuple[int, int]:
 
 
 def add_and_read(deltas: Mapping[Window, tuple[int, int, int]], now: float) -> dict[Window, tuple[int, int]]:
-    """Add this process's counts (window -> requests, tokens, the window's end) and answer every current window's
-    totals over all processes (sync, DB). The adds go in one transaction, CHUNK rows per statement (a long outage's
-    windows can outnumber what one statement's parameters allow), rows in key order across the chunks, so that two
-    processes' upserts lock them in one order and never deadlock; one statement reads back."""
-    if deltas:
-        q = connection.ops.quote_name
-        table, key, start, until, requests, tokens = map(q, (LimitCounter._meta.db_table, "key", "start", "until",
-                                                             "requests", "tokens"))
-        rows = sorted((k, s, u, r, t) for (k, s), (r, t, u) in deltas.items())
-        with transaction.atomic(), connection.cursor() as cursor:
-            for i in range(0, len(rows), CHUNK):  # chunks in key order too: the lock order holds across them
-                part = rows[i:i + CHUNK]
-                values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(part))
-                # Added to, never set: `t.n + excluded.n` is what makes the counts of several processes one sum.
-                sql = (f"INSERT INTO {table} ({key}, {start}, {until}, {requests}, {tokens}) "  # noqa: S608
-                       f"VALUES {values} ON CONFLICT ({key}, {start}) DO UPDATE SET "
-                       f"{requests} = {table}.{requests} + excluded.{requests}, "
-                       f"{tokens} = {table}.{tokens} + excluded.{tokens}")
-                cursor.execute(sql, [v for row in part for v in row])
+    """add() then read(), in one transaction."""
+    with transaction.atomic():
+        add(deltas)
+        return read(now)
+
+
+def add(deltas: Mapping[Window, tuple[int, int, int]]) -> None:
+    """Add this process's counts (window -> requests, tokens, the window's end) to every process's (sync, DB). The
+    adds go in one transaction, CHUNK rows per statement (a long outage's windows can outnumber what one statement's
+    parameters allow), rows in key order across the chunks, so that two processes' upserts lock them in one order
+    and never deadlock."""
+    if not deltas:
+        return
+    q = connection.ops.quote_name
+    table, key, start, until, requests, tokens = map(q, (LimitCounter._meta.db_table, "key", "start", "until",
+                                                         "requests", "tokens"))
+    rows = sorted((k, s, u, r, t) for (k, s), (r, t, u) in deltas.items())
+    with transaction.atomic(), connection.cursor() as cursor:
+        for i in range(0, len(rows), CHUNK):  # chunks in key order too: the lock order holds across them
+            part = rows[i:i + CHUNK]
+            values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(part))
+            # Added to, never set: `t.n + excluded.n` is what makes the counts of several processes one sum.
+            sql = (f"INSERT INTO {table} ({key}, {start}, {until}, {requests}, {tokens}) "  # noqa: S608
+                   f"VALUES {values} ON CONFLICT ({key}, {start}) DO UPDATE SET "
+                   f"{requests} = {table}.{requests} + excluded.{requests}, "
+                   f"{tokens} = {table}.{tokens} + excluded.{tokens}")
+            cursor.execute(sql, [v for row in part for v in row])
+
+
+def read(now: float) -> dict[Window, tuple[int, int]]:
+    """Every current window's (requests, tokens) over all processes, in one statement."""
     current = LimitCounter.objects.filter(until__gt=int(now)).values_list("key", "start", "requests", "tokens")
     return {(key, start): (requests, tokens) for key, start, requests, tokens in current}
 
 
+def hold(console: str, held: Mapping[Window, tuple[int, int]], stamp: float) -> None:
+    """Put `console`'s reservations in flight (window -> tokens, the window's end) in place of what it held before:
+    its rows are set, never added to (a sync that is repeated or lost changes nothing), and stamped `stamp` (the time,
+    above its last stamp), which is what keeps them counting for the others. Rows in key order, CHUNK per statement,
+    as in add()."""
+    q = connection.ops.quote_name
+    table, console_, key, start, until, tokens, seen = map(q, (LimitHold._meta.db_table, "console", "key", "start",
+                                                              "until", "tokens", "seen"))
+    rows = sorted((console, k, s, u, t, stamp) for (k, s), (t, u) in held.items())
+    with transaction.atomic(), connection.cursor() as cursor:
+        for i in range(0, len(rows), CHUNK):
+            part = rows[i:i + CHUNK]
+            values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(part))
+            sql = (f"INSERT INTO {table} ({console_}, {key}, {start}, {until}, {tokens}, {seen}) "  # noqa: S608
+                   f"VALUES {values} ON CONFLICT ({console_}, {key}, {start}) DO UPDATE SET "
+                   f"{tokens} = excluded.{tokens}, {seen} = excluded.{seen}")
+            cursor.execute(sql, [v for row in part for v in row])
+        LimitHold.objects.filter(console=console, seen__lt=stamp).delete()  # released since its last sync
+
+
+def held_by_others(console: str, since: float, now: float) -> dict[Window, int]:
+    """The tokens every other console holds in each current window, counting only consoles that synced since
+    `since` (one that stopped syncing may have died with its requests)."""
+    rows = (LimitHold.objects.filter(seen__gte=since, until__gt=int(now)).exclude(console=console)
+            .values_list("key", "start").annotate(total=Sum("tokens")).order_by())
+    return {(key, start): total for key, start, total in rows}
+
+
 def prune(now: float) -> int:
-    """Delete windows that ended more than KEEP_S ago; how many went."""
-    return LimitCounter.objects.filter(until__lt=int(now) - KEEP_S).delete()[0]
+    """Delete windows that ended more than KEEP_S ago, and the reservations of consoles that have not synced for as
+    long; how many went."""
+    gone = LimitHold.objects.filter(seen__lt=now - KEEP_S).delete()[0]
+    return gone + LimitCounter.objects.filter(until__lt=int(now) - KEEP_S).delete()[0]
 
 
 def quota_used(team_id: int, period: str, now: float) -> int:

@@ -223,3 +223,22 @@ class LimitCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} from {self.start}: {self.requests} requests, {self.tokens} tokens"
+
+
+class LimitHold(models.Model):
+    """The tokens one console process has reserved for its requests in flight in one window (a LimitCounter's), as
+    of its last sync: replaced whole at each, and counted by the other consoles while it keeps syncing."""
+
+    console = models.CharField(max_length=100, help_text="the console process (host:pid:random)")
+    key = models.CharField(max_length=40)
+    start = models.BigIntegerField(help_text="the window's start, seconds since the epoch (UTC)")
+    until = models.BigIntegerField(help_text="the window's end")
+    tokens = models.BigIntegerField(default=0)
+    seen = models.FloatField(help_text="when that console last synced it, seconds since the epoch")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["console", "key", "start"], name="limit_hold_window")]
+        indexes = [models.Index(fields=["seen"], name="limit_hold_seen")]
+
+    def __str__(self) -> str:
+        return f"{self.console} holds {self.tokens} tokens of {self.key} from {self.start}"

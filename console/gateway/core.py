@@ -27,8 +27,9 @@ from console.gateway import bookkeeping
 from console.gateway.auth import Caller, TokenCache, lookup
 from console.gateway.failover import Waiting
 from console.gateway.fleet import DeploymentView, FleetView, ReplicaView, load_fleet
-from console.gateway.limits import Limiter
+from console.gateway.limits import Hold, Limiter, Over
 from console.gateway.metrics import METRICS, ConsoleMetrics
+from console.gateway.reservation import NOTHING, Need
 from console.gateway.routing import affinity_choice, least_outstanding
 from console.gateway.upstream import Upstream
 from console.gateway.usage import Tally
@@ -218,10 +219,13 @@ class Gateway:
         return None if not token else await self.tokens.caller(token)
 
     @contextlib.contextmanager
-    def admitted(self, caller: Caller, dep: DeploymentView, again: bool = False) -> Iterator[None]:
+    def admitted(self, caller: Caller, dep: DeploymentView, again: bool = False,
+                 need: Need = NOTHING) -> Iterator[Hold | None]:
         """Count a request against its token's and its deployment's concurrency, and its token's and team's (the
-        deployment's) rates and quota, or 429 saying which limit it met; a refused request is counted nowhere. `again`:
-        a route's fallback for a request its branch's admission counted already (not counted, nor refused, twice)."""
+        deployment's) rates and quota, holding the tokens it may use (`need`) until account() settles them; or 429
+        saying which limit it met, 400 when it could never fit one. A refused request is counted and holds nowhere.
+        `again`: a route's fallback for a request its branch's admission counted already (its first reservation
+        settled when that branch answered): it holds its own, and is not counted, nor refused, twice."""
         s = self.settings
         if self.per_token.get(caller.token_key, 0) >= s.token_concurrency:
             raise Refused(429, f"this token already has {s.token_concurrency} requests in flight (the limit); "
@@ -229,14 +233,14 @@ class Gateway:
         if self.per_deployment.get(dep.name, 0) >= s.deployment_concurrency:
             raise Refused(429, f"model {dep.name!r} already has {s.deployment_concurrency} requests in flight "
                           "(the limit)", retry_after=1, code="rate_limited")
-        over = None if again else self.limiter.admit(caller.token_id, caller.label, caller.rpm_limit,
-                                                      caller.tpm_limit, dep.team)
-        if over:
-            raise Refused(429, over.message, retry_after=over.retry_after, code=over.code, callers=True)
+        hold = self.limiter.admit(caller.token_id, caller.label, caller.rpm_limit, caller.tpm_limit, dep.team,
+                                  need=need, again=again)
+        if isinstance(hold, Over):
+            raise Refused(hold.status, hold.message, retry_after=hold.retry_after, code=hold.code, callers=True)
         self.per_token[caller.token_key] = self.per_token.get(caller.token_key, 0) + 1
         self.per_deployment[dep.name] = self.per_deployment.get(dep.name, 0) + 1
         try:
-            yield
+            yield hold
         finally:
             self.per_token[caller.token_key] -= 1
             self.per_deployment[dep.name] -= 1
@@ -388,7 +392,11 @@ class Gateway:
         self.book.observe(deployment, seconds, status, time.time(), queue_s)
 
     def account(self, deployment: str, team: int, caller: Caller, status: int, queue_s: float, prompt: int = 0,
-                completion: int = 0) -> None:
-        """Account one finished request that reached `deployment` (its engine's token counts; none for v2)."""
+                completion: int = 0, hold: Hold | None = None) -> None:
+        """Account one finished request that reached `deployment` (its engine's token counts; none for v2), settling
+        the reservation its admission held (`hold`; without one, its tokens count now)."""
         self.usage.add(deployment, team, caller.token_id, status, queue_s, prompt, completion)
-        self.limiter.charge(caller.token_id, team, prompt + completion)
+        if hold is not None:
+            self.limiter.settle(hold, prompt + completion)
+        else:
+            self.limiter.charge(caller.token_id, team, prompt + completion)

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import NamedTuple
 
 from django.conf import settings
 from django.utils import timezone
 
+from agent.artifacts import ArtifactError
+from agent.artifacts.config import read_config
 from console.carried import CarriedRows
 from console.catalog.models import Adapter
 from console.deployments.models import Deployment, Replica
@@ -44,6 +47,7 @@ class DeploymentView:
     slo_latency_ms: int | None = None  # its p95 latency target
     engine: str = "auto"  # auto | torch | vllm, as the deployment asks
     team: int = 0  # the owning team's id: only its members' tokens (and admins') may call it
+    context: int | None = None  # tokens per sequence its engine takes (prompt and completion), None: unknown
 
 
 class HostView(NamedTuple):
@@ -90,7 +94,13 @@ class _Replica(NamedTuple):
 # the fleet and at least every second, and at 10,000 replicas building model instances of every deployment, replica
 # and host took 4 s of CPU a snapshot (under the interpreter lock every agent link and request also needs).
 _DEPLOYMENTS = CarriedRows(Deployment, ("pk", "name", "priority", "model__task", "standby", "demand_status",
-                                        "demand_reason", "created", "slo_latency_ms", "engine", "team_id"), ("name",))
+                                        "demand_reason", "created", "slo_latency_ms", "engine", "team_id", "seq",
+                                        "model__path", "revision"), ("name",))
+_POSITIONS: dict[tuple[str, int], int | None] = {}  # (model path, revision) -> its config's positions: read once
+_POSITIONS_KEPT = 4096
+# Where configs declare their context: vLLM reads these (the smallest that is set); the largest bounds both engines.
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length",
+                 "model_max_length", "max_target_positions")
 _REPLICAS = CarriedRows(Replica, _Replica._fields, ("deployment_id", "index"))
 
 
@@ -109,7 +119,8 @@ def load_fleet() -> FleetView:
     for dep_id, name in Adapter.objects.order_by("name").values_list("deployment_id", "name"):
         names.setdefault(dep_id, []).append(name)
     deployments, adapters = {}, {}
-    for pk, name, tier, task, standby, demand_status, demand_reason, created, slo, engine, team in _DEPLOYMENTS.read():
+    for pk, name, tier, task, standby, demand_status, demand_reason, created, slo, engine, team, seq, path, revision \
+            in _DEPLOYMENTS.read():
         rows = replicas.get(pk, [])
         ready = []
         for r in rows:
@@ -123,5 +134,24 @@ def load_fleet() -> FleetView:
             name=name, tier=tier, rank=TIER_RANK.get(tier, len(TIER_RANK)), task=task,
             serving=serving_state(rows, standby, demand_status), ready=tuple(ready), adapters=tuple(names.get(pk, ())),
             demand_status=demand_status, demand_reason=demand_reason, created=int(created.timestamp()),
-            slo_latency_ms=slo, engine=engine, team=team)
+            slo_latency_ms=slo, engine=engine, team=team, context=_context(engine, seq, path, revision))
     return FleetView(deployments, adapters, by_name, loaded=True, routes=load_routes())
+
+
+def _context(engine: str, seq: int | None, path: str, revision: int) -> int | None:
+    """The tokens per sequence a deployment's engine takes: vLLM its `seq` (--max-model-len) when set; else, and for
+    the built-in engine, which always takes the model's whole positions, what the model's config declares. Read once
+    per model path and revision (the gateway's limits bound a request's tokens by it: reservation.py)."""
+    if engine == "vllm" and seq:
+        return seq
+    key = (path, revision)
+    if key not in _POSITIONS:
+        if len(_POSITIONS) >= _POSITIONS_KEPT:
+            _POSITIONS.clear()  # a crude bound: one re-read per model afterwards
+        try:
+            config = read_config(Path(path) / "config.json", settings.MODEL_ROOTS)
+            declared = [v for k in _CONTEXT_KEYS if type(v := config.get(k)) is int and v > 0]
+            _POSITIONS[key] = max(declared, default=None)
+        except ArtifactError:  # not a directory with a config (a bare .safetensors file), or unreadable now
+            _POSITIONS[key] = None
+    return _POSITIONS[key]

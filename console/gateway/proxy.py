@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import weakref
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
@@ -18,6 +19,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from agent.protocol import UNSERVED_HEADER
+from console.gateway import reservation
 from console.gateway.auth import Caller, bearer, unauthorized
 from console.gateway.core import Gateway, Refused
 from console.gateway.errors import Family
@@ -90,11 +92,14 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
     caller = await gw.authenticate(bearer(request.headers.get("authorization")))
     if refused := unauthorized(caller, datetime.now(UTC)):
         return family.error(401, refused, "invalid_api_key")
-    deployment, adapter, status, queue_s, team, served = "", None, 500, 0.0, 0, True
+    deployment, adapter, status, queue_s, team, served, hold, settled = "", None, 500, 0.0, 0, True, None, False
     meter = Meter()
 
-    def settle() -> None:  # what the request cost, once it is over (a stream's when it ends)
-        gw.account(deployment, team, caller, status, queue_s, meter.prompt, meter.completion)
+    def settle() -> None:  # what the request cost, once it is over (a stream's when it ends), and only once
+        nonlocal settled
+        if not settled:
+            settled = True
+            gw.account(deployment, team, caller, status, queue_s, meter.prompt, meter.completion, hold)
 
     try:
         body = await _read_body(request, gw.settings.max_body_bytes)
@@ -105,12 +110,13 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
         check_version(request)
         permitted(caller, dep, name)  # before `deployment` is set: a 403 is the token's doing, not the deployment's
         deployment, team, meter.settle = dep.name, dep.team, settle
+        need = reservation.need(request.scope["path"], parsed, len(body), dep.context)  # the client's own body
         if parsed is not None and parsed.get("stream") is True and request.scope["path"] in STREAMED_PATHS:
             body = await _with_usage(body, parsed, meter)
         if not family.openai and dep.engine == "vllm":
             raise Refused(400, f"model {dep.name!r} runs on the vllm engine, which serves /v1 (completions, chat, "
                           "responses) and not v2 tensors", code="unsupported_by_engine")
-        with gw.admitted(caller, dep, again=fallback):
+        with gw.admitted(caller, dep, again=fallback, need=need) as hold:
             dep, queue_s = await gw.ready_view(dep.name)
             response = await _send(gw, gw.upstream, request, body, dep, adapter, queue_s, arrived,
                                    meter if family.openai else None)
@@ -492,5 +498,8 @@ def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_resp
                 if elapsed > 0:
                     gw.metrics.tokens_per_second.labels(dep.name, adapter or "").observe((count - 1) / elapsed)
 
-    return StreamingResponse(events(), status_code=upstream_response.status, headers=headers,
+    body = events()
+    if meter is not None:  # a stream the server never began (its client gone at once) still settles its reservation
+        weakref.finalize(body, meter.settle)
+    return StreamingResponse(body, status_code=upstream_response.status, headers=headers,
                              media_type=upstream_response.headers.get("Content-Type", "text/event-stream"))

@@ -1,5 +1,6 @@
 """The limit counters' sync (console/accounts/counters.py): many pending windows, more than one statement's
-parameters allow (SQLite: 32,766 by default; PostgreSQL: 65,535), are all added, in chunks, keys in order."""
+parameters allow (SQLite: 32,766 by default; PostgreSQL: 65,535), are all added, in chunks, keys in order; each
+console's reservations in flight replace what it held, and count for the others while it keeps syncing."""
 
 import sqlite3
 
@@ -8,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from console.accounts import counters
-from console.accounts.models import LimitCounter
+from console.accounts.models import LimitCounter, LimitHold
 
 pytestmark = pytest.mark.django_db
 NOW = 1_800_000_000
@@ -47,3 +48,28 @@ def test_chunks_go_in_key_order():
     assert len(inserts) == 3
     keys = [k for q in inserts for k in q["sql"].split("VALUES", 1)[1].split("'")[1::2] if k.startswith("team:")]
     assert keys == sorted(f"team:{i}" for i in range(2 * counters.CHUNK + 1))
+
+
+def test_a_consoles_reservations_replace_what_it_held_and_count_for_the_others_only():
+    window, other = ("team:1", NOW - NOW % 60), ("quota:1:day", NOW - NOW % 86400)
+    counters.hold("a", {window: (100, NOW + 60), other: (100, NOW + 86400)}, NOW)
+    counters.hold("b", {window: (30, NOW + 60)}, NOW)
+    assert counters.held_by_others("c", NOW - 10, NOW) == {window: 130, other: 100}
+    assert counters.held_by_others("a", NOW - 10, NOW) == {window: 30}  # its own it knows exactly
+    counters.hold("a", {window: (40, NOW + 60)}, NOW + 1)  # set, not added; a window it no longer holds goes
+    assert counters.held_by_others("c", NOW - 10, NOW + 1) == {window: 70}
+    assert LimitHold.objects.filter(console="a").count() == 1
+
+
+def test_a_console_that_stopped_syncing_holds_nothing_and_its_rows_are_pruned():
+    window = ("team:1", NOW - NOW % 60)
+    counters.hold("gone", {window: (500, NOW + 60)}, NOW - 11)
+    counters.hold("live", {window: (5, NOW + 60)}, NOW)
+    assert counters.held_by_others("me", NOW - 10, NOW) == {window: 5}
+    counters.prune(NOW - 11 + counters.KEEP_S + 1)
+    assert list(LimitHold.objects.values_list("console", flat=True)) == ["live"]
+
+
+def test_reservations_in_windows_that_ended_count_for_nothing():
+    counters.hold("a", {("team:1", NOW - 120): (100, NOW - 60)}, NOW)
+    assert counters.held_by_others("b", NOW - 10, NOW) == {}

@@ -3,6 +3,7 @@ must say what the rows say, read as model instances, after every kind of change.
 
 import pytest
 
+from console.catalog.memory import model_positions
 from console.deployments.models import Deployment, Replica
 from console.deployments.serving import serving_state
 from console.fleet.models import AgentCredential, Host
@@ -28,7 +29,7 @@ def expected() -> tuple[dict[str, DeploymentView], dict[str, str]]:
         deployments[dep.name] = DeploymentView(
             dep.name, dep.priority, TIER_RANK[dep.priority], dep.model.task, serving_state(replicas, dep.standby),
             ready, names, dep.demand_status, dep.demand_reason, int(dep.created.timestamp()), dep.slo_latency_ms,
-            team=dep.team_id)
+            team=dep.team_id, context=dep.seq if dep.engine == "vllm" and dep.seq else model_positions(dep.model))
     return deployments, adapters
 
 
@@ -83,3 +84,22 @@ def test_the_snapshot_names_each_replicas_host_and_each_hosts_lifecycle(model_di
     assert {name: h.lost for name, h in fleet.hosts.items()} == {"gpu-a": False, "gpu-b": True}
     Host.objects.filter(name="gpu-a").update(last_seen=now - timedelta(seconds=settings.MODELGRID_HOST_LEASE_SECONDS))
     assert load_fleet().hosts["gpu-a"].lost
+
+
+def test_a_deployments_context_is_its_vllm_seq_else_what_its_models_config_declares(tmp_path):
+    import json
+
+    from console.catalog.services import register_model
+    from console.deployments.services import create_deployment
+    from tests.conftest import write_model_dir
+
+    path = write_model_dir(tmp_path / "long")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 512}))
+    register_model("long", str(path))
+    register_model("bare", str(write_model_dir(tmp_path / "bare")))
+    create_deployment("auto", "long", seq=128)  # the built-in engine takes the model's whole positions
+    create_deployment("pinned", "long", seq=128, engine="vllm")  # vLLM's --max-model-len
+    create_deployment("default", "bare")
+    contexts = {name: dep.context for name, dep in load_fleet().deployments.items()}
+    assert contexts == {"auto": 512, "pinned": 128, "default": 2048}  # Llama's when its config says none

@@ -5,15 +5,22 @@ the first's after a sync. The clock is pinned inside one minute, so no window tu
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 from types import SimpleNamespace
 
 import pytest
+from aiohttp import web
 from asgiref.sync import sync_to_async
 
 from console.accounts.models import DEFAULT_TEAM, ApiToken, LimitCounter, Team
+from console.catalog.services import register_model
+from console.deployments.services import create_deployment
 from console.gateway import limits
-from tests.console.gateway.test_gateway import INFER, _client, _gateway
+from tests.console.gateway.test_gateway import INFER, _client, _gateway, _host, _ready_replica, _token
 from tests.console.gateway.test_gateway import fleet as fleet  # noqa: F401  (the fixture)
+from tests.sockets import serve_on_loopback
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -171,20 +178,236 @@ async def test_a_closing_gateway_shares_the_counts_it_has_not_synced_yet(fleet):
 async def test_a_sync_that_fails_after_adding_stores_nothing_and_the_next_sends_it_once(monkeypatch):
     from console.accounts import counters
 
-    real = counters.add_and_read
+    real = counters.add
 
-    def added_then_lost(deltas, now):
-        real(deltas, now)
+    def added_then_lost(deltas):
+        real(deltas)
         raise ConnectionError("the connection dropped after the upsert")
 
     limiter = limits.Limiter()
-    assert limiter.admit(5, "t", 10, None, 1) is None
-    monkeypatch.setattr(counters, "add_and_read", added_then_lost)
+    assert isinstance(limiter.admit(5, "t", 10, None, 1), limits.Hold)
+    monkeypatch.setattr(counters, "add", added_then_lost)
     with pytest.raises(ConnectionError):
         await limiter.sync()
     assert limiter._used((limits.token_key(5), int(NOW // 60) * 60))[0] == 1  # still counted here
-    monkeypatch.setattr(counters, "add_and_read", real)
+    monkeypatch.setattr(counters, "add", real)
     await limiter.sync()
     rows = await sync_to_async(lambda: list(LimitCounter.objects.filter(key=limits.token_key(5))
                                             .values_list("requests", flat=True)))()
     assert rows == [1]
+
+
+
+
+async def test_a_sync_cancelled_while_its_database_call_waits_for_a_thread_still_stores_what_it_took(monkeypatch):
+    queued, free = asyncio.Event(), asyncio.Event()
+
+    def own_thread(fn):  # a call that waits for a free database thread first: cancelled then, it never runs
+        async def call(*args):
+            queued.set()
+            await free.wait()
+            return await sync_to_async(fn)(*args)
+        return call
+
+    monkeypatch.setattr(limits, "own_thread", own_thread)
+    limiter = limits.Limiter()
+    limiter.admit(5, "t", 10, None, 1)
+    syncing = asyncio.ensure_future(limiter.sync())
+    await queued.wait()
+    syncing.cancel()  # the gateway closing
+    await asyncio.sleep(0)
+    free.set()
+    with pytest.raises(asyncio.CancelledError):
+        await syncing
+    rows = await sync_to_async(lambda: list(LimitCounter.objects.filter(key=limits.token_key(5))
+                                            .values_list("requests", flat=True)))()
+    assert rows == [1]
+
+# --- reservations: admission holds what a request may use, its end settles what it used -----------------------------
+
+class UsageEngine:
+    """An agent's inference port answering as an engine that spends all it may: one prompt token per byte of its
+    prompt (a byte-level tokenizer's most), and max_tokens (else 16) for its completion. Answers wait for `gate`."""
+
+    def __init__(self) -> None:
+        self.secret, self.seen, self.gate = "", 0, asyncio.Event()
+        self.overloaded: set[str] = set()  # models it answers 503 for, having run nothing
+        self.gate.set()
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.complete)
+        app.router.add_post("/v2/models/{name}/infer", self.infer)
+        self.runner = web.AppRunner(app)
+
+    async def complete(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.seen += 1
+        if body["model"] in self.overloaded:
+            return web.json_response({"error": f"model {body['model']!r} is overloaded"}, status=503)
+        with contextlib.suppress(TimeoutError):  # bounded: a gateway that let a request through still ends the test
+            await asyncio.wait_for(self.gate.wait(), 5)
+        await asyncio.sleep(0.02)  # a little work: requests sent together are in flight together
+        usage = {"prompt_tokens": len(body["prompt"].encode()), "completion_tokens": body.get("max_tokens", 16)}
+        return web.json_response({"choices": [{"text": "baa"}], "usage": usage | {"total_tokens": sum(usage.values())}})
+
+    async def infer(self, request: web.Request) -> web.Response:
+        return web.json_response({"outputs": []})
+
+
+@pytest.fixture
+async def engine(model_dir):
+    """Deployments `chat` and `spare` (team default), each with one ready replica whose agent is a UsageEngine; a
+    token."""
+    agent = UsageEngine()
+    endpoint = await serve_on_loopback(agent.runner)
+
+    def rows() -> str:
+        host, agent.secret = _host("h1", endpoint)
+        register_model("tiny", str(model_dir))
+        for name in ("chat", "spare"):
+            _ready_replica(create_deployment(name, "tiny"), 0, host)
+        return _token()
+
+    yield agent, await sync_to_async(rows)()
+    await agent.runner.cleanup()
+
+
+def _completion(max_tokens: int, prompt: str = "count the sheep") -> tuple[bytes, int]:
+    """A completion's body as sent, and its reservation: the body's bytes and its max_tokens."""
+    body = json.dumps({"model": "chat", "prompt": prompt, "max_tokens": max_tokens}).encode()
+    return body, len(body) + max_tokens
+
+
+async def _post(client, body: bytes):
+    return await client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+
+
+def _tokens_in(key: str, start: int) -> int:
+    return sum(LimitCounter.objects.filter(key=key, start=start).values_list("tokens", flat=True))
+
+
+@pytest.mark.parametrize("limit", ["token tpm_limit", "team tpm_limit", "team token_quota"])
+async def test_48_requests_at_once_spend_no_more_than_a_limit_and_one_reservation(engine, limit):
+    agent, token = engine
+    body, one = _completion(max_tokens=40)
+    if limit == "token tpm_limit":
+        owner = await sync_to_async(_limit_token)(token, tpm_limit=1000)
+        window = (limits.token_key(owner), int(NOW // 60) * 60)
+    elif limit == "team tpm_limit":
+        owner = await sync_to_async(_limit_team)(tpm_limit=1000)
+        window = (limits.team_key(owner), int(NOW // 60) * 60)
+    else:
+        owner = await sync_to_async(_limit_team)(token_quota=1000, quota_period="day")
+        window = (limits.quota_key(owner, "day"), 1_799_971_200)
+    gateway = _gateway()
+    async with _client(gateway, token) as client:
+        answers = await asyncio.gather(*(_post(client, body) for _ in range(48)))
+    await gateway.close()
+    spent = await sync_to_async(_tokens_in)(*window)
+    assert {r.status_code for r in answers} == {200, 429}, {r.text for r in answers}
+    assert spent == sum(r.status_code == 200 for r in answers) * (len("count the sheep") + 40)  # settled as used
+    assert spent <= 1000 + one  # before reservations: 48 admitted at once, 2,640 spent
+    assert not gateway.limiter.held  # every reservation settled
+
+
+async def test_a_request_in_flight_holds_its_reservation_and_its_end_swaps_it_for_what_it_used(engine):
+    agent, token = engine
+    team = await sync_to_async(_limit_team)(tpm_limit=200)
+    body, one = _completion(max_tokens=100)  # reserves 164 of the 200; uses 115
+    gateway = _gateway()
+    async with _client(gateway, token) as client:
+        agent.gate.clear()
+        first = asyncio.create_task(_post(client, body))
+        await _until(lambda: agent.seen == 1)
+        second = await _post(client, body)
+        v2 = await client.post("/v2/models/chat/infer", json=INFER)  # reserves nothing: 36 tokens are left
+        agent.gate.set()
+        first = await first
+        held = {w: list(h) for w, h in gateway.limiter.held.items()}
+        third = await _post(client, _completion(max_tokens=20)[0])  # 115 used: 84 reserved fit
+    await gateway.close()
+    assert (first.status_code, second.status_code, v2.status_code, third.status_code) == (200, 429, 200, 200)
+    error = second.json()["error"]
+    assert error["code"] == "rate_limited" and second.headers["retry-after"] == "1"  # in flight: settles soon
+    assert (f"team 'default' may use 200 tokens per minute (its tpm_limit) and used 0, {one} more are reserved by "
+            f"requests in flight; this request may use up to {one}; retry in 1 s") in error["message"]
+    assert held == {}
+    assert gateway.limiter._used((limits.team_key(team), int(NOW // 60) * 60))[1] == 115 + 35
+
+
+async def test_a_request_that_could_never_fit_a_limit_gets_400_saying_so_and_counts_nowhere(engine):
+    agent, token = engine
+    await sync_to_async(_limit_team)(tpm_limit=100, rpm_limit=1)
+    body, one = _completion(max_tokens=500)
+    gateway = _gateway()
+    async with _client(gateway, token) as client:
+        never = await _post(client, body)
+        fits = await _post(client, _completion(max_tokens=10)[0])  # the team's one request a minute
+    await gateway.close()
+    assert (never.status_code, fits.status_code) == (400, 200), fits.text
+    assert "retry-after" not in never.headers
+    error = never.json()["error"]
+    assert error["code"] == "exceeds_limit" and error["type"] == "invalid_request_error"
+    assert error["message"] == (
+        f"this request may use up to {one} tokens ({one - 500} for its prompt, counted as its body's bytes, and 500 "
+        "for its completion), more than the 100 tokens per minute of team 'default''s whole tpm_limit, so it can never "
+        f"be admitted: ask for at most {100 - (one - 500)} completion tokens (max_tokens), or have the limit raised "
+        "(PATCH /api/v1/teams/default)")
+    assert agent.seen == 1
+
+
+async def test_another_gateway_counts_a_reservation_in_flight_once_both_synced(engine):
+    agent, token = engine
+    await sync_to_async(_limit_team)(token_quota=200, quota_period="day")
+    body, reserved = _completion(max_tokens=100)
+    one_gw, two_gw = _gateway(), _gateway()
+    async with _client(one_gw, token) as one, _client(two_gw, token) as two:
+        agent.gate.clear()
+        first = asyncio.create_task(_post(one, body))
+        await _until(lambda: agent.seen == 1)
+        await one_gw.limiter.sync()
+        await two_gw.ensure_started()  # its first sync
+        refused = await _post(two, body)
+        agent.gate.set()
+        await first
+        await one_gw.limiter.sync()
+        await two_gw.limiter.sync()
+        after = await _post(two, _completion(max_tokens=20)[0])  # 115 used, its 84 fit
+    await one_gw.close()
+    await two_gw.close()
+    assert (refused.status_code, after.status_code) == (429, 200)
+    assert refused.json()["error"]["code"] == "quota_exceeded"
+    assert f"has used 0 tokens of its 200-token daily token_quota, {reserved} more are reserved by requests in flight" \
+        in refused.json()["error"]["message"]
+
+
+async def test_a_routes_fallback_holds_one_reservation_at_a_time_and_settles_what_it_used(engine):
+    from console.routes.services import create_route
+
+    agent, token = engine
+    team = await sync_to_async(_limit_team)(tpm_limit=1000)
+    await sync_to_async(create_route)("assistant", [{"deployment": "chat"}], fallback="spare")
+    agent.overloaded = {"chat"}
+    gateway = _gateway()
+    async with _client(gateway, token) as client:
+        agent.gate.clear()
+        routed = asyncio.create_task(_post(client, json.dumps({"model": "assistant", "prompt": "count the sheep",
+                                                               "max_tokens": 40}).encode()))
+        await _until(lambda: agent.seen == 2)  # the branch's 503 (nothing run), then the fallback, in flight
+        held = {w: list(h) for w, h in gateway.limiter.held.items()}
+        agent.gate.set()
+        routed = await routed
+    await gateway.close()
+    window = (limits.team_key(team), int(NOW // 60) * 60)
+    assert routed.status_code == 200 and "fallback: chat answered 503" in routed.headers["x-modelgrid-route"]
+    fallback = len(json.dumps({"model": "spare", "prompt": "count the sheep", "max_tokens": 40})) + 40  # as sent on
+    assert held == {window: [fallback, window[1] + 60]}
+    assert not gateway.limiter.held
+    assert gateway.limiter._used(window) == (1, len("count the sheep") + 40)  # one request; the fallback's tokens
+
+
+async def _until(condition, tries: int = 500) -> None:
+    for _ in range(tries):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition never held")

@@ -1,10 +1,11 @@
 """Usage accounting through the gateway against real rows and an engine-like agent on loopback: what the engine's
 `usage` said reaches the minute buckets per team, token and deployment, streams included (the usage chunk asked for
 and, when the client had not, taken out of its answer); v2 and refusals at a deployment count as requests and
-errors without tokens."""
+errors without tokens; a stream's reservation is settled when it ends, and when it was never read at all."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -12,7 +13,7 @@ from aiohttp import web
 from asgiref.sync import sync_to_async
 from django.db.models import Sum
 
-from console.accounts.models import ApiToken
+from console.accounts.models import ApiToken, Team
 from console.fleet.models import AgentCredential
 from console.usage.models import UsageMinute
 from tests.console.gateway.test_gateway import INFER, _client, _gateway
@@ -134,3 +135,40 @@ async def test_a_routed_stream_is_counted_against_the_branch_that_served(scene):
     assert agent.bodies[-1]["stream_options"] == {"include_usage": True} and agent.bodies[-1]["model"] == "chat-a"
     assert await sync_to_async(_sums)(deployment="chat-a") == {"requests": 1, "errors": 0, "prompt": 6,
                                                                "completion": 4}
+
+
+async def test_a_streams_reservation_is_settled_when_it_ends_and_when_it_never_began(scene):
+    import gc
+
+    from console.gateway.app import make_app
+
+    teams, _ = scene
+    await sync_to_async(Team.objects.filter(pk=teams.a.pk).update)(tpm_limit=10**6)
+    gateway = _gateway()
+    async with _client(gateway, teams.tokens["alice"]) as alice:
+        async with alice.stream("POST", "/v1/chat/completions", json={"model": "chat-a", "stream": True}) as r:
+            assert b"".join([c async for c in r.aiter_bytes()]).endswith(b"data: [DONE]\n\n")
+    assert not gateway.limiter.held  # settled: the engine's 10 tokens count
+    body = json.dumps({"model": "chat-a", "stream": True}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
+             "server": ("gw", 80), "client": ("127.0.0.1", 5000),
+             "headers": [(b"authorization", f"Bearer {teams.tokens['alice']}".encode()),
+                         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    messages, gone = [{"type": "http.request", "body": body, "more_body": False}], asyncio.Event()
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):  # the client goes as the answer's headers go out: its stream is never read
+        if message["type"] == "http.response.start":
+            gone.set()
+            await asyncio.sleep(5)  # (cancelled at once, as the server sees the disconnect)
+
+    await make_app(gateway)(scope, receive, send)
+    gc.collect()
+    assert not gateway.limiter.held  # a stream never iterated still settles
+    await gateway.close()
