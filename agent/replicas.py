@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import psutil
 
 from agent import engines
-from agent.artifacts import ArtifactError, inspect_model_dir
+from agent.artifacts import ArtifactError, capability, inspect_model_dir
+from agent.artifacts.capability import device_kind
 from agent.artifacts.model_dir import CAUSAL_LM_SUFFIXES
 from agent.converge import Running, device_for, plan_convergence
 from agent.gpus import GpuBackend
@@ -284,9 +285,11 @@ class Replicas:
             if replica.engine not in running:
                 raise ArtifactError(f"this agent runs no {replica.engine} engine (it runs: "
                                     f"{', '.join(sorted(running)) or 'none'})")
-            if replica.engine == "vllm" and artifact.task != "causal-lm":
-                raise ArtifactError(f"the vllm engine serves causal language models here; {replica.model_path} "
-                                    f"is {'an encoder' if artifact.task == 'encoder' else artifact.task}")
+            # What the engine cannot run fails here, with the reason, before a process that would read ready and
+            # then die at its first request (vLLM's CPU attention and narrow heads) is started at all.
+            refused = capability.refusal(replica.engine, capability.model_shape(artifact), device_kind(device))
+            if refused:
+                raise ArtifactError(refused)
             spec = self._spec(replica, artifact.task, device, artifact.weights_bytes)
         except ArtifactError as e:
             guess = "causal-lm" if replica.architecture.endswith(CAUSAL_LM_SUFFIXES) else "encoder"

@@ -22,6 +22,7 @@ from tests.conftest import write_model_dir
 
 console, run_agent = test_daemon.console, test_daemon.run_agent  # the fake console and the agent it runs
 START_S = 60  # the worker's start and the stand-in's (a bound on what must happen, not a speed)
+WIDE = 128  # hidden size: heads 32 wide, which vLLM's CPU attention takes (it refuses narrower ones)
 
 
 async def post(agent, path, body, headers=None):
@@ -44,7 +45,7 @@ async def start_vllm_replica(console, run_agent, tmp_path, **extra):
     agent = await run_agent(warm_workers=0, vllm_python=fake_vllm_python(tmp_path))
     hello = await console.expect(Hello)
     assert {(e.name, e.version) for e in hello.engines} >= {("vllm", "0.0.0+fake")}
-    model = write_model_dir(tmp_path / "m")
+    model = write_model_dir(tmp_path / "m", hidden=WIDE)
     await console.send(desired_state(1, [replica(model, engine="vllm", **extra)]))
     ready = await console.expect(ReplicaStatus, replica_id=7, state="ready", timeout=START_S)
     return agent, ready
@@ -124,10 +125,23 @@ async def test_adapters_load_at_runtime_and_a_refused_one_says_why(console, run_
     assert (await post(agent, "/v1/completions", {"model": "sql", "prompt": "hi"}))[0] == 200
 
     # An adapter whose directory vLLM cannot read is refused with vLLM's reason; the rest still apply.
-    await console.send(desired_state(2, [replica(write_model_dir(tmp_path / "m"), engine="vllm",
+    await console.send(desired_state(2, [replica(write_model_dir(tmp_path / "m", hidden=WIDE), engine="vllm",
                                                  adapters=adapters)]))
     status = await status_where(console, lambda s: s.adapter_error)
     assert "adapter 'gone'" in status.adapter_error and "No adapter found" in status.adapter_error
+
+
+async def test_a_model_vllm_cannot_run_on_this_cpu_fails_before_any_process_starts_and_is_not_retried(
+        console, run_agent, tmp_path):
+    """The demo tiny-llama's heads (16 wide) on vLLM's CPU build: it started, read ready and died at every first
+    request. Now the agent's capability check refuses it before a worker starts, with the reason, once."""
+    agent = await run_agent(warm_workers=0, vllm_python=fake_vllm_python(tmp_path))
+    await console.expect(Hello)
+    await console.send(desired_state(1, [replica(write_model_dir(tmp_path / "m", hidden=64), engine="vllm")]))
+    failed = await console.expect(ReplicaStatus, replica_id=7, state="failed", timeout=20)
+    assert failed.reason == "vLLM's CPU attention needs head_dim >= 32; this model's heads are 16 wide"
+    assert failed.pid is None and agent.supervisor.get(7).pid is None  # nothing was started
+    assert agent.backoff.failures(7) == 0  # nor will be: the same files would be refused again
 
 
 async def test_a_vllm_that_dies_fails_its_replica_with_its_last_lines_and_is_started_again(console, run_agent,
