@@ -21,6 +21,9 @@ class Model(models.Model):
     weights_bytes = models.PositiveBigIntegerField()
     estimate_bytes = models.PositiveBigIntegerField()
     estimate = models.JSONField(default=dict)
+    # What each engine's capability check refuses for it, by engine and device kind ({"vllm": {"cpu": "why"}}):
+    # read from its files with the rest (agent.artifacts.capability), so deploying and placing read no files.
+    engine_refusals = models.JSONField(default=dict, blank=True)
     # The files' sizes and times when they were last read: a PATCH that finds them as they were changes nothing.
     fingerprint = models.CharField(max_length=64, blank=True)
     created = models.DateTimeField(default=timezone.now)

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from agent.artifacts import ArtifactError, estimate_model, inspect_model_dir
+from agent.artifacts.capability import model_shape, refusals
 from console.accounts.models import Team
 from console.accounts.teams import ALL, Teams, scoped
 from console.bulk import update_values
@@ -85,7 +86,7 @@ def _what_changed(was: dict, now: dict) -> str:
 
 # What a model's row takes from its files, and only from them (the admin shows them, never takes them typed in).
 ARTIFACT_FIELDS = ("architecture", "model_type", "task", "stored_dtype", "parameters", "weights_bytes",
-                   "estimate_bytes", "estimate", "fingerprint")
+                   "estimate_bytes", "estimate", "engine_refusals", "fingerprint")
 
 
 def artifact_fields(path: str) -> dict:
@@ -102,6 +103,7 @@ def artifact_fields(path: str) -> dict:
             "task": artifact.task, "stored_dtype": artifact.stored_dtype, "parameters": artifact.parameters,
             "weights_bytes": artifact.weights_bytes, "estimate_bytes": estimate.total_bytes,
             "estimate": estimate.as_dict(),
+            "engine_refusals": refusals(model_shape(artifact, settings.MODEL_ROOTS)),
             "fingerprint": fingerprint([artifact.path / "config.json", *artifact.files])}
 
 
