@@ -202,13 +202,51 @@ async def test_vllm_replicas_on_one_gpu_start_one_at_a_time(console, tmp_path):
         both = [replica(model, replica_id=i, deployment=f"d{i}", engine="vllm") for i in (7, 8)]  # both on GPU 1
         await console.send(desired_state(1, both))
         seen = []
-        while len([s for s in seen if s[1] == "ready"]) < 2:
+        while len({rid for rid, state in seen if state == "ready"}) < 2 and len(seen) < 100:
             status = await console.expect(ReplicaStatus, timeout=START_S)
             seen.append((status.replica_id, status.state))
         # vLLM sizes its KV cache from what is free as it starts: the second starts once the first is loaded.
-        order = [(rid, state) for rid, state in seen if state in ("starting", "ready")]
+        # (A ready replica's status may come again while the other starts: each is counted once, when first seen.)
+        order = list(dict.fromkeys((rid, state) for rid, state in seen if state in ("starting", "ready")))
         assert order == [(7, "starting"), (7, "ready"), (8, "starting"), (8, "ready")], seen
         assert agent.supervisor.get(8).spec.device == "cuda:1"
     finally:
         agent.request_stop()
         await asyncio.wait_for(task, 30)
+
+
+MAX_LEN = "ValueError: The model's max seq len (4096) is larger than the maximum number of tokens that can be stored " \
+          "in KV cache (2048). Try increasing `VLLM_CPU_KVCACHE_SPACE` or decreasing `max_model_len`."
+
+
+async def vllm_that_fails(console, run_agent, tmp_path, **faults):
+    """A vLLM replica whose stand-in fails as `faults` say; the statuses of replica 7 up to its failure (or its
+    being ready)."""
+    await run_agent(warm_workers=0, vllm_python=fake_vllm_python(tmp_path))
+    await console.expect(Hello)
+    model = write_model_dir(tmp_path / "m", hidden=WIDE)
+    (model / "fake-vllm.json").write_text(json.dumps(faults))
+    await console.send(desired_state(1, [replica(model, engine="vllm")]))
+    seen = []
+    while len(seen) < 20 and (not seen or seen[-1].state not in ("failed", "ready")):
+        seen.append(await console.expect(ReplicaStatus, replica_id=7, timeout=START_S))
+    return seen
+
+
+async def test_a_vllm_that_fails_to_start_fails_its_replica_with_the_engines_own_error_line(console, run_agent,
+                                                                                           tmp_path):
+    """vLLM prints its root cause in its engine core's traceback, then its API server's wrapper ("See root cause
+    above") and shutdown noise: the replica's reason was the last 12 lines, all noise. It is the root cause now."""
+    seen = await vllm_that_fails(console, run_agent, tmp_path, fail_at_start=MAX_LEN)
+    reason = seen[-1].reason
+    assert reason.endswith(f"vLLM exited with code 1 before it was ready: {MAX_LEN}"), reason
+    assert "resource_tracker" not in reason and "See root cause above" not in reason
+
+
+async def test_a_vllm_that_dies_at_its_first_request_fails_before_it_reads_ready(console, run_agent, tmp_path):
+    """The demo tiny-llama on vLLM's CPU build started, read ready, then died at every first request: a warm-up
+    request before ready makes that failure land before ready, with the engine's own line."""
+    cause = "RuntimeError: Unsupported head size: 16"
+    seen = await vllm_that_fails(console, run_agent, tmp_path, die_on_first_request=cause)
+    assert "ready" not in [s.state for s in seen]
+    assert seen[-1].reason.endswith(f"vLLM exited with code 1 at its warm-up request: {cause}"), seen[-1].reason
