@@ -239,7 +239,7 @@ async def test_a_vllm_that_fails_to_start_fails_its_replica_with_the_engines_own
     above") and shutdown noise: the replica's reason was the last 12 lines, all noise. It is the root cause now."""
     seen = await vllm_that_fails(console, run_agent, tmp_path, fail_at_start=MAX_LEN)
     reason = seen[-1].reason
-    assert reason.endswith(f"vLLM exited with code 1 before it was ready: {MAX_LEN}"), reason
+    assert f"vLLM exited with code 1 before it was ready: {MAX_LEN}; restarts in" in reason, reason
     assert "resource_tracker" not in reason and "See root cause above" not in reason
 
 
@@ -249,4 +249,4 @@ async def test_a_vllm_that_dies_at_its_first_request_fails_before_it_reads_ready
     cause = "RuntimeError: Unsupported head size: 16"
     seen = await vllm_that_fails(console, run_agent, tmp_path, die_on_first_request=cause)
     assert "ready" not in [s.state for s in seen]
-    assert seen[-1].reason.endswith(f"vLLM exited with code 1 at its warm-up request: {cause}"), seen[-1].reason
+    assert f"vLLM exited with code 1 at its warm-up request: {cause}; restarts in" in seen[-1].reason, seen[-1].reason
