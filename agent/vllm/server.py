@@ -286,8 +286,7 @@ class VllmModel:
     def sleep(self, _payload: Any = None) -> dict[str, Any]:
         """vLLM sleep level 1 (weights to host memory, KV cache dropped); CUDA only."""
         if not self.device.startswith("cuda"):
-            raise InputError("vLLM cannot sleep on CPU (its sleep mode needs CUDA); it is stopped instead, and "
-                               "loads again when woken")
+            raise InputError("vLLM cannot sleep on CPU (its sleep mode needs CUDA)")
         started = time.monotonic()
         self.server.post("/sleep?level=1")
         return self._moved("sleep", started, host_bytes=self.weights_bytes)
