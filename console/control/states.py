@@ -8,7 +8,7 @@ from typing import NamedTuple
 from console.bulk import update_values
 from console.carried import CarriedRows
 from console.deployments.models import Deployment, DeploymentState, Replica
-from console.deployments.serving import REFUSED
+from console.deployments.serving import REFUSED, start_estimate
 
 
 def derive_state(replicas: list[Replica], blocked: str = "") -> tuple[str, str]:
@@ -55,13 +55,6 @@ def derive_state(replicas: list[Replica], blocked: str = "") -> tuple[str, str]:
     if "loading" in states or "starting" in states:
         return DeploymentState.LOADING, "loading weights"
     return DeploymentState.PENDING, "waiting for an agent to start the replica"
-
-
-def start_estimate(replicas) -> float | None:
-    """Seconds a request waits for one of these stopped replicas to start: the quickest of their last measured
-    loads (None: none measured yet)."""
-    measured = [r.start_seconds for r in replicas if r.start_seconds]
-    return min(measured) if measured else None
 
 
 def _off_gpu(asleep: int, stopped: int) -> str:

@@ -41,3 +41,10 @@ def serving_state(replicas: Iterable, standby: bool = False, demand_status: str 
            for r in rows):
         return ASLEEP
     return COLD
+
+
+def start_estimate(replicas: Iterable) -> float | None:
+    """Seconds a request waits for one of these replicas (rows with start_seconds) to start from disk: the quickest
+    of their last measured loads; None where none was measured yet."""
+    measured = [r.start_seconds for r in replicas if r.start_seconds]
+    return min(measured) if measured else None

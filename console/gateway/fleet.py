@@ -10,7 +10,7 @@ from typing import NamedTuple
 from console.carried import CarriedRows
 from console.catalog.models import Adapter
 from console.deployments.models import Deployment, Replica
-from console.deployments.serving import serving_state
+from console.deployments.serving import serving_state, start_estimate
 from console.fleet.models import AgentCredential, Host
 from console.gateway.routes import RouteView, load_routes
 from console.scheduler.types import TIER_RANK
@@ -39,6 +39,7 @@ class DeploymentView:
     slo_latency_ms: int | None = None  # its p95 latency target
     engine: str = "auto"  # auto | torch | vllm, as the deployment asks
     team: int = 0  # the owning team's id: only its members' tokens (and admins') may call it
+    start_s: float | None = None  # cold: how long a replica of it took to start last (measured); None: not known
 
 
 class HostView(NamedTuple):
@@ -74,6 +75,7 @@ class _Replica(NamedTuple):
     host_id: int | None
     desired_state: str
     observed_state: str
+    start_seconds: float | None
 
 
 # Plain values carried from one snapshot to the next (console/carried.py): the gateway refreshes on every change of
@@ -111,5 +113,5 @@ def load_fleet() -> FleetView:
             name=name, tier=tier, rank=TIER_RANK.get(tier, len(TIER_RANK)), task=task,
             serving=serving_state(rows, standby, demand_status), ready=tuple(ready), adapters=tuple(names.get(pk, ())),
             demand_status=demand_status, demand_reason=demand_reason, created=int(created.timestamp()),
-            slo_latency_ms=slo, engine=engine, team=team)
+            slo_latency_ms=slo, engine=engine, team=team, start_s=start_estimate(rows))
     return FleetView(deployments, adapters, by_name, loaded=True, routes=load_routes())
