@@ -291,7 +291,7 @@ class Replicas:
                                     f"{', '.join(sorted(running)) or 'none'})")
             # What the engine cannot run fails here, with the reason, before a process that would read ready and
             # then die at its first request (vLLM's CPU attention and narrow heads) is started at all.
-            refused = capability.refusal(replica.engine, capability.model_shape(artifact), device_kind(device))
+            refused = capability.engine_refusal(replica.engine, artifact, device_kind(device))
             if refused:
                 raise ArtifactError(refused)
             spec = self._spec(replica, artifact.task, device, artifact.weights_bytes)

@@ -8,8 +8,8 @@ into that engine's own package when engines get one.
 """
 
 from agent.artifacts.capability.check import DEVICES, Device, EngineCheck, device_kind
-from agent.artifacts.capability.registry import CHECKS, refusal, refusals, sleeps_on
+from agent.artifacts.capability.registry import CHECKS, engine_refusal, refusal, refusals, sleeps_on
 from agent.artifacts.capability.shape import ModelShape, model_shape
 
-__all__ = ["CHECKS", "DEVICES", "Device", "EngineCheck", "ModelShape", "device_kind", "model_shape", "refusal",
-           "refusals", "sleeps_on"]
+__all__ = ["CHECKS", "DEVICES", "Device", "EngineCheck", "ModelShape", "device_kind", "engine_refusal", "model_shape",
+           "refusal", "refusals", "sleeps_on"]

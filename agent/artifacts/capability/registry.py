@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from agent.artifacts.capability import torch_check, vllm_check
 from agent.artifacts.capability.check import DEVICES, Device, EngineCheck
-from agent.artifacts.capability.shape import ModelShape
+from agent.artifacts.capability.shape import ModelShape, model_shape
+from agent.artifacts.model_dir import ModelArtifact
 
 CHECKS: dict[str, EngineCheck] = {c.name: c for c in (torch_check.CHECK, vllm_check.CHECK)}
 
@@ -14,6 +15,14 @@ def refusal(engine: str, shape: ModelShape, device: Device) -> str:
     its start is then the judge)."""
     check = CHECKS.get(engine)
     return check.refusal(shape, device) if check is not None else ""
+
+
+def engine_refusal(engine: str, artifact: ModelArtifact, device: Device) -> str:
+    """refusal() for a model directory read by inspect_model_dir, its tokenizer read only where the check uses it."""
+    check = CHECKS.get(engine)
+    if check is None:
+        return ""
+    return check.refusal(model_shape(artifact, tokenizer=check.reads_tokenizer), device)
 
 
 def refusals(shape: ModelShape) -> dict[str, dict[str, str]]:

@@ -6,6 +6,8 @@ and a check says nothing about it: the engine's own start is then the judge.
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,13 +33,13 @@ class ModelShape:
     tokenizer_ids: int | None = None  # ids its tokenizer can produce (its highest id + 1)
 
 
-def model_shape(artifact: ModelArtifact, roots: Roots = None) -> ModelShape:
+def model_shape(artifact: ModelArtifact, roots: Roots = None, tokenizer: bool = True) -> ModelShape:
     """The shape of a model directory read by inspect_model_dir/read_model_dir (its tokenizer read here, inside
-    `roots` when given)."""
+    `roots` when given; not at all without `tokenizer`)."""
     cfg = ModelConfig(artifact.config)
     return ModelShape(architecture=artifact.architecture, model_type=artifact.model_type, task=artifact.task,
                       stored_dtype=artifact.stored_dtype, head_dim=head_dim(cfg), vocab_size=_int(cfg, "vocab_size"),
-                      tokenizer_ids=tokenizer_ids(artifact.path, roots))
+                      tokenizer_ids=tokenizer_ids(artifact.path, roots) if tokenizer else None)
 
 
 def head_dim(cfg: ModelConfig) -> int | None:
@@ -52,12 +54,23 @@ def head_dim(cfg: ModelConfig) -> int | None:
 
 def tokenizer_ids(path: Path, roots: Roots = None) -> int | None:
     """How many ids tokenizer.json can produce (its vocabulary's and added tokens' highest id + 1); None without
-    one that can be read."""
+    one that can be read. A file read before, unchanged since, is not parsed again (an agent asks before every
+    start of a replica)."""
     file = Path(path) / "tokenizer.json"
     try:
         if kind_of(file, roots) != "file":
             return None
-        data = read_json(file, roots)
+        seen = os.stat(file)
+    except (ArtifactError, OSError):
+        return None
+    return _tokenizer_ids(str(file), seen.st_size, seen.st_mtime_ns,
+                          None if roots is None else tuple(str(r) for r in roots))
+
+
+@functools.lru_cache(maxsize=64)
+def _tokenizer_ids(file: str, _size: int, _mtime_ns: int, roots: tuple[str, ...] | None) -> int | None:
+    try:
+        data = read_json(Path(file), roots)
     except ArtifactError:
         return None
     if not isinstance(data, dict):

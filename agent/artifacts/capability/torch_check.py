@@ -9,6 +9,7 @@ from agent.artifacts.capability.shape import ModelShape
 
 class TorchCheck:
     name = "torch"
+    reads_tokenizer = False
 
     def refusal(self, shape: ModelShape, device: Device) -> str:
         if not shape.task:
