@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agent.artifacts import capability
 from agent.protocol import ENDED, LOADING, ON_DEVICE, DesiredReplica, DesiredState
 from agent.sleep_budget import Sleeper, fit
 from agent.workers.spec import WorkerSpec
@@ -108,14 +109,20 @@ def _converge_one(
     replica: DesiredReplica, current: Running | None, generation: int, device_kind: str, free: dict[int, int]
 ) -> list[Action]:
     rid, target = replica.id, replica.state
+    # An engine that cannot sleep here (vLLM on CPU) would load only to be stopped again: it is left stopped until
+    # it is wanted ready (a new agent, or a new generation, started it again with no request waiting).
+    device = capability.device_kind(device_for(replica, device_kind))
+    never_sleeps = target == "sleeping" and not capability.sleeps_on(replica.engine, device)
     if current is None:
+        if never_sleeps:
+            return []
         return [Action("start", rid, target, f"replica {rid}: start {replica.deployment} from {replica.model_path}"
                        + ("" if target == "ready" else f" (then {target})"), replica)]
     changed = _changes(current.spec, replica, device_kind)
     if changed:
         return _restart(replica, f"{changed} changed")
     if current.state in ENDED:
-        if current.generation == generation:
+        if current.generation == generation or never_sleeps:
             return []
         return _restart(replica, f"it {current.state} and generation {generation} asks for it again")
     if current.state in LOADING:

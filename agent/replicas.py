@@ -14,18 +14,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
 
 from agent import engines
-from agent.artifacts import ArtifactError, inspect_model_dir
+from agent.artifacts import ArtifactError, capability, inspect_model_dir
+from agent.artifacts.capability import device_kind
 from agent.artifacts.model_dir import CAUSAL_LM_SUFFIXES
 from agent.converge import Running, device_for, plan_convergence
 from agent.gpus import GpuBackend
 from agent.protocol import ENDED, LOADED, ON_DEVICE, DesiredReplica, DesiredState, GpuInfo
-from agent.restarts import RestartBackoff
+from agent.restarts import STABLE_S, RestartBackoff
 from agent.serving.batching import BatchSettings
 from agent.sleep_budget import Sleeper, fit
 from agent.vllm.launch import launch
@@ -58,6 +60,7 @@ class ReplicaSettings:
     warm_workers: int = DEFAULT_WARM_SPARES  # spawned workers kept with torch imported, for fast starts
     restart_backoff_min: float = 1.0  # a crashed worker is restarted after this, doubling per crash
     restart_backoff_max: float = 60.0
+    restart_stable_s: float = STABLE_S  # a worker ready this long ends its replica's run of failures
     sleep_budget: int | None = None  # host bytes for sleeping replicas; None: half the host's RAM
     swap_timeout: float = DEFAULT_SWAP_TIMEOUT
     heartbeat_interval: float = HEARTBEAT_INTERVAL
@@ -116,7 +119,8 @@ class Replicas:
             directory=WorkerDirectory(settings.state_dir, settings.orphan_timeout) if settings.state_dir else None,
         )
         self.sleep_budget = settings.sleep_budget if settings.sleep_budget is not None else default_sleep_budget()
-        self.backoff = RestartBackoff(settings.restart_backoff_min, settings.restart_backoff_max)
+        self.backoff = RestartBackoff(settings.restart_backoff_min, settings.restart_backoff_max,
+                                      settings.restart_stable_s)
         self.generation = -1  # the desired-state generation applied last
         self._placements: dict[int, DesiredReplica] = {}
         # The GPUs each replica was last placed on: a worker going to sleep (its new placement names no GPU)
@@ -125,6 +129,7 @@ class Replicas:
         self._generations: dict[int, int] = {}  # replica id -> generation its worker was started (or ended) under
         self._gpu_totals: dict[int, int] = {}
         self._restart_timers: dict[int, asyncio.TimerHandle] = {}
+        self._restarting: dict[int, WorkerHandle] = {}  # replica id -> the failed worker its timer restarts
         # vLLM sizes its KV cache from the memory free on its GPU as it starts: two starting on one GPU at once
         # mis-size each other (vLLM issue 55827). A vLLM replica whose GPU has another starting waits here.
         self._deferred: dict[str, list[int]] = {}  # device -> replica ids, in the order they asked
@@ -284,9 +289,11 @@ class Replicas:
             if replica.engine not in running:
                 raise ArtifactError(f"this agent runs no {replica.engine} engine (it runs: "
                                     f"{', '.join(sorted(running)) or 'none'})")
-            if replica.engine == "vllm" and artifact.task != "causal-lm":
-                raise ArtifactError(f"the vllm engine serves causal language models here; {replica.model_path} "
-                                    f"is {'an encoder' if artifact.task == 'encoder' else artifact.task}")
+            # What the engine cannot run fails here, with the reason, before a process that would read ready and
+            # then die at its first request (vLLM's CPU attention and narrow heads) is started at all.
+            refused = capability.engine_refusal(replica.engine, artifact, device_kind(device))
+            if refused:
+                raise ArtifactError(refused)
             spec = self._spec(replica, artifact.task, device, artifact.weights_bytes)
         except ArtifactError as e:
             guess = "causal-lm" if replica.architecture.endswith(CAUSAL_LM_SUFFIXES) else "encoder"
@@ -404,6 +411,8 @@ class Replicas:
 
     def _on_change(self, handle: WorkerHandle) -> None:
         rid = handle.spec.replica_id
+        if handle.state == "failed" and handle.pid is not None and not self._stopping:
+            self._schedule_restart(handle)  # before it is reported: its reason tells when it restarts
         self._fill_process_bytes(handle)
         self._notify(handle, False)
         if handle.spec.engine == "vllm" and handle.state not in ("starting", "loading"):
@@ -411,7 +420,7 @@ class Replicas:
             if handle.state in ENDED and handle.info.get("pids"):  # its worker is gone: so is all of its vLLM
                 self._spawn(asyncio.to_thread(kill_session, int(handle.info["pids"][0])))
         if handle.state in LOADED:
-            self.backoff.ready(rid)  # it loaded: the run of failures is over
+            self.backoff.ready(rid, time.monotonic())  # it loaded: the run of failures ends if it stays up
         if handle.state in ON_DEVICE and handle.transition is None:
             self._configure(handle)  # a fresh (or woken) worker gets its batching and adapters
         placement = self._placements.get(rid)
@@ -421,21 +430,28 @@ class Replicas:
         elif handle.state == "sleeping" and target == "ready" and handle.transition is None and not handle.reason:
             # The console changed its mind while it fell asleep (a failed wake has a reason: no retry loop).
             self._spawn(self._wake(handle, "ready"))
-        elif handle.state == "failed" and handle.pid is not None and not self._stopping:
-            # A worker process crashed, hung or failed to load: restart it, backing off so a model that
-            # always fails costs little. (A replica refused before any process started is not
-            # retried: its directory would be refused again.)
-            delay = self.backoff.failed(rid)
-            log.warning("replica %d failed (%s); restarting in %g s (failure %d in a row)",
-                        rid, handle.reason, delay, self.backoff.failures(rid))
-            old = self._restart_timers.pop(rid, None)
-            if old is not None:
-                old.cancel()
-            # The coroutine is made when the timer fires: one made now and called off (another failure, a stop)
-            # would never be awaited.
-            self._restart_timers[rid] = asyncio.get_running_loop().call_later(
-                delay, lambda: self._spawn(self._restart(rid, handle))
-            )
+
+    def _schedule_restart(self, handle: WorkerHandle) -> None:
+        """A worker process crashed, hung or failed to load: restart it, backing off so a model that always fails
+        costs little, and say so in its reason. (A replica refused before any process started is not retried: its
+        directory would be refused again.) The same failure told twice is counted once."""
+        rid = handle.spec.replica_id
+        if self._restarting.get(rid) is handle:
+            return
+        delay = self.backoff.failed(rid, time.monotonic())
+        failures = self.backoff.failures(rid)
+        log.warning("replica %d failed (%s); restarting in %g s (failure %d in a row)", rid, handle.reason, delay,
+                    failures)
+        handle.reason = f"{handle.reason}; restarts in {delay:g} s (failure {failures} in a row)"
+        old = self._restart_timers.pop(rid, None)
+        if old is not None:
+            old.cancel()
+        self._restarting[rid] = handle
+        # The coroutine is made when the timer fires: one made now and called off (another failure, a stop)
+        # would never be awaited.
+        self._restart_timers[rid] = asyncio.get_running_loop().call_later(
+            delay, lambda: self._spawn(self._restart(rid, handle))
+        )
 
     def _fill_process_bytes(self, handle: WorkerHandle) -> None:
         # pynvml lives in the daemon (agent/gpus/nvml.py), so NVML's per-process reading, CUDA context
@@ -455,6 +471,7 @@ class Replicas:
 
     async def _restart(self, replica_id: int, failed: WorkerHandle) -> None:
         self._restart_timers.pop(replica_id, None)
+        self._restarting.pop(replica_id, None)
         replica = self._placements.get(replica_id)
         # Only the same failed worker of a replica that is still wanted: the desired state may
         # have moved on while we waited.
@@ -528,6 +545,7 @@ class Replicas:
         for timer in self._restart_timers.values():
             timer.cancel()
         self._restart_timers.clear()
+        self._restarting.clear()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

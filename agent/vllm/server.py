@@ -6,8 +6,12 @@ a VllmModel: the worker's engine, whose commands load and unload LoRA adapters, 
 API. Requests never pass through here: the agent relays them to the port (agent.serving.relay).
 
 vLLM runs in a session of its own, killed with its worker (a SIGTERM handler, and the kernel's parent-death
-signal when the worker is killed outright). Its output goes to the replica's log, and its last lines are
-kept: when it exits on its own, the worker reports the replica failed with them, and exits too.
+signal when the worker is killed outright). Its output goes to the replica's log; the exception lines of its
+tracebacks and its last lines are kept: when it exits on its own, the worker reports the replica failed with the
+line that says why (agent.vllm.tracebacks; its last lines where it printed none), and exits too.
+
+Before it reports ready, one warm-up request: a model vLLM starts but cannot run (heads its CPU attention has no
+kernel for) fails there, before ready, instead of at a client's first request.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 
 import psutil
 
+from agent.vllm.tracebacks import Tracebacks
 from agent.workers.environment import child_environment
 from agent.workers.spec import WorkerSpec
 
@@ -42,6 +47,9 @@ HEALTH_POLL = 0.5
 CALL_TIMEOUT = 120.0  # an adapter load or a sleep
 STOP_GRACE = 3.0
 TAIL_LINES = 40
+TOLD_LINES = 12  # of the tail, in a failure that printed no traceback
+OUTPUT_DRAIN_S = 2.0  # for the last of its output after it exited (its engine core may hold the pipe longer)
+WARM_UP_EXIT_S = 5.0  # a vLLM whose engine died at the warm-up request exits within this
 # Lines of vLLM's log that mark how far its start has come (weights read: the load's bytes are done).
 WEIGHTS_LOADED = ("Loading weights took", "Model loading took")
 
@@ -62,6 +70,8 @@ class VllmServer:
         self.port = free_port()
         self.key = secrets.token_urlsafe(24)
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.tracebacks = Tracebacks()
+        self._reader: threading.Thread | None = None
         self.process: subprocess.Popen | None = None
         self.weights_loaded = threading.Event()
         self.stopping = False
@@ -79,31 +89,39 @@ class VllmServer:
         self.process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, start_new_session=True,
                                         preexec_fn=_die_with_parent)
-        threading.Thread(target=self._read_output, name="modelgrid-vllm-log", daemon=True).start()
+        self._reader = threading.Thread(target=self._read_output, name="modelgrid-vllm-log", daemon=True)
+        self._reader.start()
 
     def _read_output(self) -> None:
         assert self.process is not None and self.process.stdout is not None
         for raw in self.process.stdout:
             line = raw.decode("utf-8", "replace").rstrip()
             self.tail.append(line)
+            self.tracebacks.feed(line)
             print(line, file=sys.stderr, flush=True)  # the replica's log (agent.workers.logs)
             if any(mark in line for mark in WEIGHTS_LOADED):
                 self.weights_loaded.set()
 
-    def exited(self) -> EngineExited | None:
-        """Why vLLM is gone, with its last lines; None while it runs."""
+    def exited(self, when: str = "") -> EngineExited | None:
+        """Why vLLM is gone ("vLLM exited with code 1{when}: ValueError: ..."): the exception that ended it, or
+        its last lines where it printed none (a signal); None while it runs."""
         if self.process is None or self.process.poll() is None:
             return None
-        time.sleep(0.2)  # its last lines, still in the pipe
-        lines = "\n".join(list(self.tail)[-12:])
-        return EngineExited(f"vLLM {exit_text(self.process.returncode)}; its last lines:\n{lines}")
+        if self._reader is not None:
+            self._reader.join(OUTPUT_DRAIN_S)  # its last lines, still in the pipe
+        code = self.process.returncode
+        cause = self.tracebacks.cause() if code and code > 0 else ""
+        if cause:
+            return EngineExited(f"vLLM {exit_text(code)}{when}: {cause}")
+        lines = "\n".join(list(self.tail)[-TOLD_LINES:])
+        return EngineExited(f"vLLM {exit_text(code)}{when}; its last lines:\n{lines}")
 
     def wait_healthy(self, progress: Callable[[bool], None], timeout: float = START_TIMEOUT) -> None:
         """Block until /health answers 200; EngineExited if vLLM exits first, TimeoutError past `timeout`."""
         deadline = time.monotonic() + timeout
         told = False
         while True:
-            ended = self.exited()
+            ended = self.exited(" before it was ready")
             if ended is not None:
                 raise ended
             if self.weights_loaded.is_set() and not told:
@@ -117,6 +135,22 @@ class VllmServer:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"vLLM did not become healthy within {timeout:g} s")
             time.sleep(HEALTH_POLL)
+
+    def warm_up(self, served: str) -> None:
+        """One request of one token, before the replica reads ready: EngineExited with vLLM's own line when its
+        engine dies of it, RuntimeError with vLLM's answer when it refuses it."""
+        try:
+            self.post("/v1/completions", {"model": served, "prompt": "Hello", "max_tokens": 1, "temperature": 0})
+            return
+        except (RuntimeError, OSError) as e:
+            failure = e
+        assert self.process is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(WARM_UP_EXIT_S)
+        ended = self.exited(" at its warm-up request")
+        if ended is not None:
+            raise ended from None
+        raise RuntimeError(f"vLLM failed its warm-up request: {failure}") from None
 
     def get(self, path: str, timeout: float = CALL_TIMEOUT) -> int:
         """GET's status."""
@@ -256,8 +290,7 @@ class VllmModel:
     def sleep(self, _payload: Any = None) -> dict[str, Any]:
         """vLLM sleep level 1 (weights to host memory, KV cache dropped); CUDA only."""
         if not self.device.startswith("cuda"):
-            raise InputError("vLLM cannot sleep on CPU (its sleep mode needs CUDA); it is stopped instead, and "
-                               "loads again when woken")
+            raise InputError("vLLM cannot sleep on CPU (its sleep mode needs CUDA)")
         started = time.monotonic()
         self.server.post("/sleep?level=1")
         return self._moved("sleep", started, host_bytes=self.weights_bytes)
@@ -297,6 +330,7 @@ def load(spec: WorkerSpec, progress: Callable[[int, int], Any] | None = None, ar
     server.start()
     try:
         server.wait_healthy(lambda _done: progress(weights, weights) if progress else None)
+        server.warm_up(spec.deployment or spec.model_path)
         model = VllmModel(spec, server, weights, time.monotonic() - started)
     except BaseException:
         server.stop()

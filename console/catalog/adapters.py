@@ -84,7 +84,8 @@ def _outgrows_vllm(dep, rank: int) -> str:
         return ""
     hosts = dict(Host.objects.filter(replicas__deployment=dep).distinct().values_list("pk", "engines"))
     real = set(Gpu.objects.filter(host_id__in=hosts, simulated=False).values_list("host_id", flat=True))
-    if not any(engine_on(dep.engine, dep.model.architecture, engines or {}, pk in real) == "vllm"
+    if not any(engine_on(dep.engine, dep.model.architecture, engines or {}, pk in real, dep.model.engine_refusals)
+               == "vllm"
                for pk, engines in hosts.items()):
         return ""
     ranks = list(Adapter.objects.filter(deployment=dep).values_list("rank", flat=True))

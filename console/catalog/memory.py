@@ -152,12 +152,14 @@ def settings_estimates(model: Model, dtype: str, batch: int, seq: int | None,
 def estimates_from(model: Model, deployments) -> dict[int, dict[str, dict]]:
     """Each of `deployments`' breakdowns, by primary key, were it served from `model` (a row as it is about to be
     saved: its files read now); Invalid naming the first deployment that could not be."""
-    from console.deployments.services import check_seq  # deployments depends on catalog
+    from console.deployments.capability import check_engine  # deployments depends on catalog
+    from console.deployments.services import check_seq
 
     found = {}
     for dep in deployments:
         try:
             check_seq(model, dep.seq)
+            check_engine(model, dep.engine)
             found[dep.pk] = settings_estimates(model, serving_dtype(model, dep.dtype), dep.batch, dep.seq,
                                                dep.adapter_pool_bytes, engine=dep.engine)
         except Invalid as e:

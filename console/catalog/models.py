@@ -24,6 +24,9 @@ class Model(models.Model):
     # What its deployments and adapters are built against (agent/artifacts/shape.py): an edit keeps it while any
     # deployment uses the model. {} on rows from before it was stored: their architecture and task stand in.
     shape = models.JSONField(default=dict, blank=True)
+    # What each engine's capability check refuses for it, by engine and device kind ({"vllm": {"cpu": "why"}}):
+    # read from its files with the rest (agent.artifacts.capability), so deploying and placing read no files.
+    engine_refusals = models.JSONField(default=dict, blank=True)
     # The files' sizes and times when they were last read: a PATCH that finds them as they were changes nothing.
     fingerprint = models.CharField(max_length=64, blank=True)
     created = models.DateTimeField(default=timezone.now)

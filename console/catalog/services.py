@@ -16,6 +16,7 @@ from agent.artifacts import (
     inspect_model_dir,
     read_adapter_dir,
 )
+from agent.artifacts.capability import model_shape, refusals
 from agent.artifacts.shape import serving_shape, shape_changes
 from console.accounts.models import Team
 from console.accounts.teams import ALL, Teams, scoped
@@ -94,7 +95,7 @@ def _what_changed(was: dict, now: dict) -> str:
 
 # What a model's row takes from its files, and only from them (the admin shows them, never takes them typed in).
 ARTIFACT_FIELDS = ("architecture", "model_type", "task", "stored_dtype", "parameters", "weights_bytes",
-                   "estimate_bytes", "estimate", "shape", "fingerprint")
+                   "estimate_bytes", "estimate", "shape", "engine_refusals", "fingerprint")
 
 
 def artifact_fields(path: str) -> dict:
@@ -117,6 +118,7 @@ def read_artifact(path: str) -> tuple[ModelArtifact, dict]:
         "task": artifact.task, "stored_dtype": artifact.stored_dtype, "parameters": artifact.parameters,
         "weights_bytes": artifact.weights_bytes, "estimate_bytes": estimate.total_bytes,
         "estimate": estimate.as_dict(), "shape": serving_shape(artifact),
+        "engine_refusals": refusals(model_shape(artifact, settings.MODEL_ROOTS)),
         "fingerprint": fingerprint([artifact.path / "config.json", *artifact.files])}
 
 

@@ -8,22 +8,28 @@ from typing import NamedTuple
 from console.bulk import update_values
 from console.carried import CarriedRows
 from console.deployments.models import Deployment, DeploymentState, Replica
-from console.deployments.serving import REFUSED
+from console.deployments.serving import REFUSED, start_estimate
 
 
 def derive_state(replicas: list[Replica], blocked: str = "") -> tuple[str, str]:
     """A deployment's state and reason, from its replicas; `blocked`: why a request to it would be refused now
-    (the scheduler's answer), so that its reason does not promise one is brought back."""
+    (the scheduler's answer), so that its reason does not promise one is brought back. Where a request must start a
+    replica, the reason says how long one took to start last (its start_seconds, measured).
+
+    A replica asked to sleep that its agent stopped instead (vLLM cannot sleep on CPU; a host's sleep budget) is
+    stopped, not asleep: a request starts it from disk."""
     comes_back = f"requests get 503 now: {blocked}" if blocked else ""
     if not replicas:
         return DeploymentState.PENDING, "waiting for the scheduler"
     serving = [r for r in replicas if r.desired_state in ("ready", "preloaded")]
     unplaced = [r for r in serving if r.host_id is None]
+    stopped = [r for r in replicas if r.desired_state == "sleeping" and r.observed_state == "stopped"]
+    asleep = len(replicas) - len(serving) - len(stopped)
     if unplaced and all("scaled to zero" in r.reason for r in unplaced) and len(unplaced) == len(serving):
-        asleep = len(replicas) - len(serving)
         where = f"{asleep} asleep in host memory, " if asleep else ""
         state = DeploymentState.ASLEEP if asleep else DeploymentState.IDLE
-        return state, f"scaled to zero ({where}{len(unplaced)} stopped); {comes_back or 'a request brings one back'}"
+        return state, (f"scaled to zero ({where}{len(unplaced) + len(stopped)} stopped); "
+                       f"{comes_back or 'a request brings one back'}")
     if unplaced and unplaced[0].reason:
         if len(unplaced) == len(replicas):
             return DeploymentState.UNSCHEDULABLE, unplaced[0].reason
@@ -33,18 +39,37 @@ def derive_state(replicas: list[Replica], blocked: str = "") -> tuple[str, str]:
         why = failed[0].observed_reason or "its agent gave no reason"
         return DeploymentState.FAILED, f"replica {failed[0].index} failed: {why}"
     states = [r.observed_state for r in serving]
-    asleep = len(replicas) - len(serving)
     if states and all(s == r.desired_state for s, r in zip(states, serving, strict=True)) \
             and any(r.desired_state == "preloaded" for r in serving):
         return DeploymentState.READY, "standing by: loaded on its GPUs, taking no requests until standby is off"
     if states and all(s == "ready" for s in states):
-        return DeploymentState.READY, f"{asleep} replica(s) asleep in host memory" if asleep else ""
+        return DeploymentState.READY, _off_gpu(asleep, len(stopped))
+    if not serving and not asleep:
+        start_s = start_estimate(stopped)
+        return DeploymentState.IDLE, f"{_stopped_words(stopped)}; {comes_back or 'a request starts one'}" + (
+            f" (its last start took {start_s:.0f} s)" if start_s and not comes_back else "")
     if not serving:
-        return DeploymentState.ASLEEP, (f"all {asleep} replica(s) asleep in host memory; "
+        more = f", {len(stopped)} stopped" if stopped else ""
+        return DeploymentState.ASLEEP, (f"all {asleep} replica(s) asleep in host memory{more}; "
                                         f"{comes_back or 'a request wakes one'}")
     if "loading" in states or "starting" in states:
         return DeploymentState.LOADING, "loading weights"
     return DeploymentState.PENDING, "waiting for an agent to start the replica"
+
+
+def _off_gpu(asleep: int, stopped: int) -> str:
+    """Beside a ready replica: those asleep in host memory and those stopped."""
+    said = [f"{n} replica(s) {what}" for n, what in ((asleep, "asleep in host memory"), (stopped, "stopped")) if n]
+    return ", ".join(said)
+
+
+def _stopped_words(stopped: list) -> str:
+    """"all 2 replica(s) stopped instead of sleeping: why" (the agent's word on the first)."""
+    why = stopped[0].observed_reason or ""
+    lead = "stopped instead of sleeping: "
+    if why.startswith(lead):
+        return f"all {len(stopped)} replica(s) {lead}{why[len(lead):]}"
+    return f"all {len(stopped)} replica(s) stopped" + (f": {why}" if why else "")
 
 
 class StateRow(NamedTuple):
@@ -56,6 +81,7 @@ class StateRow(NamedTuple):
     observed_state: str
     reason: str
     observed_reason: str
+    start_seconds: float | None = None
 
 
 _REPLICA_STATES = CarriedRows(Replica, ("deployment_id", *StateRow._fields), ("deployment_id", "index"))

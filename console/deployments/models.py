@@ -159,6 +159,9 @@ class Replica(models.Model):
     loaded_bytes = models.PositiveBigIntegerField(null=True, blank=True)
     loading_total_bytes = models.PositiveBigIntegerField(null=True, blank=True, help_text="bytes to load in all")
     host_bytes = models.PositiveBigIntegerField(null=True, blank=True, help_text="host memory held while asleep")
+    # How long its worker took to load, as it measured it (kept while it is stopped): what a request that must start
+    # it again waits.
+    start_seconds = models.FloatField(null=True, blank=True, help_text="its last load's seconds, measured")
     sleep_wake = models.JSONField(default=dict, blank=True, help_text="the last sleep or wake: bytes, seconds")
     adapter_stats = models.JSONField(default=list, blank=True, help_text="per adapter: tier, requests, hits")
     adapter_error = models.TextField(blank=True, help_text="why its worker refused an adapter, if it did")

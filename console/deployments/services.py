@@ -16,6 +16,7 @@ from console.catalog.names import is_name, validate_name
 from console.catalog.services import get_model
 from console.control.desired import mark_stale
 from console.deployments import policy
+from console.deployments.capability import check_engine, engine_kinds
 from console.deployments.models import Deployment
 from console.deployments.rowlocks import Lock, locked
 from console.deployments.schemas import MAX_BULK
@@ -54,6 +55,7 @@ def create_deployment(
         raise Invalid(f"unknown deployment setting {sorted(unknown)[0]!r}", field=sorted(unknown)[0])
     model_row = get_model(model, missing=Invalid, teams=teams)
     chosen = policy.validate_policy(policy.merged(policy.creation_defaults(changes), changes))
+    check_engine(model_row, chosen.engine)
     dtype = serving_dtype(model_row, dtype)
     check_seq(model_row, seq)
     estimates = settings_estimates(model_row, dtype, batch, seq, recent=True,  # many creates, one read
@@ -88,6 +90,8 @@ def update_deployment(name: str, changes: dict[str, Any], actor: str = "", teams
         fields = [f for f in POLICY_FIELDS if chosen[f] != current[f]]
         if "priority" in fields:  # a deployment above a ceiling lowered since keeps its priority until changed
             check_ceiling(chosen["priority"], deployment.team)
+        if "engine" in fields:
+            check_engine(deployment.model, chosen["engine"])
         for field in fields:
             setattr(deployment, field, chosen[field])
         if "engine" in fields:  # vLLM holds memory of its own: its replicas reserve that too
@@ -240,6 +244,7 @@ class _BulkLookups:
         self._models: dict[str, Model | DomainError] = {}
         self._seq_checks: dict[tuple[str, int | None], DomainError | None] = {}
         self._estimates: dict[tuple, dict | DomainError] = {}
+        self._engine_kinds: dict[str, frozenset[str]] = {}
 
     @staticmethod
     def _once(cache: dict, key, compute):
@@ -258,6 +263,11 @@ class _BulkLookups:
     def check_seq(self, model: Model, seq: int | None) -> None:
         self._once(self._seq_checks, (model.name, seq), lambda: check_seq(model, seq))
 
+    def check_engine(self, model: Model, engine: str) -> None:
+        if (model.engine_refusals or {}).get(engine) and engine not in self._engine_kinds:
+            self._engine_kinds[engine] = engine_kinds(engine)
+        check_engine(model, engine, self._engine_kinds.get(engine))
+
     def estimates(self, model: Model, dtype: str, batch: int, seq: int | None, engine: str) -> dict:
         return self._once(self._estimates, (model.name, dtype, batch, seq, engine),
                           lambda: settings_estimates(model, dtype, batch, seq, recent=True, engine=engine))
@@ -274,6 +284,7 @@ def _checked_deployment(item: dict[str, Any], lookups: _BulkLookups, team: Team 
         raise Invalid(f"unknown deployment setting {sorted(unknown)[0]!r}", field=sorted(unknown)[0])
     model_row = lookups.model(model)
     chosen = policy.validate_policy(policy.merged(policy.creation_defaults(item), item))
+    lookups.check_engine(model_row, chosen.engine)
     dtype = serving_dtype(model_row, dtype)
     lookups.check_seq(model_row, seq)
     estimates = lookups.estimates(model_row, dtype, batch, seq, chosen.engine)

@@ -36,6 +36,15 @@ def serving_state(replicas: Iterable, standby: bool = False, demand_status: str 
         return BLOCKED
     if any(r.desired_state == "ready" and r.host_id is not None for r in rows):
         return WAKING
-    if any(r.desired_state == "sleeping" or r.observed_state == "sleeping" for r in rows):
+    # Asked to sleep but stopped instead (vLLM cannot sleep on CPU): on disk, like any stopped replica.
+    if any(r.observed_state == "sleeping" or (r.desired_state == "sleeping" and r.observed_state != "stopped")
+           for r in rows):
         return ASLEEP
     return COLD
+
+
+def start_estimate(replicas: Iterable) -> float | None:
+    """Seconds a request waits for one of these replicas (rows with start_seconds) to start from disk: the quickest
+    of their last measured loads; None where none was measured yet."""
+    measured = [r.start_seconds for r in replicas if r.start_seconds]
+    return min(measured) if measured else None

@@ -14,6 +14,8 @@ from console.fleet.templatetags.units import gib
 # A worker's error that says it ran out of device memory, or that its agent killed it for silence.
 _OOM = re.compile(r"out of memory|OutOfMemory|\bOOM\b", re.IGNORECASE)
 _HEARTBEAT = re.compile(r"heartbeat", re.IGNORECASE)
+# How an agent words a replica it was asked to put to sleep and stopped instead (agent/replicas.py, sleep_budget.py).
+STOPPED_NOT_ASLEEP = "stopped instead of sleeping"
 
 
 def replica_notes(transitions: list[tuple[int, str, str, ReplicaStatus]]) -> list[Note]:
@@ -58,6 +60,8 @@ def _told(before: str, status: ReplicaStatus, reservation: dict) -> tuple[str, s
     if state == "stopped":
         if before == "failed":
             return None  # a failed worker's process ending: its failure was the news
+        if why.startswith(STOPPED_NOT_ASLEEP):  # nothing stays in host memory: a request starts it from disk
+            return "Exited", f"{why}; nothing is kept in host memory: a request starts it again from disk", False
         return "Exited", f"worker stopped{': ' + why if why else ''}", False
     return None
 

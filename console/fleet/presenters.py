@@ -34,7 +34,9 @@ def fleet(hosts: QuerySet | None, scope: TeamScope) -> list[dict]:
     """Each host of `hosts` (default: all) with its GPUs and the replicas reserved on each GPU, its labels,
     the room it reports for sleeping replicas and the replicas asleep in its memory: five queries for any
     number of hosts. Hosts are every team's; their replicas are as `scope` may see them (TeamScope.replica)."""
-    asleep = Replica.objects.filter(Q(desired_state="sleeping") | Q(observed_state="sleeping"))
+    # Asked to sleep but stopped instead (vLLM cannot sleep on CPU) holds nothing in host memory.
+    asleep = Replica.objects.filter(Q(observed_state="sleeping") | Q(desired_state="sleeping") & ~Q(
+        observed_state="stopped"))
     on_gpu = Replica.objects.select_related("deployment").defer(*_REPLICA_DEPLOYMENT_FIELDS).order_by("pk")
     hosts = (Host.objects.all() if hosts is None else hosts).defer(*_UNSHOWN_HOST_FIELDS).prefetch_related(
         Prefetch("gpus", queryset=Gpu.objects.order_by("index")),

@@ -13,6 +13,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import math
 import os
 import random
 import socket
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from channels.layers import get_channel_layer
 
 from console.dbthreads import own_thread
+from console.deployments.serving import COLD
 from console.gateway import bookkeeping
 from console.gateway.auth import Caller, TokenCache, lookup
 from console.gateway.failover import Waiting
@@ -256,6 +258,14 @@ class Gateway:
         if dep is not None and dep.serving == "standby":
             raise Refused(503, f"model {name!r} is standing by (loaded, taking no requests); turn standby off "
                           "to serve it", code="model_not_ready")
+        if dep is not None and dep.serving == COLD and dep.start_s and dep.start_s > self.settings.queue_wait_s:
+            # Its start outlasts the wait: waiting would only time out. It starts anyway (the demand, and this
+            # request in its last-used time, keep the scheduler from scaling it back to zero), for the retry.
+            self._announce_cold(name)
+            retry = math.ceil(dep.start_s)
+            raise Refused(503, f"model {name!r} is stopped: a replica takes about {dep.start_s:.0f} s to start (its "
+                          f"last start), longer than a request waits here ({self.settings.queue_wait_s:g} s); one is "
+                          f"starting now: retry after {retry} s", retry_after=retry, code="model_not_ready")
         queue = self.waiters.setdefault(name, [])
         if len(queue) >= self.settings.queue_max:
             raise Refused(429, f"model {name!r} already has {len(queue)} requests waiting for a replica "
@@ -286,6 +296,13 @@ class Gateway:
         finally:
             self._forget(name, waiter)
             self.metrics.demand_waits.labels(name, outcome).observe(loop.time() - began)
+
+    def _announce_cold(self, name: str) -> None:
+        """Demand for a cold deployment no request waits for, at most once per renewal interval."""
+        written = self._demand_written.get(name)
+        if name not in self.waiters and (written is None or time.monotonic() - written >= bookkeeping.DEMAND_RENEW_S):
+            self._demand_written[name] = time.monotonic()
+            self._spawn(self._announce_demand(name))
 
     def _usable(self, dep: DeploymentView) -> bool:
         return any(r.id not in self.suspects for r in dep.ready)

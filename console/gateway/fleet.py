@@ -17,7 +17,7 @@ from agent.artifacts.config import read_config
 from console.carried import CarriedRows
 from console.catalog.models import Adapter
 from console.deployments.models import Deployment, Replica
-from console.deployments.serving import serving_state
+from console.deployments.serving import serving_state, start_estimate
 from console.fleet.models import AgentCredential, Host
 from console.gateway.routes import RouteView, load_routes
 from console.scheduler.types import TIER_RANK
@@ -48,6 +48,7 @@ class DeploymentView:
     engine: str = "auto"  # auto | torch | vllm, as the deployment asks
     team: int = 0  # the owning team's id: only its members' tokens (and admins') may call it
     context: int | None = None  # tokens per sequence its engine takes (prompt and completion), None: unknown
+    start_s: float | None = None  # cold: how long a replica of it took to start last (measured); None: not known
 
 
 class HostView(NamedTuple):
@@ -88,6 +89,7 @@ class _Replica(NamedTuple):
     host_id: int | None
     desired_state: str
     observed_state: str
+    start_seconds: float | None
 
 
 # Plain values carried from one snapshot to the next (console/carried.py): the gateway refreshes on every change of
@@ -134,7 +136,8 @@ def load_fleet() -> FleetView:
             name=name, tier=tier, rank=TIER_RANK.get(tier, len(TIER_RANK)), task=task,
             serving=serving_state(rows, standby, demand_status), ready=tuple(ready), adapters=tuple(names.get(pk, ())),
             demand_status=demand_status, demand_reason=demand_reason, created=int(created.timestamp()),
-            slo_latency_ms=slo, engine=engine, team=team, context=_context(engine, seq, path, revision))
+            slo_latency_ms=slo, engine=engine, team=team, context=_context(engine, seq, path, revision),
+            start_s=start_estimate(rows))
     return FleetView(deployments, adapters, by_name, loaded=True, routes=load_routes())
 
 

@@ -410,7 +410,7 @@ def _plan_moves(row: Gpu, info: GpuInfo) -> bool:
 
 
 _STATUS_FIELDS = ("observed_state", "pid", "measured_bytes", "loaded_bytes", "loading_total_bytes", "host_bytes",
-                  "sleep_wake", "adapter_stats", "adapter_error", "observed_reason")
+                  "sleep_wake", "adapter_stats", "adapter_error", "observed_reason", "start_seconds")
 
 
 def _status_fields(status: ReplicaStatus) -> dict:
@@ -426,6 +426,8 @@ def _status_fields(status: ReplicaStatus) -> dict:
         fields["loading_total_bytes"] = status.total_bytes
     if status.sleep_wake is not None:
         fields["sleep_wake"] = status.sleep_wake.model_dump()
+    if status.measurement is not None and status.measurement.load_seconds is not None:
+        fields["start_seconds"] = round(status.measurement.load_seconds, 3)
     return fields
 
 

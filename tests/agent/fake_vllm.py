@@ -3,6 +3,11 @@ start): the same command line, key, health, model list, runtime LoRA endpoints a
 echo what they were sent. Started by `fake_vllm_python()`'s interpreter in place of vLLM's.
 
 Streams send one event per 50 ms, and count the streams whose client went away (fake_cancelled_total).
+
+A `fake-vllm.json` in the model directory makes it fail as vLLM does: `{"fail_at_start": "ValueError: ..."}` prints
+that root cause in its engine core's traceback, its API server's wrapper traceback and some noise, and exits 1;
+`{"die_on_first_request": "RuntimeError: ..."}` starts, then answers its first completion 500 after printing that
+traceback, and exits.
 """
 
 from __future__ import annotations
@@ -44,6 +49,11 @@ def main() -> None:
     args, rest = parser.parse_known_args()
     key = os.environ.get("VLLM_API_KEY", "")
     print(f"fake vLLM for {args.model} as {args.served_model_name}; args {' '.join(rest)}", flush=True)
+    faults = Path(args.model or ".") / "fake-vllm.json"
+    faults = json.loads(faults.read_text()) if faults.is_file() else {}
+    if faults.get("fail_at_start"):
+        print_failure(faults["fail_at_start"])
+        sys.exit(1)
     print("Loading weights took 0.00 seconds", flush=True)
     # vLLM's engine core: a process of its own in the server's session, which outlives a server killed outright.
     core = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "fake-vllm-engine-core"])
@@ -64,6 +74,11 @@ def main() -> None:
         return web.json_response({"object": "list", "data": data})
 
     async def completions(request: web.Request):
+        if faults.get("die_on_first_request"):
+            print_failure(faults["die_on_first_request"], starting=False)
+            asyncio.get_running_loop().call_later(0.2, os._exit, 1)
+            return web.json_response({"error": {"message": "EngineCore encountered an issue. See stack trace (above) "
+                                                "for the root cause.", "type": "InternalServerError"}}, status=500)
         raw = await request.read()
         body = json.loads(raw)
         STATE["requests"] += 1
@@ -117,6 +132,24 @@ def main() -> None:
     app.router.add_post("/v1/unload_lora_adapter", unload_lora)
     print("Application startup complete.", flush=True)
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, handler_cancellation=True)
+
+
+def print_failure(cause: str, starting: bool = True) -> None:
+    """The root cause in the engine core's traceback, the API server's own wrapper after it, and noise, as vLLM
+    prints them."""
+    core = "(EngineCore_DP0 pid=4242) "
+    lines = [f"{core}ERROR 11-29 10:00:00 [core.py:708] EngineCore {'failed to start' if starting else 'died'}.",
+             f"{core}Traceback (most recent call last):",
+             f'{core}  File "vllm/v1/engine/core.py", line 699, in run_engine_core',
+             f"{core}    engine_core = EngineCoreProc(*args, **kwargs)", f"{core}{cause}"]
+    if starting:
+        lines += ["Traceback (most recent call last):", '  File "<frozen runpy>", line 198, in _run_module_as_main',
+                  '  File "vllm/v1/engine/utils.py", line 1021, in wait_for_engine_startup',
+                  "    raise RuntimeError(", "RuntimeError: Engine core initialization failed. See root cause above. "
+                  "Failed core proc(s): {'EngineCore_DP0': 1}"]
+    lines += [f"/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: resource_tracker: There "
+              f"appear to be {n} leaked shared_memory objects to clean up at shutdown" for n in range(1, 14)]
+    print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":

@@ -183,3 +183,17 @@ def test_a_new_artifact_revision_restarts_a_replica_even_from_the_same_path():
     assert verbs(p) == [("stop", 1, "stopped"), ("start", 1, "ready")]
     assert p.reasons[0] == "replica 1: restart (artifact revision changed)"
     assert p.start[0].revision == 4
+
+
+def test_a_replica_whose_engine_cannot_sleep_here_is_not_started_only_to_be_put_to_sleep():
+    """vLLM cannot sleep on CPU: its replica asked to sleep is stopped instead. A new agent (a console restart in
+    `manage.py up` restarts its agent too), or a new generation, started it again into sleeping: a full load, then
+    stopped again, with no request waiting. On CUDA it sleeps, so it is still started into sleeping there."""
+    asleep = desired(1, state="sleeping").model_copy(update={"engine": "vllm"})
+    spec = WorkerSpec(1, "/m/a", "causal-lm", "cpu", "float32", "d", engine="vllm")
+    for current in ({}, {1: Running(spec, "stopped", generation=1)}):
+        assert plan_convergence(DesiredState(generation=2, replicas=[asleep]), current, "cpu").actions == ()
+    assert verbs(plan_convergence(DesiredState(generation=2, replicas=[asleep]), {}, "cuda")) == [
+        ("start", 1, "sleeping")]
+    woken = asleep.model_copy(update={"state": "ready"})
+    assert verbs(plan_convergence(DesiredState(generation=2, replicas=[woken]), {}, "cpu")) == [("start", 1, "ready")]

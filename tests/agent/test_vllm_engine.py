@@ -22,6 +22,7 @@ from tests.conftest import write_model_dir
 
 console, run_agent = test_daemon.console, test_daemon.run_agent  # the fake console and the agent it runs
 START_S = 60  # the worker's start and the stand-in's (a bound on what must happen, not a speed)
+WIDE = 128  # hidden size: heads 32 wide, which vLLM's CPU attention takes (it refuses narrower ones)
 
 
 async def post(agent, path, body, headers=None):
@@ -44,7 +45,7 @@ async def start_vllm_replica(console, run_agent, tmp_path, **extra):
     agent = await run_agent(warm_workers=0, vllm_python=fake_vllm_python(tmp_path))
     hello = await console.expect(Hello)
     assert {(e.name, e.version) for e in hello.engines} >= {("vllm", "0.0.0+fake")}
-    model = write_model_dir(tmp_path / "m")
+    model = write_model_dir(tmp_path / "m", hidden=WIDE)
     await console.send(desired_state(1, [replica(model, engine="vllm", **extra)]))
     ready = await console.expect(ReplicaStatus, replica_id=7, state="ready", timeout=START_S)
     return agent, ready
@@ -124,7 +125,7 @@ async def test_adapters_load_at_runtime_and_a_refused_one_says_why(console, run_
     assert (await post(agent, "/v1/completions", {"model": "sql", "prompt": "hi"}))[0] == 200
 
     # An adapter whose directory vLLM cannot read is refused with vLLM's reason; the rest still apply.
-    await console.send(desired_state(2, [replica(write_model_dir(tmp_path / "m"), engine="vllm",
+    await console.send(desired_state(2, [replica(write_model_dir(tmp_path / "m", hidden=WIDE), engine="vllm",
                                                  adapters=adapters)]))
     status = await status_where(console, lambda s: s.adapter_error)
     assert "adapter 'gone'" in status.adapter_error and "No adapter found" in status.adapter_error
@@ -133,6 +134,19 @@ async def test_adapters_load_at_runtime_and_a_refused_one_says_why(console, run_
     assert code == 503 and body["error"]["code"] == "adapter_failed", body
     assert body["error"]["message"].startswith("adapter 'gone' of model 'chat' could not be loaded: ")
     assert "No adapter found" in body["error"]["message"]
+
+
+async def test_a_model_vllm_cannot_run_on_this_cpu_fails_before_any_process_starts_and_is_not_retried(
+        console, run_agent, tmp_path):
+    """The demo tiny-llama's heads (16 wide) on vLLM's CPU build: it started, read ready and died at every first
+    request. Now the agent's capability check refuses it before a worker starts, with the reason, once."""
+    agent = await run_agent(warm_workers=0, vllm_python=fake_vllm_python(tmp_path))
+    await console.expect(Hello)
+    await console.send(desired_state(1, [replica(write_model_dir(tmp_path / "m", hidden=64), engine="vllm")]))
+    failed = await console.expect(ReplicaStatus, replica_id=7, state="failed", timeout=20)
+    assert failed.reason == "vLLM's CPU attention needs head_dim >= 32; this model's heads are 16 wide"
+    assert failed.pid is None and agent.supervisor.get(7).pid is None  # nothing was started
+    assert agent.backoff.failures(7) == 0  # nor will be: the same files would be refused again
 
 
 async def test_a_vllm_that_dies_fails_its_replica_with_its_last_lines_and_is_started_again(console, run_agent,
@@ -193,13 +207,51 @@ async def test_vllm_replicas_on_one_gpu_start_one_at_a_time(console, tmp_path):
         both = [replica(model, replica_id=i, deployment=f"d{i}", engine="vllm") for i in (7, 8)]  # both on GPU 1
         await console.send(desired_state(1, both))
         seen = []
-        while len([s for s in seen if s[1] == "ready"]) < 2:
+        while len({rid for rid, state in seen if state == "ready"}) < 2 and len(seen) < 100:
             status = await console.expect(ReplicaStatus, timeout=START_S)
             seen.append((status.replica_id, status.state))
         # vLLM sizes its KV cache from what is free as it starts: the second starts once the first is loaded.
-        order = [(rid, state) for rid, state in seen if state in ("starting", "ready")]
+        # (A ready replica's status may come again while the other starts: each is counted once, when first seen.)
+        order = list(dict.fromkeys((rid, state) for rid, state in seen if state in ("starting", "ready")))
         assert order == [(7, "starting"), (7, "ready"), (8, "starting"), (8, "ready")], seen
         assert agent.supervisor.get(8).spec.device == "cuda:1"
     finally:
         agent.request_stop()
         await asyncio.wait_for(task, 30)
+
+
+MAX_LEN = "ValueError: The model's max seq len (4096) is larger than the maximum number of tokens that can be stored " \
+          "in KV cache (2048). Try increasing `VLLM_CPU_KVCACHE_SPACE` or decreasing `max_model_len`."
+
+
+async def vllm_that_fails(console, run_agent, tmp_path, **faults):
+    """A vLLM replica whose stand-in fails as `faults` say; the statuses of replica 7 up to its failure (or its
+    being ready)."""
+    await run_agent(warm_workers=0, vllm_python=fake_vllm_python(tmp_path))
+    await console.expect(Hello)
+    model = write_model_dir(tmp_path / "m", hidden=WIDE)
+    (model / "fake-vllm.json").write_text(json.dumps(faults))
+    await console.send(desired_state(1, [replica(model, engine="vllm")]))
+    seen = []
+    while len(seen) < 20 and (not seen or seen[-1].state not in ("failed", "ready")):
+        seen.append(await console.expect(ReplicaStatus, replica_id=7, timeout=START_S))
+    return seen
+
+
+async def test_a_vllm_that_fails_to_start_fails_its_replica_with_the_engines_own_error_line(console, run_agent,
+                                                                                           tmp_path):
+    """vLLM prints its root cause in its engine core's traceback, then its API server's wrapper ("See root cause
+    above") and shutdown noise: the replica's reason was the last 12 lines, all noise. It is the root cause now."""
+    seen = await vllm_that_fails(console, run_agent, tmp_path, fail_at_start=MAX_LEN)
+    reason = seen[-1].reason
+    assert f"vLLM exited with code 1 before it was ready: {MAX_LEN}; restarts in" in reason, reason
+    assert "resource_tracker" not in reason and "See root cause above" not in reason
+
+
+async def test_a_vllm_that_dies_at_its_first_request_fails_before_it_reads_ready(console, run_agent, tmp_path):
+    """The demo tiny-llama on vLLM's CPU build started, read ready, then died at every first request: a warm-up
+    request before ready makes that failure land before ready, with the engine's own line."""
+    cause = "RuntimeError: Unsupported head size: 16"
+    seen = await vllm_that_fails(console, run_agent, tmp_path, die_on_first_request=cause)
+    assert "ready" not in [s.state for s in seen]
+    assert f"vLLM exited with code 1 at its warm-up request: {cause}; restarts in" in seen[-1].reason, seen[-1].reason

@@ -2,7 +2,8 @@
 official `openai` client at the console URL only: completions and chat with the model's template, streams,
 echo with logprobs, JSON-schema outputs, tools, /v1/responses, two LoRA adapters loaded at runtime and one
 unloaded, an abandoned stream cancelled in vLLM, a vLLM killed under its replica (failed with its last lines,
-then started again), and two vLLM deployments sharing one simulated GPU in time with no failed request.
+then started again), a model vLLM's CPU build cannot run refused when it is deployed, and two vLLM deployments
+sharing one simulated GPU in time with no failed request.
 
 vLLM takes about a minute to start on two cores, so one stack serves most of these. The engine behaves the same
 on either database: these run in the first pass only."""
@@ -207,6 +208,29 @@ def test_a_vllm_killed_mid_stream_ends_its_clients_stream_with_an_error_and_come
     assert ended < 30, ended  # promised within 5 s; bounded generously on a loaded machine
     wait_for(lambda: serving(api, "vchat", fail_fast=False), START_S, interval=1, what="vchat to be started again")
     assert client(vllm_stack).completions.create(model="vchat", prompt="hi", max_tokens=2).usage.completion_tokens
+
+
+def test_a_model_vllms_cpu_build_cannot_run_is_refused_when_deployed_with_the_reason(vllm_stack, tmp_path):
+    """The demo tiny-llama (heads 16 wide) on vLLM's CPU build read ready, then died at every first request and
+    restarted every 55 s. Every host of this stack runs vLLM on CPU: the deployment is refused, saying why, and
+    nothing is stored; on the built-in engine it is taken."""
+    from agent.workers.demo_models import build_tiny_llama
+
+    api = vllm_stack.api()
+    path = build_tiny_llama(tmp_path / "tiny-llama")
+    assert api.post("/models", json={"name": "tiny-llama", "path": str(path)}).status_code == 201
+    r = api.post("/deployments", json={"name": "tiny-vllm", "model": "tiny-llama", "engine": "vllm"})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["msg"] == (
+        "model 'tiny-llama' cannot run on engine vllm here: vLLM's CPU attention needs head_dim >= 32; this model's "
+        "heads are 16 wide (every host that runs vllm runs it on CPU); deploy it with engine torch or auto")
+    assert api.get("/deployments/tiny-vllm").status_code == 404
+    r = api.post("/deployments", json={"name": "tiny-torch", "model": "tiny-llama", "engine": "torch", "replicas": 0})
+    assert r.status_code == 201, r.text  # no replica: the vLLM stack's GPU stays its own
+    r = api.patch("/deployments/tiny-torch", json={"engine": "vllm"})
+    assert r.status_code == 422 and "needs head_dim >= 32" in r.text
+    assert api.delete("/deployments/tiny-torch").status_code == 204
+    assert api.delete("/models/tiny-llama").status_code == 204
 
 
 def test_two_vllm_deployments_share_one_gpu_in_time_with_no_failed_request(llama64, tmp_path):

@@ -49,3 +49,20 @@ def test_a_vllm_deployment_waits_for_a_host_that_runs_it_and_its_replicas_say_wh
     Gpu.objects.filter(host=b).update(simulated=False)
     rows = {r["deployment"]: r for r in desired_rows_by_host([b.pk])[b.pk]}
     assert rows["auto"]["engine"] == "vllm"
+
+
+def test_auto_runs_a_model_vllm_cannot_run_on_the_built_in_engine_even_where_a_host_runs_vllm_on_gpus(tmp_path):
+    import json
+
+    from console.catalog.services import register_model
+    from tests.conftest import write_model_dir
+
+    path = write_model_dir(tmp_path / "m", hidden=128)
+    (path / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": {"a": 0, "b": 99}}}))
+    register_model("wide-tokenizer", str(path))  # ids up to 99 for a vocab_size of 32: vLLM refuses it everywhere
+    host, _ = register_hello(AgentCredential.issue("b")[0], hello("b", ["torch", "vllm"]))
+    Gpu.objects.filter(host=host).update(simulated=False)
+    auto = create_deployment("auto", "wide-tokenizer")
+    Replica.objects.create(deployment=auto, index=0, host=host, desired_state="ready")
+    (row,) = desired_rows_by_host([host.pk])[host.pk]
+    assert "engine" not in row  # the built-in engine's, left out as its default

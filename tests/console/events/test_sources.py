@@ -72,6 +72,19 @@ def test_agent_reports_become_replica_events_with_measurements_and_the_workers_e
     assert Event.objects.filter(reason="Restarted").get().count == 1
 
 
+def test_a_replica_stopped_instead_of_sleeping_is_told_as_stopped_not_asleep(host, model):
+    create_deployment("chat", "tiny")
+    reconcile_once()
+    r = Replica.objects.get()
+    apply_one(host, ReplicaStatus(replica_id=r.pk, state="ready", pid=42))
+    apply_one(host, ReplicaStatus(replica_id=r.pk, state="stopped", reason="stopped instead of sleeping: vLLM "
+                                  "cannot sleep on CPU (its sleep mode needs CUDA)"))
+    told = {reason: message for _, reason, message in events(actor="agent h1")}
+    assert told["Exited"] == ("stopped instead of sleeping: vLLM cannot sleep on CPU (its sleep mode needs CUDA); "
+                              "nothing is kept in host memory: a request starts it again from disk")
+    assert "Asleep" not in told
+
+
 def test_hosts_connecting_going_silent_and_coming_back_are_told(host, settings):
     settings.MODELGRID_RECONNECT_GRACE_SECONDS = 0
     settings.MODELGRID_HOST_LEASE_SECONDS = 20

@@ -468,3 +468,17 @@ def test_batches_staged_apart_are_read_together_in_order(model):
     outcomes = apply_readings(first + second, joined)
     assert [o.observed for o in outcomes] == [True, False, True]
     assert Replica.objects.values_list("observed_state", "pid").get(pk=replicas[0].pk) == ("ready", 4)
+
+
+def test_a_replicas_measured_load_time_is_kept_while_it_is_stopped(model):
+    """What a request that must start it again waits: its last load's seconds, as its worker measured them."""
+    from agent.protocol import Measurement
+
+    ((h, (r, _)),) = fleet(1, model)
+    m = Measurement(device="cpu", batch=1, seq=2048, weights_bytes=4096, peak_bytes=GiB, total_bytes=GiB,
+                    load_seconds=59.4)
+    apply_batch([Item(h.pk, h.name, ReplicaStatus(replica_id=r.pk, state="ready", pid=500, measurement=m))])
+    apply_batch([Item(h.pk, h.name, ReplicaStatus(replica_id=r.pk, state="stopped", reason="stopped instead of "
+                                                  "sleeping: vLLM cannot sleep on CPU (its sleep mode needs CUDA)"))])
+    r.refresh_from_db()
+    assert (r.observed_state, r.start_seconds) == ("stopped", 59.4)
