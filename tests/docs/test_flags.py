@@ -13,7 +13,7 @@ FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]+)")
 # Flags of other tools that the docs show, by tool.
 OTHERS = {
     "curl": {"--data"},
-    "manage.py check (Django)": {"--deploy"},
+    "manage.py check (Django)": {"--deploy", "--database"},
     "py-spy": {"--gil", "--native"},
     "perf_analyzer": {"--shape"},
     "lm_eval": {"--tasks", "--include"},

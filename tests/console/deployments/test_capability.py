@@ -3,6 +3,8 @@ CPU build refuses heads narrower than 32 (the demo tiny-llama's are 16: it read 
 request), so a vllm deployment of it is refused while every host that runs vLLM runs it on CPU. `auto` is never
 refused: it runs such a model on the built-in engine."""
 
+import json
+
 import pytest
 
 from console.catalog.services import register_model
@@ -65,5 +67,8 @@ def test_a_bulk_create_refuses_the_item_vllm_cannot_run_by_its_index(api, narrow
 def test_new_files_a_vllm_deployment_could_not_run_are_refused_naming_it(api, vllm_host, tmp_path):
     register_model("llm", str(write_model_dir(tmp_path / "wide", hidden=128)))
     assert api.post("/api/v1/deployments", {"name": "chat", "model": "llm", "engine": "vllm"}).status_code == 201
-    r = api.patch("/api/v1/models/llm", {"path": str(write_model_dir(tmp_path / "narrow", hidden=64))})
+    narrow = write_model_dir(tmp_path / "narrow", hidden=128)  # the same shape, in heads 16 wide
+    config = json.loads((narrow / "config.json").read_text())
+    (narrow / "config.json").write_text(json.dumps(config | {"num_attention_heads": 8}))
+    r = api.patch("/api/v1/models/llm", {"path": str(narrow)})
     assert r.status_code == 422 and "deployment 'chat'" in refusal(r) and CPU_HEADS in refusal(r)
