@@ -20,7 +20,6 @@ class EngineCheck(Protocol):
     """What one engine can run."""
 
     name: str
-    reads_tokenizer: bool  # whether it judges tokenizer_ids (reading tokenizer.json parses up to 16 MiB of JSON)
 
     def refusal(self, shape: ModelShape, device: Device) -> str:
         """Why this engine cannot run the model on `device`, in words a person can act on; "" when it can."""

@@ -18,11 +18,10 @@ def refusal(engine: str, shape: ModelShape, device: Device) -> str:
 
 
 def engine_refusal(engine: str, artifact: ModelArtifact, device: Device) -> str:
-    """refusal() for a model directory read by inspect_model_dir, its tokenizer read only where the check uses it."""
-    check = CHECKS.get(engine)
-    if check is None:
-        return ""
-    return check.refusal(model_shape(artifact, tokenizer=check.reads_tokenizer), device)
+    """refusal() for a model directory read by inspect_model_dir, from its config alone: the agent asks before every
+    start, on its event loop, so the tokenizer (up to 16 MiB of JSON to parse) is left to the console, which read it
+    when the model was registered and refuses a deployment it rules out."""
+    return refusal(engine, model_shape(artifact, tokenizer=False), device)
 
 
 def refusals(shape: ModelShape) -> dict[str, dict[str, str]]:

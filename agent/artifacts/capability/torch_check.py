@@ -9,7 +9,6 @@ from agent.artifacts.capability.shape import ModelShape
 
 class TorchCheck:
     name = "torch"
-    reads_tokenizer = False
 
     def refusal(self, shape: ModelShape, device: Device) -> str:
         if not shape.task:

@@ -20,7 +20,6 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 class VllmCheck:
     name = "vllm"
-    reads_tokenizer = True
 
     def refusal(self, shape: ModelShape, device: Device) -> str:
         if shape.task != "causal-lm":
