@@ -40,7 +40,7 @@ def launch(replica: DesiredReplica, device: str, weights_bytes: int, gpu_total_b
     an adapter's directory cannot be read."""
     args = ["-m", "vllm.entrypoints.openai.api_server", "--model", replica.model_path,
             "--served-model-name", replica.deployment, "--host", "127.0.0.1", "--dtype", replica.dtype,
-            "--disable-uvicorn-access-log"]
+            "--disable-uvicorn-access-log", "--load-format", "safetensors"]  # never a pickled .bin beside them
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
            "DO_NOT_TRACK": "1", "VLLM_REGEX_COMPILATION_TIMEOUT_S": str(REGEX_COMPILE_TIMEOUT_S)}
     if replica.seq:

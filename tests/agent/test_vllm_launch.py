@@ -71,6 +71,11 @@ def test_a_deployments_own_flags_follow_and_only_those_it_may_set():
         launch(replica(engine_args=["--port", "1"]), "cpu", weights_bytes=0)
 
 
+def test_vllm_loads_safetensors_only():
+    started = launch(replica(), "cpu", weights_bytes=0)
+    assert flag(started.args, "--load-format") == "safetensors"  # its default falls back to pickled .bin files
+
+
 def test_parallelism_spans_exactly_the_replicas_gpus_and_sees_them_all():
     tp = ["--tensor-parallel-size", "2"]
     started = launch(replica(gpus=[2, 3], engine_args=tp), "cuda:2", weights_bytes=0, gpu_total_bytes=80 * GIB)

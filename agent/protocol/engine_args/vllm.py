@@ -119,7 +119,9 @@ VALUED: dict[str, ValueKind] = {
     "--scheduling-policy": Choice(("fcfs", "priority")),
     "--quantization": Choice(QUANTIZATIONS, "vLLM 0.32's quantization methods"),
     "--kv-cache-dtype": Choice(KV_CACHE_DTYPES),
-    "--block-size": Choice(("8", "16", "32", "64", "128", "256")),
+    # Those both builds take: vLLM's CPU build refuses blocks that are not a multiple of 32 at start (CUDA's default
+    # of 16 applies when the flag is left out).
+    "--block-size": Choice(("32", "64", "128", "256")),
     "--cpu-offload-gb": Float(0, 1024),
     "--seed": Int(0, 2**32 - 1),
     "--max-logprobs": Int(0, 20),  # as many as a request may ask for (agent.serving.request_bounds)

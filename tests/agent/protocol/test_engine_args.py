@@ -82,7 +82,8 @@ def test_nothing_that_names_a_file_or_module_vllm_imports_is_taken(args, problem
     (["--seed", "4294967296"], "'--seed' takes an integer from 0 to 4,294,967,295"),
     (["--cpu-offload-gb", "nan"], "'--cpu-offload-gb' takes a number from 0 to 1024"),
     (["--cpu-offload-gb", "1e3"], "a number from 0 to 1024"),
-    (["--block-size", "7"], "'--block-size' takes one of 8, 16, 32"),
+    (["--block-size", "7"], "'--block-size' takes one of 32, 64, 128"),
+    (["--block-size", "16"], "'--block-size' takes one of 32, 64, 128"),  # vLLM's CPU build refuses it at start
     (["--kv-cache-dtype", "int3"], "'--kv-cache-dtype' takes one of auto"),
     (["--scheduling-policy", "lifo"], "'--scheduling-policy' takes one of fcfs, priority"),
     (["--generation-config", "/etc/../root"], "'--generation-config' takes 'auto' or 'vllm' or the absolute path"),
