@@ -184,6 +184,15 @@ def _heard(hub: _Hub, message: dict) -> None:
 
 
 async def _render_forever(hub: _Hub) -> None:
+    while True:
+        try:
+            await _render_rounds(hub)
+        except Exception:  # a bug, not a page: the live pages must not stop for good
+            log.exception("the live pages' renderer failed; it starts again in a second")
+            await asyncio.sleep(1.0)
+
+
+async def _render_rounds(hub: _Hub) -> None:
     loop = asyncio.get_running_loop()
     while True:
         interval = settings.MODELGRID_DASHBOARD_REFRESH_SECONDS

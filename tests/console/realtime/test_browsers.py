@@ -17,6 +17,7 @@ from channels.testing import WebsocketCommunicator
 from console.asgi import application
 from console.fleet import views
 from console.fleet.models import AgentCredential, Gpu, Host
+from console.realtime import browsers
 from console.realtime.notify import refresh_dashboards
 from tests.console.gateway.test_gateway import FakeAgent, _client, _gateway
 from tests.console.realtime.agent_link import GPU, HELLO, GiB
@@ -24,7 +25,6 @@ from tests.console.realtime.browser_sockets import cookie_of, opened
 from tests.console.team_scene import served_scene
 
 pytestmark = pytest.mark.django_db(transaction=True)
-TOO_MANY = 4429  # the close code of a socket over a cap (docs/ui.md)
 BOUND = 10.0  # seconds within which what must happen happens: generous, far above what it takes
 
 
@@ -45,7 +45,7 @@ async def test_a_users_socket_past_the_per_user_cap_is_closed_with_the_reason_an
 
     third = await opened(ann)
     close = await closed_with(third)
-    assert close["code"] == TOO_MANY
+    assert close["code"] == browsers.TOO_MANY
     assert close["reason"] == "You have 2 live pages open, the limit per user. Close some tabs, then reload."
     assert len(close["reason"].encode()) <= 123  # what a close frame can carry
 
@@ -63,7 +63,7 @@ async def test_a_socket_past_the_cap_in_all_is_closed_with_the_reason(settings):
     first, second = await opened(await cookie_of("ann")), await opened(await cookie_of("bob"))
     late = await opened(await cookie_of("cy"))
     close = await closed_with(late)
-    assert close["code"] == TOO_MANY
+    assert close["code"] == browsers.TOO_MANY
     assert close["reason"] == "This console already holds 2 live pages, its limit. Reload in a few minutes."
     for comm in (first, second, late):
         await comm.disconnect()
