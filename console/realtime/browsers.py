@@ -80,6 +80,7 @@ class _Hub:
     changed: bool = False  # the fleet changed since the last full refresh
     refreshed: float = float("-inf")  # loop time of the last full refresh
     joined: asyncio.Future | None = None
+    rechecks: int = 0  # recheck messages heard so far
     tasks: set = field(default_factory=set)  # held: asyncio keeps only weak references
 
 
@@ -119,9 +120,14 @@ async def access(session_key: str | None) -> Access | None:
     return await apart(access_of, THREAD)(session_key)
 
 
-def admit(browser: Browser) -> str | None:
+def rechecks() -> int:
+    """How many recheck messages this process has heard: for admit()."""
+    return _hub().rechecks
+
+
+def admit(browser: Browser, since: int) -> str | None:
     """Seat `browser` unless a cap is reached: then the reason, in words its user can act on (a close reason: at
-    most 123 bytes)."""
+    most 123 bytes). `since`: rechecks() before its access was read; if one was heard since, it is checked again."""
     hub = _hub()
     user = browser.access.user_id
     if len(hub.seated) >= settings.MODELGRID_BROWSER_SOCKETS:
@@ -132,6 +138,8 @@ def admit(browser: Browser) -> str | None:
                 "Close some tabs, then reload.")
     hub.per_user[user] = hub.per_user.get(user, 0) + 1
     _seat(hub, browser)
+    if hub.rechecks != since:
+        _spawn(hub, _recheck(hub, {user}, set()))
     return None
 
 
@@ -176,6 +184,7 @@ def _spawn(hub: _Hub, coro) -> None:
 
 def _heard(hub: _Hub, message: dict) -> None:
     if message.get("type") == "dashboard.recheck":
+        hub.rechecks += 1
         users = message.get("users")
         _spawn(hub, _recheck(hub, None if users is None else set(users), set(message.get("ended") or ())))
     else:  # dashboard.update: the fleet changed

@@ -348,15 +348,17 @@ class DashboardConsumer(Consumer):
 
     async def connect(self):
         key = self.scope.get("cookies", {}).get(settings.SESSION_COOKIE_NAME)
+        await browsers.listening()
+        since = browsers.rechecks()  # a change of access announced while this one is read is not missed
         access = await browsers.access(key)
         if access is None:
             await self.close()  # before accept: the handshake is refused with HTTP 403
             return
         self.session_key, self.access = key, access
         self.query = self.scope.get("query_string", b"").decode("latin-1")
-        await browsers.listening()
-        refusal = browsers.admit(self)
         await self.accept()
+        # Admitted after the accept: its first page may be pushed the moment it is seated.
+        refusal = browsers.admit(self, since)
         if refusal is not None:
             # Accepted to be closed with a code and a reason: a refused handshake reads as an abnormal closure
             # (1006), which the page would retry without end, and which carries no reason to show.

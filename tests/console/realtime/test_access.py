@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from console.accounts import teams
+from console.realtime import browsers
 from console.realtime.notify import refresh_dashboards
 from tests.console.realtime.browser_sockets import cookie_of, opened
 from tests.console.team_scene import team_scene
@@ -94,3 +95,21 @@ async def test_signing_out_closes_that_sessions_sockets_and_no_others(scene):
     assert "chat-a" not in await staying.receive_from(timeout=5)
     await gone.disconnect()
     await staying.disconnect()
+
+
+async def test_a_change_of_access_announced_while_a_socket_connects_is_not_missed(scene, monkeypatch):
+    real, changed = browsers.access_of, []
+
+    def read_then_removed(session_key):
+        seen = real(session_key)
+        if not changed:  # while this socket's access is read, alice leaves team a (announced at once)
+            changed.append(teams.remove_member(admin(), "team-a", "alice"))
+        return seen
+
+    monkeypatch.setattr(browsers, "access_of", read_then_removed)
+    comm = await opened(await cookie_of("alice"))
+    page = await comm.receive_from(timeout=5)
+    if "chat-a" in page:  # the page of what was read, then at once the page of what holds
+        page = await comm.receive_from(timeout=5)
+    assert "chat-a" not in page and 'id="fleet-grid"' in page
+    await comm.disconnect()
