@@ -7,7 +7,8 @@ Channels' one database thread, which agent links' hellos and desired states, Dja
 gateway's and intake's database work share, and beside the event loop on the one interpreter lock: 1,500 sockets
 of one member held 3-token completions 45-90 s and timed an agent link out (docs/benchmarks.md). Here a process
 hears each change once (one channel-layer channel), renders each scope (teams, page) once per refresh on a thread
-of its own, with at most RENDER_SHARE of the wall time, and pushes a socket only a page that changed.
+of its own, with at most RENDER_SHARE of the wall time, and pushes a socket only a page that changed, a slice of
+sockets at a time, never waiting for one that reads slowly (it is owed the newest page instead).
 
 The caps count this process's sockets only (a user behind a load balancer over P console processes may hold up
 to P times MODELGRID_BROWSER_SOCKETS_PER_USER): counting across processes would put a channel-layer round trip on
@@ -43,6 +44,9 @@ RENDER_SHARE = 0.5
 # Every socket's access is checked again this often, whatever was announced: a recheck message lost with the
 # channel layer (Redis restarting) closes a removed member's view within this bound.
 RECHECK_SECONDS = 300.0
+# Pushes of one page are started this many at a time, the event loop's other work between: a thousand sockets'
+# pushes at once (each compressed on its own) would hold every agent link and request behind all of them.
+SEND_SLICE = 64
 THREAD = dedicated_thread("browsers")  # their database work and renders; never Channels' thread
 
 
@@ -75,6 +79,8 @@ class _Hub:
     pages: dict[Scope, _Page] = field(default_factory=dict)
     seated: dict = field(default_factory=dict)  # Browser -> its _Page
     shown: dict = field(default_factory=dict)  # Browser -> the html it was sent last
+    owed: dict = field(default_factory=dict)  # Browser -> (its _Page, the html to push it next)
+    pushing: dict = field(default_factory=dict)  # Browser -> the task pushing it (held: see tasks)
     per_user: dict[int, int] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     changed: bool = False  # the fleet changed since the last full refresh
@@ -150,6 +156,7 @@ def leave(browser: Browser) -> None:
     if page is None:
         return
     hub.shown.pop(browser, None)
+    hub.owed.pop(browser, None)
     user = browser.access.user_id
     hub.per_user[user] -= 1
     if not hub.per_user[user]:
@@ -170,7 +177,7 @@ def _seat(hub: _Hub, browser: Browser) -> None:
     if page.rendering:
         return
     if page.html is not None and not page.stale:
-        _spawn(hub, _send(hub, page, browser, page.html))
+        _owe(hub, page, browser, page.html)
     else:
         page.stale = True
         hub.wake.set()
@@ -230,7 +237,11 @@ async def _render_rounds(hub: _Hub) -> None:
                 page.rendering = False
             took = time.monotonic() - began
             page.html = html
-            await asyncio.gather(*(_send(hub, page, b, html) for b in list(page.seats) if hub.shown.get(b) != html))
+            due = [b for b in page.seats if hub.shown.get(b) != html]
+            for first in range(0, len(due), SEND_SLICE):
+                for browser in due[first:first + SEND_SLICE]:
+                    _owe(hub, page, browser, html)
+                await asyncio.sleep(0)  # what else is ready (an agent's message, a client's request) goes first
             await asyncio.sleep(took * (1 - RENDER_SHARE) / RENDER_SHARE)
 
 
@@ -240,14 +251,29 @@ def _render(scope: Scope) -> str:
     return render_to_string("fleet/_live.html", grid_context(QueryDict(query), teams))
 
 
-async def _send(hub: _Hub, page: _Page, browser: Browser, html: str) -> None:
-    if hub.seated.get(browser) is not page:
-        return  # it left, or was moved to another scope, while the page rendered
-    hub.shown[browser] = html
+def _owe(hub: _Hub, page: _Page, browser: Browser, html: str) -> None:
+    """Push `html` (of `page`) to `browser`; if a push to it is still under way (a socket that reads slowly waits
+    for room to write), it gets only the newest page owed once that push ends, and nothing else waits for it."""
+    hub.owed[browser] = page, html
+    if browser not in hub.pushing:
+        task = asyncio.get_running_loop().create_task(_push(hub, browser))
+        hub.pushing[browser] = task
+
+
+async def _push(hub: _Hub, browser: Browser) -> None:
     try:
-        await browser.show(html)
-    except Exception as e:  # its socket just closed: its disconnect takes its seat
-        log.debug("push to a browser socket lost (%s: %s)", type(e).__name__, e)
+        while (owed := hub.owed.pop(browser, None)) is not None:
+            page, html = owed
+            if hub.seated.get(browser) is not page:
+                continue  # it left, or was moved to another scope, while the page rendered
+            hub.shown[browser] = html
+            try:
+                await browser.show(html)
+            except Exception as e:  # its socket just closed: its disconnect takes its seat
+                log.debug("push to a browser socket lost (%s: %s)", type(e).__name__, e)
+                return
+    finally:
+        hub.pushing.pop(browser, None)
 
 
 async def _recheck(hub: _Hub, users: set[int] | None, ended: set[str]) -> None:

@@ -18,6 +18,7 @@ from console.asgi import application
 from console.fleet import views
 from console.fleet.models import AgentCredential, Gpu, Host
 from console.realtime import browsers
+from console.realtime.access import Access
 from console.realtime.notify import refresh_dashboards
 from tests.console.gateway.test_gateway import FakeAgent, _client, _gateway
 from tests.console.realtime.agent_link import GPU, HELLO, GiB
@@ -169,3 +170,49 @@ async def test_an_agent_link_and_the_gateway_are_answered_while_many_browser_soc
             await link.disconnect()
         for comm in socks:
             await comm.disconnect()
+
+
+class FakeBrowser:
+    """A socket as the hub drives it; `stuck` ones never finish a push until released (a reader that stopped)."""
+
+    def __init__(self, user_id: int, stuck: bool = False) -> None:
+        self.session_key, self.query = f"session-{user_id}", ""
+        self.access = Access(user_id, None)
+        self.pages: list[str] = []
+        self.arrived = asyncio.Event()
+        self.released = asyncio.Event()
+        if not stuck:
+            self.released.set()
+
+    async def show(self, html: str) -> None:
+        self.pages.append(html)
+        self.arrived.set()
+        await self.released.wait()
+
+    async def end(self, code: int, reason: str) -> None:
+        pass
+
+    async def next_page(self) -> str:
+        await asyncio.wait_for(self.arrived.wait(), BOUND)
+        self.arrived.clear()
+        return self.pages[-1]
+
+
+async def test_a_socket_that_stops_reading_holds_up_no_other_sockets_pushes_and_is_owed_only_the_newest():
+    await browsers.listening()
+    stuck, reader = FakeBrowser(1, stuck=True), FakeBrowser(2)
+    for browser in (stuck, reader):
+        assert browsers.admit(browser, browsers.rechecks()) is None
+    assert "No hosts yet" in await stuck.next_page() and "No hosts yet" in await reader.next_page()
+
+    for name in ("gpu-a", "gpu-b"):
+        await database_sync_to_async(Host.objects.create)(name=name, connected=True)
+        await refresh_dashboards()
+        assert name in await reader.next_page()  # pushed while the stuck socket's first push still waits
+    assert len(stuck.pages) == 1
+
+    stuck.released.set()
+    assert "gpu-b" in await stuck.next_page()  # the newest page, not each one it missed
+    assert len(stuck.pages) == 2
+    for browser in (stuck, reader):
+        browsers.leave(browser)
