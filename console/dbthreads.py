@@ -37,3 +37,15 @@ def dedicated_thread(name: str) -> ThreadPoolExecutor:
     snapshot and the links' reads) though each took 20-100 ms once started; on a thread of their own they start
     within 0-20 ms. The thread starts with the first call and lives as long as the process."""
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+
+def apart(fn, executor: Executor):
+    """`fn` as a coroutine function on `executor`'s thread, on SQLite too, for work that must never queue on
+    Channels' one database thread (browsers' pages: console/realtime/browsers.py). A SQLite file in WAL mode reads
+    beside its one writer; only an in-memory database (the tests') takes no second connection, and there the call
+    shares Channels' thread after all."""
+    if connection.vendor != "sqlite":
+        return own_thread(fn, executor)
+    if connection.is_in_memory_db():
+        return database_sync_to_async(fn)
+    return database_sync_to_async(fn, thread_sensitive=False, executor=executor)

@@ -311,6 +311,11 @@ MODELGRID_INTAKE_TICK_SECONDS = envfloat("MODELGRID_INTAKE_TICK_SECONDS", 0.02)
 MODELGRID_INTAKE_QUIET_TICK_SECONDS = envfloat("MODELGRID_INTAKE_QUIET_TICK_SECONDS", 0.25)
 # Browsers' live dashboards are re-rendered at most this often, however busy the fleet.
 MODELGRID_DASHBOARD_REFRESH_SECONDS = envfloat("MODELGRID_DASHBOARD_REFRESH_SECONDS", 1.0)
+# Live pages' websockets one console process holds, per user and in all (console/realtime/browsers.py): one more
+# is accepted and closed at once with code 4429 and the reason, which the page shows.
+MODELGRID_BROWSER_SOCKETS_PER_USER = int(_at_least("MODELGRID_BROWSER_SOCKETS_PER_USER",
+                                                   envint("MODELGRID_BROWSER_SOCKETS_PER_USER", 20), 1))
+MODELGRID_BROWSER_SOCKETS = int(_at_least("MODELGRID_BROWSER_SOCKETS", envint("MODELGRID_BROWSER_SOCKETS", 1000), 1))
 # Scheduler leader election (console/control/leader.py): a console that does not lead tries again this often.
 MODELGRID_LEADER_RETRY_SECONDS = _at_least("MODELGRID_LEADER_RETRY_SECONDS",
                                            envfloat("MODELGRID_LEADER_RETRY_SECONDS", 2.0), 0.1)

@@ -9,12 +9,10 @@ import json
 import logging
 
 from channels.consumer import get_handler_name
-from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
-from django.http import QueryDict
-from django.template.loader import render_to_string
+from django.conf import settings
 from pydantic import ValidationError
 
 from agent.protocol import (
@@ -29,17 +27,14 @@ from agent.protocol import (
     dump,
     parse_agent_message,
 )
-from console.accounts.teams import teams_of
 from console.control.desired import desired_text
 from console.dbthreads import own_thread
 from console.fleet.logs import LOGS_REPLY
 from console.fleet.models import AgentCredential, Host
-from console.fleet.views import grid_context
 from console.intake import stages as intake
 from console.intake.batcher import batcher
-from console.realtime import links, pushes
+from console.realtime import browsers, links, pushes
 from console.realtime.notify import (
-    DASHBOARD_GROUP,
     host_group,
     refresh_dashboards,
     refresh_gateways,
@@ -341,31 +336,48 @@ class AgentConsumer(Consumer):
 
 
 class DashboardConsumer(Consumer):
-    """Pushes the re-rendered dashboard to logged-in browsers whenever the fleet changes: the page of hosts
-    and deployments each browser is viewing, as its websocket URL's query string says (the page's own)."""
+    """A logged-in browser's live dashboard: the page of hosts and deployments it is viewing (its websocket URL's
+    query string is the page's own), pushed again whenever the fleet changes. It listens on no channel of its own:
+    its process hears changes once and renders each page once for all its sockets (console/realtime/browsers.py),
+    which also admits it under the caps and checks its access again when membership or the session changes."""
 
-    query: QueryDict
+    channel_layer_alias = None  # no channel per socket (browsers.py hears for every socket of the process)
+    session_key: str = ""
+    access: browsers.Access
+    query: str = ""
 
     async def connect(self):
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close()
+        key = self.scope.get("cookies", {}).get(settings.SESSION_COOKIE_NAME)
+        await browsers.listening()
+        since = browsers.rechecks()  # a change of access announced while this one is read is not missed
+        access = await browsers.access(key)
+        if access is None:
+            await self.close()  # before accept: the handshake is refused with HTTP 403
             return
-        # Only read through grid_context()'s lenient parsing: an odd value shows the default, never fails.
-        self.query = QueryDict(self.scope.get("query_string", b"").decode("latin-1"))
-        # Read once: a change of membership shows from the next page load (console/accounts/teams.py).
-        self.teams = await database_sync_to_async(teams_of)(user)
-        await self.channel_layer.group_add(DASHBOARD_GROUP, self.channel_name)
+        self.session_key, self.access = key, access
+        self.query = self.scope.get("query_string", b"").decode("latin-1")
         await self.accept()
-        await self.dashboard_update({})
+        # Admitted after the accept: its first page may be pushed the moment it is seated.
+        refusal = browsers.admit(self, since)
+        if refusal is not None:
+            # Accepted to be closed with a code and a reason: a refused handshake reads as an abnormal closure
+            # (1006), which the page would retry without end, and which carries no reason to show.
+            log.info("browser socket of user %d refused: %s", access.user_id, refusal)
+            await self.close(code=browsers.TOO_MANY, reason=refusal)
 
-    async def disconnect(self, code):
-        await self.channel_layer.group_discard(DASHBOARD_GROUP, self.channel_name)
+    async def websocket_disconnect(self, message):
+        # Not Channels' own: that one sweeps stale database connections on its one database thread, per socket.
+        browsers.leave(self)
+        raise StopConsumer()
 
     async def receive(self, text_data=None, bytes_data=None):
         pass  # the dashboard only listens
 
-    async def dashboard_update(self, event):
-        html = await database_sync_to_async(lambda: render_to_string("fleet/_live.html",
-                                                                          grid_context(self.query, self.teams)))()
+    async def show(self, html: str) -> None:
+        """Push a rendered page (browsers.py)."""
         await self.send(text_data=html)
+
+    async def end(self, code: int, reason: str) -> None:
+        """Close the socket for `reason` (browsers.py: its session signs no one in any more)."""
+        log.info("browser socket of user %d closed: %s", self.access.user_id, reason)
+        await self.close(code=code, reason=reason)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -163,6 +163,19 @@ async def refresh_dashboards() -> None:
 
 async def _send_dashboard_update() -> None:
     await _send(DASHBOARD_GROUP, "dashboard.update")
+
+
+def recheck_browsers(user_ids: Iterable[int] | None, ended: Iterable[str] = ()) -> None:
+    """For sync callers (a change of membership, password, activity or session, on commit): every console process
+    re-checks the browser sockets of `user_ids` (None: everyone's) before it pushes them anything more, and closes
+    those of the sessions `ended` (their keys' digests: console/realtime/access.py) without a check
+    (console/realtime/browsers.py). Lost with the channel layer down: each process re-checks every socket every
+    browsers.RECHECK_SECONDS anyway."""
+    users = None if user_ids is None else sorted(user_ids)
+    try:
+        async_to_sync(_send)(DASHBOARD_GROUP, "dashboard.recheck", users=users, ended=list(ended))
+    except RuntimeError as e:  # called on a thread running an event loop: the periodic re-check comes later
+        log.warning("channel layer: dashboard.recheck not sent (%s)", e)
 
 
 # A pass answers every wake-up that came before it began, and a busy console reads its channel layer one message

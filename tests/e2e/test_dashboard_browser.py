@@ -4,6 +4,7 @@ store with one click, deploy it with one more, and watch the GPU grid change liv
 import os
 
 import pytest
+import websockets
 from playwright.async_api import async_playwright, expect
 
 from tests.e2e.stack import ADMIN_PASSWORD
@@ -132,3 +133,34 @@ async def sign_in(page, url: str) -> None:
     for field, value in (("username", "admin"), ("password", ADMIN_PASSWORD)):
         await page.fill(f"input[name={field}]", value)
     await page.click("button[type=submit]")
+
+
+async def test_a_dashboard_past_the_per_user_cap_says_why_it_is_not_live(stack):
+    """The admin's 20 live pages (one tab here, 19 sockets of a script with its cookie) are the cap per user: a
+    21st tab is closed with 4429, and its dot says why instead of retrying."""
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        context = await browser.new_context()
+        page = await context.new_page()
+        page.set_default_timeout(20_000)
+        extra = []
+        try:
+            await page.goto(stack.url)
+            await page.fill("input[name=username]", "admin")
+            await page.fill("input[name=password]", ADMIN_PASSWORD)
+            await page.click("button[type=submit]")
+            await expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+            session = next(c["value"] for c in await context.cookies() if c["name"] == "sessionid")
+            for _ in range(19):
+                extra.append(await websockets.connect(stack.url.replace("http", "ws", 1) + "ws/dashboard/",
+                                                      origin=stack.url.rstrip("/"),
+                                                      additional_headers={"Cookie": f"sessionid={session}"}))
+            late = await context.new_page()
+            await late.goto(stack.url)
+            dot = late.locator("#live-indicator")
+            await expect(dot).to_have_attribute("data-state", "closed")
+            await expect(dot).to_contain_text("You have 20 live pages open, the limit per user.")
+        finally:
+            for ws in extra:
+                await ws.close()
+            await browser.close()
