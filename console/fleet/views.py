@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
 from console.accounts.auth import actor_of
-from console.accounts.scope import OTHER_TEAM, Teams, TeamScope
+from console.accounts.scope import OTHER_TEAM, TeamScope
 from console.deployments.models import Deployment, DeploymentState
 from console.deployments.policy_form import parse_selector
 from console.deployments.presenters import deployment_row, heading_for, load_progress
@@ -194,11 +194,10 @@ def _url(deployment: str) -> str:
     return "#" if deployment == OTHER_TEAM else deployment_url(deployment)
 
 
-def grid_context(query: QueryDict | dict | None, scope: TeamScope | Teams) -> dict:
+def grid_context(query: QueryDict | dict | None, scope: TeamScope) -> dict:
     """Everything the live part of the dashboard shows for `query` (a request's GET; none: the first page of
-    every host and deployment) within `scope` (or the scope of a member of those teams): the fleet's summary, a
-    page of hosts (other teams' replicas unnamed) and a page of the scope's deployments."""
-    scope = scope if isinstance(scope, TeamScope) else TeamScope(scope)  # the live dashboard's teams_of(user)
+    every host and deployment) within `scope`: the fleet's summary, a page of hosts (other teams' replicas
+    unnamed) and a page of the scope's deployments."""
     query = QueryDict() if query is None else query
     filters = read_filters(query)
     hosts = name_search(Host.objects.all(), filters.q)

@@ -2,8 +2,8 @@
 whenever membership, a user or a session changes (Django's signals, received here: the accounts app announces
 nothing itself and imports nothing of realtime), so a socket opened before a member left a team stops showing it.
 
-The one place realtime asks for a user's teams (teams_of): where team scope comes from is decided in
-console/accounts/teams.py."""
+The one place realtime asks for a user's team scope: it comes from console/accounts/scope.py, as every page's
+does."""
 
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ from django.db import transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
 from console.accounts.models import Team
-from console.accounts.teams import Teams, teams_of
+from console.accounts.scope import TeamScope
 from console.realtime import notify
 
 
 @dataclass(frozen=True)
 class Access:
     user_id: int
-    teams: Teams  # None: every team's (admins)
+    scope: TeamScope
 
 
 def access_of(session_key: str | None) -> Access | None:
@@ -39,7 +39,7 @@ def access_of(session_key: str | None) -> Access | None:
     user = auth.get_user(SimpleNamespace(session=session))
     if not user.is_authenticated:
         return None
-    return Access(user.pk, teams_of(user))
+    return Access(user.pk, TeamScope.of(user))
 
 
 def session_digest(session_key: str) -> str:

@@ -62,7 +62,7 @@ class Browser(Protocol):
     async def end(self, code: int, reason: str) -> None: ...
 
 
-Scope = tuple  # (teams, query string): what one render shows
+Scope = tuple  # (TeamScope, query string): what one render shows
 
 
 @dataclass(eq=False)
@@ -168,7 +168,7 @@ def leave(browser: Browser) -> None:
 
 def _seat(hub: _Hub, browser: Browser) -> None:
     """On the page of its scope: shown the page rendered last at once if it is current, else in the next round."""
-    scope = (browser.access.teams, browser.query)
+    scope = (browser.access.scope, browser.query)
     page = hub.pages.get(scope)
     if page is None:
         page = hub.pages[scope] = _Page(scope)
@@ -296,7 +296,7 @@ async def _recheck(hub: _Hub, users: set[int] | None, ended: set[str]) -> None:
             if now is None or now.user_id != browser.access.user_id:
                 leave(browser)
                 _spawn(hub, browser.end(SIGNED_OUT, SIGNED_OUT_REASON))
-            elif now.teams != browser.access.teams:
+            elif now.scope != browser.access.scope:
                 page = hub.seated[browser]
                 page.seats.discard(browser)
                 if not page.seats:

@@ -7,7 +7,7 @@ import re
 import pytest
 from django.contrib.auth import get_user_model
 
-from console.accounts.teams import teams_of
+from console.accounts.scope import TeamScope
 from console.deployments.models import Deployment, Replica
 from console.fleet.models import Gpu, Host
 from console.fleet.views import grid_context
@@ -34,7 +34,7 @@ def scene(tmp_path):
 
 
 def _counts(user: str) -> dict:
-    summary = grid_context(None, teams_of(get_user_model().objects.get(username=user)))["summary"]
+    summary = grid_context(None, TeamScope.of(get_user_model().objects.get(username=user)))["summary"]
     return {"deployments": summary["deployments"]["total"], "violating": summary["deployments"]["violating"],
             "replicas": {s["state"]: s["count"] for s in summary["replicas"]["states"]},
             "gpus": summary["gpus"]["count"], "hosts": summary["hosts"]["total"],

@@ -14,6 +14,7 @@ from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
+from console.accounts.scope import TeamScope
 from console.asgi import application
 from console.fleet import views
 from console.fleet.models import AgentCredential, Gpu, Host
@@ -177,7 +178,7 @@ class FakeBrowser:
 
     def __init__(self, user_id: int, stuck: bool = False) -> None:
         self.session_key, self.query = f"session-{user_id}", ""
-        self.access = Access(user_id, None)
+        self.access = Access(user_id, TeamScope())
         self.pages: list[str] = []
         self.arrived = asyncio.Event()
         self.released = asyncio.Event()
