@@ -126,7 +126,9 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
         status, served = e.status, not e.callers
         refusal = family.error(e.status, str(e), e.code, e.retry_after)
         refusal.callers = e.callers  # for a route: its fallback would meet the same limit
-        refusal.counted = bool(deployment)  # for a route's 404: admission counted it (or it was refused before)
+        # For a route's fallback: whether the caller's limits counted this try (a refusal before, or at the
+        # deployment's own concurrency limit, counted nothing: the fallback is then counted and judged afresh).
+        refusal.counted = hold is not None
         return refusal
     except ClientDisconnect:
         status = CLIENT_CLOSED

@@ -411,3 +411,26 @@ async def _until(condition, tries: int = 500) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("the condition never held")
+
+
+async def test_a_routes_fallback_after_its_branch_is_at_its_concurrency_limit_meets_the_callers_limits(engine):
+    from console.routes.services import create_route
+
+    agent, token = engine
+    token_id = await sync_to_async(_limit_token)(token, rpm_limit=1)
+    await sync_to_async(create_route)("assistant", [{"deployment": "chat"}], fallback="spare")
+    gateway = _gateway(deployment_concurrency=1)
+    async with _client(gateway, token) as client:
+        agent.gate.clear()
+        first = asyncio.create_task(_post(client, _completion(max_tokens=4)[0]))  # the token's one request a minute
+        await _until(lambda: agent.seen == 1)  # holds chat's one slot
+        routed = await client.post("/v1/completions", json={"model": "assistant", "prompt": "hi"})
+        agent.gate.set()
+        first = await first
+    await gateway.close()
+    assert first.status_code == 200
+    # chat is full (429, the deployment's limit, not the caller's): its fallback is the caller's second request
+    assert routed.status_code == 429, routed.text
+    assert "1 requests per minute (its rpm_limit)" in routed.json()["error"]["message"]
+    assert agent.seen == 1
+    assert gateway.limiter._used((limits.token_key(token_id), int(NOW // 60) * 60))[0] == 1
