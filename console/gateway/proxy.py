@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 import aiohttp
@@ -39,6 +39,7 @@ from console.gateway.upstream import (
 from console.gateway.usage import STREAMED_PATHS, Meter, ask_for_usage
 
 CLIENT_CLOSED = 499
+BROKEN = 502  # a stream that broke off after it began, as metrics and usage count it
 PARSE_INLINE_BYTES = 256 * 1024  # bodies above this are parsed in a worker thread, off the event loop
 MAX_DEPTH = 32  # as the agents take (agent.serving.body): a v2 tensor nested by shape is 4 deep
 # JSON values a body may hold for the gateway to parse it (for its model or adapter name): as the agents take at most
@@ -92,14 +93,17 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
     caller = await gw.authenticate(bearer(request.headers.get("authorization")))
     if refused := unauthorized(caller, datetime.now(UTC)):
         return family.error(401, refused, "invalid_api_key")
-    deployment, adapter, status, queue_s, team, served, hold, settled = "", None, 500, 0.0, 0, True, None, False
-    meter = Meter()
+    deployment, adapter, status, queue_s, team, served, hold = "", None, 500, 0.0, 0, True, None
+    meter, need, seconds, streaming, finished = Meter(), reservation.NOTHING, None, False, False
 
-    def settle() -> None:  # what the request cost, once it is over (a stream's when it ends), and only once
-        nonlocal settled
-        if not settled:
-            settled = True
-            gw.account(deployment, team, caller, status, queue_s, meter.prompt, meter.completion, hold)
+    def finish(final: int | None = None) -> None:
+        """Record and account the request once it is over (a stream's when it ends, with how it ended), once."""
+        nonlocal finished, status
+        if finished:
+            return
+        finished, status = True, final or status
+        gw.record(deployment, adapter, status, seconds, queue_s, served)
+        gw.account(deployment, team, caller, status, queue_s, *meter.charged(need, status == CLIENT_CLOSED), hold)
 
     try:
         body = await _read_body(request, gw.settings.max_body_bytes)
@@ -109,7 +113,7 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
         dep, adapter = _target(gw, name, adapter, caller)
         check_version(request)
         permitted(caller, dep, name)  # before `deployment` is set: a 403 is the token's doing, not the deployment's
-        deployment, team, meter.settle = dep.name, dep.team, settle
+        deployment, team = dep.name, dep.team
         need = reservation.need(request.scope["path"], parsed, len(body), dep.context)  # the client's own body
         if parsed is not None and parsed.get("stream") is True and request.scope["path"] in STREAMED_PATHS:
             body = await _with_usage(body, parsed, meter)
@@ -118,9 +122,9 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
                           "responses) and not v2 tensors", code="unsupported_by_engine")
         with gw.admitted(caller, dep, again=fallback, need=need) as hold:
             dep, queue_s = await gw.ready_view(dep.name)
-            response = await _send(gw, gw.upstream, request, body, dep, adapter, queue_s, arrived,
+            response = await _send(gw, gw.upstream, request, body, dep, adapter, queue_s, arrived, finish,
                                    meter if family.openai else None)
-        status = response.status_code
+        status, streaming = response.status_code, isinstance(response, StreamingResponse)
         return response
     except Refused as e:
         status, served = e.status, not e.callers
@@ -137,10 +141,9 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
         status = CLIENT_CLOSED
         raise
     finally:
-        if deployment and status != 0:
-            gw.record(deployment, adapter, status, time.monotonic() - arrived, queue_s, served)
-            if not meter.deferred:
-                settle()
+        seconds = time.monotonic() - arrived  # a stream's: until its headers (its events are timed apart)
+        if deployment and not streaming:
+            finish()
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -254,9 +257,10 @@ def _target(gw: Gateway, name: str, adapter: str | None, caller: Caller) -> tupl
 
 
 async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, dep: DeploymentView,
-                adapter: str | None, queue_s: float, arrived: float, meter: Meter | None = None) -> Response:
+                adapter: str | None, queue_s: float, arrived: float, finish: Callable[[int], None],
+                meter: Meter | None = None) -> Response:
     """Send to a replica; a connection that fails before any byte comes back, or a request whose replica's host is
-    lost before it answers, is sent once elsewhere."""
+    lost before it answers, is sent once elsewhere. A stream calls `finish` with how it ended, once it has."""
     query = request.scope.get("query_string", b"")
     path = request.scope["path"] + (f"?{query.decode('latin-1')}" if query else "")
     tried: set[int] = set()
@@ -286,6 +290,8 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
         tried.add(replica.id)
         headers = {"x-modelgrid-replica": replica.label, "x-modelgrid-queue-ms": f"{1000 * queue_s:.1f}"}
         with gw.in_flight(dep, replica):
+            if meter is not None:
+                meter.sent = True  # from here its engine may run it: a client that leaves still owes it
             try:
                 upstream_response, content = await _exchange(gw, upstream, replica, request, path, body)
             except Unreachable:
@@ -295,7 +301,7 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
                 lost = e
                 continue
             if content is None:
-                return _stream(gw, dep, adapter, upstream_response, headers, arrived, replica, meter)
+                return _stream(gw, dep, adapter, upstream_response, headers, arrived, replica, finish, meter)
             if attempt == 0 and upstream_response.status == 503 and UNSERVED_HEADER in upstream_response.headers:
                 # None of it serves there now (draining, asleep): nothing ran, so another replica may take it, and the
                 # gateway's picture of this one is behind.
@@ -450,21 +456,35 @@ async def _until_disconnect(request: Request, work):
 
 
 def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_response: aiohttp.ClientResponse,
-            headers: dict, arrived: float, replica, meter: Meter | None = None) -> StreamingResponse:
+            headers: dict, arrived: float, replica: ReplicaView, finish: Callable[[int], None],
+            meter: Meter | None = None) -> StreamingResponse:
     """Server-sent events (or a long answer) passed through as the agent produces them, never buffered whole. An
-    OpenAI answer's usage is read on the way (`meter`) and accounted when it ends."""
+    OpenAI answer's usage is read on the way (`meter`). When it ends (whole, broken off, its client gone, or never
+    read at all) its replica's count and its connection are released and `finish` is told how it ended: its status,
+    502 where it broke off or its agent ended it with an error event, 499 where its client went away."""
     gw.outstanding[replica.id] = gw.outstanding.get(replica.id, 0) + 1  # the stream stays in flight
     events_stream = upstream_response.content_type == "text/event-stream"
-    if meter is not None:
-        meter.deferred = True
+    ended = False
     for name in PASSED_HEADERS:
         if name in upstream_response.headers:
             headers[name] = upstream_response.headers[name]
+
+    def end(status: int) -> None:
+        nonlocal ended
+        if ended:
+            return
+        ended = True
+        upstream_response.release()
+        gw.outstanding[replica.id] -= 1
+        if not gw.outstanding[replica.id]:
+            del gw.outstanding[replica.id]
+        finish(status)
 
     async def events() -> AsyncIterator[bytes]:
         first = None
         count = 0
         tail = b""  # an answer of unknown length: its end, where its usage is
+        status = CLIENT_CLOSED  # until it ends otherwise
         try:
             async for chunk in pieces(upstream_response, gw.settings.stream_idle_s):
                 if not events_stream:
@@ -479,29 +499,29 @@ def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_resp
                     continue
                 count += chunk.count(b"data:")
                 yield chunk
-            if meter is not None and events_stream and (rest := meter.events(b"", last=True)):
+            rest = meter.events(b"", last=True) if meter is not None and events_stream else b""
+            status = BROKEN if meter is not None and meter.failed else upstream_response.status
+            if rest:
                 yield rest
         except Broken as e:
+            status = BROKEN
             if not events_stream:
                 raise  # the connection is dropped: its client sees an answer cut short
             # An event cut in half stays in the meter, not sent: the error starts an event of its own.
             yield error_event(f"replica {replica.label} on host {replica.host} {e}; the answer is incomplete",
                               "upstream_broken")
         finally:
-            upstream_response.release()
-            gw.outstanding[replica.id] -= 1
             if meter is not None:
                 meter.read(tail)
                 if events_stream:
                     meter.cut(count)
-                meter.settle()
             if first is not None and count > 1:
                 elapsed = time.monotonic() - first
                 if elapsed > 0:
                     gw.metrics.tokens_per_second.labels(dep.name, adapter or "").observe((count - 1) / elapsed)
+            end(status)
 
     body = events()
-    if meter is not None:  # a stream the server never began (its client gone at once) still settles its reservation
-        weakref.finalize(body, meter.settle)
+    weakref.finalize(body, end, CLIENT_CLOSED)  # a stream the server never began (its client gone at once) ends too
     return StreamingResponse(body, status_code=upstream_response.status, headers=headers,
                              media_type=upstream_response.headers.get("Content-Type", "text/event-stream"))

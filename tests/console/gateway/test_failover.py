@@ -18,6 +18,7 @@ from console.deployments.models import Replica
 from console.deployments.services import create_deployment
 from console.fleet.models import Host
 from console.gateway.core import GatewaySettings
+from console.usage.models import UsageMinute
 from tests.console.gateway.test_gateway import INFER, FakeAgent, _client, _gateway, _host, _ready_replica, _token
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,7 +27,8 @@ CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "strea
 
 class FaultyAgent(FakeAgent):
     """A fake agent whose streams can fail after their first event: `stall` (nothing more comes, as from a paused
-    agent) or `cut` (the connection closes, as when a process dies)."""
+    agent), `cut` (the connection closes, as when a process dies) or `told` (an error event ends it, as an agent ends
+    the stream of a vLLM that died)."""
 
     def __init__(self, secret: str, name: str) -> None:
         super().__init__(secret, name)
@@ -51,6 +53,10 @@ class FaultyAgent(FakeAgent):
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         await response.write(b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n')
+        if self.fault == "told":
+            error = {"error": {"message": "its vLLM server broke off the stream", "type": "server_error"}}
+            await response.write(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode())
+            return response
         if self.fault == "cut":
             await asyncio.sleep(0.05)
             request.transport.close()
@@ -192,6 +198,25 @@ async def test_a_stream_that_stops_ends_with_an_error_event(fleet, fault):
     why = "sent nothing for 0.5 s" if fault == "stall" else "broke off its answer"
     host = next(a.name for a in agents if a.seen)
     assert error["message"].startswith(f"replica {r.headers['x-modelgrid-replica']} on host {host} {why}"), error
+
+
+@pytest.mark.parametrize("fault", ["stall", "cut", "told"])
+async def test_a_stream_that_breaks_off_after_it_began_counts_as_an_error_not_a_200(fleet, fault):
+    agents, _, token = fleet
+    for agent in agents:
+        agent.fault = fault
+    gateway = _gateway(stream_idle_s=0.5)
+    async with _client(gateway, token) as client:
+        async with client.stream("POST", "/v1/chat/completions", json=CHAT) as r:
+            _ = [line async for line in r.aiter_lines()]
+    await gateway.flush()
+    await gateway.close()
+    assert r.status_code == 200  # its headers were sent before it broke: the client reads the error event
+    requests = {s.labels["code"]: s.value for s in gateway.metrics.requests.collect()[0].samples
+                if s.name.endswith("_total")}
+    assert requests == {"502": 1}
+    errors = await sync_to_async(lambda: list(UsageMinute.objects.values_list("requests", "errors")))()
+    assert errors == [(1, 1)]
 
 
 async def test_an_answer_cut_off_after_its_headers_gets_502_and_is_not_sent_again(fleet):

@@ -171,4 +171,8 @@ async def test_a_streams_reservation_is_settled_when_it_ends_and_when_it_never_b
     await make_app(gateway)(scope, receive, send)
     gc.collect()
     assert not gateway.limiter.held  # a stream never iterated still settles
+    assert not gateway.outstanding  # ... and its replica's count of requests in flight drops
+    await gateway.flush()
     await gateway.close()
+    assert await sync_to_async(_sums)(deployment="chat-a") == {"requests": 2, "errors": 1, "prompt": 6,
+                                                               "completion": 4}  # its client left: 499
