@@ -287,6 +287,8 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
                               code="upstream_timeout")
             raise Refused(503, f"no ready replica of model {dep.name!r} could be reached", retry_after=2,
                           code="model_not_ready")
+        if queue_s and await request.is_disconnected():  # its client left while it waited: nothing is sent
+            raise ClientDisconnect()
         tried.add(replica.id)
         headers = {"x-modelgrid-replica": replica.label, "x-modelgrid-queue-ms": f"{1000 * queue_s:.1f}"}
         with gw.in_flight(dep, replica):
@@ -465,6 +467,8 @@ def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_resp
     gw.outstanding[replica.id] = gw.outstanding.get(replica.id, 0) + 1  # the stream stays in flight
     events_stream = upstream_response.content_type == "text/event-stream"
     ended = False
+    if meter is not None:
+        meter.streamed = events_stream
     for name in PASSED_HEADERS:
         if name in upstream_response.headers:
             headers[name] = upstream_response.headers[name]

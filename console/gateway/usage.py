@@ -77,7 +77,7 @@ class Meter:
     completion: int = 0
     found: bool = False  # an engine's usage was read
     sent: bool = False  # the request went to an agent: its engine may have run it
-    streamed: bool = False  # its answer was a stream of events (cut() counted them)
+    streamed: bool = False  # its answer is a stream of events, charged by the events it streamed
     failed: bool = False  # its stream ended with an error event (its agent's, or its engine's)
     _pending: bytes = field(default=b"", repr=False)
     _sep: bytes = field(default=b"", repr=False)  # the stream's event boundary: LF LF, or CRLF CRLF (SSE allows both)
@@ -90,13 +90,17 @@ class Meter:
     def cut(self, events: int) -> None:
         """A stream that ended, perhaps without its usage chunk (the client went away, it broke off): its completion
         tokens estimated as the events it streamed (one token each, as the engines stream)."""
-        self.streamed = True
         if not self.found:
             self.completion = max(self.completion, events)
 
     def charged(self, need: Need, left: bool) -> tuple[int, int]:
-        """The (prompt, completion) tokens a finished request is charged: what was read of it."""
-        return self.prompt, self.completion
+        """The (prompt, completion) tokens a finished request is charged: the engine's count where it was read. A
+        request whose client `left` after it was sent, before that count came back, is charged its reservation's
+        prompt, and the events it streamed or (not streamed) its whole reserved completion: its engine ran it, and
+        a client that walks away before the answer does not thereby spend nothing. Otherwise what was read."""
+        if self.found or not (left and self.sent):
+            return self.prompt, self.completion
+        return need.prompt, self.completion if self.streamed else need.tokens - need.prompt
 
     def events(self, chunk: bytes, last: bool = False) -> bytes:
         """Pass server-sent events through: whole events only (a partial one waits for the rest), each event's

@@ -174,5 +174,6 @@ async def test_a_streams_reservation_is_settled_when_it_ends_and_when_it_never_b
     assert not gateway.outstanding  # ... and its replica's count of requests in flight drops
     await gateway.flush()
     await gateway.close()
-    assert await sync_to_async(_sums)(deployment="chat-a") == {"requests": 2, "errors": 1, "prompt": 6,
-                                                               "completion": 4}  # its client left: 499
+    # Its client left (499) once it was sent: charged its prompt as reserved (its body's bytes), and no event.
+    assert await sync_to_async(_sums)(deployment="chat-a") == {"requests": 2, "errors": 1, "prompt": 6 + len(body),
+                                                               "completion": 4}
