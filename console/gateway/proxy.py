@@ -102,6 +102,8 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
         if finished:
             return
         finished, status = True, final or status
+        if hold is not None:
+            gw.release(caller, deployment)
         gw.record(deployment, adapter, status, seconds, queue_s, served)
         gw.account(deployment, team, caller, status, queue_s, *meter.charged(need, status == CLIENT_CLOSED), hold)
 
@@ -120,10 +122,10 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
         if not family.openai and dep.engine == "vllm":
             raise Refused(400, f"model {dep.name!r} runs on the vllm engine, which serves /v1 (completions, chat, "
                           "responses) and not v2 tensors", code="unsupported_by_engine")
-        with gw.admitted(caller, dep, again=fallback, need=need) as hold:
-            dep, queue_s = await gw.ready_view(dep.name)
-            response = await _send(gw, gw.upstream, request, body, dep, adapter, queue_s, arrived, finish,
-                                   meter if family.openai else None)
+        hold = gw.admit(caller, dep, again=fallback, need=need)  # in flight until finish() (a stream's: its end)
+        dep, queue_s = await gw.ready_view(dep.name)
+        response = await _send(gw, gw.upstream, request, body, dep, adapter, queue_s, arrived, finish,
+                               meter if family.openai else None)
         status, streaming = response.status_code, isinstance(response, StreamingResponse)
         return response
     except Refused as e:

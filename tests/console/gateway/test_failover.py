@@ -240,3 +240,42 @@ def test_the_gateways_timeouts_come_from_the_settings():
                            MODELGRID_GATEWAY_RESPONSE_TIMEOUT_SECONDS=9.0, MODELGRID_GATEWAY_STREAM_IDLE_SECONDS=7.0):
         settings = GatewaySettings.from_django()
     assert (settings.connect_timeout_s, settings.response_timeout_s, settings.stream_idle_s) == (2.0, 9.0, 7.0)
+
+
+async def test_a_stream_holds_its_concurrency_slot_until_it_ends_not_only_until_its_headers(fleet):
+    from console.gateway.app import make_app
+
+    agents, _, token = fleet
+    for agent in agents:
+        agent.fault = "stall"  # one event, then nothing until its client goes
+    gateway = _gateway(token_concurrency=1)
+    body = json.dumps(CHAT).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+             "root_path": "", "server": ("gw", 80), "client": ("127.0.0.1", 5000),
+             "headers": [(b"authorization", f"Bearer {token}".encode()), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}
+    messages, begun, gone = [{"type": "http.request", "body": body, "more_body": False}], asyncio.Event(), \
+        asyncio.Event()
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):  # a server writing to a client that reads as it comes
+        if message["type"] == "http.response.body" and b"data:" in message.get("body", b""):
+            begun.set()
+
+    streaming = asyncio.create_task(make_app(gateway)(scope, receive, send))
+    async with _client(gateway, token) as client:
+        await asyncio.wait_for(begun.wait(), 5)
+        during = await client.post("/v1/completions", json={"model": "chat", "prompt": "hi"})
+        gone.set()  # the stream's client goes
+        await asyncio.wait_for(streaming, 5)
+        after = await client.post("/v1/completions", json={"model": "chat", "prompt": "hi"})
+    await gateway.close()
+    assert (during.status_code, after.status_code) == (429, 200), during.text
+    assert "this token already has 1 requests in flight" in during.json()["error"]["message"]
+    assert not any(gateway.per_token.values()) and not any(gateway.per_deployment.values())
