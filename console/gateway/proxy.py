@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import aiohttp
@@ -26,6 +25,7 @@ from console.gateway.errors import Family
 from console.gateway.failover import HostLost, host_state
 from console.gateway.fleet import DeploymentView, FleetView, ReplicaView
 from console.gateway.routes import FALLBACK_STATUSES, GONE, ROUTE_HEADER, BranchView, RouteView, retry_branch
+from console.gateway.streaming import CLIENT_CLOSED, stream
 from console.gateway.triton import check_version
 from console.gateway.upstream import (
     INFERENCE_HEADER_LENGTH,
@@ -33,20 +33,16 @@ from console.gateway.upstream import (
     Broken,
     Unreachable,
     Upstream,
-    error_event,
     pieces,
 )
 from console.gateway.usage import STREAMED_PATHS, Meter, ask_for_usage
 
-CLIENT_CLOSED = 499
-BROKEN = 502  # a stream that broke off after it began, as metrics and usage count it
 PARSE_INLINE_BYTES = 256 * 1024  # bodies above this are parsed in a worker thread, off the event loop
 MAX_DEPTH = 32  # as the agents take (agent.serving.body): a v2 tensor nested by shape is 4 deep
 # JSON values a body may hold for the gateway to parse it (for its model or adapter name): as the agents take at most
 # (embeddings: 2,048 inputs of 512 token ids). Parsing holds the interpreter lock however it is threaded, ~1 us a
 # value: counted first, at C speed, so a body of millions of values never stalls the gateway's loop.
 MAX_VALUES = 1 << 20
-TAIL_BYTES = 8192  # an OpenAI answer of unknown length is read for its usage in its last this many bytes
 TOO_DEEP = f"the request body nests arrays and objects more than {MAX_DEPTH} levels deep, the most this gateway takes"
 
 
@@ -305,7 +301,7 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
                 lost = e
                 continue
             if content is None:
-                return _stream(gw, dep, adapter, upstream_response, headers, arrived, replica, finish, meter)
+                return stream(gw, dep, adapter, upstream_response, headers, arrived, replica, finish, meter)
             if attempt == 0 and upstream_response.status == 503 and UNSERVED_HEADER in upstream_response.headers:
                 # None of it serves there now (draining, asleep): nothing ran, so another replica may take it, and the
                 # gateway's picture of this one is behind.
@@ -457,77 +453,3 @@ async def _until_disconnect(request: Request, work):
         raise
     finally:
         watcher.cancel()
-
-
-def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_response: aiohttp.ClientResponse,
-            headers: dict, arrived: float, replica: ReplicaView, finish: Callable[[int], None],
-            meter: Meter | None = None) -> StreamingResponse:
-    """Server-sent events (or a long answer) passed through as the agent produces them, never buffered whole. An
-    OpenAI answer's usage is read on the way (`meter`). When it ends (whole, broken off, its client gone, or never
-    read at all) its replica's count and its connection are released and `finish` is told how it ended: its status,
-    502 where it broke off or its agent ended it with an error event, 499 where its client went away."""
-    gw.outstanding[replica.id] = gw.outstanding.get(replica.id, 0) + 1  # the stream stays in flight
-    events_stream = upstream_response.content_type == "text/event-stream"
-    ended = False
-    if meter is not None:
-        meter.streamed = events_stream
-    for name in PASSED_HEADERS:
-        if name in upstream_response.headers:
-            headers[name] = upstream_response.headers[name]
-
-    def end(status: int) -> None:
-        nonlocal ended
-        if ended:
-            return
-        ended = True
-        upstream_response.release()
-        gw.outstanding[replica.id] -= 1
-        if not gw.outstanding[replica.id]:
-            del gw.outstanding[replica.id]
-        finish(status)
-
-    async def events() -> AsyncIterator[bytes]:
-        first = None
-        count = 0
-        tail = b""  # an answer of unknown length: its end, where its usage is
-        status = CLIENT_CLOSED  # until it ends otherwise
-        try:
-            async for chunk in pieces(upstream_response, gw.settings.stream_idle_s):
-                if not events_stream:
-                    if meter is not None:
-                        tail = (tail + chunk)[-TAIL_BYTES:]
-                    yield chunk
-                    continue
-                if first is None:
-                    first = time.monotonic()
-                    gw.metrics.ttft.labels(dep.name, adapter or "").observe(first - arrived)
-                if meter is not None and not (chunk := meter.events(chunk)):
-                    continue
-                count += chunk.count(b"data:")
-                yield chunk
-            rest = meter.events(b"", last=True) if meter is not None and events_stream else b""
-            status = BROKEN if meter is not None and meter.failed else upstream_response.status
-            if rest:
-                yield rest
-        except Broken as e:
-            status = BROKEN
-            if not events_stream:
-                raise  # the connection is dropped: its client sees an answer cut short
-            # An event cut in half stays in the meter, not sent: the error starts an event of its own.
-            yield error_event(f"replica {replica.label} on host {replica.host} {e}; the answer is incomplete",
-                              "upstream_broken")
-        finally:
-            if meter is not None:
-                meter.read(tail)
-                if events_stream:
-                    meter.cut(count)
-            if first is not None and count > 1:
-                elapsed = time.monotonic() - first
-                if elapsed > 0:
-                    gw.metrics.tokens_per_second.labels(dep.name, adapter or "").observe((count - 1) / elapsed)
-            end(status)
-
-    body = events()
-    weakref.finalize(body, end, CLIENT_CLOSED)  # a stream the server never began (its client gone at once) ends too
-    return StreamingResponse(body, status_code=upstream_response.status, headers=headers,
-                             media_type=upstream_response.headers.get("Content-Type", "text/event-stream"))
