@@ -209,8 +209,16 @@ class Gateway:
         if await own_thread(bookkeeping.write)(batch):
             await wake_scheduler_async()  # traffic began: the scheduler plans with the figures from now on
         if usage := self.usage.drain():
+            # Shielded: cancelled (the gateway closing) while it waits for a database thread, a write would be
+            # dropped with what it took; it finishes first, or gives it back.
+            call = asyncio.ensure_future(own_thread(usage_store.write)(usage))
             try:
-                await own_thread(usage_store.write)(usage)
+                await asyncio.shield(call)
+            except asyncio.CancelledError:
+                await asyncio.wait([call])
+                if call.exception() is not None:
+                    self.usage.restore(usage)
+                raise
             except Exception:
                 self.usage.restore(usage)  # carried by the next flush
                 raise
