@@ -85,7 +85,7 @@ def _request_paths(repeats: int) -> list[dict]:
 
     def streamed(gw: Gateway, caller: Caller):
         def once() -> None:
-            meter = Meter(deferred=True)
+            meter = Meter()
             parsed = dict(REQUEST, stream=True)
             meter.strip = ask_for_usage(parsed)
             json.dumps(parsed).encode()

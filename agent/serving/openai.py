@@ -245,7 +245,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             raise BadInput("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         logprobs = (top or 0) if wants else None
         params = _params(request, body, route, codec, [prompt], logprobs, default_max_tokens=None,
-                         max_name="max_completion_tokens" if "max_completion_tokens" in body else "max_tokens")
+                         max_name="max_completion_tokens" if body.get("max_completion_tokens") is not None
+                         else "max_tokens")  # as vLLM reads them, and the gateway reserves
         created, ident = int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
 
         def envelope(choice: dict[str, Any]) -> dict[str, Any]:

@@ -83,9 +83,9 @@ def _constraints(body: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
             continue
         if key == "choice":
             yield param, "choice", value
-        elif key == "json":
+        elif key in ("json", "structural_tag"):  # a structural tag is a JSON text of schemas and patterns
             yield param, "schema", value
-        elif isinstance(value, str) and key in ("regex", "grammar", "structural_tag", "whitespace_pattern"):
+        elif isinstance(value, str) and key in ("regex", "grammar", "whitespace_pattern"):
             yield param, "text", value
     if body.get("response_format") is not None:
         yield "response_format", "schema", body["response_format"]
@@ -139,7 +139,8 @@ class _Budget:
             try:
                 schema = json.loads(schema)
             except (ValueError, RecursionError):
-                return  # not JSON: the engine refuses it
+                self.text(param, schema)  # not JSON (the engine refuses it), or a spelling it reads otherwise
+                return
         level = [schema]
         depth = 0
         while level:  # a level at a time, no recursion: depth and size are both bounded as it goes
@@ -206,10 +207,11 @@ def bounds_markdown() -> str:
                                                           "`logprobs` switch is not one)"),
         ("`structured_outputs.choice`, `guided_choice`", f"at most {MAX_CHOICES:,} choices, {MAX_CHOICE_CHARS:,} "
                                                          "characters in all"),
-        ("schemas: `structured_outputs.json`, `guided_json`, `response_format`, `text.format`, `tools`",
+        ("schemas: `structured_outputs.json`, `guided_json`, `response_format`, `text.format`, `tools`, and "
+         "`structured_outputs.structural_tag` (JSON text of schemas)",
          f"at most {MAX_SCHEMA_DEPTH} levels of JSON nesting each, {MAX_SCHEMA_VALUES:,} JSON values in all; a schema "
          f"sent as a string at most {MAX_SCHEMA_CHARS:,} characters"),
-        ("`structured_outputs.regex`/`grammar`/`structural_tag`/`whitespace_pattern`, `guided_regex`, "
+        ("`structured_outputs.regex`/`grammar`/`whitespace_pattern`, `guided_regex`, "
          "`guided_grammar`, `guided_whitespace_pattern`, and a schema's `pattern`s",
          f"{MAX_PATTERN_CHARS:,} characters in all"),
         ("counted repetitions: `{m,n}` in any of those, a schema's `minLength`/`maxLength`, `minItems`/`maxItems`, "

@@ -49,13 +49,6 @@ def period_bounds(period: str, now: float) -> tuple[int, int]:
     return int(start.timestamp()), int(end.timestamp())
 
 
-def add_and_read(deltas: Mapping[Window, tuple[int, int, int]], now: float) -> dict[Window, tuple[int, int]]:
-    """add() then read(), in one transaction."""
-    with transaction.atomic():
-        add(deltas)
-        return read(now)
-
-
 def add(deltas: Mapping[Window, tuple[int, int, int]]) -> None:
     """Add this process's counts (window -> requests, tokens, the window's end) to every process's (sync, DB). The
     adds go in one transaction, CHUNK rows per statement (a long outage's windows can outnumber what one statement's

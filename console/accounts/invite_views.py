@@ -1,7 +1,8 @@
 """Inviting people from the console: an admin's Invite page of a team (a user name in, a one-time set-password link
 out, to copy and pass on), and the page that link opens, where the person sets a password (Django's
 PasswordResetConfirmView: the token leaves the address bar before the form shows, the password validators apply).
-Members get 403 saying only admins invite; a link that was used, replaced or has expired is refused saying which."""
+Members get 403 saying only admins invite; a link that has expired is refused saying when, and every other link that
+does not work alike (used, replaced, forged), so that no link tells who has an account."""
 
 from __future__ import annotations
 
@@ -56,14 +57,13 @@ class AcceptInvite(PasswordResetConfirmView):
 
     def get_context_data(self, **kwargs):
         context = super().get_context_data(**kwargs)
-        context["invitee"] = self.user.get_username() if self.user is not None else ""
+        context["invitee"] = self.user.get_username() if self.validlink else ""
         if not self.validlink:
-            context["refusal"] = invites.link_refusal(self.user, self._token())
+            context["refusal_status"], context["refusal"] = invites.link_refusal(self.user, self._token())
         return context
 
     def render_to_response(self, context, **kwargs):
-        # A link that names nobody is not found; one that worked once and no longer does is gone.
-        kwargs.setdefault("status", 200 if self.validlink else 404 if self.user is None else 410)
+        kwargs.setdefault("status", context.get("refusal_status", 200))
         return super().render_to_response(context, **kwargs)
 
     def form_invalid(self, form):

@@ -109,24 +109,21 @@ def accepted(user) -> None:
                  actor=f"user {name}", folds=False) for team in user.teams.all()])
 
 
-def link_refusal(user, token: str | None) -> str:
-    """Why an invite link cannot be used, in words the person who opened it can act on."""
-    if user is None:
-        return ("This link names nobody: it was cut short or mistyped. Open the whole link, or ask an admin for a new "
-                "one.")
-    if not token:
-        return "This page needs the link from your invite: open that link again."
-    issued = _issued_at(user, token)
-    if user.has_usable_password() and issued is None:
-        # Not named: whoever holds a forged link would learn who has an account.
-        return ("This link was used: the password it was for is set already. Sign in with it; an admin can reset a "
-                "forgotten one.")
+# A link that does not verify says the same whoever it names, or nobody: a forged one learns nothing of accounts.
+UNUSABLE = ("This link does not work: it was used already (then sign in with the password you set), a newer invite "
+            "replaced it, or it was cut short. Open the newest link whole, or ask an admin for a new one.")
+
+
+def link_refusal(user, token: str | None) -> tuple[int, str]:
+    """Why an invite link cannot be used, in words the person who opened it can act on, and the HTTP status: 410 for
+    one that verifies and has expired, else 404, alike for every link that does not verify (used, replaced, cut
+    short, forged, naming nobody): whether an account exists, or has a password, is not told."""
+    issued = _issued_at(user, token) if user is not None and token else None
     if issued is not None:
         ended = issued + timedelta(seconds=settings.PASSWORD_RESET_TIMEOUT)
         if ended < timezone.now():
-            return f"This link expired at {stamp(ended)}. Ask an admin for a new one."
-    return ("This link no longer works: a newer invite replaced it, or it was cut short. Open the newest link, or ask "
-            "an admin for a new one.")
+            return 410, f"This link expired at {stamp(ended)}. Ask an admin for a new one."
+    return 404, UNUSABLE
 
 
 def _issued_at(user, token: str) -> datetime | None:

@@ -121,7 +121,9 @@ class ApiToken(HashedToken):
 
         token, fields = cls.new_secret("api")
         limits = (f", expires {expiry.stamp(expires)}" if expires else "") + (
-            f", deployments {', '.join(deployments)}" if deployments else "") + (
+            # How many, not which: a fellow of another of the user's teams reads this event, and names it may not see
+            # (the token's own page and API list them to its owner and to admins).
+            f", limited to {len(deployments)} deployment(s)" if deployments else "") + (
             f", {rpm_limit} requests per minute" if rpm_limit else "") + (
             f", {tpm_limit} tokens per minute" if tpm_limit else "")
         with transaction.atomic():

@@ -209,8 +209,16 @@ class Gateway:
         if await own_thread(bookkeeping.write)(batch):
             await wake_scheduler_async()  # traffic began: the scheduler plans with the figures from now on
         if usage := self.usage.drain():
+            # Shielded: cancelled (the gateway closing) while it waits for a database thread, a write would be
+            # dropped with what it took; it finishes first, or gives it back.
+            call = asyncio.ensure_future(own_thread(usage_store.write)(usage))
             try:
-                await own_thread(usage_store.write)(usage)
+                await asyncio.shield(call)
+            except asyncio.CancelledError:
+                await asyncio.wait([call])
+                if call.exception() is not None:
+                    self.usage.restore(usage)
+                raise
             except Exception:
                 self.usage.restore(usage)  # carried by the next flush
                 raise
@@ -220,14 +228,13 @@ class Gateway:
     async def authenticate(self, token: str | None) -> Caller | None:
         return None if not token else await self.tokens.caller(token)
 
-    @contextlib.contextmanager
-    def admitted(self, caller: Caller, dep: DeploymentView, again: bool = False,
-                 need: Need = NOTHING) -> Iterator[Hold | None]:
+    def admit(self, caller: Caller, dep: DeploymentView, again: bool = False, need: Need = NOTHING) -> Hold:
         """Count a request against its token's and its deployment's concurrency, and its token's and team's (the
         deployment's) rates and quota, holding the tokens it may use (`need`) until account() settles them; or 429
         saying which limit it met, 400 when it could never fit one. A refused request is counted and holds nowhere.
         `again`: a route's fallback for a request its branch's admission counted already (its first reservation
-        settled when that branch answered): it holds its own, and is not counted, nor refused, twice."""
+        settled when that branch answered): it holds its own, and is not counted, nor refused, twice. An admitted
+        request is in flight, against both concurrency limits, until release() (a stream's: when it ends)."""
         s = self.settings
         if self.per_token.get(caller.token_key, 0) >= s.token_concurrency:
             raise Refused(429, f"this token already has {s.token_concurrency} requests in flight (the limit); "
@@ -241,11 +248,24 @@ class Gateway:
             raise Refused(hold.status, hold.message, retry_after=hold.retry_after, code=hold.code, callers=True)
         self.per_token[caller.token_key] = self.per_token.get(caller.token_key, 0) + 1
         self.per_deployment[dep.name] = self.per_deployment.get(dep.name, 0) + 1
+        return hold
+
+    def release(self, caller: Caller, deployment: str) -> None:
+        """An admitted request is over: it no longer counts against its token's and deployment's concurrency."""
+        for counts, key in ((self.per_token, caller.token_key), (self.per_deployment, deployment)):
+            counts[key] -= 1
+            if not counts[key]:
+                del counts[key]
+
+    @contextlib.contextmanager
+    def admitted(self, caller: Caller, dep: DeploymentView, again: bool = False,
+                 need: Need = NOTHING) -> Iterator[Hold]:
+        """admit() for the block's length, then release()."""
+        hold = self.admit(caller, dep, again, need)
         try:
             yield hold
         finally:
-            self.per_token[caller.token_key] -= 1
-            self.per_deployment[dep.name] -= 1
+            self.release(caller, dep.name)
 
     # --- waiting for a ready replica ---------------------------------------------------------------
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import weakref
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import aiohttp
@@ -26,6 +25,7 @@ from console.gateway.errors import Family
 from console.gateway.failover import HostLost, host_state
 from console.gateway.fleet import DeploymentView, FleetView, ReplicaView
 from console.gateway.routes import FALLBACK_STATUSES, GONE, ROUTE_HEADER, BranchView, RouteView, retry_branch
+from console.gateway.streaming import CLIENT_CLOSED, stream
 from console.gateway.triton import check_version
 from console.gateway.upstream import (
     INFERENCE_HEADER_LENGTH,
@@ -33,19 +33,16 @@ from console.gateway.upstream import (
     Broken,
     Unreachable,
     Upstream,
-    error_event,
     pieces,
 )
 from console.gateway.usage import STREAMED_PATHS, Meter, ask_for_usage
 
-CLIENT_CLOSED = 499
 PARSE_INLINE_BYTES = 256 * 1024  # bodies above this are parsed in a worker thread, off the event loop
 MAX_DEPTH = 32  # as the agents take (agent.serving.body): a v2 tensor nested by shape is 4 deep
 # JSON values a body may hold for the gateway to parse it (for its model or adapter name): as the agents take at most
 # (embeddings: 2,048 inputs of 512 token ids). Parsing holds the interpreter lock however it is threaded, ~1 us a
 # value: counted first, at C speed, so a body of millions of values never stalls the gateway's loop.
 MAX_VALUES = 1 << 20
-TAIL_BYTES = 8192  # an OpenAI answer of unknown length is read for its usage in its last this many bytes
 TOO_DEEP = f"the request body nests arrays and objects more than {MAX_DEPTH} levels deep, the most this gateway takes"
 
 
@@ -92,14 +89,19 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
     caller = await gw.authenticate(bearer(request.headers.get("authorization")))
     if refused := unauthorized(caller, datetime.now(UTC)):
         return family.error(401, refused, "invalid_api_key")
-    deployment, adapter, status, queue_s, team, served, hold, settled = "", None, 500, 0.0, 0, True, None, False
-    meter = Meter()
+    deployment, adapter, status, queue_s, team, served, hold = "", None, 500, 0.0, 0, True, None
+    meter, need, seconds, streaming, finished = Meter(), reservation.NOTHING, None, False, False
 
-    def settle() -> None:  # what the request cost, once it is over (a stream's when it ends), and only once
-        nonlocal settled
-        if not settled:
-            settled = True
-            gw.account(deployment, team, caller, status, queue_s, meter.prompt, meter.completion, hold)
+    def finish(final: int | None = None) -> None:
+        """Record and account the request once it is over (a stream's when it ends, with how it ended), once."""
+        nonlocal finished, status
+        if finished:
+            return
+        finished, status = True, final or status
+        if hold is not None:
+            gw.release(caller, deployment)
+        gw.record(deployment, adapter, status, seconds, queue_s, served)
+        gw.account(deployment, team, caller, status, queue_s, *meter.charged(need, status == CLIENT_CLOSED), hold)
 
     try:
         body = await _read_body(request, gw.settings.max_body_bytes)
@@ -109,24 +111,26 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
         dep, adapter = _target(gw, name, adapter, caller)
         check_version(request)
         permitted(caller, dep, name)  # before `deployment` is set: a 403 is the token's doing, not the deployment's
-        deployment, team, meter.settle = dep.name, dep.team, settle
+        deployment, team = dep.name, dep.team
         need = reservation.need(request.scope["path"], parsed, len(body), dep.context)  # the client's own body
         if parsed is not None and parsed.get("stream") is True and request.scope["path"] in STREAMED_PATHS:
             body = await _with_usage(body, parsed, meter)
         if not family.openai and dep.engine == "vllm":
             raise Refused(400, f"model {dep.name!r} runs on the vllm engine, which serves /v1 (completions, chat, "
                           "responses) and not v2 tensors", code="unsupported_by_engine")
-        with gw.admitted(caller, dep, again=fallback, need=need) as hold:
-            dep, queue_s = await gw.ready_view(dep.name)
-            response = await _send(gw, gw.upstream, request, body, dep, adapter, queue_s, arrived,
-                                   meter if family.openai else None)
-        status = response.status_code
+        hold = gw.admit(caller, dep, again=fallback, need=need)  # in flight until finish() (a stream's: its end)
+        dep, queue_s = await gw.ready_view(dep.name)
+        response = await _send(gw, gw.upstream, request, body, dep, adapter, queue_s, arrived, finish,
+                               meter if family.openai else None)
+        status, streaming = response.status_code, isinstance(response, StreamingResponse)
         return response
     except Refused as e:
         status, served = e.status, not e.callers
         refusal = family.error(e.status, str(e), e.code, e.retry_after)
         refusal.callers = e.callers  # for a route: its fallback would meet the same limit
-        refusal.counted = bool(deployment)  # for a route's 404: admission counted it (or it was refused before)
+        # For a route's fallback: whether the caller's limits counted this try (a refusal before, or at the
+        # deployment's own concurrency limit, counted nothing: the fallback is then counted and judged afresh).
+        refusal.counted = hold is not None
         return refusal
     except ClientDisconnect:
         status = CLIENT_CLOSED
@@ -135,10 +139,9 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
         status = CLIENT_CLOSED
         raise
     finally:
-        if deployment and status != 0:
-            gw.record(deployment, adapter, status, time.monotonic() - arrived, queue_s, served)
-            if not meter.deferred:
-                settle()
+        seconds = time.monotonic() - arrived  # a stream's: until its headers (its events are timed apart)
+        if deployment and not streaming:
+            finish()
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -252,9 +255,10 @@ def _target(gw: Gateway, name: str, adapter: str | None, caller: Caller) -> tupl
 
 
 async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, dep: DeploymentView,
-                adapter: str | None, queue_s: float, arrived: float, meter: Meter | None = None) -> Response:
+                adapter: str | None, queue_s: float, arrived: float, finish: Callable[[int], None],
+                meter: Meter | None = None) -> Response:
     """Send to a replica; a connection that fails before any byte comes back, or a request whose replica's host is
-    lost before it answers, is sent once elsewhere."""
+    lost before it answers, is sent once elsewhere. A stream calls `finish` with how it ended, once it has."""
     query = request.scope.get("query_string", b"")
     path = request.scope["path"] + (f"?{query.decode('latin-1')}" if query else "")
     tried: set[int] = set()
@@ -281,9 +285,13 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
                               code="upstream_timeout")
             raise Refused(503, f"no ready replica of model {dep.name!r} could be reached", retry_after=2,
                           code="model_not_ready")
+        if queue_s and await request.is_disconnected():  # its client left while it waited: nothing is sent
+            raise ClientDisconnect()
         tried.add(replica.id)
         headers = {"x-modelgrid-replica": replica.label, "x-modelgrid-queue-ms": f"{1000 * queue_s:.1f}"}
         with gw.in_flight(dep, replica):
+            if meter is not None:
+                meter.sent = True  # from here its engine may run it: a client that leaves still owes it
             try:
                 upstream_response, content = await _exchange(gw, upstream, replica, request, path, body)
             except Unreachable:
@@ -293,7 +301,7 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
                 lost = e
                 continue
             if content is None:
-                return _stream(gw, dep, adapter, upstream_response, headers, arrived, replica, meter)
+                return stream(gw, dep, adapter, upstream_response, headers, arrived, replica, finish, meter)
             if attempt == 0 and upstream_response.status == 503 and UNSERVED_HEADER in upstream_response.headers:
                 # None of it serves there now (draining, asleep): nothing ran, so another replica may take it, and the
                 # gateway's picture of this one is behind.
@@ -445,61 +453,3 @@ async def _until_disconnect(request: Request, work):
         raise
     finally:
         watcher.cancel()
-
-
-def _stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_response: aiohttp.ClientResponse,
-            headers: dict, arrived: float, replica, meter: Meter | None = None) -> StreamingResponse:
-    """Server-sent events (or a long answer) passed through as the agent produces them, never buffered whole. An
-    OpenAI answer's usage is read on the way (`meter`) and accounted when it ends."""
-    gw.outstanding[replica.id] = gw.outstanding.get(replica.id, 0) + 1  # the stream stays in flight
-    events_stream = upstream_response.content_type == "text/event-stream"
-    if meter is not None:
-        meter.deferred = True
-    for name in PASSED_HEADERS:
-        if name in upstream_response.headers:
-            headers[name] = upstream_response.headers[name]
-
-    async def events() -> AsyncIterator[bytes]:
-        first = None
-        count = 0
-        tail = b""  # an answer of unknown length: its end, where its usage is
-        try:
-            async for chunk in pieces(upstream_response, gw.settings.stream_idle_s):
-                if not events_stream:
-                    if meter is not None:
-                        tail = (tail + chunk)[-TAIL_BYTES:]
-                    yield chunk
-                    continue
-                if first is None:
-                    first = time.monotonic()
-                    gw.metrics.ttft.labels(dep.name, adapter or "").observe(first - arrived)
-                if meter is not None and not (chunk := meter.events(chunk)):
-                    continue
-                count += chunk.count(b"data:")
-                yield chunk
-            if meter is not None and events_stream and (rest := meter.events(b"", last=True)):
-                yield rest
-        except Broken as e:
-            if not events_stream:
-                raise  # the connection is dropped: its client sees an answer cut short
-            # An event cut in half stays in the meter, not sent: the error starts an event of its own.
-            yield error_event(f"replica {replica.label} on host {replica.host} {e}; the answer is incomplete",
-                              "upstream_broken")
-        finally:
-            upstream_response.release()
-            gw.outstanding[replica.id] -= 1
-            if meter is not None:
-                meter.read(tail)
-                if events_stream:
-                    meter.cut(count)
-                meter.settle()
-            if first is not None and count > 1:
-                elapsed = time.monotonic() - first
-                if elapsed > 0:
-                    gw.metrics.tokens_per_second.labels(dep.name, adapter or "").observe((count - 1) / elapsed)
-
-    body = events()
-    if meter is not None:  # a stream the server never began (its client gone at once) still settles its reservation
-        weakref.finalize(body, meter.settle)
-    return StreamingResponse(body, status_code=upstream_response.status, headers=headers,
-                             media_type=upstream_response.headers.get("Content-Type", "text/event-stream"))

@@ -3,16 +3,20 @@ the token limits (limits.py), settled to the engine's own count when the request
 
 Completion: `max_tokens` (chat: `max_completion_tokens` first; /v1/responses: `max_output_tokens`) for each choice
 (`n`, `best_of`) of each prompt, else what both engines use when it is absent: 16 on /v1/completions, the rest of the
-context on chat and responses (agent/serving/openai.py; vLLM's get_max_tokens). Prompt: the request body's length in
-bytes. A byte-level BPE tokenizer (GPT-2's, Llama 3's, Qwen's) makes at most one token of each byte of UTF-8 text, and
-SentencePiece and WordPiece at most one per character plus a few special ones; JSON spends at least a byte on every
-byte of text and several on each message's and prompt's framing, which stands in for the chat template's special
-tokens. So the body's bytes bound its prompts' tokens, at about four times what English text really takes: a prompt
-is over-reserved while its request is in flight, never over-charged. Nothing is tokenized or walked: the console's
-event loop does I/O only. Every sequence (prompt and completion) fits the engine's context, which bounds both."""
+context on chat and responses, and on completions too when it is null (agent/serving/openai.py; vLLM's
+get_max_tokens). Counts are read as laxly as vLLM's parser reads them ("4000" is 4000).
+
+Prompt: the request body's length in bytes. A byte-level BPE tokenizer (GPT-2's, Llama 3's, Qwen's) makes at most
+one token of each byte of UTF-8 text, and SentencePiece and WordPiece at most one per character plus a few special
+ones; JSON spends at least a byte on every byte of text and several on each message's and prompt's framing, which
+stands in for the chat template's special tokens. So the body's bytes bound its prompts' tokens, at about four times
+what English text really takes: a prompt is over-reserved while its request is in flight (and charged so only where
+its client left before the engine's count: usage.Meter.charged). Nothing is tokenized or walked: the console's event
+loop does I/O only. Every sequence (prompt and completion) fits the engine's context, which bounds both."""
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 COMPLETION_DEFAULT = 16  # /v1/completions without max_tokens: OpenAI's default, the built-in engine's and vLLM's
@@ -58,8 +62,11 @@ def need(path: str, body: dict | None, size: int, context: int | None) -> Need:
         return Need(prompt, prompt, 0, 0)
     field = next((f for f in GENERATING[path] if body.get(f) is not None), None)
     asked = _whole(body.get(field)) if field else None
-    if asked is None:  # absent (or not a number: the engine refuses it, having used nothing)
-        asked = COMPLETION_DEFAULT if path == "/v1/completions" else (context or UNKNOWN_CONTEXT)
+    if asked is None:
+        # Absent: 16 on /v1/completions, the field's default in both engines. Null there, as on chat and responses:
+        # vLLM generates to the end of the context. Not a count: the engine refuses it, so holding the most is free.
+        named = any(f in body for f in GENERATING[path])
+        asked = COMPLETION_DEFAULT if path == "/v1/completions" and not named else (context or UNKNOWN_CONTEXT)
     choices = prompts * max(_whole(body.get("n")) or 1, _whole(body.get("best_of")) or 1)
     completion = min(asked, context) if context else asked
     prompt = min(size, prompts * context) if context else size
@@ -77,4 +84,13 @@ def _count(prompt) -> int:
 
 
 def _whole(value) -> int | None:
-    return value if type(value) is int and value >= 0 else None
+    """`value` as a count, read at least as laxly as the engines' parsers read one (pydantic takes "4000", " 4000 ",
+    "4_000" and 4000.0 for 4000), rounded up; None when it is none."""
+    if isinstance(value, str) and len(value) <= 40:
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, int | float) and 0 <= value < math.inf:
+        return math.ceil(value)
+    return None

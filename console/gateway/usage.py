@@ -12,8 +12,9 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from console.gateway.reservation import Need
 
 log = logging.getLogger("modelgrid.gateway")
 _DECODER = json.JSONDecoder()
@@ -74,9 +75,10 @@ class Meter:
     strip: bool = False  # take the usage-only chunk out of the stream (the client did not ask for it)
     prompt: int = 0
     completion: int = 0
-    deferred: bool = False  # a stream: accounted when it ends, not when its headers are sent
-    settle: Callable[[], None] = lambda: None  # accounts the request (set once it reached a deployment)
     found: bool = False  # an engine's usage was read
+    sent: bool = False  # the request went to an agent: its engine may have run it
+    streamed: bool = False  # its answer is a stream of events, charged by the events it streamed
+    failed: bool = False  # its stream ended with an error event (its agent's, or its engine's)
     _pending: bytes = field(default=b"", repr=False)
     _sep: bytes = field(default=b"", repr=False)  # the stream's event boundary: LF LF, or CRLF CRLF (SSE allows both)
 
@@ -86,10 +88,19 @@ class Meter:
             self.found = True
 
     def cut(self, events: int) -> None:
-        """A stream that ended without its usage chunk (the client went away): its completion tokens estimated as
-        the events it streamed (one token each, as the engines stream). Its prompt's are not known here."""
+        """A stream that ended, perhaps without its usage chunk (the client went away, it broke off): its completion
+        tokens estimated as the events it streamed (one token each, as the engines stream)."""
         if not self.found:
             self.completion = max(self.completion, events)
+
+    def charged(self, need: Need, left: bool) -> tuple[int, int]:
+        """The (prompt, completion) tokens a finished request is charged: the engine's count where it was read. A
+        request whose client `left` after it was sent, before that count came back, is charged its reservation's
+        prompt, and the events it streamed or (not streamed) its whole reserved completion: its engine ran it, and
+        a client that walks away before the answer does not thereby spend nothing. Otherwise what was read."""
+        if self.found or not (left and self.sent):
+            return self.prompt, self.completion
+        return need.prompt, self.completion if self.streamed else need.tokens - need.prompt
 
     def events(self, chunk: bytes, last: bool = False) -> bytes:
         """Pass server-sent events through: whole events only (a partial one waits for the rest), each event's
@@ -109,6 +120,8 @@ class Meter:
             if end < 0:
                 end = len(data) - len(sep)
             whole, self._pending = data[:end + len(sep)], data[end + len(sep):]
+        if not self.failed and b'"error"' in whole:
+            self.failed = any(_is_error(event) for event in whole.split(sep))
         if b'"usage"' not in whole:
             return whole
         kept = []
@@ -119,6 +132,19 @@ class Meter:
                     continue
             kept.append(event)
         return sep.join(kept)
+
+
+def _is_error(event: bytes) -> bool:
+    """Whether a server-sent event is an error object (OpenAI's `{"error": ...}`, or vLLM's `"object": "error"`), as
+    a stream that failed after it began ends."""
+    data = event.strip()
+    if not data.startswith(b"data:") or len(data) > MAX_PENDING:
+        return False
+    try:
+        value = json.loads(data[5:])
+    except ValueError:
+        return False
+    return isinstance(value, dict) and ("error" in value or value.get("object") == "error")
 
 
 class Tally:

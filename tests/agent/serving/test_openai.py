@@ -333,6 +333,13 @@ async def test_chat_renders_the_models_template_and_answers_as_the_assistant(cli
     assert response.usage.completion_tokens == 4
 
 
+async def test_a_chats_null_max_completion_tokens_leaves_max_tokens_in_force_as_vllm_reads_them(client, replicas):
+    await client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                         extra_body={"max_completion_tokens": None})
+    [request] = replicas["chat"].generations
+    assert request.max_new_tokens == 3  # what the gateway reserved, not the rest of the context
+
+
 async def test_a_model_without_a_chat_template_is_a_400_that_says_so(client, replicas):
     with pytest.raises(openai.BadRequestError) as raised:
         await client.chat.completions.create(model="plain", messages=[{"role": "user", "content": "hi"}])

@@ -32,18 +32,20 @@ def test_more_windows_than_one_statement_holds_are_all_added(sqlite_default_limi
     windows = 14000  # 5 parameters each: 70,000 > 65,535 > 32,766
     deltas = {(f"token:{i:05d}", NOW - NOW % 60): (1, i, NOW + 60) for i in range(windows)}
     with CaptureQueriesContext(connection) as queries:
-        totals = counters.add_and_read(deltas, NOW)
+        counters.add(deltas)
+    totals = counters.read(NOW)
     inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
     assert len(inserts) == -(-windows // counters.CHUNK)
     assert len(totals) == windows and totals["token:13999", NOW - NOW % 60] == (1, 13999)
-    again = counters.add_and_read(deltas, NOW)
+    counters.add(deltas)
+    again = counters.read(NOW)
     assert again["token:00042", NOW - NOW % 60] == (2, 84) and LimitCounter.objects.count() == windows
 
 
 def test_chunks_go_in_key_order():
     deltas = {(f"team:{i}", NOW - NOW % 60): (1, 1, NOW + 60) for i in reversed(range(2 * counters.CHUNK + 1))}
     with CaptureQueriesContext(connection) as queries:
-        counters.add_and_read(deltas, NOW)
+        counters.add(deltas)
     inserts = [q for q in queries.captured_queries if q["sql"].startswith("INSERT")]
     assert len(inserts) == 3
     keys = [k for q in inserts for k in q["sql"].split("VALUES", 1)[1].split("'")[1::2] if k.startswith("team:")]

@@ -115,3 +115,12 @@ def test_a_measured_load_is_its_deployments_teams(scene):
 def test_a_member_sees_the_request_rate_of_their_teams_and_an_admin_the_fleets(scene):
     assert scope_of("bob").request_rate_series() == [("team", scene.b.pk)]
     assert scope_of("root").request_rate_series() == [("fleet", 0)]
+
+
+def test_a_fellows_token_names_no_deployment_of_a_team_the_reader_is_not_in(scene):
+    alice = get_user_model().objects.get(username="alice")
+    scene.b.members.add(alice)  # in both teams: bob's fellow, whose tokens bob reads of
+    ApiToken.issue(alice, "a-only", deployments=["chat-a"], actor="user alice")
+    told = " ".join(scope_of("bob").events(Event.objects.all()).values_list("message", flat=True))
+    assert "token/alice/a-only" in objects(scope_of("bob"))
+    assert "chat-a" not in told, told

@@ -18,6 +18,7 @@ from console.deployments.models import Replica
 from console.deployments.services import create_deployment
 from console.fleet.models import Host
 from console.gateway.core import GatewaySettings
+from console.usage.models import UsageMinute
 from tests.console.gateway.test_gateway import INFER, FakeAgent, _client, _gateway, _host, _ready_replica, _token
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,7 +27,8 @@ CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "strea
 
 class FaultyAgent(FakeAgent):
     """A fake agent whose streams can fail after their first event: `stall` (nothing more comes, as from a paused
-    agent) or `cut` (the connection closes, as when a process dies)."""
+    agent), `cut` (the connection closes, as when a process dies) or `told` (an error event ends it, as an agent ends
+    the stream of a vLLM that died)."""
 
     def __init__(self, secret: str, name: str) -> None:
         super().__init__(secret, name)
@@ -51,6 +53,10 @@ class FaultyAgent(FakeAgent):
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         await response.write(b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n')
+        if self.fault == "told":
+            error = {"error": {"message": "its vLLM server broke off the stream", "type": "server_error"}}
+            await response.write(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode())
+            return response
         if self.fault == "cut":
             await asyncio.sleep(0.05)
             request.transport.close()
@@ -194,6 +200,25 @@ async def test_a_stream_that_stops_ends_with_an_error_event(fleet, fault):
     assert error["message"].startswith(f"replica {r.headers['x-modelgrid-replica']} on host {host} {why}"), error
 
 
+@pytest.mark.parametrize("fault", ["stall", "cut", "told"])
+async def test_a_stream_that_breaks_off_after_it_began_counts_as_an_error_not_a_200(fleet, fault):
+    agents, _, token = fleet
+    for agent in agents:
+        agent.fault = fault
+    gateway = _gateway(stream_idle_s=0.5)
+    async with _client(gateway, token) as client:
+        async with client.stream("POST", "/v1/chat/completions", json=CHAT) as r:
+            _ = [line async for line in r.aiter_lines()]
+    await gateway.flush()
+    await gateway.close()
+    assert r.status_code == 200  # its headers were sent before it broke: the client reads the error event
+    requests = {s.labels["code"]: s.value for s in gateway.metrics.requests.collect()[0].samples
+                if s.name.endswith("_total")}
+    assert requests == {"502": 1}
+    errors = await sync_to_async(lambda: list(UsageMinute.objects.values_list("requests", "errors")))()
+    assert errors == [(1, 1)]
+
+
 async def test_an_answer_cut_off_after_its_headers_gets_502_and_is_not_sent_again(fleet):
     agents, _, token = fleet
     for agent in agents:
@@ -215,3 +240,42 @@ def test_the_gateways_timeouts_come_from_the_settings():
                            MODELGRID_GATEWAY_RESPONSE_TIMEOUT_SECONDS=9.0, MODELGRID_GATEWAY_STREAM_IDLE_SECONDS=7.0):
         settings = GatewaySettings.from_django()
     assert (settings.connect_timeout_s, settings.response_timeout_s, settings.stream_idle_s) == (2.0, 9.0, 7.0)
+
+
+async def test_a_stream_holds_its_concurrency_slot_until_it_ends_not_only_until_its_headers(fleet):
+    from console.gateway.app import make_app
+
+    agents, _, token = fleet
+    for agent in agents:
+        agent.fault = "stall"  # one event, then nothing until its client goes
+    gateway = _gateway(token_concurrency=1)
+    body = json.dumps(CHAT).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+             "root_path": "", "server": ("gw", 80), "client": ("127.0.0.1", 5000),
+             "headers": [(b"authorization", f"Bearer {token}".encode()), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}
+    messages, begun, gone = [{"type": "http.request", "body": body, "more_body": False}], asyncio.Event(), \
+        asyncio.Event()
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):  # a server writing to a client that reads as it comes
+        if message["type"] == "http.response.body" and b"data:" in message.get("body", b""):
+            begun.set()
+
+    streaming = asyncio.create_task(make_app(gateway)(scope, receive, send))
+    async with _client(gateway, token) as client:
+        await asyncio.wait_for(begun.wait(), 5)
+        during = await client.post("/v1/completions", json={"model": "chat", "prompt": "hi"})
+        gone.set()  # the stream's client goes
+        await asyncio.wait_for(streaming, 5)
+        after = await client.post("/v1/completions", json={"model": "chat", "prompt": "hi"})
+    await gateway.close()
+    assert (during.status_code, after.status_code) == (429, 200), during.text
+    assert "this token already has 1 requests in flight" in during.json()["error"]["message"]
+    assert not any(gateway.per_token.values()) and not any(gateway.per_deployment.values())

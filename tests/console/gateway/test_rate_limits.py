@@ -411,3 +411,89 @@ async def _until(condition, tries: int = 500) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("the condition never held")
+
+
+async def test_a_routes_fallback_after_its_branch_is_at_its_concurrency_limit_meets_the_callers_limits(engine):
+    from console.routes.services import create_route
+
+    agent, token = engine
+    token_id = await sync_to_async(_limit_token)(token, rpm_limit=1)
+    await sync_to_async(create_route)("assistant", [{"deployment": "chat"}], fallback="spare")
+    gateway = _gateway(deployment_concurrency=1)
+    async with _client(gateway, token) as client:
+        agent.gate.clear()
+        first = asyncio.create_task(_post(client, _completion(max_tokens=4)[0]))  # the token's one request a minute
+        await _until(lambda: agent.seen == 1)  # holds chat's one slot
+        routed = await client.post("/v1/completions", json={"model": "assistant", "prompt": "hi"})
+        agent.gate.set()
+        first = await first
+    await gateway.close()
+    assert first.status_code == 200
+    # chat is full (429, the deployment's limit, not the caller's): its fallback is the caller's second request
+    assert routed.status_code == 429, routed.text
+    assert "1 requests per minute (its rpm_limit)" in routed.json()["error"]["message"]
+    assert agent.seen == 1
+    assert gateway.limiter._used((limits.token_key(token_id), int(NOW // 60) * 60))[0] == 1
+
+
+async def _leave(gateway, token: str, body: bytes, gone) -> None:
+    """POST `body` to /v1/completions as a server sees a client that hangs up once `gone()` holds, before its answer:
+    a disconnect, as uvicorn delivers one (the application is not cancelled)."""
+    from console.gateway.app import make_app
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+             "server": ("gw", 80), "client": ("127.0.0.1", 5000),
+             "headers": [(b"authorization", f"Bearer {token}".encode()), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await _until(gone)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        pass
+
+    await make_app(gateway)(scope, receive, send)
+
+
+async def test_a_client_that_leaves_before_its_answer_is_charged_its_reservation_not_nothing(engine):
+    agent, token = engine
+    team = await sync_to_async(_limit_team)(tpm_limit=10_000)
+    body, reserved = _completion(max_tokens=400)
+    gateway = _gateway()
+    await gateway.ensure_started()
+    agent.gate.clear()  # the engine works on it; the client hangs up first
+    await _leave(gateway, token, body, lambda: agent.seen == 1)
+    agent.gate.set()
+    await gateway.close()
+    assert not gateway.limiter.held
+    assert gateway.limiter._used((limits.team_key(team), int(NOW // 60) * 60)) == (1, reserved)
+
+
+async def test_a_client_that_leaves_while_its_request_waits_for_a_replica_is_charged_nothing_and_sends_nothing(engine):
+    agent, token = engine
+    team = await sync_to_async(_limit_team)(tpm_limit=10_000)
+    await sync_to_async(create_deployment)("later", "tiny")  # no replica yet: its requests wait for one
+    body = json.dumps({"model": "later", "prompt": "count the sheep", "max_tokens": 400}).encode()
+    gateway = _gateway()
+    await gateway.ensure_started()
+    leaving = asyncio.create_task(_leave(gateway, token, body, lambda: True))
+    await _until(lambda: "later" in gateway.waiters)
+
+    def ready() -> None:
+        from console.deployments.models import Deployment, Replica
+
+        Replica.objects.create(deployment=Deployment.objects.get(name="later"), index=0, desired_state="ready",
+                               observed_state="ready", host=Replica.objects.filter(host__isnull=False).first().host)
+
+    await sync_to_async(ready)()
+    gateway.poke()
+    await asyncio.wait_for(leaving, 10)
+    await gateway.close()
+    assert agent.seen == 0
+    assert not gateway.limiter.held
+    assert gateway.limiter._used((limits.team_key(team), int(NOW // 60) * 60)) == (1, 0)

@@ -47,9 +47,19 @@ def test_the_context_bounds_a_huge_max_tokens_and_a_huge_prompt():
         len(json.dumps({"model": "chat", "prompt": "hi", "max_tokens": 100})) + 100
 
 
-def test_a_max_tokens_that_is_no_count_reserves_the_default_the_engine_refuses_it_having_used_nothing():
-    for bad in ("many", -1, 1.5, True):
-        assert _need("/v1/completions", {"model": "chat", "prompt": "hi", "max_tokens": bad}).completion == 16
+def test_a_count_an_engine_reads_laxly_reserves_what_it_reads_and_a_null_max_tokens_the_rest_of_the_context():
+    # vLLM's parser (pydantic, lax) reads "4000", 4000.0, " 4000 " and "4_000" as 4000, a string "16" as n=16, and a
+    # completion's null max_tokens as none at all: it generates to the end of the context.
+    def completion(**fields):
+        return _need("/v1/completions", {"model": "chat", "prompt": "hi", **fields}, context=8192)
+
+    for lax in ("4000", 4000.0, " 4000 ", "4_000"):
+        assert completion(max_tokens=lax).completion == 4000, lax
+    assert completion(max_tokens=None).completion == 8192
+    assert completion(max_tokens="many").completion == 8192  # refused by the engine: holding the most costs nothing
+    assert completion(max_tokens=10, n="16").choices == 16 and completion(max_tokens=10, best_of=8.0).choices == 8
+    assert _need("/v1/chat/completions", {"model": "chat", "messages": [], "max_completion_tokens": "50"},
+                 context=8192).completion == 50
 
 
 def test_embeddings_reserve_their_input_and_v2_tokenize_and_detokenize_nothing():

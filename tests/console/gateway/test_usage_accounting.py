@@ -171,4 +171,43 @@ async def test_a_streams_reservation_is_settled_when_it_ends_and_when_it_never_b
     await make_app(gateway)(scope, receive, send)
     gc.collect()
     assert not gateway.limiter.held  # a stream never iterated still settles
+    assert not gateway.outstanding  # ... and its replica's count of requests in flight drops
+    await gateway.flush()
     await gateway.close()
+    # Its client left (499) once it was sent: charged its prompt as reserved (its body's bytes), and no event.
+    assert await sync_to_async(_sums)(deployment="chat-a") == {"requests": 2, "errors": 1, "prompt": 6 + len(body),
+                                                               "completion": 4}
+
+
+async def test_a_flush_cancelled_while_its_write_waits_for_a_thread_still_writes_what_it_took(scene, monkeypatch):
+    from console.gateway import core
+
+    teams, _ = scene
+    queued, free = asyncio.Event(), asyncio.Event()
+    real = core.own_thread
+
+    def own_thread(fn):  # the usage write waits for a free database thread first: cancelled then, it never runs
+        if fn is not core.usage_store.write:
+            return real(fn)
+
+        async def call(*args):
+            queued.set()
+            await free.wait()
+            return await sync_to_async(fn)(*args)
+        return call
+
+    gateway = _gateway()  # not started: no flusher of its own runs
+    token = await sync_to_async(lambda: ApiToken.objects.get(user__username="alice").pk)()
+    gateway.usage.add("chat-a", teams.a.pk, token, 200, 0.0, 6, 4)  # a request's tally
+    monkeypatch.setattr(core, "own_thread", own_thread)
+    flushing = asyncio.ensure_future(gateway.flush())  # as the gateway's flusher, when the gateway closes
+    await queued.wait()
+    flushing.cancel()
+    await asyncio.sleep(0)
+    free.set()
+    with pytest.raises(asyncio.CancelledError):
+        await flushing
+    monkeypatch.setattr(core, "own_thread", real)
+    await gateway.close()
+    assert await sync_to_async(_sums)(deployment="chat-a") == {"requests": 1, "errors": 0, "prompt": 6,
+                                                               "completion": 4}
