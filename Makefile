@@ -9,6 +9,11 @@ GPUS ?= sim:2x24GiB
 # The PostgreSQL + Redis pass of the suite (this machine kind runs both on loopback).
 PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 REDIS_URL_TEST ?= redis://127.0.0.1:6379/0
+# Each pass runs the tests that start no `manage.py up` on TEST_WORKERS processes (pytest-xdist, a file per worker),
+# then the end-to-end tests, which start consoles, agents and engines, one at a time.
+TEST_WORKERS ?= 2
+PASS1 = env -u DATABASE_URL -u REDIS_URL MODELGRID_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/python -m pytest
+PASS2 = DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS_URL_TEST) MODELGRID_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/python -m pytest -m db_stack
 
 # vLLM's CPU build, in an environment of its own (its pins differ from ours); `make vllm` makes it. The agent runs
 # the vllm engine with it (MODELGRID_VLLM_PYTHON); on a GPU host, point that at a CUDA build's interpreter instead.
@@ -53,6 +58,8 @@ lint: $(STAMP)
 test: $(STAMP) $(VLLM_STAMP) browser
 	$(BIN)/ruff check .
 	@echo "== pass 1: everything, on SQLite with the in-memory channel layer =="
-	env -u DATABASE_URL -u REDIS_URL MODELGRID_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/python -m pytest
+	$(PASS1) -n $(TEST_WORKERS) --dist loadfile --ignore=tests/e2e
+	$(PASS1) tests/e2e
 	@echo "== pass 2: database, consumer and end-to-end tests on PostgreSQL with the Redis channel layer =="
-	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS_URL_TEST) MODELGRID_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/python -m pytest -m db_stack
+	$(PASS2) -n $(TEST_WORKERS) --dist loadfile --ignore=tests/e2e
+	$(PASS2) tests/e2e

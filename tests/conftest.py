@@ -37,6 +37,22 @@ def write_model_dir(path: Path, *, hidden: int = 16, vocab: int = 32, layers: in
 
 
 @pytest.fixture(scope="session", autouse=True)
+def own_channel_prefix():
+    """Under pytest-xdist each worker's Redis channel layer (the second pass) has a prefix of its own, as do the
+    consoles its tests start: two workers' groups of one name would otherwise hear each other's messages."""
+    import os
+
+    from channels.layers import channel_layers
+    from django.conf import settings
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    config = settings.CHANNEL_LAYERS["default"].get("CONFIG", {})
+    if worker and "prefix" in config:
+        config["prefix"] = os.environ["MODELGRID_CHANNEL_PREFIX"] = f"{config['prefix']}-{worker}"
+        channel_layers.backends.clear()  # a layer made before this still has the shared prefix
+
+
+@pytest.fixture(scope="session", autouse=True)
 def model_roots(tmp_path_factory):
     """The console reads artifacts only under its model roots; the tests' artifacts live in pytest's temporary
     directory, for the console in this process and for the ones the end-to-end tests start."""
