@@ -163,9 +163,11 @@ def _estimate(args: argparse.Namespace) -> int:
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from agent.daemon import Agent, AgentConfig, websocket_url
     from agent.gpus import GpuBackendUnavailable, make_backend
+    from agent.privacy import keep_private
 
     if not args.token:
         parser.error(f"an agent token is required: pass --token or set {TOKEN_ENV}")
+    keep_private()  # its token stays out of its engines' reach (/proc/PID/environ)
     try:
         websocket_url(args.console)
         backend = make_backend(args.gpus, host=args.name)

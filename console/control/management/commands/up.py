@@ -41,6 +41,7 @@ SHUTDOWN_DEADLINE = 9.5
 # stop the agent it started, and a rotated token would refuse that agent forever if it ever outlived `up`.
 LOCAL_AGENT_TOKEN_FILE = "local-agent.token"
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 LOCAL_AGENT = "local agent"
 
 
@@ -98,6 +99,14 @@ def local_agent_token(name: str, data_dir: Path) -> str:
         f.write(token + "\n")
     os.replace(partial, path)  # a crash leaves the old token or the new one, never half of one
     return token
+
+
+def _keep_private() -> None:
+    """This process's /proc/PID files (its environment above all, which holds the console's secrets) readable by
+    root only: the engines the local agent runs are processes of this user (agent/privacy.py does the same for
+    the agent). Children get theirs back at exec."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 def _die_with_parent(parent: int) -> Callable[[], None]:
@@ -174,6 +183,7 @@ class Command(BaseCommand):
                 f"cannot listen on {opts['host']}:{opts['port']}: {e.strerror}. "
                 "Is another ModelGrid running? Choose another --port."
             ) from None
+        _keep_private()
         call_command("migrate", interactive=False, verbosity=0)
         call_command("ensureadmin")
         settings.MODEL_STORE.mkdir(parents=True, exist_ok=True)
