@@ -39,9 +39,12 @@ def test_a_changed_model_rolls_its_replicas_one_at_a_time_and_keeps_serving(stac
             wait_for(rolled, timeout=240, interval=0.2, what="both replicas restarted onto the new directory")
         assert restarting_at_once <= 1  # one at a time (a quick restart may fall between two looks)
         assert answers and set(answers) == {200}, answers  # the other replica served meanwhile
-        events = api.get("/events", params={"object": "deployment/rolls"}).json()["events"]
-        reasons = [e["reason"] for e in events]
-        assert reasons.count("Restarting") == 2 and "RolledOut" in reasons, reasons
+        def reasons():
+            return [e["reason"] for e in api.get("/events", params={"object": "deployment/rolls"}).json()["events"]]
+
+        # The scheduler says RolledOut at its pass after the last replica read ready: a moment after this saw it.
+        wait_for(lambda: "RolledOut" in reasons(), timeout=60, what="the rollout's end on the timeline")
+        assert reasons().count("Restarting") == 2, reasons()
     finally:
         api.delete("/deployments/rolls")
         api.delete("/models/roll-base")
