@@ -24,9 +24,9 @@ from console.bulk import update_values
 from console.catalog.fingerprint import fingerprint
 from console.catalog.models import Adapter, Model
 from console.catalog.names import is_name, validate_name
+from console.changes import begin_rollout, wake_scheduler
 from console.errors import Conflict, DomainError, Invalid, NotFound
 from console.events.record import Note, record
-from console.realtime.notify import wake_scheduler
 
 
 def register_model(name: str, path: str, actor: str = "", team: Team | None = None) -> Model:
@@ -50,7 +50,6 @@ def update_model(name: str, path: str, actor: str = "", teams: Teams = ALL) -> M
     Unchanged files change nothing. Changed ones give the model new figures and each of its deployments a new
     estimate and a new revision, which the scheduler rolls across their replicas one at a time, drained
     (console/control/rollout.py). `actor` goes on the timeline."""
-    from console.control.rollout import begin_rollout
     from console.deployments.models import Deployment
     from console.deployments.rowlocks import locked
 
@@ -68,7 +67,8 @@ def update_model(name: str, path: str, actor: str = "", teams: Teams = ALL) -> M
         model = get_model(name)
         estimates = checked_edit(model, artifact, read, deployments)
         was = {field: getattr(model, field) for field in read}
-        rolled = begin_rollout(deployments)  # before the row changes: its replicas hold what they run now
+        begin_rollout(deployments)  # before the row changes: its replicas hold what they run now
+        rolled = [d.name for d in deployments]
         for field, value in read.items():
             setattr(model, field, value)
         model.save(update_fields=list(read))

@@ -14,7 +14,7 @@ from console.catalog.memory import deployment_estimates, model_positions, servin
 from console.catalog.models import Model
 from console.catalog.names import is_name, validate_name
 from console.catalog.services import get_model
-from console.control.desired import mark_stale
+from console.changes import mark_stale, wake_scheduler
 from console.deployments import policy
 from console.deployments.capability import check_engine, engine_kinds
 from console.deployments.models import Deployment
@@ -23,7 +23,6 @@ from console.deployments.schemas import MAX_BULK
 from console.errors import Conflict, DomainError, Invalid, NotFound, describe
 from console.events.record import Note, deployment_object, record
 from console.fleet.models import Host
-from console.realtime.notify import wake_scheduler
 from console.scheduler.types import TIER_RANK
 
 # What an operator may change on a deployment (PATCH, the SLO form); the serving shape is fixed at creation.
