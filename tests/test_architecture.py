@@ -79,3 +79,123 @@ def test_the_daemon_and_the_console_start_without_torch():
     )
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+# console's layers, lowest first (docs/architecture.md, "Layers"): a module imports from its own layer and those
+# below. The ground floor is every module directly under console/ not named here, the package itself and the pure
+# scheduler; management commands are entry points, on top with the project's wiring.
+DOMAIN_APPS = ("accounts", "catalog", "deployments", "fleet", "routes", "usage", "events", "series", "alerts")
+PLANE = ("intake", "control", "realtime", "gateway", "chores")
+TOP = ("api", "urls", "asgi", "settings")
+GROUND_PACKAGES = ("scheduler",)
+MAX_UPWARD = 8
+
+
+def console_modules() -> dict[str, Path]:
+    found = {}
+    for p in files("console"):
+        if "migrations" in p.parts:
+            continue
+        parts = list(p.relative_to(ROOT).with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return found
+
+
+def console_imports(module: str, path: Path, known) -> list[tuple[str, int]]:
+    """The console modules `module` imports anywhere in it (module level or inside functions), with the line; `from
+    package import submodule` names the submodule."""
+    def known_part(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".")[:len(module.split(".")) - node.level + (path.name == "__init__.py")]
+                base = ".".join([*package, base] if base else package)
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for name in dict.fromkeys(names):
+            target = known_part(name)
+            if target is not None and target != module:
+                found.append((target, node.lineno))
+    return found
+
+
+def app_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "console"
+
+
+def layer_of(module: str) -> int:
+    if "management" in module.split("."):
+        return 3
+    app = app_of(module)
+    return 3 if app in TOP else 2 if app in PLANE else 1 if app in DOMAIN_APPS else 0
+
+
+def upward_imports() -> list[str]:
+    known = console_modules()
+    return [f"{path.relative_to(ROOT)}:{line} {module} -> {target}"
+            for module, path in known.items() for target, line in console_imports(module, path, known)
+            if layer_of(module) < layer_of(target)]
+
+
+def cycles_across_apps() -> list[list[str]]:
+    """The strongly connected components of console's module import graph (every import counted) that hold modules
+    of more than one app (each top-level module being an app of its own)."""
+    known = console_modules()
+    graph = {m: {t for t, _ in console_imports(m, p, known)} for m, p in known.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(m: str) -> None:  # Tarjan's algorithm
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        on_stack.add(m)
+        for t in sorted(graph[m]):
+            if t not in index:
+                visit(t)
+                low[m] = min(low[m], low[t])
+            elif t in on_stack:
+                low[m] = min(low[m], index[t])
+        if low[m] == index[m]:
+            component = []
+            while not component or component[-1] != m:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len({app_of(c) for c in component}) > 1:
+                found.append(sorted(component))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return found
+
+
+def test_every_console_package_has_a_layer():
+    packages = {p.parent.name for p in (ROOT / "console").glob("*/__init__.py")}
+    assert packages - set(DOMAIN_APPS + PLANE + TOP + GROUND_PACKAGES) == set()
+
+
+def test_at_most_8_imports_run_up_from_a_lower_layer():
+    up = upward_imports()
+    print(f"\n{len(up)} upward imports in console/:", *up, sep="\n  ")
+    assert len(up) <= MAX_UPWARD, "\n".join(up)
+
+
+def test_no_import_cycle_spans_two_apps():
+    cycles = cycles_across_apps()
+    for component in cycles:
+        apps = sorted({app_of(m) for m in component})
+        print(f"\ncycle of {len(component)} modules over {', '.join(apps)}:", *component, sep="\n  ")
+    assert cycles == []

@@ -11,6 +11,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 
 from console.accounts.services import require_admin
+from console.changes import revoke_links
 from console.errors import Invalid, NotFound
 from console.events.record import Note, host_object, record
 from console.fleet.hostnames import validate_host_name
@@ -60,8 +61,6 @@ def issue(requester, host_name: str, actor: str = "") -> tuple[AgentCredential, 
 
 def revoke(requester, host_name: str, actor: str = "") -> None:
     """Delete the agent token of `host_name`: its agent is refused from now on and its links end."""
-    from console.realtime import notify
-
     require_admin(requester, MANAGE)
     with transaction.atomic():
         row = AgentCredential.objects.select_for_update().filter(host_name=host_name).first()
@@ -73,7 +72,7 @@ def revoke(requester, host_name: str, actor: str = "") -> None:
                      "refused until it is given a new one", actor=actor, host=host_name, folds=False)])
         host = Host.objects.filter(name=host_name).values_list("pk", flat=True).first()
         if host is not None:
-            transaction.on_commit(lambda: notify.revoke_links(host))
+            transaction.on_commit(lambda: revoke_links(host))
 
 
 def _check_host_name(name: str) -> None:

@@ -20,16 +20,15 @@ from console.catalog.fingerprint import fingerprint
 from console.catalog.memory import deployment_estimates
 from console.catalog.models import Adapter
 from console.catalog.names import is_name, validate_name
+from console.changes import begin_rollout, mark_stale, wake_scheduler
 from console.errors import Conflict, Invalid, NotFound
 from console.events.record import Note, record
-from console.realtime.notify import wake_scheduler
 
 
 def register_adapter(name: str, deployment: str, path: str, pinned: bool = False, actor: str = "",
                      teams: Teams = ALL) -> Adapter:
     """Read, check and store an adapter for `deployment` (one of `teams`'), in its team; refreshes the
     deployment's memory estimate."""
-    from console.control.rollout import begin_rollout  # control depends on catalog
     from console.deployments.services import get_deployment, refuse_taken_name  # deployments depends on catalog
 
     validate_name(name, "adapter")
@@ -109,7 +108,6 @@ def update_adapter(name: str, changes: dict, actor: str = "", teams: Teams = ALL
     registration does, refused with nothing stored) or its pin. A changed artifact gives its deployment a new pool
     estimate and a new revision, which the scheduler rolls across the replicas one at a time, drained
     (console/control/rollout.py); a pin changes no artifact and restarts nothing."""
-    from console.control.rollout import begin_rollout  # control depends on catalog
     from console.deployments.services import get_deployment  # deployments depends on catalog
 
     adapter = get_adapter(name, teams)
@@ -173,8 +171,6 @@ def delete_adapter(name: str, actor: str = "", teams: Teams = ALL) -> None:
 
 
 def _refresh_pool(dep) -> None:
-    from console.control.desired import mark_stale  # deployments depends on catalog
-
     dep.estimates = deployment_estimates(dep)
     dep.save(update_fields=["estimates"])
     mark_stale([dep])  # its replicas' hosts get the new adapter list

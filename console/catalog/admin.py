@@ -6,9 +6,9 @@ from django.db import transaction
 from console.bulk import update_values
 from console.catalog.models import Calibration, MemorySample, Model
 from console.catalog.services import ARTIFACT_FIELDS, checked_edit, read_artifact
+from console.changes import begin_rollout, mark_stale, wake_scheduler
 from console.errors import Invalid
 from console.events.admin import AuditedAdmin
-from console.realtime.notify import wake_scheduler
 
 
 class ModelForm(forms.ModelForm):
@@ -51,9 +51,7 @@ class ModelAdmin(AuditedAdmin):
     # What its files say (figures, each deployment's estimate) is stored with it: admission reserves by them. A new
     # directory rolls its deployments' replicas onto it one at a time, as the API's PATCH does.
     def save_model(self, request, obj, form, change):
-        from console.control.desired import mark_stale  # deployments depends on catalog
-        from console.control.rollout import begin_rollout
-        from console.deployments.models import Deployment
+        from console.deployments.models import Deployment  # deployments depends on catalog
 
         if change and form.read:  # before the row changes: the replicas hold what they run now
             begin_rollout(Deployment.objects.filter(model=obj).order_by("pk"))

@@ -3,7 +3,7 @@ from ninja import Query, Router, Status
 
 from console.accounts.auth import actor_of
 from console.accounts.teams import creation_team, scoped, teams_of
-from console.catalog import adapters, memory, services
+from console.catalog import adapters, services
 from console.catalog.models import Adapter, Model
 from console.catalog.schemas import (
     AdapterIn,
@@ -62,7 +62,7 @@ def delete_model(request, name: str):
 @estimate_router.post("", response={200: EstimateOut, 404: ErrorOut, 422: ErrorOut},
                       summary="Estimate one replica's memory from headers and config (nothing is loaded or stored)")
 def estimate(request, body: EstimateIn):
-    return memory.estimate_request(body.path, body.model, body.dtype, body.batch, body.seq, body.device,
+    return services.estimate_request(body.path, body.model, body.dtype, body.batch, body.seq, body.device,
                                    body.adapter_pool_bytes, teams=teams_of(request.user))
 
 

@@ -1,15 +1,12 @@
-"""Memory estimates for models and deployments, measured loads, and the calibration they feed.
+"""Sizing: the memory a model needs at a deployment's settings, and what admission reserves for it.
 
-The estimator (agent.artifacts) gives a breakdown from headers and config; each replica's worker
-reports what it really used after a warm-up at the same shape; every such load is kept beside
-its estimate, and the correction per architecture family and device kind (console.catalog.
-calibration) scales what later admissions reserve.
+The estimator (agent.artifacts) gives a breakdown from headers and config; the correction per architecture family and
+device kind (console.catalog.calibration, fed by measured loads: console/catalog/loads.py) scales what admissions
+reserve. Catalog and deployments both size through here; it imports neither's services.
 """
 
 from __future__ import annotations
 
-import logging
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -21,19 +18,12 @@ from agent.artifacts import ArtifactError, Estimate, canonical_dtype, estimate
 from agent.artifacts.config import read_config
 from agent.artifacts.dtypes import WORKER_DTYPES
 from agent.artifacts.estimate import for_engine
-from agent.protocol import Measurement
-from console.bulk import insert
-from console.catalog.calibration import NONE, WINDOW, Correction, correction, error_fraction
-from console.catalog.models import Calibration, DeviceKind, MemorySample, Model
-from console.catalog.services import get_model
-from console.deployments.models import Replica
+from console.catalog.calibration import NONE, Correction, error_fraction
+from console.catalog.models import Calibration, DeviceKind, Model
 from console.errors import Invalid
-
-log = logging.getLogger("modelgrid.memory")
 
 MAX_BATCH = 4096
 MAX_SEQ = 1 << 20
-LOGGED_LOADS = 20  # a batch's loads logged a line each; the rest in one line (_log_loads)
 
 
 ESTIMATE_TTL_S = 10.0
@@ -58,7 +48,7 @@ def _recently(key: tuple, compute):
     return answer
 
 
-def _estimate(path: str, dtype: str | None, batch: int, seq: int | None, device: str,
+def recent_estimate(path: str, dtype: str | None, batch: int, seq: int | None, device: str,
               adapter_pool_bytes: int = 0) -> Estimate:
     """agent.artifacts.estimate under the model roots, an answer up to ESTIMATE_TTL_S old (see _recently). Only
     creating deployments and recording loads use it; registration and the scheduler read the files afresh."""
@@ -83,27 +73,11 @@ def estimate_path(
     check_shape(batch, seq)
     try:
         if recent:
-            return _estimate(path, dtype, batch, seq, device, adapter_pool_bytes)
+            return recent_estimate(path, dtype, batch, seq, device, adapter_pool_bytes)
         return estimate(path, dtype=dtype, batch=batch, seq=seq, device=device, adapter_pool_bytes=adapter_pool_bytes,
                         roots=settings.MODEL_ROOTS)
     except ArtifactError as e:
         raise Invalid(str(e), field="path") from None
-
-
-def estimate_request(path: str | None, model: str | None, dtype: str | None, batch: int, seq: int | None,
-                     device: str, adapter_pool_bytes: int = 0, *, calibrate: bool = True,
-                     teams: frozenset[int] | None = None) -> dict:
-    """The estimate of a path or a registered model (of one of `teams`; None: any), with the calibration later
-    admissions would apply (none with calibrate=False, for a console whose database is not set up)."""
-    if bool(path) == bool(model):
-        raise Invalid("give exactly one of 'path' (a model directory or file) and 'model' (a registered name)",
-                      field="path")
-    if model:
-        path = get_model(model, teams=teams).path
-    est = estimate_path(path, dtype, batch, seq, device, adapter_pool_bytes)
-    corr = current_correction(est.family, device) if calibrate else NONE
-    return est.as_dict() | {"calibrated_bytes": corr.apply(est.total_bytes), "calibration_factor": corr.factor,
-                            "calibrated_from": corr.samples}
 
 
 def check_shape(batch: int, seq: int | None) -> None:
@@ -111,6 +85,15 @@ def check_shape(batch: int, seq: int | None) -> None:
         raise Invalid(f"batch must be between 1 and {MAX_BATCH}, got {batch}", field="batch")
     if seq is not None and not 1 <= seq <= MAX_SEQ:
         raise Invalid(f"seq must be between 1 and {MAX_SEQ}, got {seq}", field="seq")
+
+
+def check_seq(model: Model, seq: int | None) -> None:
+    """A sequence length the model can hold: at most its positions (when its config declares them)."""
+    if seq is None:
+        return  # the model's default shape: nothing to check, nothing to read
+    limit = model_positions(model, recent=True)
+    if seq is not None and limit is not None and seq > limit:
+        raise Invalid(f"seq {seq} is above the {limit} positions model {model.name!r} can hold", field="seq")
 
 
 def model_positions(model: Model, recent: bool = False) -> int | None:
@@ -149,24 +132,6 @@ def settings_estimates(model: Model, dtype: str, batch: int, seq: int | None,
     }
 
 
-def estimates_from(model: Model, deployments) -> dict[int, dict[str, dict]]:
-    """Each of `deployments`' breakdowns, by primary key, were it served from `model` (a row as it is about to be
-    saved: its files read now); Invalid naming the first deployment that could not be."""
-    from console.deployments.capability import check_engine  # deployments depends on catalog
-    from console.deployments.services import check_seq
-
-    found = {}
-    for dep in deployments:
-        try:
-            check_seq(model, dep.seq)
-            check_engine(model, dep.engine)
-            found[dep.pk] = settings_estimates(model, serving_dtype(model, dep.dtype), dep.batch, dep.seq,
-                                               dep.adapter_pool_bytes, engine=dep.engine)
-        except Invalid as e:
-            raise Invalid(f"deployment {dep.name!r} could not be served from it: {e}", field="path") from None
-    return found
-
-
 def deployment_estimates(dep) -> dict[str, dict]:
     """A stored deployment's breakdowns, its adapter pool sized for every registered adapter at once."""
     return settings_estimates(dep.model, dep.serving_dtype, dep.batch, dep.seq, dep.adapter_pool_bytes,
@@ -197,83 +162,6 @@ def reservation(estimates: dict[str, dict], device: str, by_family: dict[str, Co
     est = estimates[device]
     corr = by_family.get(est["family"], NONE)
     return Reservation(corr.apply(est["total_bytes"]), est["total_bytes"], corr)
-
-
-@dataclass(frozen=True)
-class Load:
-    """A ready worker's measurement, as its agent reported it."""
-
-    host_name: str
-    replica_id: int
-    measurement: Measurement
-    pid: int | None
-
-    @property
-    def key(self) -> str:
-        # The replica's id is unique across hosts; the host name (up to 200 characters) only helps a reader,
-        # so it goes last and is cut to the column.
-        return f"{self.replica_id}/{self.pid}/{self.host_name}"[:200]
-
-
-def record_loads(loads: list[Load]) -> list[MemorySample]:
-    """Keep each load's estimate and measurement (once per worker) and recalibrate the families they belong
-    to, once each; returns the samples kept. Every status of a ready worker carries its measurement: those
-    already kept cost one query for the lot, and a thousand replicas becoming ready at once a handful."""
-    kept = set(MemorySample.objects.filter(load_key__in=[ld.key for ld in loads]).values_list("load_key", flat=True))
-    new = {ld.key: ld for ld in loads if ld.key not in kept}  # one per worker, the last status's figures
-    if not new:
-        return []
-    replicas = Replica.objects.select_related("deployment__model").in_bulk([ld.replica_id for ld in new.values()])
-    by_device: dict[str, dict[str, Correction]] = {}
-    samples = []
-    for key, ld in new.items():
-        replica, m = replicas.get(ld.replica_id), ld.measurement
-        if replica is None:
-            continue  # deleted meanwhile
-        deployment, model = replica.deployment, replica.deployment.model
-        try:
-            est = for_engine(_estimate(model.path, deployment.dtype or None, m.batch, m.seq, m.device),
-                             deployment.engine)
-        except ArtifactError as e:
-            log.warning("cannot calibrate from %s: its model is no longer readable (%s)", key, e)
-            continue
-        if m.device not in by_device:
-            by_device[m.device] = corrections(m.device)
-        before = by_device[m.device].get(est.family, NONE)
-        samples.append(MemorySample(
-            load_key=key, model=model, deployment=deployment.name, family=est.family,
-            architecture=est.architecture, device=m.device, dtype=est.dtype, batch=m.batch, seq=m.seq,
-            estimated_bytes=est.total_bytes, calibrated_bytes=before.apply(est.total_bytes),
-            measured_bytes=m.total_bytes, estimate=est.as_dict(), measurement=m.model_dump()))
-    # A concurrent report of the same load may get there first: its row stands, this one is dropped.
-    insert(samples, skip_conflicts=True)
-    for family, device in sorted({(sm.family, sm.device) for sm in samples}):
-        recalibrate(family, device)
-    _log_loads(samples)
-    return samples
-
-
-def _log_loads(samples: list[MemorySample]) -> None:
-    """A line each for the first LOGGED_LOADS, then one line for the rest: a rollout of 10,000 replicas has as
-    many loads, which the samples keep (and the replicas' events tell) one by one."""
-    errors = [100 * (error_fraction(sm.estimated_bytes, sm.measured_bytes) or 0) for sm in samples]
-    for sm, err in zip(samples[:LOGGED_LOADS], errors, strict=False):
-        log.info("load %s: estimated %d, measured %d bytes (error %+.1f%%)", sm.load_key, sm.estimated_bytes,
-                 sm.measured_bytes, err)
-    rest = errors[LOGGED_LOADS:]
-    if rest:
-        log.info("and %d more loads (error: median %+.1f%%, largest %+.1f%%): the memory samples keep each",
-                 len(rest), statistics.median(rest), max(rest, key=abs))
-
-
-def recalibrate(family: str, device: str) -> Correction:
-    """Derive the family's correction on `device` from its most recent loads and store it."""
-    pairs = MemorySample.objects.filter(family=family, device=device).values_list("estimated_bytes", "measured_bytes")
-    corr = correction(pairs[:WINDOW])
-    if corr.samples:
-        Calibration.objects.update_or_create(family=family, device=device,
-                                             defaults={"factor": corr.factor, "samples": corr.samples})
-    return corr
 
 
 def memory_summary(reserved: int | None, estimated: int | None, samples: int, measured: int | None) -> dict:

@@ -1,4 +1,4 @@
-"""Model registration and the model store listing (shared by the API and the pages)."""
+"""Model registration, edits and estimates, and the model store listing (shared by the API and the pages)."""
 
 from __future__ import annotations
 
@@ -21,12 +21,15 @@ from agent.artifacts.shape import serving_shape, shape_changes
 from console.accounts.models import Team
 from console.accounts.teams import ALL, Teams, scoped
 from console.bulk import update_values
+from console.catalog.calibration import NONE
 from console.catalog.fingerprint import fingerprint
+from console.catalog.memory import check_seq, current_correction, estimate_path, serving_dtype, settings_estimates
 from console.catalog.models import Adapter, Model
 from console.catalog.names import is_name, validate_name
+from console.changes import begin_rollout, wake_scheduler
+from console.deployments.capability import check_engine
 from console.errors import Conflict, DomainError, Invalid, NotFound
 from console.events.record import Note, record
-from console.realtime.notify import wake_scheduler
 
 
 def register_model(name: str, path: str, actor: str = "", team: Team | None = None) -> Model:
@@ -50,7 +53,6 @@ def update_model(name: str, path: str, actor: str = "", teams: Teams = ALL) -> M
     Unchanged files change nothing. Changed ones give the model new figures and each of its deployments a new
     estimate and a new revision, which the scheduler rolls across their replicas one at a time, drained
     (console/control/rollout.py). `actor` goes on the timeline."""
-    from console.control.rollout import begin_rollout
     from console.deployments.models import Deployment
     from console.deployments.rowlocks import locked
 
@@ -68,7 +70,8 @@ def update_model(name: str, path: str, actor: str = "", teams: Teams = ALL) -> M
         model = get_model(name)
         estimates = checked_edit(model, artifact, read, deployments)
         was = {field: getattr(model, field) for field in read}
-        rolled = begin_rollout(deployments)  # before the row changes: its replicas hold what they run now
+        begin_rollout(deployments)  # before the row changes: its replicas hold what they run now
+        rolled = [d.name for d in deployments]
         for field, value in read.items():
             setattr(model, field, value)
         model.save(update_fields=list(read))
@@ -126,8 +129,6 @@ def checked_edit(model: Model, artifact: ModelArtifact, read: dict, deployments)
     """Each of `deployments`' (the model's) breakdowns, by primary key, were `model` served from `artifact` (`read`:
     its row fields); Invalid naming the path, what would break and why, when it would break one of them or an
     adapter of theirs. The one rule for a model's edit: the API, the models page and the Django admin use it."""
-    from console.catalog.memory import estimates_from  # memory reads deployments, which depend on catalog
-
     deployments = list(deployments)
     if not deployments:
         return {}
@@ -156,6 +157,21 @@ def checked_edit(model: Model, artifact: ModelArtifact, read: dict, deployments)
     return estimates_from(moved, deployments)
 
 
+def estimates_from(model: Model, deployments) -> dict[int, dict[str, dict]]:
+    """Each of `deployments`' breakdowns, by primary key, were it served from `model` (a row as it is about to be
+    saved: its files read now); Invalid naming the first deployment that could not be."""
+    found = {}
+    for dep in deployments:
+        try:
+            check_seq(model, dep.seq)
+            check_engine(model, dep.engine)
+            found[dep.pk] = settings_estimates(model, serving_dtype(model, dep.dtype), dep.batch, dep.seq,
+                                               dep.adapter_pool_bytes, engine=dep.engine)
+        except Invalid as e:
+            raise Invalid(f"deployment {dep.name!r} could not be served from it: {e}", field="path") from None
+    return found
+
+
 def get_model(name: str, missing: type[DomainError] = NotFound, teams: Teams = ALL) -> Model:
     """The model called `name` of one of `teams`; `missing` is raised when there is none (NotFound, or Invalid
     when the name came inside a request body)."""
@@ -178,6 +194,22 @@ def delete_model(name: str, actor: str = "", teams: Teams = ALL) -> None:
         model.delete()
         record([Note(f"model/{name}", "Deleted", f"unregistered (its files stay at {model.path})", actor=actor,
                      folds=False, team=model.team_id)])
+
+
+def estimate_request(path: str | None, model: str | None, dtype: str | None, batch: int, seq: int | None,
+                     device: str, adapter_pool_bytes: int = 0, *, calibrate: bool = True,
+                     teams: frozenset[int] | None = None) -> dict:
+    """The estimate of a path or a registered model (of one of `teams`; None: any), with the calibration later
+    admissions would apply (none with calibrate=False, for a console whose database is not set up)."""
+    if bool(path) == bool(model):
+        raise Invalid("give exactly one of 'path' (a model directory or file) and 'model' (a registered name)",
+                      field="path")
+    if model:
+        path = get_model(model, teams=teams).path
+    est = estimate_path(path, dtype, batch, seq, device, adapter_pool_bytes)
+    corr = current_correction(est.family, device) if calibrate else NONE
+    return est.as_dict() | {"calibrated_bytes": corr.apply(est.total_bytes), "calibration_factor": corr.factor,
+                            "calibrated_from": corr.samples}
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from console.catalog.memory import estimate_request
+from console.catalog.services import estimate_request
 from console.errors import DomainError
 from console.scheduler.dryrun import PlanInputError
 

@@ -53,7 +53,7 @@ def estimate_preview(request):
     """The breakdown for the registration and deploy forms (an htmx fragment); errors are shown, not raised."""
     form = request.POST
     try:
-        result = memory.estimate_request(
+        result = services.estimate_request(
             form.get("path", "").strip() or None,
             form.get("model", "").strip() or None,
             form.get("dtype") or None,

@@ -11,7 +11,9 @@ class ControlConfig(AppConfig):
 
     def ready(self) -> None:
         from console.control import checks  # noqa: F401  (registers the system checks)
+        from console.control.subscribers import subscribe
         from console.pgloaders import install
 
         # Every query benefits; a scheduler pass reads the most timestamps by far.
         connection_created.connect(install, dispatch_uid="console.pgloaders")
+        subscribe()  # the domain apps' change signals (console/changes.py)

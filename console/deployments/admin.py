@@ -2,11 +2,11 @@ from django.contrib import admin
 from django.db import transaction
 
 from console.bulk import update_in_key_order
+from console.changes import wake_scheduler
 from console.deployments.models import Deployment, Replica
 from console.deployments.services import SERVING_FIELDS
 from console.events.admin import AuditedAdmin
 from console.fleet.models import Host
-from console.realtime.notify import wake_scheduler
 
 
 class ReplicaInline(admin.TabularInline):

@@ -77,7 +77,7 @@ def check_engine(engine: str, running: set[str] | None = None) -> None:
 
 
 def priority_choices(team: Team) -> list[Choice]:
-    """The tiers, those above `team`'s priority ceiling disabled with why (services.check_ceiling refuses them)."""
+    """The tiers, those above `team`'s priority ceiling disabled with why (ceiling.check_ceiling refuses them)."""
     ceiling = TIER_RANK.get(team.priority_ceiling, len(TIERS))
     return [Choice(tier, tier, "" if TIER_RANK[tier] >= ceiling else
                    f"above team {team.name}'s priority ceiling ({team.priority_ceiling}); an admin can raise it")

@@ -8,6 +8,7 @@ from agent.protocol import REPLICA_STATES
 from console.accounts.models import default_team_id
 from console.catalog.models import Model
 from console.catalog.names import NAME_VALIDATOR
+from console.deployments.ceiling import check_ceiling
 from console.deployments.policy import FIELDS as POLICY_FIELDS
 from console.deployments.policy import validate_policy
 from console.errors import Invalid
@@ -118,8 +119,6 @@ class Deployment(models.Model):
 
     def _check_ceiling(self) -> None:
         """The team's priority ceiling binds the Django admin's form too, when the priority or the team changes."""
-        from console.deployments.services import check_ceiling  # the services build on this model
-
         if self.team_id is None:
             return
         stored = type(self).objects.filter(pk=self.pk).values_list("priority", "team_id").first()

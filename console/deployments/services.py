@@ -10,21 +10,20 @@ from django.db import IntegrityError, transaction
 from console.accounts.models import Team
 from console.accounts.teams import ALL, Teams, scoped
 from console.bulk import insert, update_in_key_order
-from console.catalog.memory import deployment_estimates, model_positions, serving_dtype, settings_estimates
+from console.catalog.memory import check_seq, deployment_estimates, serving_dtype, settings_estimates
 from console.catalog.models import Model
 from console.catalog.names import is_name, validate_name
 from console.catalog.services import get_model
-from console.control.desired import mark_stale
+from console.changes import mark_stale, wake_scheduler
 from console.deployments import policy
 from console.deployments.capability import check_engine, engine_kinds
+from console.deployments.ceiling import check_ceiling
 from console.deployments.models import Deployment
 from console.deployments.rowlocks import Lock, locked
 from console.deployments.schemas import MAX_BULK
 from console.errors import Conflict, DomainError, Invalid, NotFound, describe
 from console.events.record import Note, deployment_object, record
 from console.fleet.models import Host
-from console.realtime.notify import wake_scheduler
-from console.scheduler.types import TIER_RANK
 
 # What an operator may change on a deployment (PATCH, the SLO form); the serving shape is fixed at creation.
 POLICY_FIELDS = policy.FIELDS
@@ -108,26 +107,8 @@ def update_deployment(name: str, changes: dict[str, Any], actor: str = "", teams
     return deployment
 
 
-def check_ceiling(priority: str, team: Team) -> None:
-    """Refuse a priority above the team's ceiling (it binds admins too: they raise the ceiling first)."""
-    ceiling = team.priority_ceiling
-    if TIER_RANK.get(priority, len(TIER_RANK)) < TIER_RANK.get(ceiling, len(TIER_RANK)):
-        raise Invalid(f"priority {priority} is above team {team.name}'s priority ceiling ({ceiling}); an admin can "
-                      f"raise it (PATCH /api/v1/teams/{team.name} with priority_ceiling), or choose {ceiling} or "
-                      "lower", field="priority")
-
-
 def stored_policy(deployment: Deployment) -> dict[str, Any]:
     return {f: getattr(deployment, f) for f in POLICY_FIELDS}
-
-
-def check_seq(model: Model, seq: int | None) -> None:
-    """A sequence length the model can hold: at most its positions (when its config declares them)."""
-    if seq is None:
-        return  # the model's default shape: nothing to check, nothing to read
-    limit = model_positions(model, recent=True)
-    if seq is not None and limit is not None and seq > limit:
-        raise Invalid(f"seq {seq} is above the {limit} positions model {model.name!r} can hold", field="seq")
 
 
 def refuse_taken_name(name: str, kind: str) -> None:

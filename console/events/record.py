@@ -2,13 +2,14 @@
 as Kubernetes does, so a replica failing every minute is one line that counts, not a thousand); `prune` keeps it
 within its retention and its row cap. Both are synchronous and run inside the caller's transaction, so an event
 is committed exactly when the change it tells of is. Each event is stamped with the team that owns its object
-(console/accounts/scope.py event_teams), which is what decides who reads it."""
+(console/accounts/scope.py event_teams, which the events app hands to `owners_of` when the apps are ready: the
+timeline imports none of the apps that write to it), which is what decides who reads it."""
 
 from __future__ import annotations
 
 import getpass
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -18,6 +19,14 @@ from django.utils import timezone
 
 from console.bulk import insert_values
 from console.events.models import Event, EventType
+
+
+def _not_ready(keys):
+    raise RuntimeError("the timeline's owners are named when the apps are ready (console/events/apps.py)")
+
+
+# The team owning each (object, deployment) a note names, or None: the team scope's to say, of every app's objects.
+owners_of: Callable[[Iterable[tuple[str, str]]], dict[tuple[str, str], int | None]] = _not_ready
 
 _CHUNK = 500  # objects per lookup of foldable rows: far below every backend's limit on query parameters
 _COLUMNS = ("object", "deployment", "host", "team", "type", "reason", "message", "actor", "count", "first_seen",
@@ -76,13 +85,11 @@ def command_actor(command: str) -> str:
 def record(notes: Iterable[Note], now: datetime | None = None) -> int:
     """Append `notes` to the timeline, each folded into the same event seen within the fold window if there is
     one; returns how many rows were appended."""
-    from console.accounts.scope import event_teams  # who owns what: the scope's to say, of every app's objects
-
     now = now or timezone.now()
     notes = list(notes)
     if not notes:
         return 0
-    owners = event_teams((n.object, n.deployment) for n in notes if n.team is None)
+    owners = owners_of((n.object, n.deployment) for n in notes if n.team is None)
     counts: dict[tuple, int] = {}
     first: dict[tuple, tuple[Note, int | None]] = {}
     for note in notes:

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.db import models, transaction
 
 from console.accounts.models import HashedToken
+from console.changes import revoke_links
 from console.fleet.hostnames import host_name_validator, validate_host_name
 
 
@@ -125,8 +126,6 @@ class AgentCredential(HashedToken):
                          actor=actor, host=host_name, folds=False)])
             host = Host.objects.filter(name=host_name).values_list("pk", flat=True).first()
             if not created and host is not None:
-                from console.realtime.notify import revoke_links
-
                 transaction.on_commit(lambda: revoke_links(host))
         return row, token
 

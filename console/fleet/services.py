@@ -10,10 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticError
 
 from console.accounts.services import require_admin
+from console.changes import wake_scheduler
 from console.deployments.policy import MAX_SELECTOR_LABELS, Label, invalid_from
 from console.errors import Invalid, NotFound
 from console.fleet.models import Host, PlacementSettings
-from console.realtime.notify import wake_scheduler
 
 Labels = Annotated[dict[Label, Label], Field(max_length=MAX_SELECTOR_LABELS)]
 

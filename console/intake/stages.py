@@ -23,7 +23,7 @@ from django.utils import timezone
 from agent.protocol import Ack, GpuInfo, Hello, HostReport, ReplicaStatus
 from agent.protocol.hostnames import host_name_refusal
 from console.bulk import update_by_pk, update_fields_by_pk, update_in_key_order
-from console.catalog.memory import Load, record_loads
+from console.catalog.loads import Load, record_loads
 from console.deployments.models import Replica
 from console.events.record import Note, host_object, record
 from console.fleet.events import replica_notes

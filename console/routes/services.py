@@ -7,17 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from django.db import IntegrityError, transaction
 
 from console.accounts.models import Team
 from console.accounts.teams import ALL, Teams, scoped
 from console.catalog.models import Adapter
 from console.catalog.names import is_name, validate_name
+from console.changes import refresh_gateways
 from console.deployments.models import Deployment
 from console.errors import Conflict, Invalid, NotFound
 from console.events.record import Note, record
-from console.realtime.notify import refresh_gateways
 from console.routes.models import Branch, Route
 
 
@@ -173,7 +172,7 @@ def _store_branches(route: Route, rows: list[Branch]) -> None:
 
 
 def _refresh() -> None:
-    async_to_sync(refresh_gateways)()
+    refresh_gateways()
 
 
 def routes_to(deployment: str, teams: Teams = ALL) -> list[dict[str, Any]]:

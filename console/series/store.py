@@ -36,14 +36,13 @@ from django.db.models import OuterRef, Q, Subquery
 
 from console.accounts.models import Team
 from console.bulk import insert_values, update_values
-from console.chores import CHORE_SECONDS
 from console.deployments.models import Deployment
 from console.errors import Invalid, NotFound
 from console.fleet.models import Host
 from console.series.metrics import DEPLOYMENT, FLEET, HOST, METRICS, TEAM, quantize
 from console.series.models import Clock, Outage, Point, Series
 
-FINE_STEP_S = int(CHORE_SECONDS)
+FINE_STEP_S = 10  # the chores' period (console/chores.py CHORE_SECONDS): the sampler is one of them
 COARSE_STEP_S = 300
 FINE_SPAN_MAX_S = 86400  # a range up to a day reads 10-second points, a longer one 5-minute points
 MAX_POINTS = 10_000  # a read never answers more (a longer coarse retention is thinned)

@@ -5,7 +5,7 @@ import logging
 import pytest
 
 from agent.protocol import Measurement, ReplicaStatus
-from console.catalog.memory import LOGGED_LOADS, Load, record_loads
+from console.catalog.loads import LOGGED_LOADS, Load, record_loads
 from console.catalog.models import Calibration, MemorySample
 from console.control.desired import desired_state
 from console.control.reconcile import reconcile_once

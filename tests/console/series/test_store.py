@@ -186,3 +186,10 @@ def test_a_sum_of_series_holds_at_each_time_the_sum_of_the_values_in_force_then(
     assert summed.points == [(T0, 1.0), (T0 + 10, 3.0), (T0 + 20, 5.0), (T0 + 30, 5.0)]
     assert read_sum([a[:2]], "request_rate", T0 - 5, now=T0 + 35) == fine(a, since=T0 - 5, now=T0 + 35)
     assert read_sum([], "request_rate", T0 - 5, now=T0 + 35).points == []  # a member of no team sees no traffic
+
+
+def test_the_fine_step_is_the_chores_period():
+    from console.chores import CHORE_SECONDS
+    from console.series.store import FINE_STEP_S
+
+    assert FINE_STEP_S == CHORE_SECONDS  # one sample per chore tick

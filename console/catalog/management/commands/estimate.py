@@ -10,8 +10,8 @@ from django.db import connection
 
 from agent.artifacts import Estimate
 from agent.artifacts.report import format_estimate
-from console.catalog.memory import estimate_request
 from console.catalog.models import Calibration
+from console.catalog.services import estimate_request
 from console.errors import DomainError
 
 
