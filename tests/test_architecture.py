@@ -79,3 +79,16 @@ def test_the_daemon_and_the_console_start_without_torch():
     )
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_no_scheduler_module_imports_another_modules_private_names():
+    # A name with a leading underscore is its module's own: a second user means it belongs in the open.
+    bad = [
+        f"{p.relative_to(ROOT)}: {node.module}.{alias.name}"
+        for p in files("console/scheduler")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("console.scheduler")
+        for alias in node.names
+        if alias.name.startswith("_")
+    ]
+    assert bad == []

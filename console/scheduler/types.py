@@ -157,6 +157,8 @@ class PlanInput:
     buffer_bytes: int = 0  # kept free on every GPU
     now: float = 0.0
     settings: Settings = field(default_factory=Settings)
+    # Placement constraints beyond the built-in ones (constraints.Constraint), checked after them: a quota, say.
+    constraints: tuple = ()
 
 
 @dataclass(frozen=True)
