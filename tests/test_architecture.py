@@ -199,3 +199,16 @@ def test_no_import_cycle_spans_two_apps():
         apps = sorted({app_of(m) for m in component})
         print(f"\ncycle of {len(component)} modules over {', '.join(apps)}:", *component, sep="\n  ")
     assert cycles == []
+
+
+def test_no_scheduler_module_imports_another_modules_private_names():
+    # A name with a leading underscore is its module's own: a second user means it belongs in the open.
+    bad = [
+        f"{p.relative_to(ROOT)}: {node.module}.{alias.name}"
+        for p in files("console/scheduler")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("console.scheduler")
+        for alias in node.names
+        if alias.name.startswith("_")
+    ]
+    assert bad == []

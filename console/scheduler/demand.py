@@ -19,37 +19,26 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from console.scheduler import explain
-from console.scheduler.preemption import Found, _evict_for, victims_on
+from console.scheduler.preemption import Found, evict_for, victims_on
 from console.scheduler.types import DemandOutcome
 from console.scheduler.units import Demand, Unit, within_residency
 
 if TYPE_CHECKING:
-    from console.scheduler.planner import Run
+    from console.scheduler.run import Run
 
 NEVER = float("-inf")  # a replica that never had a request was used least recently of all
 NAMED = 3  # blockers named in one reason
 
 
-def mark_demand(run: Run) -> list[Demand]:
-    """Lift one replica of each deployment with waiting requests and none ready into phase "demand"; returns
-    the deployments with requests waiting."""
-    demanded = [d for d in run.demands.values() if d.units is not None]
-    for d in demanded:
-        lift(d)
-    return demanded
-
-
-def lift(d: Demand) -> None:
-    """With requests waiting and no replica ready, lift one replica above the minimum into phase "demand": the
-    lowest index, a sleeping one (it wakes in place) first. Also called when a pass evicts a deployment's last
+def to_lift(d: Demand) -> Unit | None:
+    """With requests waiting and no replica ready, the replica above the minimum to lift into phase "demand": the
+    lowest index, a sleeping one (it wakes in place) first. Also asked when a pass evicts a deployment's last
     ready replica: the next pass would lift one, so this pass plans it as demand too (re-planning moves nothing)."""
     units = d.units
     if units is None or d.ready or any(u.phase == "demand" for u in units):
-        return
+        return None
     above = units[d.units_low:]
-    if above:
-        unit = next((u for u in above if u.asleep), above[0])
-        unit.phase, unit.klass = "demand", 4 + d.rank
+    return next((u for u in above if u.asleep), above[0]) if above else None
 
 
 def _last_used(v: Unit) -> float:
@@ -140,8 +129,8 @@ def demand_for(run: Run, unit: Unit) -> bool:
     if d.ready:
         return False
     # Placements only take room: a shape that failed fails again until something is released.
-    shape, failed = _shape(unit), run.demand_failed
-    if failed.get(shape) == run.ledger.releases:
+    shape = _shape(unit)
+    if run.demands_failed.failed(shape):
         return False
     why, rank = d.why("demand"), d.rank
     now, residency, grace = run.request.now, run.settings.min_residency_s, run.settings.idle_grace_s
@@ -163,9 +152,9 @@ def demand_for(run: Run, unit: Unit) -> bool:
     def single() -> Found | None:
         return _best_single(run, unit, ok)
 
-    if _evict_for(run, unit, ok, "sleep", "", order=_order, cost=_cost, describe=describe, note=note, single=single):
+    if evict_for(run, unit, ok, "sleep", "", order=_order, cost=_cost, describe=describe, note=note, single=single):
         return True
-    failed[shape] = run.ledger.releases
+    run.demands_failed.note(shape)
     return False
 
 
@@ -176,13 +165,15 @@ def _walk_order(v: Unit) -> tuple:
 def _candidates(run: Run) -> list[Unit]:
     """Replicas kept from before this pass, above their minimum and past their residency, in victim order: every
     replica demand may ever evict in this pass (built at its first eviction), the smallest first among ties."""
-    if run.demand_victims is None:
-        now, residency = run.request.now, run.settings.min_residency_s
-        found = [u for u in run.wanted if u.fixed and u.phase != "min" and u.gpus
-                 and within_residency(u, now, residency) is None]
-        found.sort(key=_walk_order)
-        run.demand_victims = found
-    return run.demand_victims
+    return run.once("demand victims", lambda: _victims(run))
+
+
+def _victims(run: Run) -> list[Unit]:
+    now, residency = run.request.now, run.settings.min_residency_s
+    found = [u for u in run.wanted if u.fixed and u.phase != "min" and u.gpus
+             and within_residency(u, now, residency) is None]
+    found.sort(key=_walk_order)
+    return found
 
 
 def _best_single(run: Run, unit: Unit, ok) -> Found | None:

@@ -67,13 +67,13 @@ def refusal(
     largest: tuple[int, str] | None,
     excluded_by_label: int,
     selector: Mapping[str, str],
-    excluded_by_neighbours: int = 0,
     gang_note: str = "",
     stale_hosts: int = 0,
     excluded_by_taint: Mapping[str, int] | None = None,
-    excluded_by_spread: int = 0,
+    excluded_by_constraints: str = "",
 ) -> str:
-    """Why a replica fits nowhere: its need, the best room there is, and what was excluded."""
+    """Why a replica fits nowhere: its need, the best room there is, and what was excluded (by the placement
+    constraints: their clauses, constraints.Constraint.excluded)."""
     if width == 1:
         need = f"needs {gib(share)}"
     else:
@@ -92,16 +92,19 @@ def refusal(
     if excluded_by_label:
         plural = "GPU" if excluded_by_label == 1 else "GPUs"
         text += f"; {excluded_by_label} {plural} excluded by label {selector_text(selector)}"
-    text += taint_text(excluded_by_taint)
-    if excluded_by_spread:
-        plural = "GPU" if excluded_by_spread == 1 else "GPUs"
-        text += (f"; {excluded_by_spread} {plural} with room excluded: each holds a replica of it already "
-                 "(spread required)")
-    if excluded_by_neighbours:
-        plural = "GPU" if excluded_by_neighbours == 1 else "GPUs"
-        text += (f"; {excluded_by_neighbours} {plural} with room excluded: they hold latency-critical or "
-                 "non-complementary replicas")
-    return text
+    return text + taint_text(excluded_by_taint) + excluded_by_constraints
+
+
+def excluded_by_spread(count: int) -> str:
+    """"; 2 GPUs with room excluded: each holds a replica of it already (spread required)"."""
+    return f"; {count} {'GPU' if count == 1 else 'GPUs'} with room excluded: each holds a replica of it already " \
+           "(spread required)"
+
+
+def excluded_by_neighbours(count: int) -> str:
+    """"; 2 GPUs with room excluded: they hold latency-critical or non-complementary replicas"."""
+    return f"; {count} {'GPU' if count == 1 else 'GPUs'} with room excluded: they hold latency-critical or " \
+           "non-complementary replicas"
 
 
 def taint_text(excluded: Mapping[str, int] | None) -> str:

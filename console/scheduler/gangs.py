@@ -54,8 +54,9 @@ def choose_gang(placer: Placer, unit: Unit, only_host: str | None, exclude: int 
         fits = [g for g in ledger.host_gpus[host] if g in eligible and g != exclude
                 and ledger.free(g) >= unit.share and placer.allows(unit, g)]
         if len(fits) >= unit.width:
-            pick = sorted(sorted(fits, key=lambda g: placer.rank(unit, g))[: unit.width])
-            return tuple(pick), placer.note
+            pick = tuple(sorted(sorted(fits, key=lambda g: placer.rank(unit, g))[: unit.width]))
+            if placer.admits(unit, pick):  # a constraint may judge the GPUs together (a cap on a team's GPUs)
+                return pick, placer.note
     return None
 
 

@@ -142,6 +142,27 @@ class Ledger:
                 for callback in self._listeners:
                     callback(g)
 
+    def hold(self, kept: list[tuple[Unit, int]]) -> None:
+        """Reserve each unit on its one GPU as `reserve` does, in one step, unchecked and unannounced: a re-plan's
+        replicas kept where they were, before the pass begins (units._existing_units; keep_existing checks them)."""
+        reserved, holders, tier_bytes, host, host_ready = (self.reserved, self.holders, self.tier_bytes, self.host,
+                                                           self.host_ready)
+        for u, g in kept:
+            size = u.share
+            reserved[g] += size
+            holders[g].append(u)
+            tier_bytes[g][u.demand.rank] += size
+            host_ready[host[g]] += 1
+
+    def take_back(self, g: int) -> list[Unit]:
+        """Empty GPU g of what `hold` put there, unannounced and not counted as a release: what it held, in order."""
+        units, self.holders[g] = self.holders[g], []
+        for u in units:
+            self.tier_bytes[g][u.demand.rank] -= u.share
+            self.host_ready[self.host[g]] -= 1
+        self.reserved[g] = 0
+        return units
+
     def release(self, unit: Unit) -> None:
         """Give back what `unit` holds."""
         gpus, unit.gpus = unit.gpus, ()

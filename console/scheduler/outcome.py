@@ -9,12 +9,11 @@ from console.scheduler import explain
 from console.scheduler.demand import blocked_outlooks, demand_outcomes
 from console.scheduler.gangs import gang_shortfall
 from console.scheduler.sharing import MIN_MPS, mps_of, mps_text, weight_totals
-from console.scheduler.spread import crowds
 from console.scheduler.types import Move, Plan, PlannedReplica, Replica, Unplaced, host_of
 from console.scheduler.units import BATCH_CLASS, Unit
 
 if TYPE_CHECKING:
-    from console.scheduler.planner import Run
+    from console.scheduler.run import Run
 
 STALE_WORDS = ("host {host}'s readings are stale (it is unknown, or has not reported since this scheduler began "
                "leading): nothing is placed on it or taken from it until it reports")
@@ -23,16 +22,17 @@ STALE_WORDS = ("host {host}'s readings are stale (it is unknown, or has not repo
 def assemble(run: Run, elapsed_ms: float) -> Plan:
     """The Plan of a finished run."""
     ledger = run.ledger
+    ram = dict(run.ram)  # host RAM free for sleeping replicas, as the fates below take it
     losers = []
     for u in run.wanted:
         if u.state != "ready":
             if u.origin:
                 losers.append(u)
-        elif not u.fixed and u.asleep and run.ram.get(u.home) is not None:
-            run.ram[u.home] += u.demand.sleep_bytes  # a woken replica's pinned host RAM comes free for others
+        elif not u.fixed and u.asleep and ram.get(u.home) is not None:
+            ram[u.home] += u.demand.sleep_bytes  # a woken replica's pinned host RAM comes free for others
     fates = {}
     for u in sorted(losers, key=lambda u: (u.klass, -u.demand.value, u.demand.name, u.index)):
-        fates[id(u)] = _fate(run, u)
+        fates[id(u)] = _fate(run, u, ram)
     totals = weight_totals(ledger)
     outcomes = demand_outcomes(run, run.demanded) if run.demanded else {}
     refusals: dict[tuple, str] = {}
@@ -205,17 +205,18 @@ def _ready(run: Run, u: Unit, moves: list[Move], totals: list[int]) -> PlannedRe
                           None if mps is None else mps[0], reason, from_gpus)
 
 
-def _fate(run: Run, u: Unit) -> tuple[str, str | None, str]:
-    """Sleep in its host's RAM when the host reports room for it, else stop: (state, host, words)."""
+def _fate(run: Run, u: Unit, ram_free: dict[str, int | None]) -> tuple[str, str | None, str]:
+    """Sleep in its host's RAM when the host reports room for it (taken from `ram_free`), else stop: (state, host,
+    words)."""
     host, need = u.home, u.demand.sleep_bytes
     if host not in run.ledger.host_gpus:
         return "stopped", None, f"stopped: host {host} is gone"
-    ram = run.ram.get(host)
+    ram = ram_free.get(host)
     if ram is None:
         return "stopped", None, f"stopped: {host} reports no host RAM for sleeping replicas"
     if ram < need:
         return "stopped", None, f"stopped: {host} has {explain.gib(ram)} host RAM free, {explain.gib(need)} needed"
-    run.ram[host] = ram - need
+    ram_free[host] = ram - need
     return "sleeping", host, f"drained, then sleeping in {host} RAM ({explain.gib(need)})"
 
 
@@ -246,10 +247,8 @@ def _not_ready(u: Unit, refusal: str, fate: tuple[str, str | None, str] | None) 
 
 def _lowest_ready_rank(run: Run) -> int:
     """The rank of the least important tier with a replica ready in the plan (-1: none), worked out once."""
-    found = run.lowest_ready_rank
-    if found is None:
-        found = run.lowest_ready_rank = max((d.rank for d in run.demands.values() if d.ready), default=-1)
-    return found
+    return run.once("lowest ready rank",
+                    lambda: max((d.rank for d in run.demands.values() if d.ready), default=-1))
 
 
 def _refusal(run: Run, u: Unit) -> str:
@@ -257,16 +256,26 @@ def _refusal(run: Run, u: Unit) -> str:
     ledger = run.ledger
     eligible = ledger.eligible(u.demand.key)
     by_label, by_taint = ledger.exclusions(u.demand.key) if len(eligible) < len(ledger) else (0, {})
-    neighbours = spread = 0
-    if u.width == 1 and u.demand.dep.spread == "required":
-        spread = sum(1 for g in eligible if ledger.free(g) >= u.share and crowds(u, g))
-    if run.placer.name == "latency-sensitive" and u.width == 1:
-        neighbours = sum(1 for g in eligible if ledger.free(g) >= u.share and not crowds(u, g)
-                         and not run.placer.allows(u, g))
     text = explain.refusal(u.share, u.width, ledger.largest_free(eligible), by_label, u.demand.dep.selector,
-                           neighbours, gang_shortfall(run.placer, u) if u.width > 1 and eligible else "",
+                           gang_shortfall(run.placer, u) if u.width > 1 and eligible else "",
                            stale_hosts=len({g.host for g in run.stale}), excluded_by_taint=by_taint,
-                           excluded_by_spread=spread)
+                           excluded_by_constraints=_excluded(run, u, eligible) if u.width == 1 else "")
     if u.phase in ("min", "slo") and run.settings.preempt and _lowest_ready_rank(run) > u.demand.rank:
         text += "; preempting lower tiers would not make room on any GPU"
     return text
+
+
+def _excluded(run: Run, u: Unit, eligible: list[int]) -> str:
+    """The constraints' clauses for the eligible GPUs with room for one-GPU `u` that they kept it off, each GPU
+    blamed on the first constraint (in the pass's order) that forbids it."""
+    constraints = [c for c in run.placer.constraints if c.applies(u)]
+    if not constraints:
+        return ""
+    ledger, counts = run.ledger, [0] * len(constraints)
+    for g in eligible:
+        if ledger.free(g) >= u.share:
+            for i, c in enumerate(constraints):
+                if c.check(ledger, u, (g,)):
+                    counts[i] += 1
+                    break
+    return "".join(c.excluded(n) for c, n in zip(constraints, counts, strict=True) if n)

@@ -22,7 +22,7 @@ from console.scheduler.explain import preempted_by
 from console.scheduler.units import TIER_WEIGHT, Unit, within_residency
 
 if TYPE_CHECKING:
-    from console.scheduler.planner import Run
+    from console.scheduler.run import Run
 
 SWAP_FACTOR = 2.0
 Cost = tuple[int, float, float, int, int]
@@ -47,7 +47,7 @@ def preempt_for(run: Run, unit: Unit, phase: str | None = None) -> bool:
     """Place `unit` by preempting lower-priority replicas; False when no set of them makes room. `phase`: the
     phase it is preempting as (default its own)."""
     why = unit.demand.why(unit.phase if phase is None else phase)
-    return _evict_for(run, unit, lambda v: may_preempt(unit, v), "preempt", "",
+    return evict_for(run, unit, lambda v: may_preempt(unit, v), "preempt", "",
                       describe=lambda v: ("preempt", preempted_by(unit.named_for(v), unit.demand.tier, why)))
 
 
@@ -70,7 +70,7 @@ def swap_for(run: Run, unit: Unit) -> bool:
         return "sleep", (f"put to sleep for {unit.named_for(v)} ({unit.demand.tier}, "
                          f"{unit.demand.dep.traffic_rps:g} req/s): more tier-weighted traffic per replica")
 
-    return _evict_for(run, unit, ok, "sleep", "", describe=cause)
+    return evict_for(run, unit, ok, "sleep", "", describe=cause)
 
 
 def victim_order(v: Unit) -> tuple:
@@ -105,7 +105,7 @@ def victims_on(run: Run, unit: Unit, g: int, ok: Callable[[Unit], bool], order: 
     return cost(taken), taken
 
 
-def _evict_for(run: Run, unit: Unit, ok: Callable[[Unit], bool], kind: str, cause: str, *,
+def evict_for(run: Run, unit: Unit, ok: Callable[[Unit], bool], kind: str, cause: str, *,
                order: Callable[[Unit], tuple] = victim_order, cost: Callable[[list[Unit]], Cost] = victims_cost,
                describe: Describe | None = None, note: Callable[[list[Unit]], str] | None = None,
                single: Callable[[], Found | None] | None = None) -> bool:

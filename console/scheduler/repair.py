@@ -11,11 +11,10 @@ from time import perf_counter
 from typing import TYPE_CHECKING
 
 from console.scheduler.improve import Repack
-from console.scheduler.types import SearchReport
 from console.scheduler.units import Unit
 
 if TYPE_CHECKING:
-    from console.scheduler.planner import Run
+    from console.scheduler.run import Run
 
 MOVE_SCAN = 64  # the roomiest GPUs a one-move repair looks at
 
@@ -49,8 +48,6 @@ def one_move(run: Run, unit: Unit) -> bool:
     if best is None:
         return False
     _, mover, g, (gpus, note) = best
-    if mover.fixed:
-        run.moves_left -= 1
     run.relocate(mover, gpus, note, unit)
     run.place(unit, (g,), f"{placer.note}, after moving {mover.named_for(unit)} away")
     return True
@@ -62,6 +59,8 @@ def repack_class(run: Run, units: list[Unit], failed: list[Unit]) -> list[Unit]:
     waiting = {id(u) for u in failed}
     items = [u for u in units if u.width == 1 and not u.fixed and u.share > 0
              and (u.state == "ready" or id(u) in waiting)]
+    if run.placer.screens:  # the search packs by size alone: what a constraint may keep off a GPU stays out of it
+        items = [u for u in items if not run.placer.screened(u)]
     if not any(id(u) in waiting for u in items):
         return failed
     keys = {u.demand.key for u in items}
@@ -80,18 +79,13 @@ def repack_class(run: Run, units: list[Unit], failed: list[Unit]) -> list[Unit]:
     moved = [(u, b) for u, a, b in zip(items, assign, best, strict=True) if a != b]
     for u, _ in moved:
         if u.state == "ready":
-            run._unreserve(u)
+            run.take_off(u)
     for u, b in moved:
         if b is not None:
             g = gpus[b]
             run.place(u, (g,), f"best fit + repack (the improvement search placed {after - before} more of "
                                f"this class in {1000 * (perf_counter() - started):.0f} ms)")
-    previous = run.search
-    run.search = SearchReport(
-        iterations=iterations + (previous.iterations if previous else 0),
-        placed_extra=after - before + (previous.placed_extra if previous else 0),
-        stopped_by=stopped,
-    )
+    run.record_search(iterations, after - before, stopped)
     still = [u for u in items if u.state != "ready"]
     return still + [u for u in failed if id(u) not in mine]
 

@@ -14,42 +14,46 @@ Each of them then spreads a deployment's replicas over GPUs, hosts and zones (sp
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
+from console.scheduler.constraints import Constraint, for_pass
 from console.scheduler.gangs import choose_gang
 from console.scheduler.index import IndexBook
 from console.scheduler.ledger import Ledger
-from console.scheduler.spread import crowds, pick
+from console.scheduler.spread import pick
 from console.scheduler.units import Unit
-
-# Profile pairs that may share a GPU when one of them is latency-critical: they contend for different units.
-COMPLEMENTARY = {frozenset(p) for p in (("compute", "memory"), ("compute", "io"), ("memory", "io"), ("io",))}
-
-
-def compatible(a: Unit, b: Unit) -> bool:
-    """Whether two replicas may share a GPU under latency-sensitive placement."""
-    if not (a.demand.lc or b.demand.lc):
-        return True
-    if a.demand.lc and b.demand.lc:
-        return False
-    p, q = a.demand.profile, b.demand.profile
-    return p is not None and q is not None and frozenset((p, q)) in COMPLEMENTARY
 
 
 class Placer:
-    """Base: best fit. Subclasses change the GPU preference (`candidates`, `rank`) and, for latency, `allows`.
-    Every strategy spreads a deployment's replicas (spread.py) among the GPUs it would accept."""
+    """Base: best fit. Subclasses change the GPU preference (`candidates`, `rank`). Every strategy keeps to the
+    pass's constraints (constraints.py) and spreads a deployment's replicas (spread.py) among the GPUs it would
+    accept."""
 
     name = "memory-optimized"
     note = "best fit"
 
-    def __init__(self, ledger: Ledger, book: IndexBook) -> None:
+    def __init__(self, ledger: Ledger, book: IndexBook, constraints: Sequence[Constraint] | None = None) -> None:
         self.ledger = ledger
         self.book = book
+        self.constraints = tuple(for_pass(self.name) if constraints is None else constraints)
+        # What a strategy's candidates are checked against before spread.pick chooses among them.
+        self.screens = tuple(c for c in self.constraints if not c.picked)
 
     def allows(self, unit: Unit, g: int, leaving: Iterable[Unit] = ()) -> bool:
-        """Whether `unit` may share GPU g with its holders (except those `leaving`)."""
-        return not crowds(unit, g, leaving)
+        """Whether every constraint lets `unit` on GPU g (with those `leaving` gone from it)."""
+        return self.admits(unit, (g,), leaving)
+
+    def admits(self, unit: Unit, gpus: Sequence[int], leaving: Iterable[Unit] = ()) -> bool:
+        """Whether every constraint lets `unit` on all of `gpus` (with those `leaving` gone from them)."""
+        ledger = self.ledger
+        for c in self.constraints:
+            if c.check(ledger, unit, gpus, leaving):
+                return False
+        return True
+
+    def screened(self, unit: Unit) -> tuple[Constraint, ...]:
+        """The constraints that `unit`'s candidates are checked against (none: every fitting GPU is a candidate)."""
+        return tuple(c for c in self.screens if c.applies(unit))
 
     def rank(self, unit: Unit, g: int) -> tuple:
         """Preference among a few candidate GPUs (a host's GPUs, a gang's members): lower is better."""
@@ -67,8 +71,17 @@ class Placer:
                           key=lambda g: self.rank(unit, g))
             found = pick(self.ledger, unit, ((g, f"{self.note} on its own host") for g in fits), exclude)
         else:
-            found = pick(self.ledger, unit, self.candidates(unit), exclude)
+            found = pick(self.ledger, unit, self.fitting(unit), exclude)
         return None if found is None else ((found[0],), found[1])
+
+    def fitting(self, unit: Unit) -> Iterator[tuple[int, str]]:
+        """`candidates` that the constraints let `unit` on (spread.pick applies the others)."""
+        screens = self.screened(unit) if self.screens else ()
+        if not screens:
+            return self.candidates(unit)
+        ledger = self.ledger
+        return ((g, note) for g, note in self.candidates(unit)
+                if not any(c.check(ledger, unit, (g,)) for c in screens))
 
     def candidates(self, unit: Unit) -> Iterator[tuple[int, str]]:
         """The GPUs `unit` fits on, the strategy's choice first, each with a note on why."""
@@ -130,14 +143,8 @@ class LatencySensitive(Placer):
     name = "latency-sensitive"
     note = "latency-sensitive"
 
-    def allows(self, unit: Unit, g: int, leaving: Iterable[Unit] = ()) -> bool:
-        if crowds(unit, g, leaving):
-            return False
-        holders = self.ledger.holders[g]
-        if leaving:
-            gone = set(map(id, leaving))
-            holders = [other for other in holders if id(other) not in gone]
-        return all(compatible(unit, other) for other in holders)
+    def fitting(self, unit: Unit) -> Iterator[tuple[int, str]]:
+        return self.candidates(unit)  # they check every constraint themselves
 
     def _key(self, g: int) -> tuple:
         return (1 if self.ledger.holders[g] else 0, self.ledger.free(g))
@@ -168,9 +175,10 @@ class LatencySensitive(Placer):
 PLACERS = {p.name: p for p in (FillFirst, Balance, Placer, LatencySensitive)}
 
 
-def make_placer(strategy: str, ledger: Ledger, book: IndexBook) -> Placer:
-    """The placer for a strategy name."""
+def make_placer(strategy: str, ledger: Ledger, book: IndexBook, constraints: Sequence[Constraint] | None = None
+                ) -> Placer:
+    """The placer for a strategy name, keeping to `constraints` (default: the built-in ones, constraints.for_pass)."""
     try:
-        return PLACERS[strategy](ledger, book)
+        return PLACERS[strategy](ledger, book, constraints)
     except KeyError:
         raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(PLACERS)}") from None

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from console.scheduler.constraints import Constraint
 
 TIERS = ("critical", "high", "standard", "batch")
 TIER_RANK = {tier: rank for rank, tier in enumerate(TIERS)}  # 0 is the most important
@@ -157,6 +160,8 @@ class PlanInput:
     buffer_bytes: int = 0  # kept free on every GPU
     now: float = 0.0
     settings: Settings = field(default_factory=Settings)
+    # Placement constraints beyond the built-in ones (constraints.Constraint), checked after them: a quota, say.
+    constraints: tuple[Constraint, ...] = ()
 
 
 @dataclass(frozen=True)

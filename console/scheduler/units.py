@@ -248,7 +248,7 @@ def _existing_units(demand: Demand, rows: list[Replica], ledger: Ledger | None) 
 
     With a ledger, a ready replica alone on one GPU that still exists, of a deployment that is not idle and whose
     selector and tolerations exclude no GPU, is reserved there at once (kept): most of a re-plan.
-    `Run.keep_existing` takes such replicas back from a GPU that can no longer hold everything it held, and keeps or
+    `run.Run.keep_existing` takes such replicas back from a GPU that can no longer hold everything it held, and keeps or
     displaces all the others.
     """
     share, width = demand.share, demand.width
@@ -256,15 +256,14 @@ def _existing_units(demand: Demand, rows: list[Replica], ledger: Ledger | None) 
     units = []
     plain = ledger is not None and width == 1 and not demand.idle and not ledger.restricts(demand.key)
     if plain:
-        number, reserved, holders = ledger.number, ledger.reserved, ledger.holders  # type: ignore[union-attr]
-        tier_bytes, host, host_ready = ledger.tier_bytes, ledger.host, ledger.host_ready  # type: ignore[union-attr]
-        rank, kept = demand.rank, 0
+        number = ledger.number  # type: ignore[union-attr]
+        kept: list[tuple[Unit, int]] = []
     for r in rows:
         u = _new_unit(Unit)  # Unit.__init__, inline
         u.demand, u.index, u.existing = demand, r.index, r
         held = r.reserved_bytes
         # An existing reservation is never shrunk by a smaller estimate.
-        u.share = size = share if held <= whole else -(-held // width)
+        u.share = share if held <= whole else -(-held // width)
         u.phase, u.klass, u.reason, u.cause, u.cause_kind, u.moved_by = "min", 0, "", "", "", ""
         u.evictor, u.relocated = None, False
         units.append(u)
@@ -275,16 +274,13 @@ def _existing_units(demand: Demand, rows: list[Replica], ledger: Ledger | None) 
         if plain and len(gpus) == 1:
             g = number.get(gpus[0])
             if g is not None:
-                reserved[g] += size
-                holders[g].append(u)
-                tier_bytes[g][rank] += size
-                host_ready[host[g]] += 1
+                kept.append((u, g))
                 u.gpus, u.fixed, u.state = (g,), True, "ready"
-                kept += 1
                 continue
         u.gpus, u.fixed, u.state = (), False, "pending"
-    if plain:
-        demand.ready += kept
+    if plain and kept:
+        ledger.hold(kept)  # type: ignore[union-attr]
+        demand.ready += len(kept)
     return units
 
 
