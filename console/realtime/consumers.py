@@ -4,14 +4,12 @@ dashboard (session auth, origin-checked)."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
-from channels.layers import get_channel_layer
 from django.conf import settings
 from pydantic import ValidationError
 
@@ -28,18 +26,14 @@ from agent.protocol import (
     parse_agent_message,
 )
 from console.control.desired import desired_text
+from console.control.hub import hub, refresh_dashboards, wake_scheduler_async
+from console.control.layer import host_group, refresh_gateways
 from console.dbthreads import own_thread
 from console.fleet.logs import LOGS_REPLY
 from console.fleet.models import AgentCredential, Host
 from console.intake import stages as intake
 from console.intake.batcher import batcher
-from console.realtime import browsers, links, pushes
-from console.realtime.notify import (
-    host_group,
-    refresh_dashboards,
-    refresh_gateways,
-    wake_scheduler_async,
-)
+from console.realtime import browsers
 
 log = logging.getLogger("modelgrid.realtime")
 MAX_MESSAGE_BYTES = 1 << 20
@@ -66,41 +60,11 @@ LOG_REQUEST_TTL = 30.0  # seconds a logs request is remembered (its caller waits
 
 
 class Consumer(AsyncWebsocketConsumer):
-    """Channels' consumer, less two costs it adds to every message.
-
-    The stale-connection sweep it runs before every message it dispatches: that sweep runs on Channels' one
-    thread-sensitive database thread, so every agent message and every desired-state push waited there behind the
-    scheduler pass and everything else queued on that thread: 0.7-2.3 s at 100 hosts (docs/benchmarks.md). These
-    handlers reach the database only through database_sync_to_async and own_thread, which close stale connections
-    around each call themselves.
-
-    And its receive loop (channels.utils.await_many_dispatch), which waits on the socket and the channel layer with
-    an asyncio.wait and a new task per message: 17 us a message here against 4.6 us for a loop on each source, on
-    the one event loop that reads a thousand agents' acks and reports in a wave. Here each source has its loop,
-    and a lock keeps Channels' promise that one handler runs at a time."""
-
-    async def __call__(self, scope, receive, send):
-        self.scope = scope
-        self.base_send = send
-        self._dispatching = asyncio.Lock()
-        self.channel_layer = get_channel_layer(self.channel_layer_alias)
-        try:
-            async with asyncio.TaskGroup() as pumps:
-                if self.channel_layer is not None:
-                    self.channel_name = await self.channel_layer.new_channel()
-                    self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
-                    pumps.create_task(self._pump(self.channel_receive))
-                # Ends when the socket does: websocket_disconnect raises StopConsumer, and the group then cancels the
-                # channel layer's loop. An error in either loop ends the other, as it ended Channels' one loop.
-                await self._pump(receive)
-        except* StopConsumer:
-            pass
-
-    async def _pump(self, receive) -> None:
-        while True:
-            message = await receive()
-            async with self._dispatching:
-                await self.dispatch(message)
+    """Channels' consumer, less the stale-connection sweep it runs before every message it dispatches: that sweep
+    runs on Channels' one thread-sensitive database thread, so every agent message and every desired-state push
+    waited there behind the scheduler pass and everything else queued on that thread: 0.7-2.3 s at 100 hosts
+    (docs/benchmarks.md). These handlers reach the database only through database_sync_to_async and own_thread,
+    which close stale connections around each call themselves."""
 
     async def dispatch(self, message):
         handler = getattr(self, get_handler_name(message), None)
@@ -145,7 +109,7 @@ class AgentConsumer(Consumer):
 
     async def disconnect(self, code):
         if self.host is not None:
-            links.release(self.host.pk, self)
+            hub().release(self.host.pk, self)
             try:
                 await self.channel_layer.group_discard(host_group(self.host.pk), self.channel_name)
             except Exception as e:  # the channel layer is down: its group entry expires on its own
@@ -191,7 +155,7 @@ class AgentConsumer(Consumer):
             # not held up behind a report's batch). The batcher keeps the link's order; a bound on messages in
             # flight keeps a link that outruns the database from queueing without limit.
             if isinstance(message, Ack):
-                links.acknowledged(self.host.pk, message.generation)
+                hub().acknowledged(self.host.pk, message.generation)
             await self._in_flight.acquire()
             applied = batcher().enqueue(intake.Item(self.host.pk, self.host.name, message))
             applied.add_done_callback(self._applied)
@@ -246,8 +210,8 @@ class AgentConsumer(Consumer):
                         type(e).__name__, e)
             await self.close(code=1011)
             return
-        await pushes.listen()  # this process hears the pushes another process's scheduler names
-        links.hold(self.host.pk, self)
+        await hub().listen_for_pushes()  # this process hears the pushes another process's scheduler names
+        hub().hold(self.host.pk, self)
         log.info("agent %s connected from %s with %d GPU(s) (link epoch %d)", hello.host, hello.endpoint,
                  len(hello.gpus), self.epoch)
         await self.desired_push({})
@@ -259,7 +223,7 @@ class AgentConsumer(Consumer):
         if self.host is not None and event["epoch"] > self.epoch:
             log.warning("agent %s: link epoch %d superseded by epoch %d; closing the old link", self.host.name,
                         self.epoch, event["epoch"])
-            links.release(self.host.pk, self)
+            hub().release(self.host.pk, self)
             await self.close(code=4409)
 
     async def link_revoked(self, event):
@@ -272,7 +236,7 @@ class AgentConsumer(Consumer):
         if not current:
             log.warning("agent %s: its token was rotated; closing the link made with the old one", self._name())
             if self.host is not None:
-                links.release(self.host.pk, self)
+                hub().release(self.host.pk, self)
             await self.close(code=4401)
 
     async def logs_request(self, event):
@@ -311,10 +275,10 @@ class AgentConsumer(Consumer):
             log.warning("agent %s: cannot pass a logs reply on (%s: %s)", self._name(), type(e).__name__, e)
 
     async def desired_push(self, event):
-        """A push (handed over by links.push, or a channel-layer event to the host's group): send this host's
-        desired state, whole: the one the event carries (the replicas' JSON text as the pass built or stored it: no
-        read of it), unless this link sent that generation or a newer one already; else the one stored, read now
-        and sent whatever was sent before (a resend)."""
+        """A push (handed over by the hub, console/control/hub.py, or a channel-layer event to the host's group): send
+        this host's desired state, whole: the one the event carries (the replicas' JSON text as the pass built or
+        stored it: no read of it), unless this link sent that generation or a newer one already; else the one stored,
+        read now and sent whatever was sent before (a resend)."""
         if "replicas_json" in event:
             generation, replicas = event["generation"], event["replicas_json"]
             if generation <= self._sent_generation:
@@ -331,7 +295,7 @@ class AgentConsumer(Consumer):
         self._sent_generation = max(self._sent_generation, generation)
         if self.host is not None:
             # Due from before the send: the ack may be read while this send still waits to drain.
-            links.sent(self.host.pk, generation)
+            hub().sent(self.host.pk, generation)
         await self.send(text_data=text)
 
 

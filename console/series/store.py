@@ -36,7 +36,7 @@ from django.db.models import OuterRef, Q, Subquery
 
 from console.accounts.models import Team
 from console.bulk import insert_values, update_values
-from console.chores import CHORE_SECONDS
+from console.control.chores import CHORE_SECONDS
 from console.deployments.models import Deployment
 from console.errors import Invalid, NotFound
 from console.fleet.models import Host
