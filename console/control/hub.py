@@ -6,9 +6,9 @@ Why links are held here: through Redis a push is a group_send of four round trip
 pops its messages one round trip at a time, so a pass that changed 100 hosts reached the last of them 0.75 s after
 its commit (and 1,000 hosts many seconds), on an event loop that every agent message also needs. A link held here
 costs a function call. Hosts whose links are in another process (or in none) are named in one channel-layer message
-per push (push_desired, deliver); in the moment a newer link elsewhere supersedes one held here, a push may reach
-only the old link, and the new one then has what its hello read, or the resend of a push not acknowledged
-(console/control/loop.py)."""
+per push (push_desired, listen_for_pushes); in the moment a newer link elsewhere supersedes one held here, a push
+may reach only the old link, and the new one then has what its hello read, or the resend of a push not
+acknowledged (console/control/loop.py)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,6 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 
 from console.control import layer
-from console.control.desired import stored_states
-from console.dbthreads import own_thread
 from console.perloop import for_this_loop
 
 log = logging.getLogger("modelgrid.realtime")
@@ -207,9 +205,9 @@ class Hub:
         """Send each host its desired state. A link held here gets it handed over: the state in `states` (generation,
         the replicas' JSON text) as the pass built it, else the one stored, read and sent whole by the link even if
         it sent it before (a resend: the agent never acknowledged it). The other hosts are named in one
-        channel-layer message, and each console process sends the links it holds theirs (deliver): one message per
-        host cost four Redis round trips each, and with the scheduler in a process of its own 1,000 hosts' pushes
-        reached the last agent 82 s after the pass committed."""
+        channel-layer message, and each console process sends the links it holds theirs (listen_for_pushes): one
+        message per host cost four Redis round trips each, and with the scheduler in a process of its own 1,000
+        hosts' pushes reached the last agent 82 s after the pass committed."""
         states = states or {}
         here, elsewhere = [], []
         for host_id in host_ids:
@@ -221,17 +219,18 @@ class Hub:
             await layer.send(layer.PUSH_GROUP, "desired.pushes", hosts=[h for h in elsewhere if h in states],
                              again=[h for h in elsewhere if h not in states])
 
-    async def listen_for_pushes(self) -> None:
-        """Start this process's listener for the pushes another process's scheduler names, unless it runs; return
-        once it has joined the group (or failed to: it keeps trying), so that a link held from now on hears every
-        push named after this. A message lost (Redis restarting) is repaired by the leader's resend of pushes not
-        acknowledged or by the agent's reconnect."""
+    async def listen_for_pushes(self, deliver: Callable[[list[int], list[int]], Awaitable[None]]) -> None:
+        """Start this process's listener for the pushes another process's scheduler names, unless it runs: each
+        message's hosts and hosts to send again go to `deliver` (console/control/agent_link.py). Returns once it has
+        joined the group (or failed to: it keeps trying), so that a link held from now on hears every push named
+        after this. A message lost (Redis restarting) is repaired by the leader's resend of pushes not acknowledged
+        or by the agent's reconnect."""
         if self._pushes_joined is None:
             joined = self._pushes_joined = asyncio.get_running_loop().create_future()
 
             def on_message(message: dict) -> None:
                 # A task each: a link whose agent reads slowly holds up its own push, not the next message.
-                self._keep(asyncio.create_task(self.deliver(message.get("hosts", ()), message.get("again", ()))))
+                self._keep(asyncio.create_task(deliver(message.get("hosts", []), message.get("again", []))))
 
             def on_joined() -> None:
                 if not joined.done():
@@ -241,19 +240,6 @@ class Hub:
                                                       name="desired-pushes"))
             listener.add_done_callback(lambda _: on_joined())
         await asyncio.shield(self._pushes_joined)
-
-    async def deliver(self, host_ids, again=()) -> None:
-        """Send the links held here of `host_ids` their stored desired states, and have those of `again` read and
-        send theirs whole (a link drops a stored state it has sent already; a resend must go out regardless)."""
-        here = [h for h in host_ids if self.held(h) is not None]
-        try:
-            states = await own_thread(stored_states)(here) if here else {}
-        except Exception as e:  # the database is down, say: each link reads its own (and fails alike, or not)
-            log.warning("reading stored desired states failed (%s: %s); each link reads its own", type(e).__name__,
-                        e)
-            states = {}
-        await asyncio.gather(*(self.push(h, states.get(h)) for h in here),
-                             *(self.push(h) for h in again if self.held(h) is not None))
 
     # Wake-ups.
 

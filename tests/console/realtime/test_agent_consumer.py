@@ -207,7 +207,7 @@ async def test_a_push_carrying_the_passs_state_is_sent_as_it_is_and_an_older_one
     comm, host, result = await linked_with_chat_placed(token)
     assert result.changed_hosts == (host.pk,)
     generation, replicas = result.states[host.pk]
-    from console.realtime import consumers
+    from console.control import agent_link as consumers
 
     def no_read(host):
         raise AssertionError("the pass's state was read back")

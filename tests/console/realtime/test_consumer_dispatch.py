@@ -1,4 +1,4 @@
-"""The consumers' receive loop (Channels' own, console/realtime/consumers.Consumer dispatching without its
+"""The consumers' receive loop (Channels' own, console/control/consumer.Consumer dispatching without its
 stale-connection sweep): one handler at a time, each source in its order, an error in either ends the connection,
 and a closed socket ends the channel layer's receive too."""
 
@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from console.realtime.consumers import Consumer
+from console.control.consumer import Consumer
 
 # The channel layer of the run: in memory, or Redis in the PostgreSQL pass. The database: Channels' disconnect
 # handler closes stale connections.
