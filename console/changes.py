@@ -1,6 +1,6 @@
 """Change signals: how a domain app says that something the control plane or the browsers act on has changed.
 
-The apps above subscribe when they start (console/control/subscribers.py, console/realtime/subscribers.py), so no
+The apps above subscribe when they start (console/control/subscribers.py), so no
 domain app imports them. Each signal is Django's, sent at once: its receivers run in the sender's thread and
 transaction, as a direct call would; a sender that announces on commit wraps the call in transaction.on_commit.
 """

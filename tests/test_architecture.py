@@ -85,7 +85,7 @@ def test_the_daemon_and_the_console_start_without_torch():
 # below. The ground floor is every module directly under console/ not named here, the package itself and the pure
 # scheduler; management commands are entry points, on top with the project's wiring.
 DOMAIN_APPS = ("accounts", "catalog", "deployments", "fleet", "routes", "usage", "events", "series", "alerts")
-PLANE = ("intake", "control", "realtime", "gateway", "chores")
+PLANE = ("intake", "control", "realtime", "gateway")
 TOP = ("api", "urls", "asgi", "settings")
 GROUND_PACKAGES = ("scheduler",)
 MAX_UPWARD = 8

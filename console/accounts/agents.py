@@ -1,6 +1,6 @@
 """The agents' tokens, managed by staff from the API and the Tokens page: list them (never the secrets), issue or
 rotate one for a host name, revoke one. Rotating or revoking ends the links the host's agent made with the old
-token, on every console process (console/realtime/notify.py)."""
+token, on every console process (console/control/layer.py)."""
 
 from __future__ import annotations
 

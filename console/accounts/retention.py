@@ -1,5 +1,5 @@
 """What signing in leaves behind, kept no longer than it is useful: a chore of the scheduler leader
-(console/chores.py) deletes expired sessions, and django-axes' access logs, failure logs and attempts older than
+(console/control/chores.py) deletes expired sessions, and django-axes' access logs, failure logs and attempts older than
 MODELGRID_SIGN_IN_RETENTION_DAYS."""
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from console.alerts.models import Alert, AlertRule, RuleKind, WebhookDelivery
 from console.deployments.models import Deployment
 from console.events.models import Event
 from console.events.record import Note, record
+from console.fleet import lifecycle
 from console.fleet.models import Gpu, Host
 from console.fleet.presenters import float_sum
 from console.scheduler.explain import seconds
@@ -36,7 +37,7 @@ def firing(rule: AlertRule, now: datetime) -> dict[str, str]:
         return rules.failing_replicas(failures, rule.threshold, window)
     if rule.kind == RuleKind.HOST_OFFLINE:
         rows = Host.objects.filter(connected=False).values_list("name", "unknown_since", "evicted_at")
-        return rules.offline_hosts([rules.HostLife(n, "offline" if ev else "unknown", ev or unknown)
+        return rules.offline_hosts([rules.HostLife(n, lifecycle.state(False, unknown, ev), ev or unknown)
                                     for n, unknown, ev in rows], window, now)
     if rule.kind == RuleKind.FOREIGN_MEMORY:
         from console.series.store import read  # series depends on the fleet; alerts only read it

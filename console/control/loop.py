@@ -14,20 +14,13 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from console.alerts.webhooks import deliver
-from console.chores import CHORE_SECONDS, run_chores
+from console.control.chores import CHORE_SECONDS, run_chores
+from console.control.hub import hub, refresh_dashboards
+from console.control.layer import SCHEDULER_GROUP, listen, refresh_gateways
 from console.control.leader import Elector, NotLeader, current_leader
 from console.control.reconcile import PassResult, Scope, reconcile_once, start_leading
 from console.dbthreads import own_thread
 from console.gateway.metrics import METRICS
-from console.realtime import links
-from console.realtime.notify import (
-    SCHEDULER_GROUP,
-    listen,
-    push_desired,
-    refresh_dashboards,
-    refresh_gateways,
-    waking_here,
-)
 
 log = logging.getLogger("modelgrid.scheduler")
 PASS_REST = 2.0
@@ -44,7 +37,8 @@ async def run_pass(fence: Callable[[], None] | None = None, pushed: dict[int, fl
     desired state was last pushed) lets a push that was lost (the channel layer failed it, the link dropped
     it) be repaired: a host that has not acknowledged its generation RESEND_SECONDS after is pushed again. `scope`
     is reconcile_once's: "tick" and "states" plan nothing unless a lease or an eviction changed something."""
-    with links.planning():  # until its pushes are handed over: readings and chores wait (links.after_acks)
+    here = hub()
+    with here.planning():  # until its pushes are handed over: readings and chores wait (Hub.after_acks)
         began = time.perf_counter()
         result = await database_sync_to_async(reconcile_once)(fence, scope)
         took = time.perf_counter() - began
@@ -54,7 +48,7 @@ async def run_pass(fence: Callable[[], None] | None = None, pushed: dict[int, fl
             if now - pushed.setdefault(host, now) >= RESEND_SECONDS:
                 hosts.add(host)
         if hosts:
-            await push_desired(sorted(hosts), result.states)
+            await here.push_desired(sorted(hosts), result.states)
             pushed.update(dict.fromkeys(hosts, now))
     if result.planned:
         METRICS.pass_seconds.observe(took)
@@ -111,7 +105,7 @@ async def _lead(elector: Elector, stop: asyncio.Event, interval: float) -> None:
     last_plan: PassResult | None = None  # the last pass that planned, and when (loop time)
     planned_at = float("-inf")
     chores = asyncio.create_task(_chore_loop(elector, stop))
-    with waking_here(lambda states: (restate if states else woken).set()):  # wake-ups from this process
+    with hub().waking_here(lambda states: (restate if states else woken).set()):  # wake-ups from this process
         try:
             while not stop.is_set():
                 # Unwoken, passes use at most a tenth of a core: at 1,000 hosts one costs over a second.
@@ -169,12 +163,12 @@ def _replan_due(last: PassResult | None, since: float) -> str:
 
 
 async def _chore_loop(elector: Elector, stop: asyncio.Event) -> None:
-    """The leader's chores (console/chores.py) every CHORE_SECONDS, each after a check that it still leads."""
+    """The leader's chores (console/control/chores.py) every CHORE_SECONDS, each after a check that it still leads."""
     while not stop.is_set():
         try:
             # Chores can wait a little: while a pass runs here, and then while its wave of pushes waits for its acks
             # (up to CHORES_WAIT_SECONDS), they come after, off the interpreter the event loop needs meanwhile.
-            await links.after_acks(time.monotonic(), CHORES_WAIT_SECONDS)
+            await hub().after_acks(time.monotonic(), CHORES_WAIT_SECONDS)
             # A thread of its own on PostgreSQL: chores take a while at fleet scale, and must not hold up intake
             # and requests on Channels' one database thread. They write only their own rows (series, alerts,
             # events), so they cannot deadlock with a pass.

@@ -5,12 +5,11 @@ the whole database, so a missed pass or a lost message is repaired by the next o
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Literal, NamedTuple
 
 from django.conf import settings
@@ -19,11 +18,12 @@ from django.db.models import F
 from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
-from console.bulk import insert, lock_rows, update_fields_by_pk, update_in_key_order
+from console.bulk import insert, lock_rows, update_fields_by_pk
 from console.carried import CarriedRows, forget_all
 from console.catalog.memory import Reservation, corrections, deployment_estimates, reservation
 from console.catalog.models import DeviceKind
 from console.control.desired import bump_generations
+from console.control.leases import advance
 from console.control.observed import refresh_observations
 from console.control.rollout import roll
 from console.control.snapshot import (
@@ -43,9 +43,8 @@ from console.control.states import refresh_deployment_states
 from console.deployments.models import Deployment, Replica
 from console.deployments.rowlocks import hold_existing
 from console.errors import Invalid
-from console.events.record import Note, deployment_object, host_object, record, replica_object
+from console.events.record import Note, deployment_object, record, replica_object
 from console.fleet.models import Host, PlacementSettings
-from console.intake.stages import lapse_leases
 from console.scheduler import PlanInput, PlannedReplica, Settings, plan
 from console.scheduler.explain import gib
 from console.scheduler.horizon import next_change
@@ -456,36 +455,13 @@ def start_leading() -> None:
 
 
 def _host_lifecycle(now: datetime, notes: list[Note]) -> bool:
-    """Lapse the leases of silent hosts (they become unknown) and evict hosts unknown for longer than the
-    eviction timeout, oldest first, at most a share of the fleet per minute (their replicas are then
-    re-placed). Nothing lapses during the reconnect grace after this process began leading: a console
-    restart is not the fleet leaving."""
+    """Leases and evictions (console/control/leases.py), but nothing during the reconnect grace after this process
+    began leading: a console restart is not the fleet leaving."""
     if _leading_since is None:
         start_leading()
     if time.monotonic() - _leading_since < settings.MODELGRID_RECONNECT_GRACE_SECONDS:
         return False
-    lapsed = lapse_leases(now, settings.MODELGRID_HOST_LEASE_SECONDS)
-    lease = settings.MODELGRID_HOST_LEASE_SECONDS
-    notes.extend(Note(host_object(name), "Unknown", f"no word from its agent for {lease:g} s: its lease lapsed; it "
-                      "keeps its replicas but gets no new ones", warning=True, actor="console", host=name)
-                 for name in lapsed)
-    changed = bool(lapsed)
-    overdue = Host.objects.filter(connected=False, evicted_at=None, unknown_since__isnull=False,
-                                  unknown_since__lte=now - timedelta(seconds=settings.MODELGRID_EVICTION_SECONDS))
-    if not overdue.exists():
-        return changed
-    per_minute = max(1, math.ceil(settings.MODELGRID_EVICTION_RATE * Host.objects.count()))
-    room = per_minute - Host.objects.filter(evicted_at__gte=now - timedelta(minutes=1)).count()
-    if room <= 0:
-        return changed
-    chosen = list(overdue.order_by("unknown_since", "pk").values_list("pk", "name")[:room])
-    update_in_key_order(Host.objects.filter(pk__in=[pk for pk, _ in chosen]), evicted_at=now)
-    for _, name in chosen:
-        log.warning("host %s: unknown for over %g s; its replicas are re-placed", name,
-                    settings.MODELGRID_EVICTION_SECONDS)
-        notes.append(Note(host_object(name), "Evicted", f"unknown for over {settings.MODELGRID_EVICTION_SECONDS:g} s:"
-                          " its replicas are placed elsewhere", warning=True, actor="console", host=name))
-    return True
+    return advance(now, notes)
 
 
 def reconcile_once(fence: Callable[[], None] | None = None, scope: Scope = "plan") -> PassResult:

@@ -6,10 +6,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Q
-
 from console.carried import CarriedRows
 from console.deployments.models import Deployment, Replica
+from console.fleet import lifecycle
 from console.fleet.labels import labels_of
 from console.fleet.models import Gpu, Host, foreign_bytes
 from console.scheduler import Deployment as DeploymentSpec
@@ -118,7 +117,7 @@ def gpu_names() -> dict[int, str]:
 def schedulable_hosts():
     """Hosts whose GPUs the plan sees: connected ones, and unknown ones not yet evicted (they keep their
     replicas: a host that missed a few heartbeats, or a console that restarted, moves nothing)."""
-    return Host.objects.filter(Q(connected=True) | Q(unknown_since__isnull=False, evicted_at=None))
+    return Host.objects.filter(lifecycle.where(lifecycle.CONNECTED, lifecycle.UNKNOWN))
 
 
 def gpu_specs(buffer_bytes: int, replicas: Iterable[ReplicaRow], gpus_of: dict[int, list[int]],

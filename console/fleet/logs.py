@@ -1,7 +1,7 @@
 """A replica's worker log, read from its agent over the agent's own link (nothing new is opened to the network).
 
 The caller makes a channel of its own on the channel layer, sends a logs request with that channel to its host's
-group, and waits for the one answer the agent's link (console/realtime/consumers.py) forwards there. A channel from
+group, and waits for the one answer the agent's link (console/control/agent_link.py) forwards there. A channel from
 `new_channel()` belongs to the process that made it: with the Redis layer the answer comes back to the requesting
 process whichever console process holds the agent's link, and with the in-memory layer both are the one process.
 """
@@ -15,11 +15,11 @@ import uuid
 from channels.layers import get_channel_layer
 
 from agent.protocol import MAX_LOG_LINES
+from console.control.layer import host_group
 from console.dbthreads import own_thread
 from console.deployments.models import Replica
 from console.deployments.services import get_deployment
 from console.errors import AgentRefused, AgentTimeout, Conflict, NotFound, Unavailable
-from console.realtime.notify import host_group
 
 log = logging.getLogger("modelgrid.realtime")
 

@@ -8,6 +8,7 @@ from django.db import models, transaction
 
 from console.accounts.models import HashedToken
 from console.changes import revoke_links
+from console.fleet import lifecycle
 from console.fleet.hostnames import host_name_validator, validate_host_name
 
 
@@ -54,9 +55,7 @@ class Host(models.Model):
     @property
     def lifecycle(self) -> str:
         """connected | unknown (lease lapsed, replicas kept) | offline (evicted: its replicas were re-placed)."""
-        if self.connected:
-            return "connected"
-        return "offline" if self.evicted_at is not None or self.unknown_since is None else "unknown"
+        return lifecycle.state(self.connected, self.unknown_since, self.evicted_at)
 
 
 class HostDesired(models.Model):

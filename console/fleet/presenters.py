@@ -7,17 +7,11 @@ from django.db.models.functions import Cast
 
 from console.accounts.scope import TeamScope
 from console.deployments.models import Replica
+from console.fleet import lifecycle
 from console.fleet.labels import gpu_labels
 from console.fleet.models import Gpu, Host
 
-HOST_STATES = ("connected", "unknown", "offline")
-# Host.lifecycle as a filter, so a page of hosts in one state is one query: connected; unknown (its lease
-# lapsed, not evicted); offline (evicted, or never leased: unknown_since unset).
-_LIFECYCLE = {
-    "connected": Q(connected=True),
-    "unknown": Q(connected=False, unknown_since__isnull=False, evicted_at__isnull=True),
-    "offline": Q(connected=False) & (Q(evicted_at__isnull=False) | Q(unknown_since__isnull=True)),
-}
+HOST_STATES = lifecycle.STATES
 # Host columns no listing shows (the desired state pushed to it can be kilobytes) and deployment columns a
 # replica on a GPU does not need (only its name is shown).
 _UNSHOWN_HOST_FIELDS = ("desired", "desired_digest", "serving")
@@ -27,7 +21,7 @@ _REPLICA_DEPLOYMENT_FIELDS = ("deployment__estimates", "deployment__gateway_stat
 
 def in_state(hosts: QuerySet, state: str) -> QuerySet:
     """The hosts of `hosts` whose lifecycle is `state` (one of HOST_STATES)."""
-    return hosts.filter(_LIFECYCLE[state])
+    return hosts.filter(lifecycle.where(state))
 
 
 def fleet(hosts: QuerySet | None, scope: TeamScope) -> list[dict]:
@@ -152,7 +146,7 @@ def fleet_summary(scope: TeamScope) -> dict:
     aggregate queries, however large the fleet."""
     # Aliases unlike any field name: Django refuses an aggregate named "connected".
     hosts = Host.objects.aggregate(n_total=Count("pk"),
-                                   **{f"n_{s}": Count("pk", filter=q) for s, q in _LIFECYCLE.items()})
+                                   **{f"n_{s}": Count("pk", filter=lifecycle.where(s)) for s in HOST_STATES})
     gpus = Gpu.objects.aggregate(n_count=Count("pk"), n_simulated=Count("pk", filter=Q(simulated=True)),
                                  n_total_bytes=float_sum("total_bytes"), n_used_bytes=float_sum("used_bytes"))
     gpus = {k.removeprefix("n_"): v for k, v in gpus.items()}

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 from channels.layers import get_channel_layer
 
+from console.control.hub import wake_scheduler_async
+from console.control.layer import GATEWAY_GROUP, listen
 from console.dbthreads import own_thread
 from console.deployments.serving import COLD
 from console.gateway import bookkeeping
@@ -35,7 +37,6 @@ from console.gateway.reservation import NOTHING, Need
 from console.gateway.routing import affinity_choice, least_outstanding
 from console.gateway.upstream import Upstream
 from console.gateway.usage import Tally
-from console.realtime.notify import GATEWAY_GROUP, listen, wake_scheduler_async
 from console.usage import store as usage_store
 
 log = logging.getLogger("modelgrid.gateway")

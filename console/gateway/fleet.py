@@ -5,7 +5,6 @@ request path reads memory only and never waits on the database."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import NamedTuple
 
@@ -18,6 +17,7 @@ from console.carried import CarriedRows
 from console.catalog.models import Adapter
 from console.deployments.models import Deployment, Replica
 from console.deployments.serving import serving_state, start_estimate
+from console.fleet import lifecycle
 from console.fleet.models import AgentCredential, Host
 from console.gateway.routes import RouteView, load_routes
 from console.scheduler.types import TIER_RANK
@@ -111,9 +111,9 @@ def load_fleet() -> FleetView:
     secrets = {c.host_name: c.gateway_secret for c in AgentCredential.objects.only("host_name", "token_hash")}
     rows = list(Host.objects.only("pk", "name", "endpoint", "connected", "last_seen", "unknown_since", "evicted_at"))
     hosts = {h.pk: (h.endpoint.rstrip("/"), secrets.get(h.name, ""), h.connected, h.name) for h in rows}
-    unheard = timezone.now() - timedelta(seconds=settings.MODELGRID_HOST_LEASE_SECONDS)
-    by_name = {h.name: HostView(*hosts[h.pk][:2], h.lifecycle, not h.connected and (
-        h.last_seen is None or h.last_seen <= unheard)) for h in rows}
+    now, lease = timezone.now(), settings.MODELGRID_HOST_LEASE_SECONDS
+    by_name = {h.name: HostView(*hosts[h.pk][:2], h.lifecycle, lifecycle.unheard(h.connected, h.last_seen, now, lease))
+               for h in rows}
     replicas: dict[int, list[_Replica]] = {}
     for row in _REPLICAS.read():
         replicas.setdefault(row[0], []).append(_Replica(*row))

@@ -16,12 +16,13 @@ from django.db.models import Count
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from console.deployments.models import Deployment, Replica
+from console.fleet import lifecycle
 from console.fleet.models import Host
 from console.gateway.metrics import SLO_OBJECTIVE, ConsoleMetrics
 from console.usage.metrics import UsageCollector, read_usage_totals
 
 log = logging.getLogger("modelgrid.gateway")
-LIFECYCLES = ("connected", "unknown", "offline")  # Host.lifecycle
+LIFECYCLES = lifecycle.STATES
 
 
 @dataclass(frozen=True)

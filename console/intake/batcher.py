@@ -20,11 +20,11 @@ import time
 from django.conf import settings
 
 from agent.protocol import Ack, HostReport
+from console.control.hub import hub, refresh_dashboards, wake_scheduler_async
+from console.control.layer import refresh_gateways
 from console.dbthreads import dedicated_thread, own_thread
 from console.intake import stages as intake
-from console.realtime import links
-from console.realtime.notify import refresh_dashboards, refresh_gateways, wake_scheduler_async
-from console.realtime.perloop import for_this_loop
+from console.perloop import for_this_loop
 
 log = logging.getLogger("modelgrid.realtime")
 # Each stage's batches run one after another, on a thread of its own (PostgreSQL): an ack must not wait for a free
@@ -34,8 +34,8 @@ _READINGS_THREAD = dedicated_thread("intake-readings")
 # How long the hosts stage's thread goes on taking batches that came due before it hands back to the event loop
 # (on SQLite that thread is Channels' one database thread, which everything else needs too).
 DRAIN_SECONDS = 0.5
-# How long a batch's readings wait, at most, for the acks due to this process (links.acks_due), from when its hosts
-# stage was done or the last pass here that pushed ended, whichever is later: see Batcher._finish.
+# How long a batch's readings wait, at most, for the acks due to this process (console/control/hub.py), from when
+# its hosts stage was done or the last pass here that pushed ended, whichever is later: see Batcher._finish.
 READINGS_WAIT_SECONDS = 0.3
 
 
@@ -143,10 +143,10 @@ class Batcher:
         while self._staged:
             # A pass and its acks first: while a scheduler pass runs here, and then while the pushes sent from here
             # wait for their acks (a wave of them, a pass having changed many hosts), the readings (replicas' states
-            # and GPU readings, which nothing waits for within a second) hold back (links.after_acks: for the acks,
+            # and GPU readings, which nothing waits for within a second) hold back (Hub.after_acks: for the acks,
             # up to READINGS_WAIT_SECONDS). Applying them is most of intake's work, on a thread that shares the one
             # interpreter lock with the event loop that sends the pushes and reads the acks.
-            await links.after_acks(self._staged[0][2], READINGS_WAIT_SECONDS)
+            await hub().after_acks(self._staged[0][2], READINGS_WAIT_SECONDS)
             taken, self._staged = self._staged, []
             batch, parts = [], []
             for pairs, staged, _ in taken:

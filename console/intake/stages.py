@@ -27,6 +27,7 @@ from console.catalog.loads import Load, record_loads
 from console.deployments.models import Replica
 from console.events.record import Note, host_object, record
 from console.fleet.events import replica_notes
+from console.fleet.lifecycle import LEASE_SWEEP_SECONDS, renewal_seconds
 from console.fleet.models import AgentCredential, Gpu, Host
 
 log = logging.getLogger("modelgrid.fleet")
@@ -121,9 +122,6 @@ class Staged:
 # this tick's second is still being applied. Should a stage fail (a database error), its items are retried one
 # by one, so one bad message costs only itself (what the batch committed before it failed is applied again, to
 # no effect).
-
-
-LEASE_SWEEP_SECONDS = 1.0  # how often a batcher looks at the leases due (LeaseChecks)
 
 
 class LeaseChecks:
@@ -523,22 +521,3 @@ def _acked_in_one_statement(acks: list[tuple[int, int, Ack]]) -> dict[int, int]:
 def apply_one(host: Host, message: HostReport | ReplicaStatus | Ack) -> Outcome:
     """One message alone (management commands and tests; the links batch theirs)."""
     return apply_batch([Item(host.pk, host.name, message)])[0]
-
-
-def renewal_seconds(lease_s: float) -> float:
-    """How old a host's written lease (last_seen) may grow before a message of its agent writes it again."""
-    return lease_s / 4
-
-
-def lapse_leases(now: datetime, lease_s: float) -> list[str]:
-    """Hosts whose agent said nothing for a lease become unknown; returns their names. (Its agent may have spoken up
-    to a renewal interval and a lease sweep after last_seen, its message waiting for the sweep (LeaseChecks): a host
-    lapses a lease, that interval and a sweep after it, never sooner.)"""
-    silent_since = now - timedelta(seconds=lease_s + renewal_seconds(lease_s) + LEASE_SWEEP_SECONDS)
-    silent = Host.objects.filter(connected=True, last_seen__lt=silent_since)
-    lapsed = dict(silent.values_list("pk", "name"))
-    # The filter again: one that spoke up since the read keeps its lease (and is not named).
-    if lapsed and update_in_key_order(silent.filter(pk__in=lapsed), connected=False, unknown_since=now) < len(lapsed):
-        return list(Host.objects.filter(pk__in=lapsed, connected=False, unknown_since=now)
-                    .values_list("name", flat=True))
-    return list(lapsed.values())

@@ -20,7 +20,7 @@ from django.db.models.signals import m2m_changed, post_delete, post_save
 
 from console.accounts.models import Team
 from console.accounts.scope import TeamScope
-from console.realtime import notify
+from console.control import layer
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def session_digest(session_key: str) -> str:
 
 def _recheck(user_ids, ended: tuple[str, ...] = ()) -> None:
     ids = None if user_ids is None else frozenset(user_ids)
-    transaction.on_commit(lambda: notify.recheck_browsers(ids, ended))  # at once outside a transaction
+    transaction.on_commit(lambda: layer.recheck_browsers(ids, ended))  # at once outside a transaction
 
 
 def _members_changed(sender, instance, action: str, reverse: bool, pk_set, **kwargs) -> None:

@@ -27,11 +27,11 @@ from django.conf import settings
 from django.http import QueryDict
 from django.template.loader import render_to_string
 
+from console.control import hub as control
+from console.control import layer
 from console.dbthreads import apart, dedicated_thread
 from console.fleet.views import grid_context
-from console.realtime import notify
 from console.realtime.access import Access, access_of, session_digest
-from console.realtime.perloop import for_this_loop
 
 log = logging.getLogger("modelgrid.realtime")
 
@@ -90,11 +90,12 @@ class _Hub:
     tasks: set = field(default_factory=set)  # held: asyncio keeps only weak references
 
 
-_hubs: dict[asyncio.AbstractEventLoop, _Hub] = {}
-
-
 def _hub() -> _Hub:
-    return for_this_loop(_hubs, _start)
+    """This process's, kept on its hub (console/control/hub.py)."""
+    here = control.hub()
+    if here.browsers is None:
+        here.browsers = _start()
+    return here.browsers
 
 
 def _start() -> _Hub:
@@ -106,7 +107,7 @@ def _start() -> _Hub:
         if not hub.joined.done():
             hub.joined.set_result(None)
 
-    listener = loop.create_task(notify.listen(notify.DASHBOARD_GROUP, lambda m: _heard(hub, m), on_joined),
+    listener = loop.create_task(layer.listen(layer.DASHBOARD_GROUP, lambda m: _heard(hub, m), on_joined),
                                 name="browsers-listen")
     listener.add_done_callback(lambda _: on_joined())
     for task in (listener, loop.create_task(_render_forever(hub), name="browsers-render"),

@@ -1,7 +1,8 @@
 from channels.sessions import CookieMiddleware
 from django.urls import path
 
-from console.realtime.consumers import AgentConsumer, DashboardConsumer
+from console.control.agent_link import AgentConsumer
+from console.realtime.consumers import DashboardConsumer
 from console.realtime.origin import SameOriginValidator
 
 websocket_urlpatterns = [

@@ -1,4 +1,4 @@
-"""The sampler: a chore of the scheduler leader (console/chores.py) that reads every deployment's, host's and
+"""The sampler: a chore of the scheduler leader (console/control/chores.py) that reads every deployment's, host's and
 the fleet's current figures in a handful of aggregate queries, whatever the fleet's size, and hands them to
 the store, which keeps what changed (console/series/store.py), then prunes by age."""
 

@@ -42,7 +42,7 @@ from console.fleet.models import Host
 from console.series.metrics import DEPLOYMENT, FLEET, HOST, METRICS, TEAM, quantize
 from console.series.models import Clock, Outage, Point, Series
 
-FINE_STEP_S = 10  # the chores' period (console/chores.py CHORE_SECONDS): the sampler is one of them
+FINE_STEP_S = 10  # the chores' period (console/control/chores.py CHORE_SECONDS): the sampler is one of them
 COARSE_STEP_S = 300
 FINE_SPAN_MAX_S = 86400  # a range up to a day reads 10-second points, a longer one 5-minute points
 MAX_POINTS = 10_000  # a read never answers more (a longer coarse retention is thinned)

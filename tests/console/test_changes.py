@@ -19,9 +19,9 @@ def test_each_announcement_calls_what_it_stands_for_with_its_arguments(monkeypat
     async def refresh():
         called.append(("refresh_gateways",))
 
-    monkeypatch.setattr("console.realtime.notify.wake_scheduler", lambda: called.append(("wake",)))
-    monkeypatch.setattr("console.realtime.notify.refresh_gateways", refresh)
-    monkeypatch.setattr("console.realtime.notify.revoke_links", lambda host: called.append(("revoke", host)))
+    monkeypatch.setattr("console.control.hub.wake_scheduler", lambda: called.append(("wake",)))
+    monkeypatch.setattr("console.control.layer.refresh_gateways", refresh)
+    monkeypatch.setattr("console.control.layer.revoke_links", lambda host: called.append(("revoke", host)))
     monkeypatch.setattr("console.control.desired.mark_stale", lambda deps: called.append(("stale", deps)))
     monkeypatch.setattr("console.control.rollout.begin_rollout", lambda deps: called.append(("rollout", deps)))
     changes.wake_scheduler()

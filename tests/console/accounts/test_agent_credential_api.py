@@ -45,7 +45,7 @@ def as_ops(client):
 @pytest.fixture
 def revoked_hosts(monkeypatch):
     ended = []
-    monkeypatch.setattr("console.realtime.notify.revoke_links", ended.append)
+    monkeypatch.setattr("console.control.layer.revoke_links", ended.append)
     return ended
 
 

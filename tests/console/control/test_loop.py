@@ -5,6 +5,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from console.catalog.services import register_model
+from console.control.hub import Hub
 from console.control.loop import scheduler_loop
 from console.deployments.models import Replica
 from console.deployments.services import create_deployment
@@ -47,14 +48,14 @@ async def test_a_new_deployment_wakes_the_loop_instead_of_waiting_for_the_next_t
 
 async def test_a_wake_up_from_the_leaders_own_process_needs_no_channel_layer(model_dir, monkeypatch, settings):
     # Redis restarting loses channel-layer messages: a change made in the leader's own process still wakes it.
-    from console.realtime import notify
+    from console.control import layer
 
     lost = []
 
     async def lossy(group, event, **fields):
         lost.append(event)
 
-    monkeypatch.setattr(notify, "_send", lossy)
+    monkeypatch.setattr(layer, "send", lossy)
     settings.MODELGRID_SCHEDULER_RESYNC_SECONDS = 3600
     await database_sync_to_async(setup_fleet_and_model)(model_dir)
     async with scheduler_running(interval=60):
@@ -90,10 +91,10 @@ async def test_a_push_the_host_never_acknowledged_is_sent_again(model_dir, monke
     host = await database_sync_to_async(Host.objects.get)(name="h1")
     sent = []
 
-    async def push(host_ids, states=None):
+    async def push(self, host_ids, states=None):
         sent.append(list(host_ids))
 
-    monkeypatch.setattr(scheduler, "push_desired", push)
+    monkeypatch.setattr(Hub, "push_desired", push)
     await scheduler.run_pass()  # the first pass gives every host its desired state
     generation = await database_sync_to_async(lambda: Host.objects.get(pk=host.pk).generation)()
     await database_sync_to_async(Host.objects.filter(pk=host.pk).update)(acked_generation=generation - 1)
@@ -239,8 +240,10 @@ def test_a_pass_that_only_derived_deployments_states_asks_for_no_other(model_dir
 
 async def test_the_chores_wait_for_the_acks_due_here_then_run(monkeypatch):
     """While a wave of pushes waits for its acks, the leader's chores come after (for a bounded while)."""
+    from console.control import hub as hub_module
     from console.control import loop as module
-    from console.realtime import links
+
+    here = hub_module.hub()
 
     ran = []
 
@@ -253,40 +256,42 @@ async def test_the_chores_wait_for_the_acks_due_here_then_run(monkeypatch):
     monkeypatch.setattr(module, "_fenced_chores", lambda elector: ran.append(elector))
     monkeypatch.setattr(module, "deliver", no_webhooks)
     monkeypatch.setattr(module, "CHORES_WAIT_SECONDS", 60)
-    monkeypatch.setattr(links, "ACK_EXPECTED_SECONDS", 60)
+    monkeypatch.setattr(hub_module, "ACK_EXPECTED_SECONDS", 60)
     link, stop = Link(), asyncio.Event()
-    links.hold(9, link)
-    links.sent(9, 1)
+    here.hold(9, link)
+    here.sent(9, 1)
     task = asyncio.create_task(module._chore_loop("the elector", stop))
     try:
         await asyncio.sleep(0.3)
         assert ran == []  # an ack is due
-        links.acknowledged(9, 1)
+        here.acknowledged(9, 1)
         async with asyncio.timeout(5):
             while not ran:
                 await asyncio.sleep(0.01)
         assert ran == ["the elector"]
     finally:
         stop.set()
-        links.release(9, link)
+        here.release(9, link)
         await asyncio.wait_for(task, 5)
 
 
 async def test_a_pass_counts_as_under_way_until_its_pushes_are_handed_over(monkeypatch):
-    """Intake's readings and the chores wait for a pass here (console/realtime/links.planning): from before it
+    """Intake's readings and the chores wait for a pass here (Hub.planning: console/control/hub.py): from before it
     plans until its pushes have gone out, so that nothing starts between its commit and its wave."""
     from console.control import loop as module
+    from console.control.hub import hub
     from console.control.reconcile import PassResult
-    from console.realtime import links
+
+    here = hub()
 
     seen = []
 
     def reconcile(fence, scope):
-        seen.append(("pass", links.planning_now()))
+        seen.append(("pass", here.planning_now()))
         return PassResult(changed_hosts=(3,), changed=False, planned=True, states={3: (1, "[]")})
 
-    async def push(hosts, states):
-        seen.append(("push", links.planning_now()))
+    async def push(self, hosts, states):
+        seen.append(("push", here.planning_now()))
 
     def on_this_loop(fn):  # the pass's thread has no event loop to ask
         async def call(*args):
@@ -295,15 +300,17 @@ async def test_a_pass_counts_as_under_way_until_its_pushes_are_handed_over(monke
 
     monkeypatch.setattr(module, "database_sync_to_async", on_this_loop)
     monkeypatch.setattr(module, "reconcile_once", reconcile)
-    monkeypatch.setattr(module, "push_desired", push)
+    monkeypatch.setattr(Hub, "push_desired", push)
     await module.run_pass()
-    assert seen == [("pass", True), ("push", True)] and not links.planning_now()
+    assert seen == [("pass", True), ("push", True)] and not here.planning_now()
 
 
 async def test_a_pass_that_fails_is_no_longer_under_way(monkeypatch):
     from console.control import loop as module
+    from console.control.hub import hub
     from console.control.leader import NotLeader
-    from console.realtime import links
+
+    here = hub()
 
     def deposed(fence, scope):
         raise NotLeader("another console leads now")
@@ -314,4 +321,4 @@ async def test_a_pass_that_fails_is_no_longer_under_way(monkeypatch):
     monkeypatch.setattr(module, "database_sync_to_async", lambda fn: on_this_loop_fn)
     with pytest.raises(NotLeader):
         await module.run_pass()
-    assert not links.planning_now()
+    assert not here.planning_now()

@@ -10,8 +10,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from console.accounts import teams
+from console.control.hub import refresh_dashboards
 from console.realtime import browsers
-from console.realtime.notify import refresh_dashboards
 from tests.console.realtime.browser_sockets import cookie_of, opened
 from tests.console.team_scene import team_scene
 

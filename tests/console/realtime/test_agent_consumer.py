@@ -201,18 +201,19 @@ async def test_a_push_carrying_the_passs_state_is_sent_as_it_is_and_an_older_one
     of a generation older than one already sent is dropped."""
     from channels.layers import get_channel_layer
 
-    from console.realtime.notify import host_group, push_desired
+    from console.control.hub import hub
+    from console.control.layer import host_group
 
     comm, host, result = await linked_with_chat_placed(token)
     assert result.changed_hosts == (host.pk,)
     generation, replicas = result.states[host.pk]
-    from console.realtime import consumers
+    from console.control import agent_link as consumers
 
     def no_read(host):
         raise AssertionError("the pass's state was read back")
 
     monkeypatch.setattr(consumers, "desired_text", no_read)
-    await push_desired([host.pk], result.states)
+    await hub().push_desired([host.pk], result.states)
     raw = await comm.receive_from(timeout=5)
     assert f'"replicas":{replicas},' in raw  # the pass's very text, spliced in
     sent = json.loads(raw)
@@ -291,7 +292,7 @@ async def test_a_push_reaches_the_agent_while_the_database_thread_is_busy(token)
     from asgiref.sync import sync_to_async
     from channels.layers import get_channel_layer
 
-    from console.realtime.notify import host_group
+    from console.control.layer import host_group
 
     comm, _ = await connect(token)
     await comm.send_to(text_data=json.dumps(hello()))
@@ -316,7 +317,7 @@ async def test_a_push_to_a_link_this_process_holds_skips_the_channel_layer(token
     (to a link another console process may hold)."""
     from channels.layers import get_channel_layer
 
-    from console.realtime.notify import push_desired
+    from console.control.hub import hub
 
     layer = get_channel_layer()
     sent_through_layer = []
@@ -331,11 +332,11 @@ async def test_a_push_to_a_link_this_process_holds_skips_the_channel_layer(token
     await comm.send_to(text_data=json.dumps(hello()))
     await comm.receive_from(timeout=5)
     host = await database_sync_to_async(Host.objects.get)(name="h1")
-    await push_desired([host.pk], {host.pk: (3, "[]")})
+    await hub().push_desired([host.pk], {host.pk: (3, "[]")})
     assert json.loads(await comm.receive_from(timeout=5))["generation"] == 3
     assert [m for m in sent_through_layer if m[1] == "desired.push"] == []
     await comm.disconnect()
-    await push_desired([host.pk], {host.pk: (4, "[]")})
+    await hub().push_desired([host.pk], {host.pk: (4, "[]")})
     assert [m for m in sent_through_layer if m[1].startswith("desired.")] == [("pushes", "desired.pushes")]
 
 
@@ -345,7 +346,7 @@ async def test_a_push_named_by_another_process_sends_the_link_held_here_its_stor
     are left to the process that does."""
     from channels.layers import get_channel_layer
 
-    from console.realtime.notify import PUSH_GROUP
+    from console.control.layer import PUSH_GROUP
 
     comm, host, result = await linked_with_chat_placed(token)
     generation, replicas = result.states[host.pk]
@@ -363,7 +364,7 @@ async def test_a_push_named_by_another_process_sends_the_link_held_here_its_stor
 
 
 async def test_a_superseded_link_here_hands_the_pushes_to_the_newer_one(token):
-    from console.realtime.notify import push_desired
+    from console.control.hub import hub
 
     first, _ = await connect(token)
     await first.send_to(text_data=json.dumps(hello()))
@@ -373,10 +374,10 @@ async def test_a_superseded_link_here_hands_the_pushes_to_the_newer_one(token):
     await second.receive_from(timeout=5)
     assert await first.receive_output(timeout=5) == {"type": "websocket.close", "code": 4409}
     host = await database_sync_to_async(Host.objects.get)(name="h1")
-    await push_desired([host.pk], {host.pk: (9, [])})
+    await hub().push_desired([host.pk], {host.pk: (9, [])})
     assert json.loads(await second.receive_from(timeout=5))["generation"] == 9
     await first.disconnect()  # the old link's end leaves the newer one held
-    await push_desired([host.pk], {host.pk: (10, [])})
+    await hub().push_desired([host.pk], {host.pk: (10, [])})
     assert json.loads(await second.receive_from(timeout=5))["generation"] == 10
     await second.disconnect()
 

@@ -14,12 +14,12 @@ from django.conf import settings
 
 from console.asgi import application
 from console.catalog.models import Model
+from console.control import agent_link as consumers
 from console.deployments.models import Deployment, Replica
 from console.errors import AgentRefused, AgentTimeout, Unavailable
 from console.fleet import logs
 from console.fleet.logs import replica_logs
 from console.fleet.models import AgentCredential, Host
-from console.realtime import consumers
 from tests.console.realtime.agent_link import GPU, HELLO, linked
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.db_stack]

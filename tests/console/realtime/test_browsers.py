@@ -16,11 +16,11 @@ from channels.testing import WebsocketCommunicator
 
 from console.accounts.scope import TeamScope
 from console.asgi import application
+from console.control.hub import refresh_dashboards
 from console.fleet import views
 from console.fleet.models import AgentCredential, Gpu, Host
 from console.realtime import browsers
 from console.realtime.access import Access
-from console.realtime.notify import refresh_dashboards
 from tests.console.gateway.test_gateway import FakeAgent, _client, _gateway
 from tests.console.realtime.agent_link import GPU, HELLO, GiB
 from tests.console.realtime.browser_sockets import cookie_of, opened

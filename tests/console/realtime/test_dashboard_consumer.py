@@ -5,8 +5,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from console.asgi import application
+from console.control.hub import refresh_dashboards
 from console.fleet.models import Gpu, Host
-from console.realtime.notify import refresh_dashboards
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ORIGIN = (b"origin", b"http://127.0.0.1")

@@ -5,7 +5,8 @@ import asyncio
 
 from channels.layers import get_channel_layer
 
-from console.realtime.notify import DASHBOARD_GROUP, refresh_dashboards
+from console.control.hub import refresh_dashboards
+from console.control.layer import DASHBOARD_GROUP
 
 
 async def drain(layer, channel: str, seconds: float) -> int:
@@ -36,10 +37,11 @@ async def test_a_burst_of_changes_costs_two_refreshes(settings):
 
 async def test_a_burst_of_creates_wakes_the_scheduler_twice_not_once_each(monkeypatch):
     """Thousands of creates in a minute: the leader hears of them at a bounded rate, the last one never lost."""
-    from console.realtime import notify
-    from console.realtime.notify import SCHEDULER_GROUP, wake_scheduler_async
+    from console.control import hub
+    from console.control.hub import wake_scheduler_async
+    from console.control.layer import SCHEDULER_GROUP
 
-    monkeypatch.setattr(notify, "WAKE_INTERVAL", 0.3)
+    monkeypatch.setattr(hub, "WAKE_INTERVAL", 0.3)
     layer = get_channel_layer()
     channel = await layer.new_channel("scheduler.")
     await layer.group_add(SCHEDULER_GROUP, channel)

@@ -11,7 +11,7 @@ import os
 import pytest
 from channels.layers import get_channel_layer
 
-from console.realtime.notify import subscribe
+from console.control.layer import subscribe
 
 pytestmark = [pytest.mark.db_stack,
               pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs Redis (the PostgreSQL + Redis pass)")]

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from console.accounts.models import default_team_id
-from console.chores import _chores
+from console.control.chores import _chores
 from console.deployments.models import Deployment, Replica
 from console.deployments.services import create_deployment
 from console.fleet.models import Gpu, Host

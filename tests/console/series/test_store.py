@@ -189,7 +189,7 @@ def test_a_sum_of_series_holds_at_each_time_the_sum_of_the_values_in_force_then(
 
 
 def test_the_fine_step_is_the_chores_period():
-    from console.chores import CHORE_SECONDS
+    from console.control.chores import CHORE_SECONDS
     from console.series.store import FINE_STEP_S
 
     assert FINE_STEP_S == CHORE_SECONDS  # one sample per chore tick

@@ -96,7 +96,7 @@ def test_concurrent_writers_of_the_same_buckets_add_up_on_postgresql():
 
 
 def test_the_consoles_chores_roll_usage(owner, settings):
-    from console.chores import run_chores
+    from console.control.chores import run_chores
 
     team, token = owner
     settings.MODELGRID_USAGE_MINUTE_RETENTION_DAYS = 1

@@ -290,7 +290,7 @@ class Command(BaseCommand):
     async def _scheduler_process(self, stop: asyncio.Event) -> None:
         """`manage.py scheduler` as a child process: it takes part in the election for this `up`. Its passes and
         chores then share no interpreter (no GIL) with the links' intake; its pushes reach the links here through
-        one channel-layer message per pass (console/realtime/pushes.py)."""
+        one channel-layer message per pass (console/control/hub.py)."""
         cmd = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "scheduler"]
         await self._child("scheduler process", cmd, dict(os.environ), stop, SCHEDULER_PROCESS_STOP_TIMEOUT)
 

@@ -4,7 +4,7 @@ loop."""
 import pytest
 from django.utils import timezone
 
-from console import chores
+from console.control import chores
 from console.events.models import Event
 from console.events.record import Note, record
 

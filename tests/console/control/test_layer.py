@@ -1,25 +1,9 @@
+"""The channel layer's listener (console/control/layer.py)."""
+
 import asyncio
 import contextlib
 
-from console.realtime import notify
-
-
-async def test_pushes_for_links_held_elsewhere_go_out_as_one_message_naming_the_hosts(monkeypatch):
-    """One channel-layer message per pass, not one per host: a thousand per-host messages through Redis reached the
-    last agent tens of seconds after the pass committed when the scheduler ran in a process of its own."""
-    sent = []
-
-    async def send(group, event, **fields):
-        sent.append((group, event, fields))
-
-    monkeypatch.setattr(notify, "_send", send)
-    # Hosts with a state the pass built, and hosts to be sent theirs again (not acknowledged: a resend).
-    await notify.push_desired(range(100), {h: (1, []) for h in range(0, 100, 2)})
-    assert sent == [(notify.PUSH_GROUP, "desired.pushes", {"hosts": list(range(0, 100, 2)),
-                                                           "again": list(range(1, 100, 2))})]
-    sent.clear()
-    await notify.push_desired([])
-    assert sent == []
+from console.control import layer as layer_module
 
 
 class FlakyLayer:
@@ -52,11 +36,11 @@ async def test_a_listener_renews_its_group_membership_and_joins_anew_after_the_l
     """channels_redis drops a group's members older than its group expiry (a day), and a Redis restarted without
     its data has none: a listener joined once stopped hearing its group (wake-ups, gateway refreshes, pushes)."""
     layer = FlakyLayer()
-    monkeypatch.setattr(notify, "get_channel_layer", lambda: layer)
-    monkeypatch.setattr(notify, "REJOIN_SECONDS", 0.05)
-    monkeypatch.setattr(notify, "RETRY_SECONDS", 0.05)
+    monkeypatch.setattr(layer_module, "get_channel_layer", lambda: layer)
+    monkeypatch.setattr(layer_module, "REJOIN_SECONDS", 0.05)
+    monkeypatch.setattr(layer_module, "RETRY_SECONDS", 0.05)
     heard, joined = [], asyncio.Event()
-    task = asyncio.create_task(notify.listen("g", heard.append, joined.set))
+    task = asyncio.create_task(layer_module.listen("g", heard.append, joined.set))
     try:
         async with asyncio.timeout(5):
             await joined.wait()
