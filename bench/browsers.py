@@ -35,7 +35,16 @@ import httpx  # noqa: E402
 import websockets  # noqa: E402
 
 from bench.fleet_profile import print_profile, profile_between, profile_env, read_profile  # noqa: E402
-from bench.harness import percentile, print_table, python_speed, ready_replica, running_stack, say  # noqa: E402
+from bench.harness import (  # noqa: E402
+    command_line,
+    percentile,
+    print_header,
+    print_table,
+    python_speed,
+    ready_replica,
+    running_stack,
+    say,
+)
 from tests.e2e.stack import wait_for  # noqa: E402
 
 # Between two completions, and two round trips: a row spans more than the gateway's token cache (10 s), so its
@@ -237,7 +246,7 @@ def _stack(tmp: Path, name: str, model: Path, env: dict, args):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_line(__doc__)
     parser.add_argument("--sockets", default="0,500,1500", help="comma-separated socket counts, one row each")
     parser.add_argument("--requests", type=int, default=30, help="completions and agent round trips per row")
     parser.add_argument("--row-seconds", type=float, default=240,
@@ -253,6 +262,7 @@ def main() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         asyncio.run(_browsers(url, cookie, int(count), args.pages))
         return
+    print_header()
     from agent.workers.demo_models import build_tiny_llama
 
     counts = [int(c) for c in args.sockets.split(",")]
