@@ -79,6 +79,7 @@ from bench.fleet_sim import GIB, SimFleet, SimSpec  # noqa: E402
 from bench.fleet_watch import HostWatch  # noqa: E402
 from bench.harness import (  # noqa: E402
     command_line,
+    cpu_seconds,
     cpu_steal,
     median,
     percentile,
@@ -151,15 +152,6 @@ def console_ready(env: dict, table: str = "replica") -> int:
     with contextlib.closing(sqlite3.connect(f"file:{Path(env['MODELGRID_DATA_DIR']) / 'modelgrid.sqlite3'}?mode=ro",
                                             uri=True, timeout=5)) as conn:
         return conn.execute(query).fetchone()[0]
-
-
-def cpu_seconds(procs: list[psutil.Process]) -> float:
-    total = 0.0
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            t = p.cpu_times()
-            total += t.user + t.system
-    return total
 
 
 def postgres_cpu_seconds() -> float | None:

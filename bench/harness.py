@@ -12,10 +12,11 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
+import psutil
 
 from tests.e2e.stack import Stack, start
 
@@ -132,10 +133,18 @@ def print_header(*facts: str) -> None:
     sys.stdout.flush()
 
 
+def cpu_seconds(processes: Iterable[int | psutil.Process]) -> float:
+    """User + system CPU seconds these processes (pids or psutil's) have used so far; one that is gone counts 0."""
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            times = (process if isinstance(process, psutil.Process) else psutil.Process(process)).cpu_times()
+            total += times.user + times.system
+    return total
+
+
 def cpu_steal() -> float | None:
     """CPU seconds the hypervisor gave other guests (all cores) so far; None where the OS does not say."""
-    import psutil
-
     return getattr(psutil.cpu_times(), "steal", None)
 
 
