@@ -1,5 +1,6 @@
-"""Every benchmark stands on bench/harness.py: its percentiles, its table printer and its running stack are the
-only ones, so two tables that say "p99" mean the same thing and look alike. Read from the source, not run."""
+"""Every benchmark stands on bench/harness.py: its command line, the header above the tables, its percentiles,
+its table printer and its running stack are the only ones, so two tables that say "p99" mean the same thing, look
+alike and name the machine that made them. Read from the source, not run."""
 
 import ast
 import re
