@@ -52,7 +52,8 @@ def print_table(title: str | None, rows: Sequence[dict | Sequence], notes: tuple
             columns = list(dict.fromkeys(key for row in rows for key in row))
             rows = [[row.get(c) for c in columns] for row in rows]
         cells = [[_cell(v) for v in row] for row in rows]
-        widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+        # two characters at least: a markdown delimiter cell needs a hyphen before its colon
+        widths = [max(2, len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
         print("| " + " | ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)) + " |")
         print("| " + " | ".join("-" * (w - 1) + ":" for w in widths) + " |")
         for r in cells:

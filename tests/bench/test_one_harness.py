@@ -88,3 +88,21 @@ def test_no_benchmark_starts_a_stack_by_hand(path):
                if isinstance(node, ast.ImportFrom) and node.module == "tests.e2e.stack"
                and any(a.name == "start" for a in node.names)]
     assert not started, f"{path.name} imports tests.e2e.stack.start: use bench.harness.running_stack"
+
+
+def test_the_table_is_markdown_with_a_hyphen_in_every_delimiter_cell(capsys):
+    from bench.harness import print_table
+
+    print_table("t", [("a", 1, float("nan"))], columns=("#", "unplaced", "unplaced"))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:] == ["## t", "", "|  # | unplaced | unplaced |",
+                         "| -: | -------: | -------: |",
+                         "|  a |        1 |        - |"]
+
+
+def test_the_percentile_is_a_value_some_request_had():
+    from bench.harness import percentile
+
+    values = [float(v) for v in range(1, 17)]  # 16, as estimate_accuracy's models
+    assert (percentile(values, 0.5), percentile(values, 0.95), percentile(values, 1.0)) == (8.0, 16.0, 16.0)
+    assert percentile(values, 0.0) == 1.0
