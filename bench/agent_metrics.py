@@ -8,7 +8,6 @@ Starts its own `manage.py up` (free loopback port, temporary data dir, simulated
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import tempfile
@@ -20,7 +19,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 
-from bench.harness import gateway_secret, percentile, print_table, running_stack, say, wait_until  # noqa: E402
+from bench.harness import (  # noqa: E402
+    command_line,
+    gateway_secret,
+    percentile,
+    print_header,
+    print_table,
+    running_stack,
+    say,
+    wait_until,
+)
 
 
 def _ms(values: list[float]) -> str:
@@ -49,10 +57,11 @@ async def burst(base: str, token: str, path: str, scrapes: int, clients: int) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__)
     parser.add_argument("--scrapes", type=int, default=500, help="scrapes per way, and per burst")
     parser.add_argument("--clients", type=int, default=16, help="relayed scrapes at once in the burst")
     args = parser.parse_args()
+    print_header()
     with tempfile.TemporaryDirectory(prefix="modelgrid-agent-metrics-") as tmp, \
             running_stack(Path(tmp) / "data", "sim:8x80GiB") as stack:
         base = stack.url.rstrip("/")

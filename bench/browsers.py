@@ -35,7 +35,15 @@ import httpx  # noqa: E402
 import websockets  # noqa: E402
 
 from bench.fleet_profile import print_profile, profile_between, profile_env, read_profile  # noqa: E402
-from bench.harness import percentile, print_table, python_speed, ready_replica, running_stack, say  # noqa: E402
+from bench.harness import (  # noqa: E402
+    command_line,
+    percentile,
+    print_header,
+    print_table,
+    ready_replica,
+    running_stack,
+    say,
+)
 from tests.e2e.stack import wait_for  # noqa: E402
 
 # Between two completions, and two round trips: a row spans more than the gateway's token cache (10 s), so its
@@ -217,27 +225,20 @@ def _row(stack, agent_token: str, cookie: str, sockets: int, args, caps: str) ->
             "agent links unanswered": lost}
 
 
-def _stack(tmp: Path, name: str, model: Path, env: dict, args):
-    """`manage.py up` with tiny-llama's deployment `small` ready, a member's session cookie and an agent token."""
-    stack_env = env | (profile_env(tmp, args.profile_file) if args.profile_file else {})
-    cm = running_stack(tmp / name, gpus="sim:1x24GiB", **stack_env)
-    stack = cm.__enter__()
-    try:
-        api = stack.api()
-        api.post("/models", json={"name": "tiny", "path": str(model)}).raise_for_status()
-        api.post("/deployments", json={"name": "small", "model": "tiny"}).raise_for_status()
-        wait_for(lambda: ready_replica(api, "small"), 180, interval=0.5, what="small to be ready")
-        cookie = _member_session(stack)
-        agent_token = stack.manage("createagenttoken", "bench-agent")
-        asyncio.run(_measure(stack, agent_token, 3))  # warm
-    except BaseException:
-        cm.__exit__(*sys.exc_info())
-        raise
-    return cm, stack, cookie, agent_token
+def _prepare(stack, model: Path) -> tuple[str, str]:
+    """tiny-llama's deployment `small` ready on `stack`; a member's session cookie and an agent token."""
+    api = stack.api()
+    api.post("/models", json={"name": "tiny", "path": str(model)}).raise_for_status()
+    api.post("/deployments", json={"name": "small", "model": "tiny"}).raise_for_status()
+    wait_for(lambda: ready_replica(api, "small"), 180, interval=0.5, what="small to be ready")
+    cookie = _member_session(stack)
+    agent_token = stack.manage("createagenttoken", "bench-agent")
+    asyncio.run(_measure(stack, agent_token, 3))  # warm
+    return cookie, agent_token
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_line(__doc__)
     parser.add_argument("--sockets", default="0,500,1500", help="comma-separated socket counts, one row each")
     parser.add_argument("--requests", type=int, default=30, help="completions and agent round trips per row")
     parser.add_argument("--row-seconds", type=float, default=240,
@@ -253,6 +254,7 @@ def main() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         asyncio.run(_browsers(url, cookie, int(count), args.pages))
         return
+    print_header()
     from agent.workers.demo_models import build_tiny_llama
 
     counts = [int(c) for c in args.sockets.split(",")]
@@ -265,21 +267,19 @@ def main() -> None:
     if args.default_caps and max(counts) > 0:
         runs.append(("data-default", {name: os.environ.get(name, "") for name in SOCKET_CAP_ENV}, [max(counts)],
                      "default"))
-    rows, speed = [], python_speed()
+    rows = []
     for name, env, sockets, label in runs:
-        cm, stack, cookie, agent_token = _stack(tmp, name, model, env, args)
-        try:
+        stack_env = env | (profile_env(tmp, args.profile_file) if args.profile_file else {})
+        with running_stack(tmp / name, gpus="sim:1x24GiB", **stack_env) as stack:
+            cookie, agent_token = _prepare(stack, model)
             for n in sockets:
                 rows.append(_row(stack, agent_token, cookie, n, args, label))
                 say(" ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}" for k, v in rows[-1].items()))
-        finally:
-            cm.__exit__(None, None, None)
     print_table(f"Browser sockets of one member beside the gateway and an agent link ({args.requests} each"
                 + (", each socket another page" if args.pages else "") + ")", rows,
                 notes=("completion: a 3-token completion through the gateway; agent link: a hello answered with "
                        "its desired state; failed/unanswered: not answered within "
-                       f"{WAIT_S:.0f} s; pushes/s: dashboard pushes all the sockets received",
-                       f"python_speed() before the runs: {speed:.1f} ms (bench/harness.py; lower is a faster machine)"))
+                       f"{WAIT_S:.0f} s; pushes/s: dashboard pushes all the sockets received",))
     for title, samples in args.profiles.items():
         print_profile(samples, f"Console profile, {title}", top=12)
 

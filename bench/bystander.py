@@ -9,7 +9,6 @@ deployments' replicas run on the one local agent, so its event loop and interpre
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import threading
@@ -21,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from bench.harness import median, percentile, print_table, ready_replica, running_stack, say  # noqa: E402
+from bench.harness import command_line, median, percentile, print_header, print_table, ready_replica, running_stack, say  # noqa: E402
 from tests.e2e.stack import wait_for  # noqa: E402
 
 
@@ -38,10 +37,11 @@ def short(client: httpx.Client, count: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_line(__doc__)
     parser.add_argument("--rows", type=int, default=32, help="rows of the huge request (x 256 tokens)")
     parser.add_argument("--short", type=int, default=20, help="short requests per measurement")
     args = parser.parse_args()
+    print_header()
     from agent.workers.demo_models import build_tiny_llama
 
     tmp = Path(tempfile.mkdtemp(prefix="mg-bystander-"))

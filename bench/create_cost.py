@@ -14,7 +14,6 @@ Prints a table (median of the POSTs after the first, and of the record() calls).
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import json
 import pstats
@@ -26,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import median, print_table  # noqa: E402
+from bench.harness import command_line, median, print_header, print_table  # noqa: E402
 from bench.pass_cost import DEFAULT_DATABASE_URL, drop_database, setup_django  # noqa: E402
 
 
@@ -77,7 +76,7 @@ def time_records(events: int, runs: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_line(__doc__)
     parser.add_argument("--size", type=int, default=1000, help="deployments per bulk POST")
     parser.add_argument("--posts", type=int, default=8)
     parser.add_argument("--events", type=int, default=8000, help="notes per record() call")
@@ -86,6 +85,7 @@ def main() -> None:
                         help="a fresh database on this PostgreSQL server (default the local one)")
     parser.add_argument("--profile", action="store_true", help="print the top functions of the last POST")
     args = parser.parse_args()
+    print_header()
     with tempfile.TemporaryDirectory(prefix="bench-create-") as tmp:
         dropped = setup_django(Path(tmp), args.postgres)
         try:

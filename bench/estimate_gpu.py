@@ -12,7 +12,6 @@ The checkpoints are built in bfloat16 (the float16 case loads that checkpoint co
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -22,6 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.harness import command_line, print_header, print_table  # noqa: E402
+
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -48,7 +50,7 @@ def one(path: str, task: str, dtype: str, batch: int, seq: int | None, device: s
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_line(__doc__)
     parser.add_argument("--models", default="/tmp/models", help="where the seeded models are built (kept)")
     parser.add_argument("--big", default="decoder-1b", help="the big decoder (decoder-270m for a CPU dry run)")
     parser.add_argument("--device", default="cuda:0")
@@ -64,8 +66,8 @@ def main() -> int:
 
     from bench import sleep_wake  # the same seeded model builders
 
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}"
-          + (f" ({torch.cuda.get_device_name(torch.device(args.device))})" if torch.cuda.is_available() else ""))
+    print_header(f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}"
+                 + (f" ({torch.cuda.get_device_name(torch.device(args.device))})" if torch.cuda.is_available() else ""))
     models = Path(args.models)
     cases = [("minilm", "bfloat16", 8, 128), ("decoder-270m", "bfloat16", 1, 0), (args.big, "bfloat16", 1, 0),
              (args.big, "bfloat16", 8, 512), (args.big, "float16", 32, 256)]
@@ -92,7 +94,6 @@ def main() -> int:
               flush=True)
         rows.append((name, r))
 
-    print("\n## Estimator (device=cuda) vs the GPU: MiB; errors relative to the measurement\n")
     head = ("model", "dtype", "shape", "w est", "w meas", "kv+act est", "fwd peak-w", "est w+kv+act",
             "peak alloc", "err vs peak", "reserved", "NVML proc", "NVML-reserved", "total est", "err vs NVML")
     table = []
@@ -111,11 +112,7 @@ def main() -> int:
                       "-" if proc is None or reserved is None else f"{(proc - reserved) / MiB:.1f}",
                       f"{e['total_bytes'] / MiB:.1f}",
                       "-" if proc is None else f"{100 * (e['total_bytes'] - proc) / proc:+.1f}%"])
-    widths = [max(len(h), *(len(t[i]) for t in table)) if table else len(h) for i, h in enumerate(head)]
-    print("| " + " | ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for t in table:
-        print("| " + " | ".join(c.rjust(w) for c, w in zip(t, widths, strict=True)) + " |")
+    print_table("Estimator (device=cuda) vs the GPU: MiB; errors relative to the measurement", table, columns=head)
     print("\nw meas: unique parameter+buffer bytes on the device; peak alloc: torch.cuda.max_memory_allocated over the"
           " warm-up forward (weights included); reserved: torch.cuda.memory_reserved after it; NVML proc: NVML's"
           " per-process memory for the worker's pid (what the agent records as the replica's total); total est ="

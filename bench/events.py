@@ -13,7 +13,6 @@ scratch one.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -21,9 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from pages import fresh_database, setup_django  # noqa: E402  (the same fresh database as the pages benchmark)
+from bench.harness import command_line, percentile, print_header, print_table  # noqa: E402
+from bench.pages import fresh_database, setup_django  # noqa: E402  (the same fresh database as the pages benchmark)
 
 BATCH = 100
 
@@ -72,13 +71,12 @@ def page_through(client, auth: dict, query: str, limit: int) -> dict:
         cursor = body["next"]
         if not cursor:
             break
-    times.sort()
-    return {"pages": pages, "events": events, "median": statistics.median(times),
-            "p95": times[min(len(times) - 1, int(0.95 * len(times)))], "max": times[-1], "queries": queries}
+    return {"pages": pages, "events": events, "median": statistics.median(times), "p95": percentile(times, 0.95),
+            "max": max(times), "queries": queries}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_line(__doc__, whole_doc=True)
     parser.add_argument("--events", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--database-url", default=None)
     args = parser.parse_args()
@@ -94,25 +92,27 @@ def main() -> None:
     from console.accounts.models import ApiToken
     from console.events.models import Event
 
-    print(f"database: {connection.vendor}")
-    print("| distinct events (+ 1 in 10 repeated) | rows | write (record, batches of 100) | listing | limit | pages "
-          "| median page | p95 page | slowest page | queries per page |")
-    print("| ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print_header(f"database: {connection.vendor}")
+    rows = []
     for n in args.events:
         fresh_database(url)
         settings.MODELGRID_EVENTS_MAX_ROWS = max(n * 2, 100)
         token = ApiToken.issue(get_user_model().objects.get_or_create(username="bench")[0])[1]
         Event.objects.all().delete()  # the token's own event
         wrote = write(n)
-        rows = Event.objects.count()
+        count = Event.objects.count()
         client = Client()
         auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
         listings = (("all", "", 100), ("all", "", 500), ("one deployment", "&object=deployment/dep-0007", 100),
                     ("one host", "&object=host/host-007", 100), ("warnings", "&type=Warning", 100))
         for label, query, limit in listings:
             s = page_through(client, auth, query, limit)
-            print(f"| {n:,} | {rows:,} | {wrote:.1f} s ({n / wrote:,.0f}/s) | {label} ({s['events']:,}) | {limit} "
-                  f"| {s['pages']} | {s['median']:.1f} ms | {s['p95']:.1f} ms | {s['max']:.1f} ms | {s['queries']} |")
+            rows.append({"distinct events (+ 1 in 10 repeated)": f"{n:,}", "rows": f"{count:,}",
+                         "write (record, batches of 100)": f"{wrote:.1f} s ({n / wrote:,.0f}/s)",
+                         "listing": f"{label} ({s['events']:,})", "limit": limit, "pages": s["pages"],
+                         "median page": f"{s['median']:.1f} ms", "p95 page": f"{s['p95']:.1f} ms",
+                         "slowest page": f"{s['max']:.1f} ms", "queries per page": s["queries"]})
+    print_table(None, rows)
 
 
 if __name__ == "__main__":

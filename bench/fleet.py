@@ -49,7 +49,6 @@ their time.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import contextlib
@@ -79,9 +78,12 @@ from bench.fleet_profile import (  # noqa: E402
 from bench.fleet_sim import GIB, SimFleet, SimSpec  # noqa: E402
 from bench.fleet_watch import HostWatch  # noqa: E402
 from bench.harness import (  # noqa: E402
+    command_line,
+    cpu_seconds,
     cpu_steal,
     median,
     percentile,
+    print_header,
     print_table,
     python_speed,
     running_stack,
@@ -150,15 +152,6 @@ def console_ready(env: dict, table: str = "replica") -> int:
     with contextlib.closing(sqlite3.connect(f"file:{Path(env['MODELGRID_DATA_DIR']) / 'modelgrid.sqlite3'}?mode=ro",
                                             uri=True, timeout=5)) as conn:
         return conn.execute(query).fetchone()[0]
-
-
-def cpu_seconds(procs: list[psutil.Process]) -> float:
-    total = 0.0
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            t = p.cpu_times()
-            total += t.user + t.system
-    return total
 
 
 def postgres_cpu_seconds() -> float | None:
@@ -448,7 +441,7 @@ def run_one(args, hosts: int, replicas: int, tmp: Path) -> Run:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_line(__doc__, quick="20 hosts, 100 replicas, short waits")
     parser.add_argument("--hosts", type=int, nargs="+", default=[100], help="fleet sizes, one table row each")
     parser.add_argument("--gpus-per-host", type=int, default=8)
     parser.add_argument("--gpu-gib", type=float, default=80.0, help="memory of each simulated GPU")
@@ -477,10 +470,10 @@ def main() -> None:
                         "console's); not with --sqlite")
     parser.add_argument("--console-log", metavar="PATH", help="write the console's output here (the last size's)")
     parser.add_argument("--profile", action="store_true", help="sample the console's stacks and print the profile")
-    parser.add_argument("--quick", action="store_true", help="20 hosts, 100 replicas, short waits")
     args = parser.parse_args()
     if args.quick:
         args.hosts, args.replicas, args.timeout, args.steady = [20], 100, 60.0, 10.0
+    print_header()
     for name in ("hosts", "gpus_per_host", "replicas_per_host", "replicas_per_deployment", "connect_concurrency",
                  "create_concurrency", "sim_processes"):
         values = getattr(args, name)

@@ -16,7 +16,6 @@ Sections:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import datetime
@@ -38,11 +37,13 @@ import httpx  # noqa: E402
 
 from bench.gateway_accounting import section_accounting  # noqa: E402
 from bench.harness import (  # noqa: E402
+    command_line,
     deploy,
     deployment,
     gateway_secret,
     median,
     percentile,
+    print_header,
     print_table,
     ready_replica,
     register,
@@ -467,9 +468,8 @@ SECTIONS = {"overhead": section_overhead, "storm": section_storm, "ttfr": sectio
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, quick="a smoke run: few requests, short loads")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of: {', '.join(SECTIONS)}")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: few requests, short loads")
     parser.add_argument("--pairs", type=int, help="measured direct/gateway pairs per kind (default 300; quick 30)")
     parser.add_argument("--warmup", type=int, help="warm-up pairs per kind (default 30; quick 5)")
     parser.add_argument("--concurrency", type=int, default=32, help="clients in the throughput runs")
@@ -493,8 +493,7 @@ def main() -> None:
 
     from agent.workers.demo_models import build_tiny_llama, copy_minilm
 
-    print(f"bench/gateway.py{' --quick' if q else ''}: {os.cpu_count()} CPU cores, Python {sys.version.split()[0]}, "
-          f"simulated GPUs, CPU workers; all traffic on 127.0.0.1")
+    print_header("simulated GPUs, CPU workers; all traffic on 127.0.0.1")
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp_name:
         tmp = Path(tmp_name)
         served = set(args.sections.split(",")) - {"accounting"}  # sections that start a stack and serve models

@@ -22,7 +22,6 @@ vocabulary. Sections:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -39,7 +38,7 @@ from bench import generation_cpu  # noqa: E402
 from bench import generation_streams as streams  # noqa: E402
 from bench.generation_health import HEALTH_SHAPE, health  # noqa: E402
 from bench.generation_stack import DECODER, TINY, Model, endpoint, replica_pid, serve, up_args  # noqa: E402
-from bench.harness import gateway_secret, print_table, running_stack, say  # noqa: E402
+from bench.harness import command_line, gateway_secret, percentile, print_header, print_table, running_stack, say  # noqa: E402
 from tests.e2e.stack import Stack  # noqa: E402
 
 ADAPTERS = ("lora-a", "lora-b")  # on each model: "<model>-lora-a", "<model>-lora-b"
@@ -119,7 +118,7 @@ async def joining_ttft(api: streams.Api, model: str, texts: list[str], args, sta
     load.cancel()  # the probes are in: the clients hang up and the worker drops their sequences
     with contextlib.suppress(asyncio.CancelledError):
         await load
-    return streams.percentile(joined, 0.5)
+    return percentile(joined, 0.5)
 
 
 def targets(rows: list[dict], streams_n: int) -> list[dict]:
@@ -238,9 +237,8 @@ SECTIONS = (*SERVED, "engine")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run: fewer streams, tokens and prompts, and a "
-                        "4-layer decoder (~117M parameters) unless --big-layers")
+    parser = command_line(__doc__, quick="a smoke run: fewer streams, tokens and prompts, and a 4-layer decoder "
+                          "(~117M parameters) unless --big-layers")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu: simulated GPUs, CPU workers; cuda: the host's GPUs through NVML")
     parser.add_argument("--big-layers", action="store_true", help="a ~1.1B decoder (hidden 2048, 22 layers) "
@@ -277,9 +275,8 @@ def main() -> None:
     import torch
 
     began = time.monotonic()
-    print(f"command: .venv/bin/python bench/generation.py {' '.join(sys.argv[1:])}".rstrip())
-    print(f"{os.cpu_count()} CPU cores, torch {torch.__version__}, device {args.device}, dtype {args.dtype}, "
-          f"1-minute load average {os.getloadavg()[0]:.2f} at the start; all traffic on 127.0.0.1")
+    print_header(f"torch {torch.__version__}, device {args.device}, dtype {args.dtype}, "
+                 f"1-minute load average {os.getloadavg()[0]:.2f} at the start; all traffic on 127.0.0.1")
     with tempfile.TemporaryDirectory(prefix="bench-generation-") as tmp_name:
         tmp = Path(tmp_name)
         models = build(tmp, args)

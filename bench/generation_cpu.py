@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from bench.harness import cpu_seconds
 from tests.e2e.stack import Stack
 
 
@@ -18,17 +19,7 @@ class Roles:
 
     def cpu_seconds(self) -> dict[str, float]:
         """User + system CPU seconds each role has used so far (a process that is gone counts 0)."""
-        seconds = {}
-        for role, pids in self.pids.items():
-            total = 0.0
-            for pid in pids:
-                try:
-                    times = psutil.Process(pid).cpu_times()
-                    total += times.user + times.system
-                except psutil.NoSuchProcess:
-                    pass
-            seconds[role] = total
-        return seconds
+        return {role: cpu_seconds(pids) for role, pids in self.pids.items()}
 
 
 def roles(stack: Stack, worker_pid: int) -> Roles:

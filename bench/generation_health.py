@@ -12,8 +12,7 @@ import time
 import httpx
 import numpy as np
 
-from bench.generation_streams import percentile
-from bench.harness import say
+from bench.harness import percentile, say
 from tests.e2e.stack import ROOT
 
 HEALTH_SHAPE = (64, 256)  # rows x tokens of the v2 request (tiny-llama's positions: 256)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import httpx
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
+from bench.harness import percentile
+
 CLIENT_TIMEOUT_S = 600.0
 STREAM_HEADER = "X-Bench-Stream"  # names a request, so the send hook can time it
 
@@ -124,14 +126,6 @@ async def together(api: Api, jobs: list[tuple[str, str]], max_tokens: int, tempe
                    seed: int | None = None) -> list[Stream]:
     """Every (model, prompt) streamed at once."""
     return list(await asyncio.gather(*(stream(api, m, p, max_tokens, temperature, seed) for m, p in jobs)))
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest rank (a value some request really had); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def load_row(streams: list[Stream]) -> dict[str, float | int]:

@@ -1,35 +1,59 @@
-"""What the benchmarks share: markdown tables, progress lines, percentiles, and a running `manage.py up` with
-REST helpers to register and deploy models on it (tests/e2e/stack.py starts it)."""
+"""What every benchmark shares: its argument parser, the machine line above its tables, timing, percentiles,
+markdown tables, progress lines, and a running `manage.py up` with REST helpers to register and deploy models on
+it (tests/e2e/stack.py starts it). tests/bench/test_one_harness.py keeps each of these here and only here."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
+import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
+import psutil
 
 from tests.e2e.stack import Stack, start
 
 START_TIMEOUT_S = 180.0
 
 
+# -- the command line ----------------------------------------------------------------------------------------
+
+
+def command_line(doc: str, quick: str | None = None, whole_doc: bool = False) -> argparse.ArgumentParser:
+    """The benchmark's parser: its docstring's first paragraph as the description (all of it, as written, with
+    `whole_doc`), and `--quick` (a smoke run, not figures) where `quick` says what it shortens."""
+    made = (argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+            if whole_doc else argparse.ArgumentParser(description=doc.split("\n\n")[0]))
+    if quick is not None:
+        made.add_argument("--quick", action="store_true", help=quick)
+    return made
+
+
 # -- output --------------------------------------------------------------------------------------------------
 
 
-def print_table(title: str, rows: list[dict], notes: tuple[str, ...] = ()) -> None:
-    print(f"\n## {title}\n")
+def print_table(title: str | None, rows: Sequence[dict | Sequence], notes: tuple[str, ...] = (),
+                columns: Sequence[str] | None = None) -> None:
+    """A markdown table under `## title` (no heading for None). Rows are dicts (their keys, in first-seen order,
+    are the columns) or, with `columns`, sequences: the way to name two columns alike."""
+    if title is not None:
+        print(f"\n## {title}\n")
     if not rows:
         print("(no rows)")
     else:
-        columns = list(dict.fromkeys(key for row in rows for key in row))
-        cells = [[_cell(row.get(c)) for c in columns] for row in rows]
-        widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+        if columns is None:
+            columns = list(dict.fromkeys(key for row in rows for key in row))
+            rows = [[row.get(c) for c in columns] for row in rows]
+        cells = [[_cell(v) for v in row] for row in rows]
+        # two characters at least: a markdown delimiter cell needs a hyphen before its colon
+        widths = [max(2, len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
         print("| " + " | ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)) + " |")
         print("| " + " | ".join("-" * (w - 1) + ":" for w in widths) + " |")
         for r in cells:
@@ -49,6 +73,16 @@ def _cell(value) -> str:
 
 def say(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def timings(work: Callable[[], object], runs: int) -> list[float]:
+    """Seconds each of `runs` calls of `work` took."""
+    took = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        work()
+        took.append(time.perf_counter() - began)
+    return took
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -89,10 +123,29 @@ def python_speed(repeats: int = 15) -> float:
     return 1000 * statistics.median(took)
 
 
+def print_header(*facts: str) -> None:
+    """The lines above a benchmark's tables: the command that made them, the machine (cores, Python, this
+    minute's python_speed: tables are comparable only beside it), then the benchmark's own facts, a line each."""
+    print(f"command: .venv/bin/python bench/{Path(sys.argv[0]).name} {' '.join(sys.argv[1:])}".rstrip())
+    print(f"machine: {os.cpu_count()} CPU cores, Python {sys.version.split()[0]}, python_speed {python_speed():.1f} ms "
+          "(bench/harness.py; lower is a faster machine)")
+    for fact in facts:
+        print(fact)
+    sys.stdout.flush()
+
+
+def cpu_seconds(processes: Iterable[int | psutil.Process]) -> float:
+    """User + system CPU seconds these processes (pids or psutil's) have used so far; one that is gone counts 0."""
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            times = (process if isinstance(process, psutil.Process) else psutil.Process(process)).cpu_times()
+            total += times.user + times.system
+    return total
+
+
 def cpu_steal() -> float | None:
     """CPU seconds the hypervisor gave other guests (all cores) so far; None where the OS does not say."""
-    import psutil
-
     return getattr(psutil.cpu_times(), "steal", None)
 
 

@@ -9,17 +9,21 @@ not delay the probes it times.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import command_line  # noqa: E402
+
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__)
     parser.add_argument("url")
     parser.add_argument("--interval", type=float, default=0.01, help="seconds between one answer and the next probe")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds one probe may take")

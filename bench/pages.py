@@ -15,7 +15,6 @@ A DATABASE_URL database is dropped and recreated first: name a scratch one.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -26,6 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.harness import command_line, print_header, print_table, say  # noqa: E402
 
 GIB = 1 << 30
 GPUS_PER_HOST = 8
@@ -206,17 +207,17 @@ def time_bulk(client, count: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__)
     parser.add_argument("--hosts", type=int, default=1000)
     parser.add_argument("--replicas", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=5, help="warm requests per URL (median)")
     parser.add_argument("--bulk", type=int, default=1000, help="deployments in the timed bulk creation (0: none)")
     args = parser.parse_args()
+    print_header()
     database_url = os.environ.get("DATABASE_URL")
     setup_django(database_url)
     from django.db import connection
 
-    from bench.harness import print_table, say
 
     fresh_database(database_url)
     t0 = time.perf_counter()

@@ -22,7 +22,6 @@ No assertions on timings.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import logging
 import os
@@ -36,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import median, print_table, say  # noqa: E402
+from bench.harness import command_line, median, print_header, print_table, say  # noqa: E402
 
 GIB = 1024**3
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/postgres"
@@ -154,7 +153,7 @@ def time_snapshot(runs: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_line(__doc__)
     parser.add_argument("--hosts", type=int, nargs="+", default=[100])
     parser.add_argument("--gpus-per-host", type=int, default=8)
     parser.add_argument("--replicas-per-host", type=int, default=10)
@@ -173,6 +172,7 @@ def main() -> None:
             cmd += ["--profile"] if args.profile else []
             subprocess.run(cmd, check=True)
         return
+    print_header()
     hosts = args.hosts[0]
     replicas = hosts * args.replicas_per_host
     with tempfile.TemporaryDirectory(prefix="bench-pass-") as tmp:

@@ -34,7 +34,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -49,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent.artifacts import estimate  # noqa: E402
+from bench.harness import command_line, print_header, print_table, timings  # noqa: E402
 from console.scheduler import STRATEGIES, Deployment, Gpu, PlanInput, Replica, Settings, plan  # noqa: E402
 from console.scheduler.types import PROFILES  # noqa: E402
 
@@ -228,13 +228,9 @@ METHODS = (*STRATEGIES, "best-fit decreasing", "LP bound")
 
 
 def table_quality(instances: int, cat: list[tuple[str, int]]) -> None:
-    print(f"\n## 1. Quality: {instances} instances of 200 models per family\n")
-    print("| instances | GPUs | method | models placed (median) | worst | bytes placed (median) | all placed "
-          "| max ms |")
-    print("|---|---|---|---:|---:|---:|---:|---:|")
     families = (("uniform", uniform), ("exact-fit", exact_fit),
                 ("catalog", lambda seed: catalog_instance(seed, cat)))
-    budget_stops = 0
+    budget_stops, rows = 0, []
     for family, make in families:
         for which in ("opt", "+1"):
             models_pct: dict[str, list[float]] = {m: [] for m in METHODS}
@@ -270,10 +266,13 @@ def table_quality(instances: int, cat: list[tuple[str, int]]) -> None:
                 m, b = models_pct[method], bytes_pct[method]
                 full = sum(1 for x in m if x >= 100 - 1e-9)
                 ms = "-" if method == "LP bound" else f"{slowest[method]:.0f}"
-                print(f"| {family} | {gpus_text} | {method} | {statistics.median(m):.1f}% | {min(m):.1f}% "
-                      f"| {statistics.median(b):.1f}% | {full}/{len(m)} | {ms} |")
-    print(f"\nmemory-optimized's search hit its 0.9 s time budget (not its iteration budget) in {budget_stops} "
-          "plans: the other plans are reproducible to the replica on any machine.")
+                rows.append({"instances": family, "GPUs": gpus_text, "method": method,
+                             "models placed (median)": f"{statistics.median(m):.1f}%", "worst": f"{min(m):.1f}%",
+                             "bytes placed (median)": f"{statistics.median(b):.1f}%", "all placed": f"{full}/{len(m)}",
+                             "max ms": ms})
+    print_table(f"1. Quality: {instances} instances of 200 models per family", rows,
+                notes=(f"memory-optimized's search hit its 0.9 s time budget (not its iteration budget) in "
+                       f"{budget_stops} plans: the other plans are reproducible to the replica on any machine.",))
 
 
 # --- 1b. exact bytes ------------------------------------------------------------------------------
@@ -301,9 +300,7 @@ def exact_bytes(seed: int, gpus: int, fewest: int, most: int) -> tuple[list[int]
 
 
 def table_exact_bytes(instances: int) -> None:
-    print(f"\n## 1b. Exact bytes: {instances} instances per row whose optimum fills every GPU to the byte\n")
-    print("| GPUs | models per GPU | models | method | models placed (median) | worst | all placed | max ms |")
-    print("|---:|---|---:|---|---:|---:|---:|---:|")
+    rows = []
     for count, fewest, most in EXACT_SHAPES:
         placed: dict[str, list[float]] = {"memory-optimized": [], "best-fit decreasing": []}
         slowest = dict.fromkeys(placed, 0.0)
@@ -325,8 +322,10 @@ def table_exact_bytes(instances: int) -> None:
         models_text = f"{lo}" if lo == hi else f"{lo}-{hi}"
         for method, pct in placed.items():
             full = sum(1 for x in pct if x >= 100 - 1e-9)
-            print(f"| {count} | {shape} | {models_text} | {method} | {statistics.median(pct):.1f}% | {min(pct):.1f}% "
-                  f"| {full}/{len(pct)} | {slowest[method]:.0f} |")
+            rows.append({"GPUs": count, "models per GPU": shape, "models": models_text, "method": method,
+                         "models placed (median)": f"{statistics.median(pct):.1f}%", "worst": f"{min(pct):.1f}%",
+                         "all placed": f"{full}/{len(pct)}", "max ms": f"{slowest[method]:.0f}"})
+    print_table(f"1b. Exact bytes: {instances} instances per row whose optimum fills every GPU to the byte", rows)
 
 
 # --- 2. speed -------------------------------------------------------------------------------------
@@ -348,21 +347,16 @@ def speed_instance() -> tuple[list[Gpu], list[Deployment]]:
 
 
 def timed(request: PlanInput, runs: int = 5):
-    times, result = [], None
-    for _ in range(runs):
-        started = time.perf_counter()
-        result = plan(request)
-        times.append(1000 * (time.perf_counter() - started))
-    return statistics.median(times), result
+    """Median ms of `runs` plans, and the last plan."""
+    plans = []
+    took = timings(lambda: plans.append(plan(request)), runs)
+    return 1000 * statistics.median(took), plans[-1]
 
 
 def table_speed() -> None:
     gpus, deployments = speed_instance()
     n = sum(d.replicas for d in deployments)
-    print(f"\n## 2. Speed: {n:,} replicas of {len(deployments):,} deployments onto 1,000 hosts x 8 GPUs "
-          "(median of 5 runs)\n")
-    print("| strategy | full plan ms | ready | unplaced | re-plan without host h500 ms | moves | unplaced |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    rows = []
     for strategy in STRATEGIES:
         request = PlanInput(tuple(gpus), tuple(deployments), strategy=strategy)
         full_ms, first = timed(request)
@@ -371,8 +365,12 @@ def table_speed() -> None:
         again = replace(request, gpus=tuple(g for g in gpus if g.host != "h500"), replicas=current)
         replan_ms, second = timed(again)
         ready = sum(1 for r in first.replicas if r.state == "ready")
-        print(f"| {strategy} | {full_ms:.0f} | {ready:,} | {len(first.unplaced)} | {replan_ms:.0f} "
-              f"| {len(second.moves)} | {len(second.unplaced)} |")
+        rows.append((strategy, f"{full_ms:.0f}", f"{ready:,}", len(first.unplaced), f"{replan_ms:.0f}",
+                     len(second.moves), len(second.unplaced)))
+    print_table(f"2. Speed: {n:,} replicas of {len(deployments):,} deployments onto 1,000 hosts x 8 GPUs "
+                "(median of 5 runs)", rows,
+                columns=("strategy", "full plan ms", "ready", "unplaced", "re-plan without host h500 ms", "moves",
+                         "unplaced"))
 
 
 # --- 3. the paper's evaluation ---------------------------------------------------------------------
@@ -414,9 +412,7 @@ def table_paper(mix: list[tuple[str, int]], batch: int) -> None:
     print(f"\n## 3. ModelGrid's evaluation, reproduced (fp32, batch {batch})\n")
     print("Estimated bytes per replica: " + ", ".join(f"{name} {size / GiB:.2f} GiB" for name, size in mix))
     print(f"Latency-critical for latency-sensitive: {', '.join(LATENCY_CRITICAL)}.\n")
-    print("| configuration | skipped (fit no GPU) | one model per GPU | fill-first | balance | memory-optimized "
-          "| latency-sensitive | optimum (sum bound) | paper's claim |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    rows = []
     for label, count, size in CONFIGS:
         gpus = fleet([float(size)] * count)
         capacity = count * size * GiB
@@ -438,12 +434,13 @@ def table_paper(mix: list[tuple[str, int]], batch: int) -> None:
             bound += 1
         mark = "=" if best == bound else "<="
         claim = PAPER_CLAIMS.get(label, "3.3-3.8x conv.")
-        print(f"| {label} | {', '.join(skipped) or '-'} | {' | '.join(cells)} | {mark} {bound} "
-              f"({100 * total / capacity:.0f}%) | {claim}; util. 41-44% conv., 87-91% ModelGrid |")
+        rows.append((label, ", ".join(skipped) or "-", *cells, f"{mark} {bound} ({100 * total / capacity:.0f}%)",
+                     f"{claim}; util. 41-44% conv., 87-91% ModelGrid"))
+    print_table(None, rows, columns=("configuration", "skipped (fit no GPU)", "one model per GPU", *STRATEGIES,
+                                     "optimum (sum bound)", "paper's claim"))
     print(f"\nGPUs needed for 100 models of the mix (round-robin, batch {batch}), one model per GPU vs "
           "memory-optimized:\n")
-    print("| GPU | one model per GPU | memory-optimized | sum bound | paper's claim (conv. / ModelGrid) |")
-    print("|---|---:|---:|---:|---|")
+    rows = []
     for label, _, size in CONFIGS:
         sequence = mix_sequence(mix, 60, size * GiB)[:100]
         bound = math.ceil(sum(d.bytes for d in sequence) / (size * GiB))
@@ -453,16 +450,19 @@ def table_paper(mix: list[tuple[str, int]], batch: int) -> None:
             if not result.unplaced:
                 break
             n += 1
-        print(f"| {label.split(' ', 1)[1]} | 100 | {n} | {bound} | {PAPER_GPUS_FOR_100[size]} |")
+        rows.append({"GPU": label.split(" ", 1)[1], "one model per GPU": 100, "memory-optimized": n,
+                     "sum bound": bound, "paper's claim (conv. / ModelGrid)": PAPER_GPUS_FOR_100[size]})
+    print_table(None, rows)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__)
     parser.add_argument("--instances", type=int, default=15, help="instances per family in table 1")
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--only", choices=("1", "1b", "2", "3"), help="print one table")
     args = parser.parse_args()
-    print(f"# Placement benchmark (python {sys.version.split()[0]})")
+    print("# Placement benchmark")
+    print_header()
     if args.only in (None, "1"):
         table_quality(args.instances, catalog())
     if args.only in (None, "1b"):

@@ -22,7 +22,6 @@ Prints a table (median of --runs ticks each). No assertions on timings.
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import median, print_table, say  # noqa: E402
+from bench.harness import command_line, median, print_header, print_table, say  # noqa: E402
 from bench.pass_cost import DEFAULT_DATABASE_URL, drop_database, setup_django  # noqa: E402
 
 GIB = 1024**3
@@ -167,7 +166,7 @@ def point_bytes() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_line(__doc__)
     parser.add_argument("--sizes", nargs="+", default=["100:1000"], help="HOSTS:DEPLOYMENTS, e.g. 1000:10000")
     parser.add_argument("--gpus-per-host", type=int, default=8)
     parser.add_argument("--runs", type=int, default=5)
@@ -182,6 +181,7 @@ def main() -> None:
                    "--runs", str(args.runs)] + (["--postgres", args.postgres] if args.postgres else [])
             subprocess.run(cmd, check=True)
         return
+    print_header()
     hosts, deployments = (int(n) for n in args.sizes[0].split(":"))
     with tempfile.TemporaryDirectory(prefix="bench-series-") as tmp:
         dropped = setup_django(Path(tmp), args.postgres)

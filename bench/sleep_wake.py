@@ -25,7 +25,6 @@ LoadedModel.sleep / wake (agent.workers.swap) and LoadedModel.infer.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import gc
 import mmap
@@ -51,6 +50,7 @@ from agent.workers.demo_models import build_tiny_llama, copy_minilm  # noqa: E40
 from agent.workers.loader import checkpoint_size  # noqa: E402
 from agent.workers.spec import WorkerSpec  # noqa: E402
 from agent.workers.swap import pin, unpin  # noqa: E402
+from bench.harness import command_line, print_header, print_table  # noqa: E402
 
 CHUNK = 64 << 20
 GB = 1e9
@@ -223,25 +223,8 @@ def sleep_wake_rows(results: list[dict]) -> list[dict]:
              "first response after wake ms": f"{1000 * r['first_s']:.1f}"} for r in results]
 
 
-def markdown(rows: list[dict]) -> str:
-    columns = list(rows[0])
-    widths = [max(len(c), *(len(row[c]) for row in rows)) for c in columns]
-    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)) + " |",
-             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    lines += ["| " + " | ".join(row[c].rjust(w) for c, w in zip(columns, widths, strict=True)) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def print_tables(results: list[dict], device: torch.device, repeat: int) -> None:
-    print("\n## 1. Cold load: the worker's loader against reading the same files (GB/s = 1e9 bytes/s)\n")
-    print(markdown(cold_load_rows(results)))
-    where = "page-locked host -> GPU" if device.type == "cuda" else "host buffer -> new host buffer"
-    print(f"\n## 2. Sleep and wake against the copy limit ({where}); fastest of {repeat}\n")
-    print(markdown(sleep_wake_rows(results)))
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = command_line(__doc__)
     parser.add_argument("--model", action="append", choices=sorted(MODELS),
                         help="a model to measure (repeatable; default tiny-llama, minilm, decoder-270m)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -260,13 +243,16 @@ def main() -> int:
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     models = args.model or ["tiny-llama", "minilm", "decoder-270m"]
     start = time.monotonic()
-    print(f"command: .venv/bin/python bench/sleep_wake.py {' '.join(sys.argv[1:])}".rstrip())
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {os.cpu_count()} cores"
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {hardware}, {dtype}, "
-          f"{torch.get_num_threads()} threads")
+    print_header(f"torch {torch.__version__}, transformers {transformers.__version__}, {hardware}, {dtype}, "
+                 f"{torch.get_num_threads()} threads")
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         results = [bench_model(name, Path(tmp), device, dtype, args.repeat) for name in models]
-    print_tables(results, device, args.repeat)
+    print_table("1. Cold load: the worker's loader against reading the same files (GB/s = 1e9 bytes/s)",
+                cold_load_rows(results))
+    where = "page-locked host -> GPU" if device.type == "cuda" else "host buffer -> new host buffer"
+    print_table(f"2. Sleep and wake against the copy limit ({where}); fastest of {args.repeat}",
+                sleep_wake_rows(results))
     print(f"\n(ran in {time.monotonic() - start:.0f} s)")
     return 0
 

@@ -10,10 +10,8 @@ registered with `@section(name, title)`; each dict is one table row (keys are th
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
-import math
 import os
 import platform
 import statistics
@@ -25,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # sleep_wake.py, next to this file
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -33,6 +30,7 @@ import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from agent.artifacts import inspect_model_dir  # noqa: E402
+from bench.harness import command_line, percentile, print_header, print_table  # noqa: E402
 
 # -- the framework -----------------------------------------------------------------------------------
 
@@ -66,30 +64,11 @@ def section(name: str, title: str) -> Callable:
     return register
 
 
-def print_table(title: str, rows: list[dict]) -> None:
-    print(f"\n## {title}\n")
-    if not rows:
-        print("(no rows)")
-        return
-    columns = list(dict.fromkeys(key for row in rows for key in row))  # every key, in first-seen order
-    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    print("  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)))
-    for r in cells:
-        print("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)))
-
-
-def _cell(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
-    return "" if value is None else str(value)
-
-
-def print_header(setup: Setup) -> None:
+def header(setup: Setup) -> None:
     device = torch.cuda.get_device_name(setup.device) if setup.device.type == "cuda" else _cpu_name()
-    print(f"torch {torch.__version__}, device {setup.device} ({device}), {os.cpu_count()} CPUs, "
-          f"{torch.get_num_threads()} torch threads, dtype {str(setup.dtype).removeprefix('torch.')}")
-    print("bases: " + ", ".join(f"{b.label} ({b.path})" for b in setup.bases))
+    print_header(f"torch {torch.__version__}, device {setup.device} ({device}), {os.cpu_count()} CPUs, "
+                 f"{torch.get_num_threads()} torch threads, dtype {str(setup.dtype).removeprefix('torch.')}",
+                 "bases: " + ", ".join(f"{b.label} ({b.path})" for b in setup.bases))
 
 
 def _cpu_name() -> str:
@@ -123,11 +102,6 @@ def timed_round_robin(fns: dict[str, Callable[[], object]], device: torch.device
             sync(device)
             times[label].append(time.perf_counter() - began)
     return {label: statistics.median(t) for label, t in times.items()}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
 # -- adapters ----------------------------------------------------------------------------------------
@@ -295,7 +269,7 @@ _TEMPORAL: dict[tuple, list[dict]] = {}  # one measurement serves both tables
 
 def temporal(setup: Setup) -> list[dict]:
     """bench/sleep_wake.py's measurement of the demo models (and a 270M decoder unless --quick), or --base."""
-    import sleep_wake
+    from bench import sleep_wake
 
     key = (setup.device, setup.dtype, setup.bases)
     if key not in _TEMPORAL:
@@ -309,7 +283,7 @@ def temporal(setup: Setup) -> list[dict]:
 
 @section("cold-load", "Cold load: the worker's loader against reading the same files (GB/s = 1e9 bytes/s)")
 def cold_load(setup: Setup) -> list[dict]:
-    import sleep_wake
+    from bench import sleep_wake
 
     return sleep_wake.cold_load_rows(temporal(setup))
 
@@ -317,7 +291,7 @@ def cold_load(setup: Setup) -> list[dict]:
 @section("sleep-wake", "Sleep and wake against the copy limit (page-locked host -> GPU on CUDA, host buffer -> "
                        "new host buffer on the CPU); fastest of the cycles")
 def sleep_wake_section(setup: Setup) -> list[dict]:
-    import sleep_wake
+    from bench import sleep_wake
 
     return sleep_wake.sleep_wake_rows(temporal(setup))
 
@@ -336,7 +310,7 @@ def demo_bases(workdir: Path) -> tuple[Base, ...]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, quick="fewer repetitions (a smoke run, not figures)")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of: {', '.join(SECTIONS)}")
     parser.add_argument("--base", type=Path, help="a model directory to run on instead of the demo bases")
     parser.add_argument("--device", help="cpu or cuda[:N] (default: cuda when available)")
@@ -345,7 +319,6 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice); 1 gives steadier "
                         "figures on a machine shared with other work")
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run, not figures)")
     args = parser.parse_args()
     unknown = [s for s in args.sections.split(",") if s not in SECTIONS]
     if unknown:
@@ -362,7 +335,7 @@ def main() -> None:
         else:
             bases = demo_bases(workdir)
         setup = Setup(device, dtype, bases, workdir, args.batch, args.seq, args.quick)
-        print_header(setup)
+        header(setup)
         for name in args.sections.split(","):
             title, fn = SECTIONS[name]
             print_table(title, fn(setup))

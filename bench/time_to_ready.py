@@ -7,7 +7,6 @@ torch import, safetensors load, warm-up forward, status report.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -17,7 +16,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.workers.demo_models import build_tiny_llama  # noqa: E402
-from tests.e2e.stack import alive, start, wait_for  # noqa: E402
+from bench.harness import command_line, print_header, print_table, running_stack  # noqa: E402
+from tests.e2e.stack import alive, wait_for  # noqa: E402
 
 
 def placed_host(api, name: str) -> str | None:
@@ -26,7 +26,7 @@ def placed_host(api, name: str) -> str | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument(
         "--pause",
@@ -36,14 +36,13 @@ def main() -> None:
         "(0: back to back, where a creation may find the spare still importing torch)",
     )
     args = parser.parse_args()
+    print_header()
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_llama(Path(tmp) / "models" / "tiny-llama")
         t0 = time.monotonic()
-        # The default scheduler interval, as `make run` has it (the tests use a shorter one).
-        stack, drop_db = start(Path(tmp), MODELGRID_SCHEDULER_INTERVAL="0.5", MODELGRID_MODEL_ROOTS=tmp)
-        startup = time.monotonic() - t0
         rows = []
-        try:
+        with running_stack(Path(tmp) / "data", "sim:2x24GiB", MODELGRID_SCHEDULER_INTERVAL="0.5") as stack:
+            startup = time.monotonic() - t0
             api = stack.api()
             assert api.post("/models", json={"name": "tiny", "path": str(model)}).status_code == 201
             for run in range(args.runs):
@@ -59,13 +58,9 @@ def main() -> None:
                 pids = stack.worker_pids(name)
                 assert api.delete(f"/deployments/{name}").status_code == 204
                 wait_for(lambda p=pids: not any(alive(pid) for pid in p), 30, 0.05)
-        finally:
-            stack.stop()
-            drop_db()
     print(f"manage.py up to accepting requests: {startup:.2f} s")
-    print(f"{'run':>4} {'placed (s)':>11} {'ready (s)':>10}")
-    for run, placed, ready in rows:
-        print(f"{run:>4} {placed:>11.3f} {ready:>10.3f}")
+    print_table(None, [(run, f"{placed:.3f}", f"{ready:.3f}") for run, placed, ready in rows],
+                columns=("run", "placed (s)", "ready (s)"))
     readies = [r[2] for r in rows]
     print(f"median ready {statistics.median(readies):.3f} s, min {min(readies):.3f} s, max {max(readies):.3f} s "
           f"over {len(rows)} runs (model {model.name}, CPU worker on a simulated GPU)")
