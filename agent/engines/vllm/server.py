@@ -36,7 +36,7 @@ from typing import Any
 
 import psutil
 
-from agent.vllm.tracebacks import Tracebacks
+from agent.engines.vllm.tracebacks import Tracebacks
 from agent.workers.environment import child_environment
 from agent.workers.spec import WorkerSpec
 
