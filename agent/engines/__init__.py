@@ -6,16 +6,22 @@ A new engine is a package here and one line in ENGINES.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
+
 from agent.engines.base import Engine, Launch, Program
 from agent.engines.torch import TorchEngine
 from agent.engines.vllm import VllmEngine
+from agent.protocol import BUILTIN_ENGINE
+from agent.protocol.engine_args import EngineSettings
 
-__all__ = ["AUTO", "BUILTIN", "ENGINES", "Engine", "Launch", "Program", "auto_engine", "available", "choices", "get",
-           "refusal", "refusals", "sleeps_on"]
+__all__ = ["AUTO", "AUTO_LABEL", "BUILTIN", "ENGINES", "Engine", "Launch", "Program", "auto_engine", "available",
+           "choices", "for_engine", "get", "parse_settings", "refusal", "refusals", "sleeps_on"]
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (TorchEngine(), VllmEngine())}
-BUILTIN: Engine = ENGINES["torch"]  # what runs a replica whose engine is left out (and what "auto" falls back to)
+BUILTIN: Engine = ENGINES[BUILTIN_ENGINE]  # runs a replica sent without an engine; what "auto" falls back to
 AUTO = "auto"  # a deployment's choice that lets the console pick per host (auto_engine)
+AUTO_LABEL = "auto (vLLM for a causal LM where a host runs it, else torch)"
 _DEVICES = ("cpu", "cuda")
 
 
@@ -27,6 +33,20 @@ def get(name: str | None) -> Engine:
 def choices() -> list[tuple[str, str]]:
     """A deployment's engine choices, (value, label): auto, then every engine."""
     return [(AUTO, AUTO), *((e.name, e.label) for e in ENGINES.values())]
+
+
+def parse_settings(engine: str, args: list[str], gpus: int | None = None) -> EngineSettings:
+    """A deployment's engine arguments checked against its engine's allowlist; for "auto", and an engine that takes
+    none, against those of the engines that take some (auto may pick them). EngineArgsError naming the first at
+    fault."""
+    found = ENGINES.get(engine)
+    if found is not None and found.allowlist() is not None:
+        return found.parse_settings(args, gpus)
+    taken = EngineSettings()
+    for other in ENGINES.values():
+        if other.allowlist() is not None:
+            taken = other.parse_settings(args, gpus)
+    return taken
 
 
 def refusal(engine: str, shape, device) -> str:
@@ -52,6 +72,13 @@ def sleeps_on(engine: str, device) -> bool:
     return ENGINES.get(engine, BUILTIN).sleeps_on(device)
 
 
+def for_engine(est, engine: str):
+    """The artifact estimate `est` for a replica run by `engine` (its runtime's own memory added); `est` itself for
+    "auto" and the built-in engine."""
+    found = ENGINES.get(engine)
+    return found.estimate(est) if found is not None else est
+
+
 def auto_engine(host_engines, task: str, real_gpus: bool, refused: dict[str, dict[str, str]] | None = None) -> str:
     """The engine "auto" runs on a host that runs `host_engines`: the first that auto picks for the model's `task`
     on that host and that does not refuse it on CUDA; else the built-in one."""
@@ -62,12 +89,18 @@ def auto_engine(host_engines, task: str, real_gpus: bool, refused: dict[str, dic
     return BUILTIN.name
 
 
-def available(programs: dict[str, str | None]) -> list[tuple[str, str]]:
+def available(programs: Mapping[str, str | None]) -> list[tuple[str, str]]:
     """(name, version) of every engine this host runs: `programs` are what the agent was told each engine's program
-    is. Blocking (an engine's program may be asked): call it off the event loop."""
+    is. Blocking, once per engine and program (an engine's program may be asked): call it off the event loop the
+    first time."""
     found = []
     for engine in ENGINES.values():
-        version = engine.version(programs.get(engine.name))
+        version = _version(engine.name, programs.get(engine.name))
         if version:
             found.append((engine.name, version[:50]))
     return found
+
+
+@functools.cache
+def _version(name: str, program: str | None) -> str:
+    return ENGINES[name].version(program)

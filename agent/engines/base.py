@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from agent.artifacts.estimate import Estimate
     from agent.protocol import DesiredReplica
     from agent.protocol.engine_args import Allowlist, EngineSettings
+    from agent.workers.spec import WorkerSpec
 
 
 @dataclass(frozen=True)
@@ -110,11 +111,16 @@ class Engine(ABC):
         `rank` until they restart; "" when they can."""
         return ""
 
-    # --- on the host (the agent; blocking, called off its event loop)
+    # --- on the host (the agent)
+    def start_fields(self, spec: WorkerSpec, replica: DesiredReplica) -> dict[str, tuple[object, object]]:
+        """What a running replica (`spec`) took when its engine started that `replica` changes, as {what: (running,
+        desired)}: any that differ restart it."""
+        return {}
+
     @abstractmethod
     def version(self, program: str | None) -> str:
-        """This engine's version where this host runs it (`program`: what the agent was told by `program`'s flag);
-        "" where it does not."""
+        """This engine's version where this host runs it (`program`: what the agent was told by its `program` flag);
+        "" where it does not. Blocking."""
 
     def command(self, replica: DesiredReplica, device: str, weights_bytes: int, gpu_total_bytes: int = 0,
                 threads: int | None = None) -> Launch | None:

@@ -128,21 +128,17 @@ def _load_and_serve(channel: WorkerChannel, spare: bool) -> None:
         spec.deployment or spec.model_path, spec.task, spec.device, measurement["total_bytes"],
     )
     watch = getattr(model, "watch", None)
-    if watch is not None:  # an engine in processes of its own (vLLM): its exit is this replica's failure
+    if watch is not None:  # an engine in processes of its own: its exit is this replica's failure
         watch(lambda reason: _engine_failed(channel, reason))
     if channel.send(Ready(measurement, model.describe())):
         serve(model, channel, runtime.InputError)
 
 
 def _runtime(spec: WorkerSpec) -> Any:
-    """The module that loads `spec`'s engine: the built-in one (torch), or a vLLM server (agent.vllm.server)."""
-    if spec.engine == "vllm":
-        from agent.vllm import server
+    """The module that loads `spec`'s engine (agent.engines: Engine.loader)."""
+    from agent import engines
 
-        return server
-    from agent.workers import runtime
-
-    return runtime
+    return engines.get(spec.engine).loader()
 
 
 def _engine_failed(channel: WorkerChannel, reason: str) -> None:

@@ -20,7 +20,7 @@ from django.conf import settings
 from agent.artifacts import ArtifactError, Estimate, canonical_dtype, estimate
 from agent.artifacts.config import read_config
 from agent.artifacts.dtypes import WORKER_DTYPES
-from agent.artifacts.estimate import for_engine
+from agent.engines import for_engine
 from agent.protocol import Measurement
 from console.bulk import insert
 from console.catalog.calibration import NONE, WINDOW, Correction, correction, error_fraction

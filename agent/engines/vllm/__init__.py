@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from agent.artifacts.estimate import Estimate
     from agent.protocol import DesiredReplica
     from agent.protocol.engine_args import Allowlist
+    from agent.workers.spec import WorkerSpec
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,11 @@ class VllmEngine(Engine):
                         done.stderr.strip()[-200:] or "no version")
             return ""
         return version
+
+    def start_fields(self, spec: WorkerSpec, replica: DesiredReplica) -> dict[str, tuple[object, object]]:
+        # vLLM takes its flags, and whether it serves LoRA at all, when it starts.
+        return {"engine arguments": (spec.engine_flags, tuple(replica.engine_args)),
+                "LoRA": ("--enable-lora" in spec.engine_args or not replica.adapters, True)}
 
     def command(self, replica: DesiredReplica, device: str, weights_bytes: int, gpu_total_bytes: int = 0,
                 threads: int | None = None) -> Launch:
