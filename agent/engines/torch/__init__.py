@@ -13,7 +13,7 @@ from agent.engines.base import Engine
 
 class TorchEngine(Engine):
     name = "torch"
-    label = "torch (built in)"
+    label = "torch"
     in_worker = True
 
     def refusal(self, shape: ModelShape, device: Device) -> str:
