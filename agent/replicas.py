@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from agent import engines
-from agent.artifacts import ArtifactError, inspect_model_dir
+from agent.artifacts import ArtifactError
 from agent.artifacts.capability import device_kind, model_shape
 from agent.artifacts.model_dir import CAUSAL_LM_SUFFIXES
 from agent.converge import Running, device_for, plan_convergence
@@ -281,7 +281,7 @@ class Replicas:
         try:
             # Read torch-free before spawning: a bad directory fails in milliseconds, with a message
             # that names the file, instead of after a worker has imported torch.
-            artifact = inspect_model_dir(replica.model_path)
+            artifact = (engine or engines.BUILTIN).inspect(replica.model_path)
             if replica.dtype not in DTYPES:
                 raise ArtifactError(f"dtype {replica.dtype!r} is not supported ({', '.join(DTYPES)})")
             running = {name for name, _ in engines.available(self.settings.engine_programs)}

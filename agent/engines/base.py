@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     from agent.artifacts.capability import Device, ModelShape
     from agent.artifacts.estimate import Estimate
+    from agent.artifacts.model_dir import ModelArtifact
     from agent.protocol import DesiredReplica
     from agent.protocol.engine_args import Allowlist, EngineSettings
     from agent.workers.spec import WorkerSpec
@@ -60,6 +61,13 @@ class Engine(ABC):
     program: ClassVar[Program | None] = None
 
     # --- what it can run (torch-free; the console asks at registration and deploy, the agent before a start)
+    def inspect(self, path: str) -> ModelArtifact:
+        """A model's files as this engine reads them, no weights loaded: its task, architecture, config and weight
+        bytes (the agent's check before a start, and the worker's load). ArtifactError naming what is wrong."""
+        from agent.artifacts import inspect_model_dir
+
+        return inspect_model_dir(path)
+
     @abstractmethod
     def refusal(self, shape: ModelShape, device: Device) -> str:
         """Why this engine cannot run a model of `shape` on `device` ("cpu" or "cuda"), in words a person can act

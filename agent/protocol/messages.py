@@ -190,7 +190,7 @@ class ReplicaStatus(_Message):
 
 # What runs a replica's model: an engine's name (agent.engines lists them; an agent refuses a replica of one it does
 # not run, saying so). The protocol does not list them, so a new engine needs no new protocol.
-Engine = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,19}$")]
+Engine = Annotated[str, StringConstraints(max_length=20, pattern=r"^[a-z][a-z0-9_-]{0,19}$")]
 BUILTIN_ENGINE = "torch"  # a replica sent without one runs on the built-in engine
 MAX_ENGINES = 16
 
