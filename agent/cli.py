@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING
 
 import agent
+from agent import engines
 from agent.protocol.hostnames import host_name_argument as host_name
 from agent.replicas import DEFAULT_DRAIN_TIMEOUT
 from agent.serving.textpool import DEFAULT_TEXT_TIMEOUT, DEFAULT_TEXT_WORKERS
@@ -90,10 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a replica that leaves this host (scaled down, moved, put to sleep) takes no new requests "
                      "and gets this long to finish those it has before it goes (default "
                      f"{DEFAULT_DRAIN_TIMEOUT:g})")
-    run.add_argument("--vllm-python", default=os.environ.get("MODELGRID_VLLM_PYTHON") or None, metavar="PATH",
-                     help="the interpreter of a vLLM environment (`make vllm` makes one at .venv-vllm/bin/python): "
-                     "this agent then runs the vllm engine for deployments that ask for it (default: "
-                     "$MODELGRID_VLLM_PYTHON; none: the built-in engine only)")
+    for engine in engines.ENGINES.values():  # an engine that runs a program of its own is told where it is
+        if engine.program is not None:
+            run.add_argument(engine.program.flag, dest=f"program_{engine.name}", metavar="PATH",
+                             default=os.environ.get(engine.program.env) or None, help=engine.program.help)
     run.add_argument("--state-dir", default=None, metavar="DIR",
                      help="where replica workers wait for the next agent when this one stops or crashes: their "
                      "sockets and this agent's key (default: $MODELGRID_DATA_DIR/agents/NAME when that is set, else "
@@ -195,7 +196,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         stop_workers_on_exit=args.stop_workers_on_exit,
         orphan_timeout=args.orphan_timeout,
         drain_timeout=args.drain_timeout,
-        vllm_python=args.vllm_python,
+        engine_programs={name: path for name in engines.ENGINES if (path := getattr(args, f"program_{name}", None))},
     )
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         return runner.run(_serve(Agent(config, backend)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agent import engines
 from agent.artifacts import capability
 from agent.protocol import ENDED, LOADING, ON_DEVICE, DesiredReplica, DesiredState
 from agent.sleep_budget import Sleeper, fit
@@ -112,7 +113,7 @@ def _converge_one(
     # An engine that cannot sleep here (vLLM on CPU) would load only to be stopped again: it is left stopped until
     # it is wanted ready (a new agent, or a new generation, started it again with no request waiting).
     device = capability.device_kind(device_for(replica, device_kind))
-    never_sleeps = target == "sleeping" and not capability.sleeps_on(replica.engine, device)
+    never_sleeps = target == "sleeping" and not engines.sleeps_on(replica.engine, device)
     if current is None:
         if never_sleeps:
             return []
@@ -183,10 +184,9 @@ def _changes(spec: WorkerSpec, replica: DesiredReplica, device_kind: str) -> str
         "engine": (spec.engine, replica.engine),
         "artifact revision": (spec.revision, replica.revision),
     }
-    if replica.engine == "vllm":
-        # vLLM takes its flags, and whether it serves LoRA at all, when it starts.
-        fields["engine arguments"] = (spec.engine_flags, tuple(replica.engine_args))
-        fields["LoRA"] = ("--enable-lora" in spec.engine_args or not replica.adapters, True)
+    engine = engines.ENGINES.get(replica.engine)
+    if engine is not None:
+        fields |= engine.start_fields(spec, replica)
     # A sleeping replica holds no GPU (the console lists none for it): where it wakes is decided when it
     # is woken, so that is no change that would restart it. Nor is a new MPS share: CUDA reads it once,
     # when the worker's context is made, and a neighbour arriving or leaving must not cost this replica a

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import aiohttp
 from prometheus_client import CollectorRegistry
@@ -36,6 +36,7 @@ from agent.protocol import (
     Ack,
     DeploymentServing,
     DesiredState,
+    EngineInfo,
     ErrorReply,
     GpuInfo,
     Hello,
@@ -90,7 +91,9 @@ class AgentConfig:
     stop_workers_on_exit: bool = False  # with a state_dir: stop the workers on stop instead of leaving them
     orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT  # seconds a worker left without an agent waits before it exits
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # a leaving replica finishes its requests within this, then goes
-    vllm_python: str | None = None  # the interpreter of a vLLM environment: this agent then runs the vllm engine
+    # What each engine that runs a program of its own runs here (an interpreter, a binary), by engine name: this
+    # agent runs those engines (agent.engines: Engine.program).
+    engine_programs: dict[str, str] = field(default_factory=dict)
 
     def replica_settings(self) -> ReplicaSettings:
         """The fields of this config that are the replicas' (same names, same meaning)."""
@@ -156,7 +159,7 @@ class Agent:
         """Serve inference and stay connected to the console until asked to stop."""
         adopted = await self.replicas.open()  # StateDirError when another agent runs on this state directory
         # Which engines run here, read once (a vLLM interpreter is asked for its version), before the hello.
-        await asyncio.to_thread(engines.available, self.config.vllm_python)
+        await asyncio.to_thread(engines.available, self.config.engine_programs)
         try:
             await self._start_mps()
             try:
@@ -384,7 +387,8 @@ class Agent:
             agent_version=agent.__version__,
             endpoint=self.endpoint,
             gpus=self.gpus(),
-            engines=list(engines.available(self.config.vllm_python)),
+            engines=[EngineInfo(name=name, version=version)
+                     for name, version in engines.available(self.config.engine_programs)],
         )
 
     def _report(self, gone: list[ReplicaStatus] = ()) -> HostReport:

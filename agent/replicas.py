@@ -16,13 +16,13 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 
 from agent import engines
-from agent.artifacts import ArtifactError, capability, inspect_model_dir
-from agent.artifacts.capability import device_kind
+from agent.artifacts import ArtifactError
+from agent.artifacts.capability import device_kind, model_shape
 from agent.artifacts.model_dir import CAUSAL_LM_SUFFIXES
 from agent.converge import Running, device_for, plan_convergence
 from agent.gpus import GpuBackend
@@ -30,8 +30,6 @@ from agent.protocol import ENDED, LOADED, ON_DEVICE, DesiredReplica, DesiredStat
 from agent.restarts import STABLE_S, RestartBackoff
 from agent.serving.batching import BatchSettings
 from agent.sleep_budget import Sleeper, fit
-from agent.vllm.launch import launch
-from agent.vllm.leftovers import kill_session
 from agent.workers.errors import InferenceError
 from agent.workers.handle import DEFAULT_INFER_TIMEOUT, DEFAULT_SWAP_TIMEOUT
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
@@ -70,7 +68,7 @@ class ReplicaSettings:
     state_dir: str | None = None  # where replica workers wait for the next agent; None: they die with this one
     orphan_timeout: float = DEFAULT_ORPHAN_TIMEOUT  # seconds a worker without an agent waits before it exits
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # a replica leaving finishes its requests within this, then goes
-    vllm_python: str | None = None  # the interpreter of a vLLM environment: this agent runs the vllm engine
+    engine_programs: dict[str, str] = field(default_factory=dict)  # by engine: what it runs here (Engine.program)
 
 
 def host_cores() -> int:
@@ -273,25 +271,28 @@ class Replicas:
 
     def _start(self, replica: DesiredReplica) -> WorkerHandle | None:
         device = device_for(replica, self.backend.device_kind)
-        if replica.engine == "vllm" and device != "cpu" and self._vllm_starting(device):
+        engine = engines.ENGINES.get(replica.engine)
+        if engine is not None and engine.starts_one_per_gpu and device != "cpu" and self._one_starting(device):
             waiting = self._deferred.setdefault(device, [])
             if replica.id not in waiting:
                 waiting.append(replica.id)
-                log.info("replica %d: starts when the vLLM starting on %s is loaded", replica.id, device)
+                log.info("replica %d: starts when the %s starting on %s is loaded", replica.id, engine.label, device)
             return None
         try:
             # Read torch-free before spawning: a bad directory fails in milliseconds, with a message
             # that names the file, instead of after a worker has imported torch.
-            artifact = inspect_model_dir(replica.model_path)
+            artifact = (engine or engines.BUILTIN).inspect(replica.model_path)
             if replica.dtype not in DTYPES:
                 raise ArtifactError(f"dtype {replica.dtype!r} is not supported ({', '.join(DTYPES)})")
-            running = engines.names(self.settings.vllm_python)
-            if replica.engine not in running:
+            running = {name for name, _ in engines.available(self.settings.engine_programs)}
+            if engine is None or replica.engine not in running:
                 raise ArtifactError(f"this agent runs no {replica.engine} engine (it runs: "
                                     f"{', '.join(sorted(running)) or 'none'})")
             # What the engine cannot run fails here, with the reason, before a process that would read ready and
             # then die at its first request (vLLM's CPU attention and narrow heads) is started at all.
-            refused = capability.engine_refusal(replica.engine, artifact, device_kind(device))
+            # From its config alone: this runs on the event loop, so the tokenizer (up to 16 MiB of JSON to parse) is
+            # left to the console, which read it when the model was registered and refuses a deployment it rules out.
+            refused = engine.refusal(model_shape(artifact, tokenizer=False), device_kind(device))
             if refused:
                 raise ArtifactError(refused)
             spec = self._spec(replica, artifact.task, device, artifact.weights_bytes)
@@ -300,15 +301,16 @@ class Replicas:
             return self.supervisor.add_failed(self._spec(replica, guess, device, engine_args=False), str(e))
         return self.supervisor.start(spec, after_load="ready" if replica.state == "ready" else "preloaded")
 
-    def _vllm_starting(self, device: str) -> bool:
-        return any(h.spec.engine == "vllm" and h.spec.device == device and h.state in ("starting", "loading")
-                   for h in self.supervisor.handles())
+    def _one_starting(self, device: str) -> bool:
+        """Whether a replica of an engine that starts one at a time per GPU is starting on `device`."""
+        return any(engines.get(h.spec.engine).starts_one_per_gpu and h.spec.device == device
+                   and h.state in ("starting", "loading") for h in self.supervisor.handles())
 
     def _start_deferred(self, device: str) -> None:
-        """Start the next vLLM replica waiting for `device` once none is starting there (if still wanted and
-        without a worker)."""
+        """Start the next replica waiting for `device` once none that starts alone is starting there (if still
+        wanted and without a worker)."""
         waiting = self._deferred.get(device, [])
-        while waiting and not self._vllm_starting(device):
+        while waiting and not self._one_starting(device):
             placement = self._placements.get(waiting.pop(0))
             if placement is not None and placement.state != "stopped" and self.supervisor.get(placement.id) is None:
                 self._start(placement)
@@ -319,14 +321,19 @@ class Replicas:
         limit = threads = None
         if device == "cpu":
             threads = self.cpu_threads()
-            # vLLM bounds its own memory (its KV cache space); an address-space cap would pass to its processes.
-            if self.settings.cap_cpu_workers and replica.reserved_bytes and replica.engine == "torch":
+            # An engine in processes of its own bounds its own memory (vLLM's KV cache space); an address-space cap
+            # would pass to its processes.
+            if self.settings.cap_cpu_workers and replica.reserved_bytes and engines.get(replica.engine).in_worker:
                 limit = cpu_memory_limit(replica.reserved_bytes, file_bytes, threads)
         engine: dict = {}
-        if replica.engine == "vllm" and engine_args:
-            started = launch(replica, device, file_bytes, self._gpu_totals.get(gpu, 0), threads)
-            engine = {"engine_python": self.settings.vllm_python or "", "engine_args": started.args,
-                      "engine_env": started.env, "engine_flags": tuple(replica.engine_args)}
+        started = None
+        if engine_args and replica.engine in engines.ENGINES:
+            started = engines.ENGINES[replica.engine].command(replica, device, file_bytes, self._gpu_totals.get(gpu, 0),
+                                                              threads)
+        if started is not None:
+            engine = {"engine_python": self.settings.engine_programs.get(replica.engine, ""),
+                      "engine_args": started.args, "engine_env": started.env,
+                      "engine_flags": tuple(replica.engine_args)}
         return WorkerSpec(
             replica.id, replica.model_path, task, device, replica.dtype, replica.deployment,
             batch=replica.batch,
@@ -415,10 +422,12 @@ class Replicas:
             self._schedule_restart(handle)  # before it is reported: its reason tells when it restarts
         self._fill_process_bytes(handle)
         self._notify(handle, False)
-        if handle.spec.engine == "vllm" and handle.state not in ("starting", "loading"):
+        engine = engines.get(handle.spec.engine)
+        if engine.starts_one_per_gpu and handle.state not in ("starting", "loading"):
             self._start_deferred(handle.spec.device)
-            if handle.state in ENDED and handle.info.get("pids"):  # its worker is gone: so is all of its vLLM
-                self._spawn(asyncio.to_thread(kill_session, int(handle.info["pids"][0])))
+        if not engine.in_worker and handle.state in ENDED and handle.info.get("pids"):
+            # Its worker is gone: so is all of its engine's processes.
+            self._spawn(asyncio.to_thread(engine.kill_leftovers, int(handle.info["pids"][0])))
         if handle.state in LOADED:
             self.backoff.ready(rid, time.monotonic())  # it loaded: the run of failures ends if it stays up
         if handle.state in ON_DEVICE and handle.transition is None:

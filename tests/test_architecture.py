@@ -39,17 +39,40 @@ def test_the_agent_never_imports_django_or_the_console():
 def test_the_scheduler_core_is_pure():
     forbidden = ("django", "ninja", "channels", "agent", "console.fleet", "console.catalog", "console.deployments",
                  "console.control", "console.intake", "console.realtime", "console.accounts", "asyncio", "socket")
-    assert offenders(files("console/scheduler"), forbidden) == []
+    # The engines' registry (their names, for labels) is the one part of the agent it reads: pure, as it is.
+    bad = [o for o in offenders(files("console/scheduler"), forbidden) if not o.endswith(": agent.engines")]
+    assert bad == []
 
 
-def test_the_console_imports_only_the_protocol_and_artifacts_from_the_agent():
+def engine_descriptions() -> set[str]:
+    """The registry and each engine's description: agent.engines, agent.engines.base, agent.engines.NAME."""
+    return {"agent.engines", "agent.engines.base"} | {
+        f"agent.engines.{p.name}" for p in (ROOT / "agent" / "engines").iterdir() if (p / "__init__.py").exists()}
+
+
+def test_the_console_imports_only_the_protocol_artifacts_and_engine_descriptions_from_the_agent():
+    allowed = engine_descriptions()
     bad = [
         f"{p.relative_to(ROOT)}: {name}"
         for p in files("console")
         for name in imports(p)
         if name.startswith("agent") and not name.startswith(("agent.protocol", "agent.artifacts"))
+        and name not in allowed
     ]
     assert bad == []
+
+
+def test_importing_the_engines_loads_no_engine_runtime():
+    code = (
+        "import sys; import agent.engines, agent.engines.base;"
+        "[__import__(f'agent.engines.{n}') for n in agent.engines.ENGINES];"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'peft', 'vllm', 'pynvml',"
+        " 'django', 'aiohttp', 'psutil') or m.startswith(('agent.workers', 'agent.serving', 'agent.daemon'))"
+        " or m.endswith(('.server', '.launch', '.leftovers', '.tracebacks'))];"
+        "print(heavy); sys.exit(1 if heavy else 0)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_protocol_and_artifacts_import_nothing_else_from_the_project():
@@ -212,3 +235,64 @@ def test_no_scheduler_module_imports_another_modules_private_names():
         if alias.name.startswith("_")
     ]
     assert bad == []
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def engine_names_in(path: Path, names: tuple[str, ...]) -> list[str]:
+    """Where a file's code names an engine: a string equal to its name, or an identifier or attribute that contains
+    it (`vllm_python`, `runs_vllm`). Comments and docstrings are not code. A library of the same name is not the
+    engine: its module bound by an import or handed in as an argument (`torch.zeros`, `def f(torch)`), a
+    third-party module's path (`transformers.pytorch_utils`) and its protocol's dunders (`__torch_dispatch__`)."""
+    tree = ast.parse(path.read_text())
+    docs = _docstrings(tree)
+    libraries = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for alias in node.names if alias.name.split(".")[0] in names}
+    libraries |= {alias.asname or alias.name for node in ast.walk(tree)
+                  if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in names
+                  for alias in node.names}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant):
+            if isinstance(node.value, str) and id(node) not in docs and node.value in names:
+                found.append(f"{node.lineno}: {node.value!r}")
+            continue
+        if isinstance(node, ast.Name):
+            words = [] if node.id in libraries or node.id in names else [node.id]
+        elif isinstance(node, ast.Attribute):
+            words = [node.attr]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            words = [node.name]
+        elif isinstance(node, ast.arg):
+            words = [] if node.arg in names else [node.arg]
+        elif isinstance(node, ast.keyword):
+            words = [node.arg or ""]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("agent", "console"):
+            words = [node.module or "", *(a.asname or a.name for a in node.names)]
+        else:
+            words = []
+        found += [f"{getattr(node, 'lineno', 0)}: {w}" for w in words
+                  if any(n in w.lower() for n in names) and not (w.startswith("__") and w.endswith("__"))]
+    return found
+
+
+def test_outside_their_packages_at_most_four_files_name_an_engine():
+    from agent.engines import ENGINES
+
+    naming = {}
+    for path in files("agent") + files("console"):
+        rel = path.relative_to(ROOT)
+        if "migrations" in rel.parts or rel.parts[:2] == ("agent", "engines"):  # migrations are history
+            continue
+        if found := engine_names_in(path, tuple(ENGINES)):
+            naming[rel.as_posix()] = found
+    print("\n".join(f"{p}: {', '.join(f[:3])}" for p, f in sorted(naming.items())))
+    assert len(naming) <= 4, sorted(naming)

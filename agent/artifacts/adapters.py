@@ -304,17 +304,3 @@ def _is_number(value: Any) -> bool:
 
 def _is_rank(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_LORA_RANK
-
-
-# The ranks vLLM's punica kernels take: a vLLM server is started for the largest of them its adapters need
-# (--max-lora-rank), and serves no adapter of a larger rank until it is started again (agent/vllm/launch.py; the
-# console rolls a deployment's replicas for such an adapter, console/catalog/adapters.py).
-VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def vllm_lora_rank(rank: int) -> int:
-    """The smallest rank vLLM takes that holds `rank`; ArtifactError past the largest."""
-    for allowed in VLLM_LORA_RANKS:
-        if rank <= allowed:
-            return allowed
-    raise ArtifactError(f"LoRA rank {rank} is more than vLLM serves ({VLLM_LORA_RANKS[-1]})")

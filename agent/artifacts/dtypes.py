@@ -27,8 +27,8 @@ ALIASES: dict[str, str] = {
 }
 # What a worker can load a model in today; the estimator knows more (int8) than the worker serves.
 WORKER_DTYPES = ("float32", "float16", "bfloat16")
-# safetensors header dtype -> torch name, for the floating dtypes a stored model can be read as.
-SAFETENSORS_TO_TORCH: dict[str, str] = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+# safetensors header dtype -> its name (as torch names it), for the floating dtypes a stored model can be read as.
+SAFETENSORS_DTYPE_NAMES: dict[str, str] = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 FLOATING_SAFETENSORS = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
 
 
@@ -59,4 +59,4 @@ def stored_dtype(tensors) -> str:
     for t in tensors:
         by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + t.nbytes
     stored = max(by_dtype, key=by_dtype.get)
-    return SAFETENSORS_TO_TORCH.get(stored, stored.lower())
+    return SAFETENSORS_DTYPE_NAMES.get(stored, stored.lower())

@@ -16,7 +16,7 @@ An architecture without formulas gets header weights plus FALLBACK_MARGIN, said 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from agent.artifacts.config import DECODER_FAMILIES, ModelConfig
@@ -43,12 +43,6 @@ from agent.artifacts.safetensors_header import read_safetensors_header
 #        cuBLAS/cuDNN workspaces). This code never touches a GPU; calibration from worker measurements
 #        corrects it per family.
 OVERHEAD_BYTES: dict[str, int] = {"cpu": 0, "cuda": 686 * 1024 * 1024}
-# What vLLM holds beyond weights, KV cache and activations, by device kind (a deployment on engine vllm):
-#   cpu: its API server, engine core and worker processes, each with torch imported: ~1.7 GiB measured here
-#        (unique set sizes, a 2 MB model). Its KV cache is taken in whole GiB, at least 1 (VLLM_CPU_KVCACHE_SPACE).
-#   cuda: CUDA graphs, the sampler's buffers and the contexts of its processes: 1 GiB, NOT measured here (no GPU);
-#        calibration from its replicas' NVML readings corrects it.
-VLLM_RUNTIME_BYTES: dict[str, int] = {"cpu": 1800 * 1024 * 1024, "cuda": 1024 * 1024 * 1024}
 GIB = 1024 * 1024 * 1024
 FALLBACK_MARGIN = 0.2  # unknown architectures: 20% of the weights for activations and caches
 # Families that can be served in int8 (weight-only quantised linear layers); others cannot.
@@ -191,20 +185,6 @@ def estimate(
     )
     _check_bounds(est, cfg.source)
     return est
-
-
-def for_engine(est: Estimate, engine: str) -> Estimate:
-    """`est` for a replica run by `engine`: vLLM's runtime added to the overhead, its CPU KV cache in whole GiB,
-    and a family of its own ("llama+vllm"), so calibration learns each engine apart. The built-in engine's
-    (torch, or auto) is `est` itself."""
-    if engine != "vllm":
-        return est
-    kv = max(GIB, -(-est.kv_cache_bytes // GIB) * GIB) if est.device == "cpu" else est.kv_cache_bytes
-    runtime = VLLM_RUNTIME_BYTES[est.device]
-    total = est.total_bytes - est.kv_cache_bytes + kv + runtime
-    note = f"vllm: {runtime >> 20} MiB for its processes{' (not measured here)' if est.device == 'cuda' else ''}"
-    return replace(est, kv_cache_bytes=kv, overhead_bytes=est.overhead_bytes + runtime, total_bytes=total,
-                   family=f"{est.family}+vllm", notes=(*est.notes, note))
 
 
 def _check_bounds(est: Estimate, source: str) -> None:

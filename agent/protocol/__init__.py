@@ -4,8 +4,8 @@ Imports nothing else from the project so the console can depend on it alone.
 """
 
 from agent.protocol.messages import (
+    BUILTIN_ENGINE,
     ENDED,
-    ENGINES,
     LIVE_STATES,
     LOADED,
     LOADING,
@@ -64,7 +64,7 @@ __all__ = [
     "TRITON_EXTENSIONS",
     "unknown_version",
     "ENDED",
-    "ENGINES",
+    "BUILTIN_ENGINE",
     "LIVE_STATES",
     "LOADED",
     "LOADING",

@@ -188,8 +188,11 @@ class ReplicaStatus(_Message):
     adapter_error: Text = ""  # why the last change to its adapters was refused, if it was
 
 
-Engine = Literal["torch", "vllm"]  # what runs a replica's model: the built-in torch engine, or vLLM
-ENGINES: tuple[str, ...] = ("torch", "vllm")
+# What runs a replica's model: an engine's name (agent.engines lists them; an agent refuses a replica of one it does
+# not run, saying so). The protocol does not list them, so a new engine needs no new protocol.
+Engine = Annotated[str, StringConstraints(max_length=20, pattern=r"^[a-z][a-z0-9_-]{0,19}$")]
+BUILTIN_ENGINE = "torch"  # a replica sent without one runs on the built-in engine
+MAX_ENGINES = 16
 
 
 class EngineInfo(_Message):
@@ -207,7 +210,7 @@ class Hello(_Message):
     endpoint: Endpoint
     gpus: list[GpuInfo] = Field(max_length=MAX_GPUS)
     # The engines it runs; none listed (an older agent): the built-in torch engine alone.
-    engines: list[EngineInfo] = Field(default=[], max_length=len(ENGINES))
+    engines: list[EngineInfo] = Field(default=[], max_length=MAX_ENGINES)
 
 
 class DeploymentServing(_Message):
@@ -275,7 +278,7 @@ class DesiredReplica(_Message):
     adapter_pool_bytes: Count = 0  # device-tier budget for adapters
     adapter_host_bytes: Count = 0  # host-tier budget (0: as large as the device tier x 4)
     adapter_hints: dict[str, float] = {}  # expected demand per adapter, for prefetch
-    engine: Engine = "torch"  # what runs it
+    engine: Engine = BUILTIN_ENGINE  # what runs it
     # The revision of its artifacts (model and adapters) it should run: a new one restarts its worker, drained,
     # even from the same paths (their files were replaced). The console rolls it across a deployment's replicas
     # one at a time. 0 (the default) is left out: an agent from before revisions refuses fields it does not know.

@@ -36,9 +36,9 @@ from agent.serving.dispatch import (
     ReplicaSource,
     ServingError,
     describe,
+    engine_of,
     not_ready_text,
     picked_replica,
-    runs_vllm,
 )
 from agent.serving.engine_metrics import engine_metrics
 from agent.serving.openai import add_openai_routes, openai_error, unserved_mark
@@ -263,10 +263,12 @@ async def _stream_json(request: web.Request, pieces: Iterator[bytes]) -> web.Str
 
 
 def _v2_engine(name: str, replicas: tuple[Any, ...]) -> None:
-    """v2 tensors are the built-in engine's: a model on vLLM is served through /v1 only."""
-    if any(runs_vllm(h) for h in replicas):
-        raise BadInput(f"model {name!r} runs on the vllm engine, which serves /v1 (completions, chat, responses) "
-                       "and not v2 tensors", code="unsupported_by_engine")
+    """v2 tensors are the built-in engine's: a model on an engine in processes of its own is served through /v1
+    only."""
+    for engine in dict.fromkeys(engine_of(h) for h in replicas):
+        if not engine.in_worker:
+            raise BadInput(f"model {name!r} runs on the {engine.name} engine, which serves /v1 (completions, chat, "
+                           "responses) and not v2 tensors", code="unsupported_by_engine")
 
 
 def _max_positions(request: web.Request, replicas: tuple[Any, ...]) -> int | None:

@@ -15,6 +15,8 @@ from typing import Any, Protocol
 import numpy as np
 from aiohttp import web
 
+from agent import engines
+from agent.engines import Engine
 from agent.metrics import Metrics
 from agent.protocol import REPLICA_HEADER, RESTING  # noqa: F401  (agent.serving.app imports RESTING from here)
 from agent.serving.batching import Batcher, BatcherClosed, BatchSettings, InvalidInput, QueueFull, Result, RunBatch
@@ -340,14 +342,14 @@ def picked_replica(request: web.Request) -> int | None:
     return int(value)
 
 
-def runs_vllm(handle: Any) -> bool:
-    """Whether a replica runs on vLLM (fakes without an engine run the built-in one)."""
-    return getattr(handle.spec, "engine", "torch") == "vllm"
+def engine_of(handle: Any) -> Engine:
+    """The engine a replica runs on (fakes without one run the built-in one)."""
+    return engines.get(getattr(handle.spec, "engine", None))
 
 
-def engine_of(route: Route) -> str:
-    """The engine that serves the route's replicas: "vllm" when they run on vLLM, else "torch"."""
-    return "vllm" if any(runs_vllm(h) for h in route.replicas) else "torch"
+def relays_bodies(route: Route) -> bool:
+    """Whether the route's replicas run on an engine whose server takes OpenAI bodies as they came."""
+    return any(engine_of(h).passes_openai_bodies for h in route.replicas)
 
 
 def _forward(replica: Any) -> RunBatch:

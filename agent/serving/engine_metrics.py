@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.serving.dispatch import runs_vllm
+from agent.serving.dispatch import engine_of
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ SCRAPE_TIMEOUT_S = 2.0
 async def engine_metrics(session: aiohttp.ClientSession, handles: Iterable[Any]) -> bytes:
     """The merged exposition of every ready vLLM replica among `handles` (b"" when there is none); a replica
     that does not answer in time is left out of this scrape."""
-    replicas = [h for h in handles if runs_vllm(h) and h.state == "ready" and "port" in h.info]
+    replicas = [h for h in handles if engine_of(h).relays_metrics and h.state == "ready" and "port" in h.info]
     if not replicas:
         return b""
     texts = await asyncio.gather(*(_scrape(session, h) for h in replicas))

@@ -23,12 +23,13 @@ from typing import Any, TypeVar
 import numpy as np
 from aiohttp import web
 
+from agent.engines import ENGINES
 from agent.protocol import UNSERVED_HEADER
 from agent.serving.batching import pad_rows
 from agent.serving.body import read_json
 from agent.serving.chat import ChatError, parse_messages
 from agent.serving.detokenize import TokenText
-from agent.serving.dispatch import DISPATCHER, BadInput, Route, ServingError, engine_of, picked_replica
+from agent.serving.dispatch import DISPATCHER, BadInput, Route, ServingError, picked_replica, relays_bodies
 from agent.serving.generate import Choice, Delta, LogprobEntry, run_all, stream_sse, usage_of
 from agent.serving.relay import add_relay, relay
 from agent.serving.request_bounds import MAX_N, check_request
@@ -54,7 +55,7 @@ ERROR_TYPES = {
 MIN_LOGPROB = -9999.0  # what OpenAI sends for a token too unlikely to have a log probability
 MAX_GENERATION_TIMEOUT = 3600.0
 TIMEOUT_HEADER = "X-ModelGrid-Timeout"
-VLLM_ROOT_PATHS = ("/tokenize", "/detokenize")
+RELAYED_ROOT_PATHS = ("/tokenize", "/detokenize")  # vLLM's own, outside /v1 as it serves them
 GENERATION_TIMEOUT = web.AppKey("generation_timeout", float)
 TEXT = web.AppKey("text", TextPool)  # tokenizing and chat templating, off the event loop
 
@@ -85,11 +86,11 @@ def add_openai_routes(app: web.Application, generation_timeout: float = DEFAULT_
     v1.router.add_post("/embeddings", embeddings)
     v1.router.add_post("/completions", completions)
     v1.router.add_post("/chat/completions", chat_completions)
-    v1.router.add_post("/responses", vllm_only)
+    v1.router.add_post("/responses", relayed_only)
     app.add_subapp("/v1", v1)
     add_relay(app, generation_timeout or DEFAULT_GENERATION_TIMEOUT)
-    for path in VLLM_ROOT_PATHS:  # vLLM's own, outside /v1 as vLLM serves them; errors in OpenAI's shape too
-        app.router.add_post(path, functools.partial(_openai_errors, handler=vllm_only))
+    for path in RELAYED_ROOT_PATHS:  # errors in OpenAI's shape too
+        app.router.add_post(path, functools.partial(_openai_errors, handler=relayed_only))
 
 
 def openai_error(status: int, message: str, code: str | None = None, param: str | None = None) -> web.Response:
@@ -116,21 +117,23 @@ async def get_model(request: web.Request) -> web.Response:
     return web.json_response(_model_card(name, route.deployment if route.adapter == name else None))
 
 
-async def vllm_only(request: web.Request) -> web.StreamResponse:
-    """An endpoint only vLLM serves (/v1/responses, /tokenize, /detokenize): relayed to a vLLM replica, refused
-    for one of the built-in engine, naming it."""
+async def relayed_only(request: web.Request) -> web.StreamResponse:
+    """An endpoint only an engine's own server serves (vLLM's /v1/responses, /tokenize, /detokenize): relayed to a
+    replica on an engine that takes OpenAI bodies, refused for one of the built-in engine, naming those that do."""
     body = await _body(request)
     route = _route(request, body)
     relayed = await _relayed(request, body, route)
     if relayed is not None:
         return relayed
+    relaying = " or ".join(repr(e.name) for e in ENGINES.values() if e.passes_openai_bodies)
     raise BadInput(f"model {route.name!r} runs on the built-in engine, which does not serve {request.path}; deploy "
-                   "it with engine 'vllm' for that", code="unsupported_by_engine")
+                   f"it with engine {relaying} for that", code="unsupported_by_engine")
 
 
 async def _relayed(request: web.Request, body: dict[str, Any], route: Route) -> web.StreamResponse | None:
-    """The answer of the vLLM replica the request is for, passed through; None for the built-in engine's."""
-    if engine_of(route) != "vllm":
+    """The answer of the replica the request is for, passed through where its engine takes OpenAI bodies; None for
+    the built-in engine's."""
+    if not relays_bodies(route):
         return None
     dispatcher = request.config_dict[DISPATCHER]
     with dispatcher.observe(route) as seen:

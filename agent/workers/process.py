@@ -103,10 +103,11 @@ def _load_and_serve(channel: WorkerChannel, spare: bool) -> None:
         _outlive_agent(channel, spec, load.attach)
     limits.before_cuda(spec)  # nothing has touched CUDA yet, in a spare either
     try:
-        from agent.artifacts import inspect_model_dir
+        from agent import engines
 
-        runtime = _runtime(spec)
-        artifact = inspect_model_dir(spec.model_path)  # every header, read once for the whole load
+        engine = engines.get(spec.engine)
+        runtime = engine.loader()
+        artifact = engine.inspect(spec.model_path)  # every header, read once for the whole load
         if not channel.send(Loading(spec.model_path, spec.device, os.getpid(), artifact.weights_bytes)):
             return
         model = runtime.load(spec, progress=lambda done, of: channel.send(Progress(done, of)), artifact=artifact)
@@ -128,21 +129,10 @@ def _load_and_serve(channel: WorkerChannel, spare: bool) -> None:
         spec.deployment or spec.model_path, spec.task, spec.device, measurement["total_bytes"],
     )
     watch = getattr(model, "watch", None)
-    if watch is not None:  # an engine in processes of its own (vLLM): its exit is this replica's failure
+    if watch is not None:  # an engine in processes of its own: its exit is this replica's failure
         watch(lambda reason: _engine_failed(channel, reason))
     if channel.send(Ready(measurement, model.describe())):
         serve(model, channel, runtime.InputError)
-
-
-def _runtime(spec: WorkerSpec) -> Any:
-    """The module that loads `spec`'s engine: the built-in one (torch), or a vLLM server (agent.vllm.server)."""
-    if spec.engine == "vllm":
-        from agent.vllm import server
-
-        return server
-    from agent.workers import runtime
-
-    return runtime
 
 
 def _engine_failed(channel: WorkerChannel, reason: str) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from agent.artifacts.dtypes import WORKER_DTYPES
+from agent.engines import BUILTIN
 
 Task = Literal["causal-lm", "encoder"]
 DTYPES = WORKER_DTYPES
@@ -28,11 +29,14 @@ class WorkerSpec:
     mps_percentage: int | None = None  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, set before CUDA initialises
     memory_limit_bytes: int | None = None  # CPU workers: address space allowed beyond the worker's baseline
     threads: int | None = None  # CPU workers: torch intra-op threads (its share of the host's cores); None: torch's
-    engine: str = "torch"  # "torch": the built-in engine; "vllm": a vLLM server the worker starts (agent.vllm)
-    engine_python: str = ""  # vllm: the interpreter of its environment
-    engine_args: tuple[str, ...] = ()  # vllm: its arguments after the interpreter, the port excepted
-    engine_env: tuple[tuple[str, str], ...] = ()  # vllm: what its environment adds
-    engine_flags: tuple[str, ...] = ()  # vllm: the deployment's own flags among engine_args (a change restarts it)
+    engine: str = BUILTIN.name  # what runs it (agent.engines); one in processes of its own is started by the worker
+    # An engine in processes of its own (Engine.command): the program it runs (an interpreter, a binary), its
+    # arguments after it (the port excepted), what its environment adds, and the deployment's own flags among its
+    # arguments (a change restarts it).
+    engine_python: str = ""
+    engine_args: tuple[str, ...] = ()
+    engine_env: tuple[tuple[str, str], ...] = ()
+    engine_flags: tuple[str, ...] = ()
     revision: int = 0  # the console's revision of its artifacts (a new one restarts it)
     index: int | None = None  # its index among the deployment's replicas, as the console sent it (None: an older one)
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from multiprocessing import AuthenticationError
 from typing import Any
 
+from agent import engines
 from agent.workers.errors import (
     InferenceError,
     InferenceInputError,
@@ -100,7 +101,8 @@ class Supervisor:
         self._handles[spec.replica_id] = handle
         try:
             attach = self.directory.attach_for(spec.replica_id) if self.directory is not None else None
-            spare = self.spares.take() if spec.engine == "torch" else None  # spares hold torch; vLLM has its own
+            # Spares hold the built-in engine's imports; an engine in processes of its own imports its own.
+            spare = self.spares.take() if engines.get(spec.engine).in_worker else None
             handle.start(spare, attach, self.logs.for_worker(spec.replica_id))
         except OSError as e:  # no process could be made (fd or process limits): report it as the reason
             handle.fail_without_start(f"cannot start a worker process: {e}")

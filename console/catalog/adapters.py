@@ -14,7 +14,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from agent.artifacts import ArtifactError, check_adapter_matches, read_adapter_dir, read_model_dir
-from agent.artifacts.adapters import CONFIG_NAME, WEIGHTS_NAME, vllm_lora_rank
+from agent.artifacts.adapters import CONFIG_NAME, WEIGHTS_NAME
+from agent.engines import ENGINES
 from console.accounts.teams import ALL, Teams, scoped
 from console.catalog.fingerprint import fingerprint
 from console.catalog.memory import deployment_estimates
@@ -40,7 +41,7 @@ def register_adapter(name: str, deployment: str, path: str, pinned: bool = False
             # update and the adapter a deployment that is gone (console/deployments/rowlocks.py).
             dep = get_deployment(deployment, missing=Invalid, lock="change", teams=teams)
             refuse_taken_name(name, "adapter")
-            outgrown = _outgrows_vllm(dep, read["rank"])
+            outgrown = _outgrown(dep, read["rank"])
             if outgrown:  # before the row exists: the replicas hold the adapters they serve now
                 begin_rollout([dep])
             row = Adapter.objects.create(name=name, deployment=dep, team_id=dep.team_id, pinned=pinned, **read)
@@ -72,35 +73,23 @@ def artifact_fields(path: str, dep) -> dict:
             "fingerprint": fingerprint([adapter.path / CONFIG_NAME, adapter.path / WEIGHTS_NAME])}
 
 
-def _outgrows_vllm(dep, rank: int) -> str:
-    """Why the vLLM servers running `dep`'s replicas cannot serve a new adapter of `rank` until they restart (they
-    started without LoRA, or for a smaller --max-lora-rank), or "" when none of its replicas runs vLLM or they can.
+def _outgrown(dep, rank: int) -> str:
+    """Why the engine servers running `dep`'s replicas cannot serve a new adapter of `rank` until they restart (vLLM's
+    started without LoRA, or for a smaller --max-lora-rank: Engine.adapter_restart_reason), or "" when they can.
     Built-in engine replicas take any rank: their pools grow in place."""
     from console.control.desired import engine_on  # control depends on catalog
     from console.fleet.models import Gpu, Host
 
-    if dep.engine == "torch":
-        return ""
+    fixed = ENGINES.get(dep.engine)
+    if fixed is not None and not fixed.adapter_restart_reason(dep.name, [], rank):
+        return ""  # an engine whose replicas take any adapter as they run
     hosts = dict(Host.objects.filter(replicas__deployment=dep).distinct().values_list("pk", "engines"))
     real = set(Gpu.objects.filter(host_id__in=hosts, simulated=False).values_list("host_id", flat=True))
-    if not any(engine_on(dep.engine, dep.model.architecture, engines or {}, pk in real, dep.model.engine_refusals)
-               == "vllm"
-               for pk, engines in hosts.items()):
-        return ""
+    running = {engine_on(dep.engine, dep.model.architecture, engines or {}, pk in real, dep.model.engine_refusals)
+               for pk, engines in hosts.items()}
     ranks = list(Adapter.objects.filter(deployment=dep).values_list("rank", flat=True))
-    if not ranks:
-        return f"the vLLM servers of deployment {dep.name} started without LoRA"
-    try:
-        served = vllm_lora_rank(max(ranks))
-    except ArtifactError:
-        return ""  # they cannot start with the adapters they have: a restart changes nothing
-    try:
-        needed = vllm_lora_rank(rank)
-    except ArtifactError:
-        needed = rank  # more than vLLM serves at all: the restarted replica's failure says so
-    if needed <= served:
-        return ""
-    return f"the vLLM servers of deployment {dep.name} serve LoRA ranks up to {served}"
+    return next((why for name in sorted(running) if name in ENGINES
+                 if (why := ENGINES[name].adapter_restart_reason(dep.name, ranks, rank))), "")
 
 
 def update_adapter(name: str, changes: dict, actor: str = "", teams: Teams = ALL) -> Adapter:

@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass
 
 from agent.artifacts import ArtifactError
-from agent.artifacts.estimate import for_engine
+from agent.engines import for_engine
 from agent.protocol import Measurement
 from console.bulk import insert
 from console.catalog.calibration import NONE, WINDOW, Correction, correction, error_fraction

@@ -17,7 +17,7 @@ from django.conf import settings
 from agent.artifacts import ArtifactError, Estimate, canonical_dtype, estimate
 from agent.artifacts.config import read_config
 from agent.artifacts.dtypes import WORKER_DTYPES
-from agent.artifacts.estimate import for_engine
+from agent.engines import for_engine
 from console.catalog.calibration import NONE, Correction, error_fraction
 from console.catalog.models import Calibration, DeviceKind, Model
 from console.errors import Invalid

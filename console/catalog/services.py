@@ -16,8 +16,9 @@ from agent.artifacts import (
     inspect_model_dir,
     read_adapter_dir,
 )
-from agent.artifacts.capability import model_shape, refusals
+from agent.artifacts.capability import model_shape
 from agent.artifacts.shape import serving_shape, shape_changes
+from agent.engines import refusals
 from console.accounts.models import Team
 from console.accounts.teams import ALL, Teams, scoped
 from console.bulk import update_values

@@ -10,6 +10,7 @@ from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 
 from agent.artifacts.model_dir import CAUSAL_LM_SUFFIXES
+from agent.engines import AUTO, BUILTIN, auto_engine
 from agent.protocol import DesiredReplica, DesiredState
 from console.bulk import JsonText, update_in_key_order, upsert_values
 from console.catalog.models import Adapter
@@ -67,7 +68,7 @@ def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
         if revision:  # left out at 0, as the engine at its default: an agent from before revisions refuses it
             row["revision"] = revision
         runs = engine_on(engine, architecture, engines.get(host_id) or {}, host_id in with_gpus, refusals)
-        if runs != "torch":  # the default, left out: an agent from before engines refuses fields it does not know
+        if runs != BUILTIN.name:  # the default, left out: an agent from before engines refuses fields it does not know
             row["engine"] = runs
             if engine_args:
                 row["engine_args"] = engine_args
@@ -78,14 +79,13 @@ def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
 def engine_on(engine: str, architecture: str, host_engines: dict, real_gpus: bool = True,
               refusals: dict | None = None) -> str:
     """What runs a replica of a deployment with this `engine` on a host running `host_engines`: as asked, or for
-    "auto", vLLM for a causal LM where the host runs it on real GPUs (its kernels are the point there; on CPUs
-    and simulated GPUs the built-in engine is the faster) unless vLLM's capability check refused the model there
-    (`refusals`: its Model.engine_refusals), else the built-in torch engine."""
-    if engine != "auto":
+    "auto", the engine auto picks there (agent.engines.auto_engine: vLLM for a causal LM where the host runs it on
+    real GPUs) unless its capability check refused the model there (`refusals`: its Model.engine_refusals), else
+    the built-in engine."""
+    if engine != AUTO:
         return engine
-    causal = architecture.endswith(CAUSAL_LM_SUFFIXES)
-    refused = ((refusals or {}).get("vllm") or {}).get("cuda")
-    return "vllm" if "vllm" in host_engines and real_gpus and causal and not refused else "torch"
+    task = "causal-lm" if architecture.endswith(CAUSAL_LM_SUFFIXES) else ""
+    return auto_engine(host_engines, task, real_gpus, refusals)
 
 
 def _adapter_fields(adapters: list[tuple[str, str, bool, int]], requests: dict[str, int]) -> dict:

@@ -1,6 +1,6 @@
 """Whether a deployment's engine can run its model somewhere in this fleet, asked when a deployment is saved.
 
-The engines' capability checks (agent.artifacts.capability) judged the model's files when it was registered
+The engines' capability checks (agent.engines: Engine.refusal) judged the model's files when it was registered
 (Model.engine_refusals, by engine and device kind); what a host's engine runs on is known here: CUDA where it has
 a real GPU, its CPU where its GPUs are simulated. A deployment is refused when its engine refuses the model on every
 device kind, or on the kind of every host that runs that engine. With no host running the engine yet, only what no
@@ -11,6 +11,7 @@ it starts one. `auto` is never refused: it picks the built-in engine where vLLM 
 from __future__ import annotations
 
 from agent.artifacts.capability import DEVICES
+from agent.engines import AUTO, BUILTIN
 from console.catalog.models import Model
 from console.errors import Invalid
 from console.fleet.models import Gpu, Host
@@ -32,9 +33,9 @@ def engine_refusal(model: Model, engine: str, kinds: frozenset[str] | None = Non
     """Why no host could run `model` on `engine`, in words a person can act on; "" when one could. `kinds`: the
     device kinds of the hosts that run it (read when not given)."""
     refused = (model.engine_refusals or {}).get(engine) or {}
-    if engine == "auto" or not refused:
+    if engine == AUTO or not refused:
         return ""
-    advice = "; deploy it with engine torch or auto" if engine != "torch" else ""
+    advice = f"; deploy it with engine {BUILTIN.name} or {AUTO}" if engine != BUILTIN.name else ""
     if all(refused.get(device) for device in DEVICES):
         return f"model {model.name!r} cannot run on engine {engine}: {refused['cuda']}{advice}"
     kinds = engine_kinds(engine) if kinds is None else kinds

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import agent.engines as engines
 from console.accounts.models import Team
 from console.deployments.policy_form import parse_policy_form
 from console.errors import Invalid
@@ -23,8 +24,9 @@ POLICY_FIELDS = ("priority", "min_replicas", "max_replicas", "slo_latency_ms", "
 # What the form shows, typed (or defaulted) as text.
 FIELDS = ("name", "team", *POLICY_FIELDS, "dtype", "batch", "seq", "device")
 # (value, name, what the option says)
-ENGINES = (("auto", "auto", "auto (vLLM for a causal LM where a host runs it, else torch)"),
-           ("torch", "torch", "torch (built in)"), ("vllm", "vLLM", "vLLM"))
+ENGINES = ((engines.AUTO, engines.AUTO, engines.AUTO_LABEL),
+           *((e.name, e.label, f"{e.label} (built in)" if e is engines.BUILTIN else e.label)
+             for e in engines.ENGINES.values()))
 DEFAULT_PRIORITY = "standard"
 
 
@@ -52,20 +54,24 @@ class DeployRequest:
 
 
 def running_engines() -> set[str]:
-    """The engines some connected host runs (an agent that names none runs torch)."""
-    engines: set[str] = set()
+    """The engines some connected host runs (an agent that names none runs the built-in one)."""
+    running: set[str] = set()
     for named in Host.objects.filter(connected=True).values_list("engines", flat=True):
-        engines |= set(named or {"torch": ""})
-    return engines
+        running |= set(named or {engines.BUILTIN.name: ""})
+    return running
 
 
 def engine_choices(running: set[str] | None = None) -> list[Choice]:
-    """auto always; torch and vLLM when a connected host runs them, else disabled saying so."""
+    """auto always; an engine when a connected host runs it, else disabled saying so."""
     running = running_engines() if running is None else running
-    return [Choice(value, label, "" if value == "auto" or value in running else
-                   f"no connected host runs {name}" + (" (an agent runs it when started with --vllm-python)"
-                                                        if value == "vllm" else ""))
+    return [Choice(value, label, "" if value == engines.AUTO or value in running else
+                   f"no connected host runs {name}" + _started_with(value))
             for value, name, label in ENGINES]
+
+
+def _started_with(name: str) -> str:
+    program = engines.ENGINES[name].program
+    return f" (an agent runs it when started with {program.flag})" if program is not None else ""
 
 
 def check_engine(engine: str, running: set[str] | None = None) -> None:

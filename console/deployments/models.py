@@ -4,6 +4,7 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import models
 from django.utils import timezone
 
+import agent.engines as engines
 from agent.protocol import REPLICA_STATES
 from console.accounts.models import default_team_id
 from console.catalog.models import Model
@@ -66,10 +67,9 @@ class Deployment(models.Model):
     # Standby: replicas are loaded onto their GPUs but take no requests (the agent's `preloaded`), so
     # turning it off switches a new version in without a load gap.
     standby = models.BooleanField(default=False)
-    # What runs its replicas; "auto": vLLM for a causal LM on a host that runs it, else the built-in torch engine.
-    engine = models.CharField(max_length=10, choices=[("auto", "auto"), ("torch", "torch"), ("vllm", "vLLM")],
-                              default="auto")
-    engine_args = models.JSONField(default=list, blank=True)  # flags for vLLM (agent/protocol/engine_args.py)
+    # What runs its replicas: an engine of agent.engines, or "auto" (the console picks per host: auto_engine).
+    engine = models.CharField(max_length=10, choices=engines.choices(), default=engines.AUTO)
+    engine_args = models.JSONField(default=list, blank=True)  # flags for its engine (Engine.allowlist)
     # Dynamic batching in each replica: rows per forward, and how long a request waits for company.
     max_batch_size = models.PositiveIntegerField(default=8)
     max_batch_delay_ms = models.FloatField(default=5.0)

@@ -10,12 +10,14 @@ from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
 from pydantic import ValidationError as PydanticError
 
+import agent.engines as engines
 from agent.artifacts import ArtifactError
 from agent.artifacts.roots import resolve_in_roots
-from agent.protocol.engine_args import MAX_ENGINE_ARGS, EngineArgsError, parse_engine_args
+from agent.protocol.engine_args import MAX_ENGINE_ARGS, EngineArgsError
 from console.errors import Invalid, describe, pydantic_items
 
 MAX_REPLICAS = 64
+ENGINE_CHOICE = Literal[tuple(value for value, _ in engines.choices())]  # auto, or an engine of agent.engines
 MAX_GANG = 16
 MAX_IDLE_TIMEOUT_S = 7 * 24 * 3600
 MAX_SLO_MS = 3_600_000
@@ -56,9 +58,9 @@ class Policy(BaseModel):
                                       description="dynamic batching: how long a request waits for others")
     standby: bool = Field(False, description="load its replicas but take no requests; turning it off serves "
                           "without a load gap")
-    engine: Literal["auto", "torch", "vllm"] = Field("auto", description="what runs its replicas: the built-in torch "
-                                                     "engine, vLLM (placed only on hosts that run it), or auto "
-                                                     "(vLLM for a causal LM on a host that runs it, else torch)")
+    engine: ENGINE_CHOICE = Field(engines.AUTO, description="what runs its replicas: the built-in torch engine, vLLM "
+                                  "(placed only on hosts that run it), or auto (vLLM for a causal LM on a host that "
+                                  "runs it, else torch)")
     engine_args: list[str] = Field(default_factory=list, max_length=MAX_ENGINE_ARGS,
                                    description="flags for vLLM that tune how it serves this deployment, e.g. "
                                    "[\"--enable-auto-tool-choice\", \"--tool-call-parser\", \"hermes\"] "
@@ -71,7 +73,8 @@ class Policy(BaseModel):
     @classmethod
     def _engine_args_taken(cls, args: list[str], info: ValidationInfo) -> list[str]:
         try:
-            taken = parse_engine_args(args, gpus=info.data.get("gpus_per_replica"))
+            taken = engines.parse_settings(info.data.get("engine", engines.AUTO), args,
+                                           gpus=info.data.get("gpus_per_replica"))
             for flag, path in taken.paths:  # a directory vLLM reads: inside the model roots, as a model's own
                 try:
                     resolve_in_roots(path, settings.MODEL_ROOTS, kind="dir")

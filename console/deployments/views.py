@@ -15,6 +15,7 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST, require_safe
 from django_htmx.http import HttpResponseClientRedirect
 
+import agent.engines as engines
 from console.accounts.auth import actor_of
 from console.accounts.teams import scoped, teams_of
 from console.catalog import adapters
@@ -40,8 +41,9 @@ LOG_LINES = 200  # the page's tail of a replica's log
 STOP_POLLING = 286
 PROFILES = [(Profile.UNKNOWN, "unknown"), (Profile.COMPUTE, "compute-bound"), (Profile.MEMORY, "memory-bound"),
             (Profile.IO, "I/O-bound")]
-ENGINES = [("auto", "auto (vLLM for a causal LM where a host runs it, else torch)"), ("torch", "torch (built in)"),
-           ("vllm", "vLLM (only on hosts that run it)")]
+ENGINES = [(engines.AUTO, engines.AUTO_LABEL),
+           *((e.name, f"{e.label} ({'built in' if e is engines.BUILTIN else 'only on hosts that run it'})")
+             for e in engines.ENGINES.values())]
 SPREADS = [("preferred", "preferred (apart unless they cannot)"), ("required", "required (never two on one GPU)"),
            ("none", "none (as the strategy packs them)")]
 

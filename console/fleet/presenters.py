@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import Count, F, FloatField, Prefetch, Q, QuerySet, Sum
 from django.db.models.functions import Cast
 
+from agent.engines import BUILTIN
 from console.accounts.scope import TeamScope
 from console.deployments.models import Replica
 from console.fleet import lifecycle
@@ -52,7 +53,7 @@ def fleet(hosts: QuerySet | None, scope: TeamScope) -> list[dict]:
             "acked_generation": h.acked_generation,
             "labels": h.labels or {},
             "taints": h.taints or {},
-            "engines": h.engines or {"torch": ""},
+            "engines": h.engines or {BUILTIN.name: ""},
             "ram_free_bytes": h.ram_free_bytes,
             "asleep": [
                 scope.replica({"deployment": r.deployment.name, "team": r.deployment.team_id, "index": r.index,

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from agent.artifacts import ArtifactError
 from agent.artifacts.config import read_config
+from agent.engines import AUTO, ENGINES
 from console.carried import CarriedRows
 from console.catalog.models import Adapter
 from console.deployments.models import Deployment, Replica
@@ -45,7 +46,7 @@ class DeploymentView:
     demand_reason: str = ""
     created: int = 0
     slo_latency_ms: int | None = None  # its p95 latency target
-    engine: str = "auto"  # auto | torch | vllm, as the deployment asks
+    engine: str = AUTO  # auto, or an engine's name (agent.engines), as the deployment asks
     team: int = 0  # the owning team's id: only its members' tokens (and admins') may call it
     context: int | None = None  # tokens per sequence its engine takes (prompt and completion), None: unknown
     start_s: float | None = None  # cold: how long a replica of it took to start last (measured); None: not known
@@ -142,10 +143,11 @@ def load_fleet() -> FleetView:
 
 
 def _context(engine: str, seq: int | None, path: str, revision: int) -> int | None:
-    """The tokens per sequence a deployment's engine takes: vLLM its `seq` (--max-model-len) when set; else, and for
-    the built-in engine, which always takes the model's whole positions, what the model's config declares. Read once
+    """The tokens per sequence a deployment's engine takes: its `seq` when set, where the engine caps a sequence at it
+    (vLLM's --max-model-len); else, and for the built-in engine, which always takes the model's whole positions, what
+    the model's config declares. Read once
     per model path and revision (the gateway's limits bound a request's tokens by it: reservation.py)."""
-    if engine == "vllm" and seq:
+    if seq and engine in ENGINES and ENGINES[engine].seq_caps_context:
         return seq
     key = (path, revision)
     if key not in _POSITIONS:

@@ -17,6 +17,7 @@ import aiohttp
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
+from agent.engines import ENGINES
 from agent.protocol import UNSERVED_HEADER
 from console.gateway import reservation
 from console.gateway.auth import Caller, bearer, unauthorized
@@ -115,9 +116,9 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
         need = reservation.need(request.scope["path"], parsed, len(body), dep.context)  # the client's own body
         if parsed is not None and parsed.get("stream") is True and request.scope["path"] in STREAMED_PATHS:
             body = await _with_usage(body, parsed, meter)
-        if not family.openai and dep.engine == "vllm":
-            raise Refused(400, f"model {dep.name!r} runs on the vllm engine, which serves /v1 (completions, chat, "
-                          "responses) and not v2 tensors", code="unsupported_by_engine")
+        if not family.openai and dep.engine in ENGINES and not ENGINES[dep.engine].in_worker:
+            raise Refused(400, f"model {dep.name!r} runs on the {dep.engine} engine, which serves /v1 (completions, "
+                          "chat, responses) and not v2 tensors", code="unsupported_by_engine")
         hold = gw.admit(caller, dep, again=fallback, need=need)  # in flight until finish() (a stream's: its end)
         dep, queue_s = await gw.ready_view(dep.name)
         response = await _send(gw, gw.upstream, request, body, dep, adapter, queue_s, arrived, finish,

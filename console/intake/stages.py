@@ -20,6 +20,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from agent.engines import BUILTIN
 from agent.protocol import Ack, GpuInfo, Hello, HostReport, ReplicaStatus
 from agent.protocol.hostnames import host_name_refusal
 from console.bulk import update_by_pk, update_fields_by_pk, update_in_key_order
@@ -76,7 +77,7 @@ def register_hello(credential: AgentCredential, hello: Hello) -> tuple[Host, int
         host, _ = Host.objects.update_or_create(
             name=hello.host,
             defaults={"endpoint": hello.endpoint, "agent_version": hello.agent_version, "connected": True,
-                      "engines": {e.name: e.version for e in hello.engines} or {"torch": ""},
+                      "engines": {e.name: e.version for e in hello.engines} or {BUILTIN.name: ""},
                       "last_seen": timezone.now(), "unknown_since": None, "evicted_at": None},
         )
         Host.objects.filter(pk=host.pk).update(link_epoch=F("link_epoch") + 1)

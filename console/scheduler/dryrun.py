@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from console.scheduler.engines import ENGINE_CHOICES, engine_labels, engine_selector
+from console.scheduler.engines import BUILTIN_ENGINE, ENGINE_CHOICES, engine_labels, engine_selector
 from console.scheduler.planner import plan
 from console.scheduler.render import plan_to_json
 from console.scheduler.types import (
@@ -76,7 +76,7 @@ def _gpu(item: Any, path: str) -> Gpu:
     _object(item, path)
     gpu_id = _get(item, "id", path, str)
     host = _get(item, "host", path, str, host_of(gpu_id))
-    engines = _get(item, "engines", path, list, ["torch"])
+    engines = _get(item, "engines", path, list, [BUILTIN_ENGINE])
     if not all(e in ENGINE_CHOICES[1:] for e in engines):
         raise PlanInputError(f"{path}.engines must list engines among {', '.join(ENGINE_CHOICES[1:])}, got {engines!r}")
     return Gpu(id=gpu_id, host=host, total_bytes=_integer(item, "total_bytes", path, positive=True),

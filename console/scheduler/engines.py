@@ -6,14 +6,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-ENGINE_CHOICES = ("auto", "torch", "vllm")
+from agent.engines import AUTO, BUILTIN, ENGINES
+
+ENGINE_CHOICES = (AUTO, *ENGINES)
+BUILTIN_ENGINE = BUILTIN.name
 
 
 def engine_labels(engines: Iterable[str] | None) -> dict[str, str]:
-    """engine.NAME=yes for each engine a host runs; a host that says none (an agent from before engines) runs torch."""
-    return {f"engine.{name}": "yes" for name in (engines or ("torch",))}
+    """engine.NAME=yes for each engine a host runs; a host that says none (an agent from before engines) runs the
+    built-in one."""
+    return {f"engine.{name}": "yes" for name in (engines or (BUILTIN_ENGINE,))}
 
 
 def engine_selector(engine: str) -> dict[str, str]:
-    """What a deployment's engine requires of a GPU's labels: "auto" runs anywhere (torch where vLLM is not)."""
-    return {} if engine == "auto" else {f"engine.{engine}": "yes"}
+    """What a deployment's engine requires of a GPU's labels: "auto" runs anywhere (the built-in engine where no
+    other runs)."""
+    return {} if engine == AUTO else {f"engine.{engine}": "yes"}

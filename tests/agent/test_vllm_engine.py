@@ -42,7 +42,7 @@ async def status_where(console, predicate, timeout=20):
 
 
 async def start_vllm_replica(console, run_agent, tmp_path, **extra):
-    agent = await run_agent(warm_workers=0, vllm_python=fake_vllm_python(tmp_path))
+    agent = await run_agent(warm_workers=0, engine_programs={"vllm": fake_vllm_python(tmp_path)})
     hello = await console.expect(Hello)
     assert {(e.name, e.version) for e in hello.engines} >= {("vllm", "0.0.0+fake")}
     model = write_model_dir(tmp_path / "m", hidden=WIDE)
@@ -140,7 +140,7 @@ async def test_a_model_vllm_cannot_run_on_this_cpu_fails_before_any_process_star
         console, run_agent, tmp_path):
     """The demo tiny-llama's heads (16 wide) on vLLM's CPU build: it started, read ready and died at every first
     request. Now the agent's capability check refuses it before a worker starts, with the reason, once."""
-    agent = await run_agent(warm_workers=0, vllm_python=fake_vllm_python(tmp_path))
+    agent = await run_agent(warm_workers=0, engine_programs={"vllm": fake_vllm_python(tmp_path)})
     await console.expect(Hello)
     await console.send(desired_state(1, [replica(write_model_dir(tmp_path / "m", hidden=64), engine="vllm")]))
     failed = await console.expect(ReplicaStatus, replica_id=7, state="failed", timeout=20)
@@ -197,7 +197,7 @@ class CudaKind(SimulatedBackend):
 
 async def test_vllm_replicas_on_one_gpu_start_one_at_a_time(console, tmp_path):
     agent = Agent(AgentConfig(console=console.url, token=test_daemon.TOKEN, name="test-host", report_interval=0.2,
-                              warm_workers=0, vllm_python=fake_vllm_python(tmp_path)),
+                              warm_workers=0, engine_programs={"vllm": fake_vllm_python(tmp_path)}),
                   CudaKind("sim:1x80GiB,1x24GiB", host="test-host"))
     task = asyncio.create_task(agent.run())
     try:
@@ -227,7 +227,7 @@ MAX_LEN = "ValueError: The model's max seq len (4096) is larger than the maximum
 async def vllm_that_fails(console, run_agent, tmp_path, **faults):
     """A vLLM replica whose stand-in fails as `faults` say; the statuses of replica 7 up to its failure (or its
     being ready)."""
-    await run_agent(warm_workers=0, vllm_python=fake_vllm_python(tmp_path))
+    await run_agent(warm_workers=0, engine_programs={"vllm": fake_vllm_python(tmp_path)})
     await console.expect(Hello)
     model = write_model_dir(tmp_path / "m", hidden=WIDE)
     (model / "fake-vllm.json").write_text(json.dumps(faults))

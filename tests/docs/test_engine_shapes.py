@@ -1,13 +1,15 @@
 """docs/engines.md's table of what each engine runs says what the engines' capability checks decide: each cell is
-worked out from the checks (agent/artifacts/capability) on sample shapes, and compared with the doc's."""
+worked out from the checks (agent/engines: Engine.refusal) on sample shapes, and compared with the doc's."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from agent.artifacts.capability import CHECKS, DEVICES, ModelShape, refusal, sleeps_on
+from agent.artifacts.capability import DEVICES, ModelShape
 from agent.artifacts.dtypes import WORKER_DTYPES
+from agent.engines import ENGINES as CHECKS
+from agent.engines import refusal, sleeps_on
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "engines.md"
 WIDTHS = range(8, 1025, 8)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from agent.protocol.engine_args import allowlist_markdown
+from agent.engines import ENGINES
 from agent.serving.request_bounds import bounds_markdown
 from agent.workers import environment
 
@@ -22,7 +22,8 @@ def block(name: str) -> str:
 
 
 def test_the_engine_arguments_table_is_the_allowlist():
-    assert block("engine-args") == allowlist_markdown(), "paste agent.protocol.engine_args.allowlist_markdown()"
+    assert block("engine-args") == ENGINES["vllm"].allowlist().markdown(), \
+        "paste agent.engines.ENGINES['vllm'].allowlist().markdown()"
 
 
 def test_the_engine_environment_list_is_the_allowlist():

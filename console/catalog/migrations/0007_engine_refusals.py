@@ -8,7 +8,8 @@ def read_refusals(apps, schema_editor):
     from django.conf import settings
 
     from agent.artifacts import ArtifactError, inspect_model_dir
-    from agent.artifacts.capability import model_shape, refusals
+    from agent.artifacts.capability import model_shape
+    from agent.engines import refusals
 
     Model = apps.get_model("catalog", "Model")
     for row in Model.objects.all():

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.engines.vllm.server import VllmServer
 from agent.serving import textpool
-from agent.vllm.server import VllmServer
 from agent.workers import processes
 from agent.workers.environment import child_environment
 from agent.workers.spec import WorkerSpec

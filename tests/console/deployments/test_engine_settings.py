@@ -3,7 +3,7 @@ stored), what a vllm replica reserves (vLLM's own memory, calibrated apart), and
 
 import pytest
 
-from agent.artifacts.estimate import VLLM_RUNTIME_BYTES
+from agent.engines.vllm import RUNTIME_BYTES as VLLM_RUNTIME_BYTES
 from console.control.desired import desired_rows_by_host
 from console.deployments.models import Deployment, Replica
 from console.fleet.models import Host

@@ -4,9 +4,9 @@ reservation, LoRA sized for its adapters, and only the flags a deployment may se
 import pytest
 
 from agent.artifacts import ArtifactError
-from agent.artifacts.estimate import VLLM_RUNTIME_BYTES
+from agent.engines.vllm import RUNTIME_BYTES as VLLM_RUNTIME_BYTES
+from agent.engines.vllm.launch import GIB, launch, lora_rank
 from agent.protocol import DesiredAdapter, DesiredReplica
-from agent.vllm.launch import GIB, launch, lora_rank
 from tests.adapter_files import write_adapter
 
 

@@ -1,19 +1,19 @@
 """A desired replica as vLLM's command line and environment (daemon side, pure apart from reading adapter
-headers). The worker adds the port and the key (agent.vllm.server)."""
+headers). The worker adds the port and the key (server.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from agent.artifacts import ArtifactError
 from agent.artifacts.adapters import read_adapter_dir
-from agent.artifacts.adapters import vllm_lora_rank as lora_rank  # the ranks vLLM takes, shared with the console
-from agent.artifacts.estimate import VLLM_RUNTIME_BYTES
+from agent.engines.base import Launch
+from agent.engines.vllm import GIB, RUNTIME_BYTES, lora_rank
+from agent.engines.vllm.settings import ALLOWLIST
 from agent.protocol import DesiredReplica
-from agent.protocol.engine_args import engine_args_problem
+from agent.protocol.engine_args import EngineArgsError, parse_engine_args
 
-GIB = 1 << 30
-CPU_RUNTIME_BYTES = VLLM_RUNTIME_BYTES["cpu"]
+__all__ = ["GIB", "Launch", "launch", "lora_rank"]
+
+CPU_RUNTIME_BYTES = RUNTIME_BYTES["cpu"]
 MIN_LORA_SLOTS = 4  # device slots when the placement names no pool budget: adapters added later find room
 MAX_LORA_SLOTS = 64  # vLLM preallocates every slot's weights on the device
 MAX_HOST_LORA_SLOTS = 512
@@ -23,14 +23,6 @@ MIN_GPU_FRACTION = 0.02
 # vLLM's one bound on a grammar's compile: a request's regex that takes longer fails (agent.serving.request_bounds
 # bounds the rest). Set here, not left to an environment the agent was started with.
 REGEX_COMPILE_TIMEOUT_S = 5
-
-
-@dataclass(frozen=True)
-class Launch:
-    """How to start one replica's vLLM server: argv after the interpreter, and the environment it adds."""
-
-    args: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]
 
 
 def launch(replica: DesiredReplica, device: str, weights_bytes: int, gpu_total_bytes: int = 0,
@@ -59,9 +51,10 @@ def launch(replica: DesiredReplica, device: str, weights_bytes: int, gpu_total_b
         args += ["--enable-sleep-mode", "--gpu-memory-utilization",
                  f"{gpu_fraction(replica.reserved_bytes, gpu_total_bytes):.4f}"]
     args += lora_args(replica)
-    problem = engine_args_problem(replica.engine_args, gpus=len(replica.gpus) or None)
-    if problem:
-        raise ArtifactError(problem)
+    try:
+        parse_engine_args(list(replica.engine_args), ALLOWLIST, gpus=len(replica.gpus) or None)
+    except EngineArgsError as e:
+        raise ArtifactError(str(e)) from None
     args += replica.engine_args
     return Launch(tuple(args), tuple(sorted(env.items())))
 

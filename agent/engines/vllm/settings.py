@@ -1,6 +1,6 @@
 """The vLLM flags a deployment may set, with what each takes: types and choices as vLLM 0.32's own parser has
 them (its parser's choices, its parsers' registries, its config classes' literals), and ranges that keep a replica
-startable on one host. tests/agent/protocol/test_engine_args_vllm.py runs vLLM's real parser over samples to keep
+startable on one host. tests/agent/engines/vllm/test_settings_parser.py runs vLLM's real parser over samples to keep
 this table inside what vLLM takes.
 
 Nothing here names a file or module vLLM would import or run: no plugin flags (`--tool-parser-plugin`,
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent.protocol.engine_args import Allowlist
 from agent.protocol.engine_args.kinds import (
     Choice,
     Float,
@@ -146,6 +147,9 @@ GONE = ("--disable-log-requests", "--swap-space", "--max-seq-len-to-capture", "-
 
 # Flags whose product is the GPUs one replica spans.
 PARALLEL_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size")
-# A switch and its --no- form set one thing: one of them at most (each maps to the other).
-OPPOSITES = {name: "--no-" + name[2:] for name in SWITCHES if "--no-" + name[2:] in SWITCHES}
-OPPOSITES |= {off: on for on, off in OPPOSITES.items()}
+
+ALLOWLIST = Allowlist(
+    switches=SWITCHES, valued=VALUED, parallel_flags=PARALLEL_FLAGS, max_gpus=MAX_GPUS_PER_REPLICA,
+    refused={flag: "it names a file, module or code that vLLM would load as the agent's user" for flag in IMPORTS_CODE}
+    | {flag: "vLLM 0.32 no longer has it, and its parser refuses it at every start" for flag in GONE},
+)

@@ -3,7 +3,8 @@
 import json
 
 from agent.artifacts import inspect_model_dir
-from agent.artifacts.capability import model_shape, refusal, refusals, sleeps_on
+from agent.artifacts.capability import model_shape
+from agent.engines import refusal, refusals, sleeps_on
 from tests.conftest import write_model_dir
 
 

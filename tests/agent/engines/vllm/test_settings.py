@@ -4,14 +4,13 @@ pipeline parallelism equal to the replica's GPUs; each refusal names the argumen
 
 import pytest
 
-from agent.protocol.engine_args import (
-    MAX_ENGINE_ARGS,
-    EngineArgsError,
-    allowlist_markdown,
-    engine_args_problem,
-    parse_engine_args,
-)
-from agent.protocol.engine_args.vllm import SWITCHES, VALUED
+from agent.engines import ENGINES
+from agent.engines.vllm.settings import ALLOWLIST, SWITCHES, VALUED
+from agent.protocol.engine_args import MAX_ENGINE_ARGS, EngineArgsError
+
+parse_engine_args = ENGINES["vllm"].parse_settings
+engine_args_problem = ENGINES["vllm"].settings_problem
+allowlist_markdown = ALLOWLIST.markdown
 
 # tests/e2e/test_vllm.py's flags: a real deployment's, which must stay taken.
 E2E_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--structured-outputs-config",

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.protocol.engine_args import engine_args_problem
-from agent.protocol.engine_args.kinds import Choice, Float, Int, JsonObject, ModelDir
-from agent.protocol.engine_args.vllm import (
+from agent.engines import ENGINES
+from agent.engines.vllm.settings import (
     KV_CACHE_DTYPES,
     QUANTIZATIONS,
     REASONING_PARSERS,
@@ -27,7 +26,9 @@ from agent.protocol.engine_args.vllm import (
     TOOL_CALL_PARSERS,
     VALUED,
 )
+from agent.protocol.engine_args.kinds import Choice, Float, Int, JsonObject, ModelDir
 
+engine_args_problem = ENGINES["vllm"].settings_problem
 VLLM_PYTHON = os.environ.get("MODELGRID_VLLM_PYTHON", "")
 pytestmark = [
     pytest.mark.skipif(not VLLM_PYTHON or not Path(VLLM_PYTHON).exists(),
@@ -35,7 +36,7 @@ pytestmark = [
     pytest.mark.skipif(os.environ.get("DATABASE_URL", "").startswith("postgres"),
                        reason="runs once, in the SQLite pass: vLLM's parser does not depend on the database"),
 ]
-# What agent.vllm.launch puts before a deployment's flags (the worker adds the port).
+# What agent.engines.vllm.launch puts before a deployment's flags (the worker adds the port).
 BASE = ["--model", "/models/llama", "--served-model-name", "chat", "--host", "127.0.0.1", "--dtype", "float32",
         "--disable-uvicorn-access-log", "--max-model-len", "512", "--port", "8000"]
 JSON_SAMPLES = {

@@ -8,7 +8,7 @@ API. Requests never pass through here: the agent relays them to the port (agent.
 vLLM runs in a session of its own, killed with its worker (a SIGTERM handler, and the kernel's parent-death
 signal when the worker is killed outright). Its output goes to the replica's log; the exception lines of its
 tracebacks and its last lines are kept: when it exits on its own, the worker reports the replica failed with the
-line that says why (agent.vllm.tracebacks; its last lines where it printed none), and exits too.
+line that says why (tracebacks.py; its last lines where it printed none), and exits too.
 
 Before it reports ready, one warm-up request: a model vLLM starts but cannot run (heads its CPU attention has no
 kernel for) fails there, before ready, instead of at a client's first request.
@@ -36,7 +36,7 @@ from typing import Any
 
 import psutil
 
-from agent.vllm.tracebacks import Tracebacks
+from agent.engines.vllm.tracebacks import Tracebacks
 from agent.workers.environment import child_environment
 from agent.workers.spec import WorkerSpec
 

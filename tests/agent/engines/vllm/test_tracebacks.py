@@ -1,6 +1,6 @@
 """The line of vLLM's output that says why it failed."""
 
-from agent.vllm.tracebacks import Tracebacks
+from agent.engines.vllm.tracebacks import Tracebacks
 
 
 def fed(text: str) -> Tracebacks:

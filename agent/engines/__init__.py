@@ -1,0 +1,106 @@
+"""The engines, by name: the one place that lists them. Each is a package under agent/engines/ whose __init__ is
+its description (a base.Engine): torch-free, Django-free and free of I/O at import, so the console asks it too.
+
+A new engine is a package here and one line in ENGINES.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+from agent.engines.base import Engine, Launch, Program
+from agent.engines.torch import TorchEngine
+from agent.engines.vllm import VllmEngine
+from agent.protocol import BUILTIN_ENGINE
+from agent.protocol.engine_args import EngineSettings
+
+__all__ = ["AUTO", "AUTO_LABEL", "BUILTIN", "ENGINES", "Engine", "Launch", "Program", "auto_engine", "available",
+           "choices", "for_engine", "get", "parse_settings", "refusal", "refusals", "sleeps_on"]
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (TorchEngine(), VllmEngine())}
+BUILTIN: Engine = ENGINES[BUILTIN_ENGINE]  # runs a replica sent without an engine; what "auto" falls back to
+AUTO = "auto"  # a deployment's choice that lets the console pick per host (auto_engine)
+AUTO_LABEL = "auto (vLLM for a causal LM where a host runs it, else torch)"
+_DEVICES = ("cpu", "cuda")
+
+
+def get(name: str | None) -> Engine:
+    """The engine named `name`; the built-in one for None or "" (a replica sent without one). KeyError otherwise."""
+    return ENGINES[name] if name else BUILTIN
+
+
+def choices() -> list[tuple[str, str]]:
+    """A deployment's engine choices, (value, label): auto, then every engine."""
+    return [(AUTO, AUTO), *((e.name, e.label) for e in ENGINES.values())]
+
+
+def parse_settings(engine: str, args: list[str], gpus: int | None = None) -> EngineSettings:
+    """A deployment's engine arguments checked against its engine's allowlist; for "auto", and an engine that takes
+    none, against those of the engines that take some (auto may pick them). EngineArgsError naming the first at
+    fault."""
+    found = ENGINES.get(engine)
+    if found is not None and found.allowlist() is not None:
+        return found.parse_settings(args, gpus)
+    taken = EngineSettings()
+    for other in ENGINES.values():
+        if other.allowlist() is not None:
+            taken = other.parse_settings(args, gpus)
+    return taken
+
+
+def refusal(engine: str, shape, device) -> str:
+    """Why `engine` cannot run a model of `shape` on `device`; "" when it can (or when no engine is so named: its
+    start is then the judge)."""
+    found = ENGINES.get(engine)
+    return found.refusal(shape, device) if found is not None else ""
+
+
+def refusals(shape) -> dict[str, dict[str, str]]:
+    """Every refusal for a model of `shape`, by engine and device kind ({"vllm": {"cpu": "..."}}); only those that
+    refuse are named, so {} means every engine runs it everywhere."""
+    out: dict[str, dict[str, str]] = {}
+    for name, engine in ENGINES.items():
+        found = {device: why for device in _DEVICES if (why := engine.refusal(shape, device))}
+        if found:
+            out[name] = found
+    return out
+
+
+def sleeps_on(engine: str, device) -> bool:
+    """Whether a replica of `engine` can sleep on `device` (an engine not known here: as the built-in one)."""
+    return ENGINES.get(engine, BUILTIN).sleeps_on(device)
+
+
+def for_engine(est, engine: str):
+    """The artifact estimate `est` for a replica run by `engine` (its runtime's own memory added); `est` itself for
+    "auto" and the built-in engine."""
+    found = ENGINES.get(engine)
+    return found.estimate(est) if found is not None else est
+
+
+def auto_engine(host_engines, task: str, real_gpus: bool, refused: dict[str, dict[str, str]] | None = None) -> str:
+    """The engine "auto" runs on a host that runs `host_engines`: the first that auto picks for the model's `task`
+    on that host and that does not refuse it on CUDA; else the built-in one."""
+    for engine in ENGINES.values():
+        if (engine.name in host_engines and engine.picked_by_auto(task, real_gpus)
+                and not ((refused or {}).get(engine.name) or {}).get("cuda")):
+            return engine.name
+    return BUILTIN.name
+
+
+def available(programs: Mapping[str, str | None]) -> list[tuple[str, str]]:
+    """(name, version) of every engine this host runs: `programs` are what the agent was told each engine's program
+    is. Blocking, once per engine and program (an engine's program may be asked): call it off the event loop the
+    first time."""
+    found = []
+    for engine in ENGINES.values():
+        version = _version(engine.name, programs.get(engine.name))
+        if version:
+            found.append((engine.name, version[:50]))
+    return found
+
+
+@functools.cache
+def _version(name: str, program: str | None) -> str:
+    return ENGINES[name].version(program)
