@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 VERSION_TIMEOUT = 30.0
-_VERSION = re.compile(r"version: (\S+(?: \([0-9a-f]+\))?)")
+_VERSION = re.compile(r"version: (.+)")
 
 
 class LlamacppEngine(Engine):

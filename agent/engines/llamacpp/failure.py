@@ -22,7 +22,7 @@ _CAUSES = (
     re.compile(r"^(?:[\w:]+: )?(?P<why>.*(?:unknown model architecture|unsupported|not supported).*)", re.IGNORECASE),
 )
 # Lines that only say that something failed, never why.
-_WRAPPERS = ("failed to load model", "exiting due to model loading error", "error loading model\n")
+_WRAPPERS = ("failed to load model", "exiting due to model loading error")
 
 
 def failure_reason(lines: list[str]) -> str:
