@@ -35,6 +35,7 @@ class LlamacppEngine(Engine):
     label = "llama.cpp"
     passes_openai_bodies = True
     relays_metrics = True
+    seq_caps_context = True  # its seq is --ctx-size, which its slots share: one request may take all of it
     program = Program("--llama-server", "MODELGRID_LLAMA_SERVER",
                       "the llama.cpp server binary (`make llamacpp` builds one): this agent then runs the llamacpp "
                       "engine for deployments of GGUF files (default: $MODELGRID_LLAMA_SERVER; none: not run)")
