@@ -1,0 +1,90 @@
+"""llama.cpp's server as a replica's engine: GGUF files, quantized or not, on CPUs (and GPUs with a CUDA build).
+
+A llama.cpp replica's worker (agent.workers.process) starts the `llama-server` binary the operator names
+(`--llama-server`; `make llamacpp` builds one) on a loopback port with a key of its own (server.py), and the
+agent's serving passes /v1 bodies through to it. launch.py turns a desired replica into its command line,
+settings.py is what a deployment may add to it, gguf_file.py reads a file's header torch-free (what the console
+registers and this engine's check judges), estimate.py sizes a replica from it, failure.py finds the line of its
+log that says why it failed. This module is the description: nothing of them is imported until asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from agent.artifacts.capability import Device, ModelShape
+from agent.engines.base import Engine, Launch, Program
+
+if TYPE_CHECKING:
+    from agent.protocol import DesiredReplica
+    from agent.protocol.engine_args import Allowlist
+    from agent.workers.spec import WorkerSpec
+
+log = logging.getLogger(__name__)
+
+VERSION_TIMEOUT = 30.0
+_VERSION = re.compile(r"version: (.+)")
+
+
+class LlamacppEngine(Engine):
+    name = "llamacpp"
+    label = "llama.cpp"
+    passes_openai_bodies = True
+    relays_metrics = True
+    seq_caps_context = True  # its seq is --ctx-size, which its slots share: one request may take all of it
+    program = Program("--llama-server", "MODELGRID_LLAMA_SERVER",
+                      "the llama.cpp server binary (`make llamacpp` builds one): this agent then runs the llamacpp "
+                      "engine for deployments of GGUF files (default: $MODELGRID_LLAMA_SERVER; none: not run)")
+
+    def refusal(self, shape: ModelShape, device: Device) -> str:
+        from agent.engines.llamacpp.check import refusal
+
+        return refusal(shape)
+
+    def sleeps_on(self, device: Device) -> bool:
+        return False  # no sleep mode: its replicas are stopped
+
+    def allowlist(self) -> Allowlist:
+        from agent.engines.llamacpp.settings import ALLOWLIST
+
+        return ALLOWLIST
+
+    def version(self, program: str | None) -> str:
+        """`program --version`'s version ("" and a warning saying why where it does not run)."""
+        if not program:
+            return ""
+        try:
+            done = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.warning("no llamacpp engine: cannot run %s (%s)", program, e)
+            return ""
+        found = _VERSION.search(done.stdout + done.stderr)
+        if done.returncode or not found:
+            log.warning("no llamacpp engine: %s printed no version (%s)", program,
+                        (done.stdout + done.stderr).strip()[-200:] or f"exit code {done.returncode}")
+            return ""
+        return found.group(1)
+
+    def start_fields(self, spec: WorkerSpec, replica: DesiredReplica) -> dict[str, tuple[object, object]]:
+        # It takes its flags when it starts.
+        return {"engine arguments": (spec.engine_flags, tuple(replica.engine_args))}
+
+    def command(self, replica: DesiredReplica, device: str, weights_bytes: int, gpu_total_bytes: int = 0,
+                threads: int | None = None) -> Launch:
+        from agent.engines.llamacpp.launch import launch
+
+        return launch(replica, device, threads)
+
+    def loader(self) -> ModuleType:
+        from agent.engines.llamacpp import server
+
+        return server
+
+    def failure_reason(self, lines: list[str]) -> str:
+        from agent.engines.llamacpp.failure import failure_reason
+
+        return failure_reason(lines)
