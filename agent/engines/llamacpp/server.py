@@ -13,13 +13,11 @@ log; when it exits on its own, the worker reports the replica failed with the li
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +31,7 @@ from typing import Any
 import psutil
 
 from agent.engines.llamacpp.failure import failure_reason
+from agent.engines.process import die_with_parent, exit_text, free_port, stop_on_sigterm
 from agent.workers.environment import child_environment
 from agent.workers.spec import WorkerSpec
 
@@ -78,7 +77,7 @@ class LlamaServer:
         log.info("starting llama-server: %s", " ".join(argv))
         self.process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                        preexec_fn=_die_with_parent)
+                                        preexec_fn=die_with_parent)
         self._reader = threading.Thread(target=self._read_output, name="modelgrid-llamacpp-log", daemon=True)
         self._reader.start()
 
@@ -221,7 +220,7 @@ def load(spec: WorkerSpec, progress: Callable[[int, int], Any] | None = None, ar
     weights = int(getattr(artifact, "weights_bytes", 0) or 0)
     started = time.monotonic()
     server = LlamaServer(spec)
-    _stop_on_sigterm(server)
+    stop_on_sigterm(server)
     server.start()
     try:
         server.wait_healthy()
@@ -251,41 +250,3 @@ def _no_adapters() -> dict[str, Any]:
     return {"adapters": [], "totals": {"hits": 0, "misses": 0, "evictions": 0, "adapters": 0}}
 
 
-def _stop_on_sigterm(server: LlamaServer) -> None:
-    """The agent stops a worker with SIGTERM: its llama-server goes first."""
-    def stop(_signum: int, _frame: Any) -> None:
-        server.stop()
-        os._exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-
-
-def _libc_prctl() -> Any:
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux
-        return None
-
-
-# Resolved here, not in the child: between fork and exec only async-signal-safe work is safe (the worker has threads).
-_PRCTL = _libc_prctl()
-
-
-def _die_with_parent() -> None:
-    """In llama-server's process before it runs: the kernel kills it when its worker dies, even by SIGKILL."""
-    if _PRCTL is not None:
-        _PRCTL(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-
-
-def free_port() -> int:
-    """A loopback port free now (llama-server binds it a moment later; a clash fails its start, which is retried)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def exit_text(code: int | None) -> str:
-    if code is not None and code < 0:
-        with contextlib.suppress(ValueError):
-            return f"was killed by signal {signal.Signals(-code).name}"
-    return f"exited with code {code}"
