@@ -21,8 +21,7 @@ from tests.e2e.test_consoles import console, consoles_env, link_agent, services_
 pytestmark = [pytest.mark.e2e, pytest.mark.db_stack]
 
 RPM = 12
-TPM = 8
-PROMPT = "the cat sat on the mat and looked at the dog"  # more tokens than TPM alone
+PROMPT = "the cat sat on the mat and looked at the dog"
 INFER = {"inputs": [{"name": "input_ids", "shape": [1, 3], "datatype": "INT64", "data": [1, 5, 9]}]}
 
 
@@ -82,16 +81,16 @@ def test_two_consoles_count_a_tokens_rpm_and_a_teams_tpm_and_quota_together(tiny
         assert 1 <= int(refusal.headers["retry-after"]) <= 60
         assert f"may make {RPM} requests per minute (its rpm_limit)" in refusal.json()["error"]
 
-        # The team's tokens per minute: a completion through the first console uses them.
-        assert api.patch("/teams/default", json={"tpm_limit": TPM}).status_code == 200
+        # The team's tokens per minute: a completion through the first console uses them, then a limit of what it
+        # used is spent (set after it: admission would refuse a limit below its reservation, the body's bytes).
         early_in_a_minute()
         with first.gateway() as one, second.gateway() as two:
             done = one.post("/v1/completions", json={"model": "chat", "prompt": PROMPT, "max_tokens": 4})
             assert done.status_code == 200, done.text
             used = done.json()["usage"]["total_tokens"]
-            assert used >= TPM
+            assert api.patch("/teams/default", json={"tpm_limit": used}).status_code == 200
             _, refusal = refused_by(two, "the second console to refuse the team's TPM")
-            assert f"team 'default' may use {TPM} tokens per minute (its tpm_limit)" in refusal.json()["error"]
+            assert f"team 'default' may use {used} tokens per minute (its tpm_limit)" in refusal.json()["error"]
             refused_by(one, "the first console to refuse the team's TPM")
 
             # The team's daily quota: no more than what that completion used so far today.
