@@ -12,7 +12,7 @@ REDIS_URL_TEST ?= redis://127.0.0.1:6379/0
 # Each pass runs the tests that start no `manage.py up` on TEST_WORKERS processes (pytest-xdist, a file per worker),
 # then the end-to-end tests, which start consoles, agents and engines, one at a time.
 TEST_WORKERS ?= 2
-ENGINES = MODELGRID_VLLM_PYTHON=$(VLLM_PYTHON) MODELGRID_LLAMA_SERVER=$(LLAMA_SERVER)
+ENGINES = MODELGRID_VLLM_PYTHON=$(VLLM_PYTHON)
 PASS1 = env -u DATABASE_URL -u REDIS_URL $(ENGINES) $(BIN)/python -m pytest
 PASS2 = DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS_URL_TEST) $(ENGINES) $(BIN)/python -m pytest -m db_stack
 
@@ -27,20 +27,7 @@ ifneq ($(wildcard $(VLLM_STAMP)),)
 export MODELGRID_VLLM_PYTHON ?= $(VLLM_PYTHON)
 endif
 
-# llama.cpp's server, built once from the llama.cpp that llama-cpp-python's source release vendors (no package ships
-# a llama-server binary for this machine), into a cache outside the clone keyed by that release: later runs and fresh
-# clones reuse it. `make llamacpp` makes it; the agent runs the llamacpp engine with it (MODELGRID_LLAMA_SERVER).
-LLAMACPP_VERSION ?= 0.3.36
-LLAMACPP_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/modelgrid/llama.cpp-$(LLAMACPP_VERSION)
-LLAMA_SERVER := $(LLAMACPP_CACHE)/llama-server
-LLAMACPP_STAMP := $(LLAMACPP_CACHE)/.built
-LLAMACPP_CMAKE := -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-	-DBUILD_SHARED_LIBS=OFF
-ifneq ($(wildcard $(LLAMACPP_STAMP)),)
-export MODELGRID_LLAMA_SERVER ?= $(LLAMA_SERVER)
-endif
-
-.PHONY: run test install lint browser vllm llamacpp
+.PHONY: run test install lint browser vllm
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -59,19 +46,6 @@ $(VLLM_STAMP):
 
 vllm: $(VLLM_STAMP)
 
-# Built in a temporary directory and moved into place, so an interrupted build never leaves a binary that reads built.
-$(LLAMACPP_STAMP): | $(STAMP)
-	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && set -e && \
-	$(BIN)/pip download -q --disable-pip-version-check --no-deps --no-binary llama-cpp-python -d "$$tmp" \
-		llama-cpp-python==$(LLAMACPP_VERSION) && \
-	tar -xzf "$$tmp/llama_cpp_python-$(LLAMACPP_VERSION).tar.gz" -C "$$tmp" && \
-	cmake -S "$$tmp/llama_cpp_python-$(LLAMACPP_VERSION)/vendor/llama.cpp" -B "$$tmp/build" $(LLAMACPP_CMAKE) && \
-	cmake --build "$$tmp/build" --target llama-server -j2 && \
-	mkdir -p "$(LLAMACPP_CACHE)" && cp "$$tmp/build/bin/llama-server" "$(LLAMA_SERVER).part" && \
-	mv "$(LLAMA_SERVER).part" "$(LLAMA_SERVER)" && touch "$(LLAMACPP_STAMP)"
-
-llamacpp: $(LLAMACPP_STAMP)
-
 run: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m agent demo-models var/models
 	$(BIN)/python manage.py up --host $(HOST) --port $(PORT) --gpus $(GPUS)
@@ -82,7 +56,7 @@ browser:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: $(STAMP) $(VLLM_STAMP) $(LLAMACPP_STAMP) browser
+test: $(STAMP) $(VLLM_STAMP) browser
 	$(BIN)/ruff check .
 	@echo "== pass 1: everything, on SQLite with the in-memory channel layer =="
 	$(PASS1) -n $(TEST_WORKERS) --dist loadfile --ignore=tests/e2e

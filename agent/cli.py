@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     for engine in engines.ENGINES.values():  # an engine that runs a program of its own is told where it is
         if engine.program is not None:
             run.add_argument(engine.program.flag, dest=f"program_{engine.name}", metavar="PATH",
-                             default=os.environ.get(engine.program.env) or None, help=engine.program.help)
+                             default=os.environ.get(engine.program.env) or engine.program.default,
+                             help=engine.program.help)
     run.add_argument("--state-dir", default=None, metavar="DIR",
                      help="where replica workers wait for the next agent when this one stops or crashes: their "
                      "sockets and this agent's key (default: $MODELGRID_DATA_DIR/agents/NAME when that is set, else "

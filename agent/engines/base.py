@@ -26,11 +26,13 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Program:
     """What an engine that runs a program of its own needs told on the agent's command line (the interpreter
-    of a vLLM environment, a server binary): the flag, the environment variable that defaults it, and a help line."""
+    of a vLLM environment): the flag, the environment variable that defaults it, a help line, and the default
+    where that is unset (None: the engine is not run)."""
 
     flag: str
     env: str
     help: str
+    default: str | None = None
 
 
 @dataclass(frozen=True)

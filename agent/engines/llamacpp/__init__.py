@@ -1,8 +1,9 @@
 """llama.cpp's server as a replica's engine: GGUF files, quantized or not, on CPUs (and GPUs with a CUDA build).
 
-A llama.cpp replica's worker (agent.workers.process) starts the `llama-server` binary the operator names
-(`--llama-server`; `make llamacpp` builds one) on a loopback port with a key of its own (server.py), and the
-agent's serving passes /v1 bodies through to it. launch.py turns a desired replica into its command line,
+A llama.cpp replica's worker (agent.workers.process) starts llama.cpp's server, as xllamacpp's prebuilt wheel holds
+it, in the interpreter the operator names (`--llama-python`; by default the agent's own where it has xllamacpp) on
+a loopback port with a key of its own (server.py, host.py), and the agent's serving passes /v1 bodies through to
+it. launch.py turns a desired replica into llama-server's command line, which host.py reads,
 settings.py is what a deployment may add to it, gguf_file.py reads a file's header torch-free (what the console
 registers and this engine's check judges), estimate.py sizes a replica from it, failure.py finds the line of its
 log that says why it failed. This module is the description: nothing of them is imported until asked.
@@ -10,9 +11,10 @@ log that says why it failed. This module is the description: nothing of them is 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
-import re
 import subprocess
+import sys
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 VERSION_TIMEOUT = 30.0
-_VERSION = re.compile(r"version: (.+)")
+_VERSION = "import xllamacpp; print(xllamacpp.__version__)"
 
 
 class LlamacppEngine(Engine):
@@ -36,9 +38,11 @@ class LlamacppEngine(Engine):
     passes_openai_bodies = True
     relays_metrics = True
     seq_caps_context = True  # its seq is --ctx-size, which its slots share: one request may take all of it
-    program = Program("--llama-server", "MODELGRID_LLAMA_SERVER",
-                      "the llama.cpp server binary (`make llamacpp` builds one): this agent then runs the llamacpp "
-                      "engine for deployments of GGUF files (default: $MODELGRID_LLAMA_SERVER; none: not run)")
+    program = Program("--llama-python", "MODELGRID_LLAMA_PYTHON",
+                      "an interpreter with xllamacpp (llama.cpp's server; a CUDA wheel's on GPU hosts): this agent "
+                      "then runs the llamacpp engine for deployments of GGUF files (default: $MODELGRID_LLAMA_PYTHON, "
+                      "else this agent's own where it has xllamacpp)",
+                      sys.executable if importlib.util.find_spec("xllamacpp") else None)
 
     def refusal(self, shape: ModelShape, device: Device) -> str:
         from agent.engines.llamacpp.check import refusal
@@ -54,20 +58,19 @@ class LlamacppEngine(Engine):
         return ALLOWLIST
 
     def version(self, program: str | None) -> str:
-        """`program --version`'s version ("" and a warning saying why where it does not run)."""
+        """The version of xllamacpp in `program` ("" and a warning saying why where it has none)."""
         if not program:
             return ""
         try:
-            done = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT)
+            done = subprocess.run([program, "-c", _VERSION], capture_output=True, text=True, timeout=VERSION_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired) as e:
             log.warning("no llamacpp engine: cannot run %s (%s)", program, e)
             return ""
-        found = _VERSION.search(done.stdout + done.stderr)
-        if done.returncode or not found:
-            log.warning("no llamacpp engine: %s printed no version (%s)", program,
-                        (done.stdout + done.stderr).strip()[-200:] or f"exit code {done.returncode}")
+        if done.returncode or not done.stdout.strip():
+            log.warning("no llamacpp engine: %s has no xllamacpp (%s)", program,
+                        done.stderr.strip()[-200:] or f"exit code {done.returncode}")
             return ""
-        return found.group(1)
+        return done.stdout.strip()
 
     def start_fields(self, spec: WorkerSpec, replica: DesiredReplica) -> dict[str, tuple[object, object]]:
         # It takes its flags when it starts.

@@ -1,7 +1,8 @@
 """One replica's llama-server, run by its worker process (agent.workers.process) in place of the built-in engine.
 
-`load()` starts llama.cpp's server binary on a free loopback port with a key of its own (LLAMA_API_KEY in its
-environment, never on its command line), waits for /health, and returns LlamacppModel: the worker's engine.
+`load()` starts llama.cpp's server (host.py, in the interpreter the agent names for this engine) on a free loopback
+port with a key of its own (LLAMA_API_KEY in its environment, never on its command line), waits for /health, and
+returns LlamacppModel: the worker's engine.
 Requests never pass through here: the agent relays OpenAI bodies to the port as they are (agent.serving.relay).
 
 llama-server has no sleep mode and takes no adapters at runtime: its replicas are stopped, not put to sleep, and a
@@ -26,6 +27,7 @@ import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -44,6 +46,7 @@ STOP_GRACE = 3.0
 TAIL_LINES = 200  # its load prints a line per metadata key; the cause comes near the end
 TOLD_LINES = 12  # of the tail, in a failure whose cause no line names
 OUTPUT_DRAIN_S = 2.0
+HOST = str(Path(__file__).with_name("host.py"))  # run as a script: the engine's interpreter need not hold ModelGrid
 
 
 class InputError(ValueError):
@@ -71,7 +74,7 @@ class LlamaServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        argv = [program(self.spec), *self.spec.engine_args, "--port", str(self.port)]
+        argv = [program(self.spec), HOST, *self.spec.engine_args, "--port", str(self.port)]
         # The allowlist (no LLAMA_ARG_* from the agent's environment: each would set a flag), then its own key.
         env = child_environment() | dict(self.spec.engine_env) | {"LLAMA_API_KEY": self.key}
         log.info("starting llama-server: %s", " ".join(argv))
@@ -234,8 +237,8 @@ def load(spec: WorkerSpec, progress: Callable[[int, int], Any] | None = None, ar
 
 
 def program(spec: WorkerSpec) -> str:
-    """The llama-server binary the agent was told of (the spec's program; else the one on PATH)."""
-    return spec.engine_python or "llama-server"
+    """The interpreter with xllamacpp the agent was told of (the spec's program; else this one)."""
+    return spec.engine_python or sys.executable
 
 
 def context_per_slot(server: LlamaServer) -> int:

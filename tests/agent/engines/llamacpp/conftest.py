@@ -1,17 +1,16 @@
-"""The tiny GGUF models these tests make themselves, and the llama-server binary they run (make llamacpp builds
-it; `make test` names it in MODELGRID_LLAMA_SERVER)."""
+"""The tiny GGUF models these tests make themselves, and the interpreter with xllamacpp that runs llama.cpp's
+server for them (the engine's default: this one, which requirements.txt gives xllamacpp)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-LLAMA_SERVER = os.environ.get("MODELGRID_LLAMA_SERVER", "")
-needs_server = pytest.mark.skipif(
-    not (LLAMA_SERVER and os.access(LLAMA_SERVER, os.X_OK)),
-    reason="no llama-server (make llamacpp, then MODELGRID_LLAMA_SERVER=~/.cache/modelgrid/llama.cpp-*/llama-server)")
+from agent.engines.llamacpp import LlamacppEngine
+
+LLAMA_PYTHON = LlamacppEngine.program.default or ""
+needs_server = pytest.mark.skipif(not LLAMA_PYTHON, reason="no xllamacpp here (make install gives it)")
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,7 @@ def test_it_refuses_an_encoder_and_a_projector():
 def test_it_never_sleeps_and_passes_openai_bodies_through():
     assert not ENGINE.sleeps_on("cpu") and not ENGINE.sleeps_on("cuda")
     assert ENGINE.passes_openai_bodies and ENGINE.relays_metrics and ENGINE.seq_caps_context and not ENGINE.in_worker
-    assert ENGINE.program is not None and ENGINE.program.env == "MODELGRID_LLAMA_SERVER"
+    assert ENGINE.program is not None and ENGINE.program.env == "MODELGRID_LLAMA_PYTHON"
 
 
 def test_it_has_no_version_without_a_program(tmp_path):

@@ -13,7 +13,7 @@ from agent.engines.llamacpp import LlamacppEngine, convert
 from agent.engines.llamacpp.server import EngineExited, LlamaServer, load
 from agent.workers.spec import WorkerSpec
 
-from .conftest import LLAMA_SERVER, needs_server
+from .conftest import LLAMA_PYTHON, needs_server
 
 pytestmark = needs_server
 ENGINE = LlamacppEngine()
@@ -26,7 +26,7 @@ def _spec(path, **changes) -> WorkerSpec:
                              reserved_bytes=1 << 30, seq=256, engine_args=["--parallel", "2"])
     started = ENGINE.command(replica, "cpu", 0, threads=1)
     return WorkerSpec(**({"replica_id": 1, "model_path": str(path), "task": "causal-lm", "deployment": "tiny",
-                          "engine": "llamacpp", "engine_python": LLAMA_SERVER, "engine_args": started.args,
+                          "engine": "llamacpp", "engine_python": LLAMA_PYTHON, "engine_args": started.args,
                           "engine_env": started.env} | changes))
 
 
@@ -57,8 +57,10 @@ def served(request, ggufs):
     model.server.stop()
 
 
-def test_it_reports_its_version_and_commit():
-    assert "commit" in ENGINE.version(LLAMA_SERVER)
+def test_it_reports_the_version_of_its_xllamacpp():
+    import xllamacpp
+
+    assert ENGINE.version(LLAMA_PYTHON) == xllamacpp.__version__
 
 
 def test_it_answers_completions_behind_its_key(served):
