@@ -10,7 +10,8 @@ GPUS ?= sim:2x24GiB
 PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 REDIS_URL_TEST ?= redis://127.0.0.1:6379/0
 # Each pass runs the tests that start no `manage.py up` on TEST_WORKERS processes (pytest-xdist, a file per worker),
-# then the end-to-end tests, which start consoles, agents and engines, one at a time.
+# then the end-to-end tests, which start consoles, agents and engines, one at a time. The second pass runs the tests
+# that touch the database, and the end-to-end tests marked db_stack: several consoles, chaos (tests/conftest.py).
 TEST_WORKERS ?= 2
 ENGINES = MODELGRID_VLLM_PYTHON=$(VLLM_PYTHON)
 PASS1 = env -u DATABASE_URL -u REDIS_URL $(ENGINES) $(BIN)/python -m pytest
@@ -61,6 +62,6 @@ test: $(STAMP) $(VLLM_STAMP) browser
 	@echo "== pass 1: everything, on SQLite with the in-memory channel layer =="
 	$(PASS1) -n $(TEST_WORKERS) --dist loadfile --ignore=tests/e2e
 	$(PASS1) tests/e2e
-	@echo "== pass 2: database, consumer and end-to-end tests on PostgreSQL with the Redis channel layer =="
+	@echo "== pass 2: database, consumer and scale-out end-to-end tests on PostgreSQL with the Redis channel layer =="
 	$(PASS2) -n $(TEST_WORKERS) --dist loadfile --ignore=tests/e2e
 	$(PASS2) tests/e2e

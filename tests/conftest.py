@@ -1,4 +1,5 @@
-"""Shared fixtures. Tests that touch the database are also run on PostgreSQL + Redis (db_stack)."""
+"""Shared fixtures. Tests that touch the database are also run on PostgreSQL + Redis (db_stack), as are the
+end-to-end tests that mark themselves so (several consoles, chaos); the others run once, on the one-box stack."""
 
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-E2E_DIR = Path(__file__).parent / "e2e"
-
 
 def pytest_collection_modifyitems(items):
-    # Database, consumer and end-to-end tests run a second time on PostgreSQL + Redis.
+    # Database and consumer tests run a second time on PostgreSQL + Redis.
     for item in items:
-        if item.get_closest_marker("django_db") or E2E_DIR in Path(item.fspath).parents:
+        if item.get_closest_marker("django_db"):
             item.add_marker(pytest.mark.db_stack)
 
 

@@ -5,8 +5,8 @@ unloaded, an abandoned stream cancelled in vLLM, a vLLM killed under its replica
 then started again), a model vLLM's CPU build cannot run refused when it is deployed, and two vLLM deployments
 sharing one simulated GPU in time with no failed request.
 
-vLLM takes about a minute to start on two cores, so one stack serves most of these. The engine behaves the same
-on either database: these run in the first pass only."""
+vLLM takes about a minute to start on two cores, so one stack serves most of these. They run in the first
+pass only, as every end-to-end test not marked db_stack does."""
 
 from __future__ import annotations
 
@@ -29,8 +29,6 @@ pytestmark = [
     pytest.mark.skipif(not (VLLM_PYTHON and Path(VLLM_PYTHON).exists()),
                        reason="no vLLM environment (make vllm, then MODELGRID_VLLM_PYTHON=.venv-vllm/bin/python)"),
     pytest.mark.timeout(900),  # each test may wait out a vLLM start or three on a loaded machine
-    pytest.mark.skipif(os.environ.get("DATABASE_URL", "").startswith("postgres"),
-                       reason="the engine behaves the same on either database: run in the first pass only"),
 ]
 START_S = 600  # vLLM's start on a loaded 2-core machine: a bound on what must happen, not a speed
 # A tool-call parser, and JSON without free whitespace (else random weights may pad an object until max_tokens).
