@@ -147,11 +147,12 @@ def _estimate(args: argparse.Namespace) -> int:
     """Print the estimate; bad input is exit status 2 with the error (file and field) on stderr."""
     import json
 
-    from agent.artifacts import ArtifactError, estimate
+    from agent import engines
+    from agent.artifacts import ArtifactError
     from agent.artifacts.report import format_estimate
 
-    try:
-        est = estimate(args.path, dtype=args.dtype, batch=args.batch, seq=args.seq, device=args.device)
+    try:  # by the engine that reads the path's format
+        est = engines.estimate_model(args.path, dtype=args.dtype, batch=args.batch, seq=args.seq, device=args.device)
     except ArtifactError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -22,8 +22,8 @@ import psutil
 
 from agent import engines
 from agent.artifacts import ArtifactError
-from agent.artifacts.capability import device_kind, model_shape
-from agent.artifacts.model_dir import CAUSAL_LM_SUFFIXES
+from agent.artifacts.capability import device_kind
+from agent.artifacts.model_dir import CAUSAL_LM_SUFFIXES, SAFETENSORS
 from agent.converge import Running, device_for, plan_convergence
 from agent.gpus import GpuBackend
 from agent.protocol import ENDED, LOADED, ON_DEVICE, DesiredReplica, DesiredState, GpuInfo
@@ -281,8 +281,8 @@ class Replicas:
         try:
             # Read torch-free before spawning: a bad directory fails in milliseconds, with a message
             # that names the file, instead of after a worker has imported torch.
-            artifact = (engine or engines.BUILTIN).inspect(replica.model_path)
-            if replica.dtype not in DTYPES:
+            artifact = engines.inspect(replica.model_path)  # by the engine that reads its format
+            if artifact.format == SAFETENSORS and replica.dtype not in DTYPES:  # another's file sets its own types
                 raise ArtifactError(f"dtype {replica.dtype!r} is not supported ({', '.join(DTYPES)})")
             running = {name for name, _ in engines.available(self.settings.engine_programs)}
             if engine is None or replica.engine not in running:
@@ -292,7 +292,7 @@ class Replicas:
             # then die at its first request (vLLM's CPU attention and narrow heads) is started at all.
             # From its config alone: this runs on the event loop, so the tokenizer (up to 16 MiB of JSON to parse) is
             # left to the console, which read it when the model was registered and refuses a deployment it rules out.
-            refused = engine.refusal(model_shape(artifact, tokenizer=False), device_kind(device))
+            refused = engines.refusal(replica.engine, engines.shape(artifact, tokenizer=False), device_kind(device))
             if refused:
                 raise ArtifactError(refused)
             spec = self._spec(replica, artifact.task, device, artifact.weights_bytes)

@@ -20,6 +20,9 @@ from agent.artifacts.weight_shapes import check_weights
 # Architectures (config.json "architectures") the worker knows how to serve, by task.
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 ENCODER_TYPES = ("bert", "roberta", "distilbert", "xlm-roberta", "mpnet", "electra")
+# The format of a model directory read here; an engine that reads another (agent.engines: Engine.model_format)
+# makes its artifacts itself.
+SAFETENSORS = "safetensors"
 
 
 @dataclass(frozen=True)
@@ -35,10 +38,16 @@ class ModelArtifact:
     # What the estimator needs beyond registration: the parsed config and every tensor header.
     config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     tensors: tuple[TensorInfo, ...] = field(default=(), compare=False, repr=False)
+    format: str = SAFETENSORS
 
     @property
     def servable(self) -> bool:
         return bool(self.task)
+
+    @property
+    def sources(self) -> tuple[Path, ...]:
+        """The files its facts were read from (a change to any is a change to the model)."""
+        return (self.path / "config.json", *self.files) if self.format == SAFETENSORS else self.files
 
 
 def servable_task(architecture: str, model_type: str) -> str:

@@ -14,7 +14,7 @@ from agent.artifacts.config import ModelConfig
 from agent.artifacts.model_dir import ModelArtifact
 
 # fact -> its words; the config keys families name it by, first found wins
-SHAPE_WORDS = {"architecture": "architecture", "task": "task", "hidden_size": "hidden size",
+SHAPE_WORDS = {"format": "format", "architecture": "architecture", "task": "task", "hidden_size": "hidden size",
                "vocab_size": "vocabulary size", "layers": "layers"}
 _KEYS = {"hidden_size": ("hidden_size", "n_embd", "dim", "d_model"), "vocab_size": ("vocab_size",),
          "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers")}
@@ -23,7 +23,7 @@ _KEYS = {"hidden_size": ("hidden_size", "n_embd", "dim", "d_model"), "vocab_size
 def serving_shape(artifact: ModelArtifact) -> dict[str, Any]:
     """The artifact's SHAPE_WORDS facts; a size its config does not state is None."""
     cfg = ModelConfig(artifact.config) if artifact.config.get("model_type") else None
-    shape: dict[str, Any] = {"architecture": artifact.architecture, "task": artifact.task}
+    shape: dict[str, Any] = {"format": artifact.format, "architecture": artifact.architecture, "task": artifact.task}
     for fact, keys in _KEYS.items():
         value = next((cfg.get(k) for k in keys if cfg is not None and cfg.get(k) is not None), None)
         shape[fact] = value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from pathlib import Path
 
+from agent.artifacts.files import Roots
+from agent.artifacts.model_dir import SAFETENSORS, ModelArtifact, model_path
 from agent.engines.base import Engine, Launch, Program
 from agent.engines.torch import TorchEngine
 from agent.engines.vllm import VllmEngine
@@ -16,7 +19,8 @@ from agent.protocol import BUILTIN_ENGINE
 from agent.protocol.engine_args import EngineSettings
 
 __all__ = ["AUTO", "AUTO_LABEL", "BUILTIN", "ENGINES", "Engine", "Launch", "Program", "auto_engine", "available",
-           "choices", "for_engine", "get", "parse_settings", "refusal", "refusals", "sleeps_on"]
+           "choices", "estimate_model", "for_engine", "format_refusal", "get", "inspect", "parse_settings", "reader",
+           "refusal", "refusals", "shape", "sleeps_on"]
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (TorchEngine(), VllmEngine())}
 BUILTIN: Engine = ENGINES[BUILTIN_ENGINE]  # runs a replica sent without an engine; what "auto" falls back to
@@ -49,18 +53,63 @@ def parse_settings(engine: str, args: list[str], gpus: int | None = None) -> Eng
     return taken
 
 
+def reader(path: str | Path, roots: Roots = None) -> Engine:
+    """The engine that reads the model at `path` (inside `roots` when given): the first that claims it as its own
+    format, else the built-in one (a safetensors directory). ArtifactError for a path outside the roots."""
+    where = model_path(path, roots, kind="any")
+    return next((e for e in ENGINES.values() if e.model_format != SAFETENSORS and e.claims(where)), BUILTIN)
+
+
+def inspect(path: str | Path, roots: Roots = None) -> ModelArtifact:
+    """The model at `path` as the engine that reads its format reads it (Engine.inspect)."""
+    return reader(path, roots).inspect(path, roots)
+
+
+def shape(artifact: ModelArtifact, roots: Roots = None, tokenizer: bool = True):
+    """The ModelShape of an inspected model, as the engines of its format read it (Engine.shape)."""
+    return next((e for e in ENGINES.values() if e.model_format == artifact.format), BUILTIN).shape(
+        artifact, roots, tokenizer)
+
+
+def estimate_model(source: str | Path | ModelArtifact, **options):
+    """The Estimate of the model at `source` (or inspected), by the engine that reads its format, before any
+    engine's runtime (for_engine adds that)."""
+    if isinstance(source, ModelArtifact):
+        engine = next((e for e in ENGINES.values() if e.model_format == source.format), BUILTIN)
+    else:
+        engine = reader(source, options.get("roots"))
+    return engine.estimate_model(source, **options)
+
+
+def format_refusal(engine: str, model_format: str | None) -> str:
+    """Why `engine` cannot run a model stored in `model_format` (None: safetensors); "" when it reads that
+    format, or when no engine is so named."""
+    found = ENGINES.get(engine)
+    model_format = model_format or SAFETENSORS
+    if found is None or found.model_format == model_format:
+        return ""
+    readers = [e.name for e in ENGINES.values() if e.model_format == model_format]
+    advice = f": deploy it with engine {' or '.join(readers)}" if readers else ""
+    return f"engine {engine} runs {found.model_format} models; this model is a {model_format} file{advice}"
+
+
 def refusal(engine: str, shape, device) -> str:
     """Why `engine` cannot run a model of `shape` on `device`; "" when it can (or when no engine is so named: its
     start is then the judge)."""
     found = ENGINES.get(engine)
-    return found.refusal(shape, device) if found is not None else ""
+    if found is None:
+        return ""
+    return format_refusal(engine, shape.format) or found.refusal(shape, device)
 
 
 def refusals(shape) -> dict[str, dict[str, str]]:
-    """Every refusal for a model of `shape`, by engine and device kind ({"vllm": {"cpu": "..."}}); only those that
-    refuse are named, so {} means every engine runs it everywhere."""
+    """Every capability check's refusal for a model of `shape`, by engine and device kind ({"vllm": {"cpu":
+    "..."}}), among the engines of its format (the others' are format_refusal's, read live); only those that refuse
+    are named, so {} means every engine of its format runs it everywhere."""
     out: dict[str, dict[str, str]] = {}
     for name, engine in ENGINES.items():
+        if engine.model_format != shape.format:
+            continue
         found = {device: why for device in _DEVICES if (why := engine.refusal(shape, device))}
         if found:
             out[name] = found
@@ -79,14 +128,18 @@ def for_engine(est, engine: str):
     return found.estimate(est) if found is not None else est
 
 
-def auto_engine(host_engines, task: str, real_gpus: bool, refused: dict[str, dict[str, str]] | None = None) -> str:
-    """The engine "auto" runs on a host that runs `host_engines`: the first that auto picks for the model's `task`
-    on that host and that does not refuse it on CUDA; else the built-in one."""
-    for engine in ENGINES.values():
+def auto_engine(host_engines, task: str, real_gpus: bool, refused: dict[str, dict[str, str]] | None = None,
+                model_format: str | None = None) -> str:
+    """The engine "auto" runs on a host that runs `host_engines`, for a model stored in `model_format` (None:
+    safetensors): the first of that format that auto picks for the model's `task` there and that does not refuse it
+    on CUDA; else the built-in one, or for another format the first engine that reads it."""
+    model_format = model_format or SAFETENSORS
+    readers = [e for e in ENGINES.values() if e.model_format == model_format]
+    for engine in readers:
         if (engine.name in host_engines and engine.picked_by_auto(task, real_gpus)
                 and not ((refused or {}).get(engine.name) or {}).get("cuda")):
             return engine.name
-    return BUILTIN.name
+    return BUILTIN.name if BUILTIN in readers or not readers else readers[0].name
 
 
 def available(programs: Mapping[str, str | None]) -> list[tuple[str, str]]:

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, ClassVar
+
+from agent.artifacts.model_dir import SAFETENSORS
 
 if TYPE_CHECKING:
     from agent.artifacts.capability import Device, ModelShape
     from agent.artifacts.estimate import Estimate
+    from agent.artifacts.files import Roots
     from agent.artifacts.model_dir import ModelArtifact
     from agent.protocol import DesiredReplica
     from agent.protocol.engine_args import Allowlist, EngineSettings
@@ -61,14 +65,37 @@ class Engine(ABC):
     seq_caps_context: ClassVar[bool] = False
     # The flag that names its program on the agent's command line; None: it needs none (the built-in engine).
     program: ClassVar[Program | None] = None
+    # The format of the models it runs: a directory of config.json and safetensors, or a format of its own, whose
+    # files it recognises (claims), reads (inspect, shape) and sizes (estimate_model) itself.
+    model_format: ClassVar[str] = SAFETENSORS
 
-    # --- what it can run (torch-free; the console asks at registration and deploy, the agent before a start)
-    def inspect(self, path: str) -> ModelArtifact:
+    # --- a model's files (torch-free; the console reads them at registration and sizing, the agent before a start)
+    def claims(self, path: Path) -> bool:
+        """Whether `path` (resolved inside the model roots) is a model in this engine's own format; never for the
+        safetensors directories every engine of that format reads."""
+        return False
+
+    def inspect(self, path: str | Path, roots: Roots = None) -> ModelArtifact:
         """A model's files as this engine reads them, no weights loaded: its task, architecture, config and weight
-        bytes (the agent's check before a start, and the worker's load). ArtifactError naming what is wrong."""
+        bytes (registration, the agent's check before a start, the worker's load). ArtifactError naming what is
+        wrong."""
         from agent.artifacts import inspect_model_dir
 
-        return inspect_model_dir(path)
+        return inspect_model_dir(path, roots)
+
+    def shape(self, artifact: ModelArtifact, roots: Roots = None, tokenizer: bool = True) -> ModelShape:
+        """What the capability checks read of a model inspected by this engine (its tokenizer too, unless not
+        `tokenizer`)."""
+        from agent.artifacts.capability import model_shape
+
+        return model_shape(artifact, roots, tokenizer)
+
+    def estimate_model(self, source: str | Path | ModelArtifact, **options) -> Estimate:
+        """The memory a replica of the model at `source` (or inspected) takes before this engine's own runtime
+        (agent.artifacts.estimate's options: dtype, batch, seq, device, adapter_pool_bytes, roots)."""
+        from agent.artifacts.estimate import estimate
+
+        return estimate(source, **options)
 
     @abstractmethod
     def refusal(self, shape: ModelShape, device: Device) -> str:

@@ -18,7 +18,7 @@ from agent.artifacts.adapters import CONFIG_NAME, WEIGHTS_NAME
 from agent.engines import ENGINES
 from console.accounts.teams import ALL, Teams, scoped
 from console.catalog.fingerprint import fingerprint
-from console.catalog.memory import deployment_estimates
+from console.catalog.memory import deployment_estimates, model_format
 from console.catalog.models import Adapter
 from console.catalog.names import is_name, validate_name
 from console.changes import begin_rollout, mark_stale, wake_scheduler
@@ -85,8 +85,8 @@ def _outgrown(dep, rank: int) -> str:
         return ""  # an engine whose replicas take any adapter as they run
     hosts = dict(Host.objects.filter(replicas__deployment=dep).distinct().values_list("pk", "engines"))
     real = set(Gpu.objects.filter(host_id__in=hosts, simulated=False).values_list("host_id", flat=True))
-    running = {engine_on(dep.engine, dep.model.architecture, engines or {}, pk in real, dep.model.engine_refusals)
-               for pk, engines in hosts.items()}
+    running = {engine_on(dep.engine, dep.model.architecture, engines or {}, pk in real, dep.model.engine_refusals,
+                         model_format(dep.model)) for pk, engines in hosts.items()}
     ranks = list(Adapter.objects.filter(deployment=dep).values_list("rank", flat=True))
     return next((why for name in sorted(running) if name in ENGINES
                  if (why := ENGINES[name].adapter_restart_reason(dep.name, ranks, rank))), "")

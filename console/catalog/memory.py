@@ -14,9 +14,11 @@ from pathlib import Path
 
 from django.conf import settings
 
-from agent.artifacts import ArtifactError, Estimate, canonical_dtype, estimate
-from agent.artifacts.config import read_config
+import agent.engines as engines
+from agent.artifacts import ArtifactError, Estimate, canonical_dtype
+from agent.artifacts.config import ModelConfig, read_config
 from agent.artifacts.dtypes import WORKER_DTYPES
+from agent.artifacts.model_dir import SAFETENSORS
 from agent.engines import for_engine
 from console.catalog.calibration import NONE, Correction, error_fraction
 from console.catalog.models import Calibration, DeviceKind, Model
@@ -52,7 +54,7 @@ def recent_estimate(path: str, dtype: str | None, batch: int, seq: int | None, d
               adapter_pool_bytes: int = 0) -> Estimate:
     """agent.artifacts.estimate under the model roots, an answer up to ESTIMATE_TTL_S old (see _recently). Only
     creating deployments and recording loads use it; registration and the scheduler read the files afresh."""
-    return _recently(("estimate", path, dtype, batch, seq, device, adapter_pool_bytes), lambda: estimate(
+    return _recently(("estimate", path, dtype, batch, seq, device, adapter_pool_bytes), lambda: engines.estimate_model(
         path, dtype=dtype, batch=batch, seq=seq, device=device, adapter_pool_bytes=adapter_pool_bytes,
         roots=settings.MODEL_ROOTS))
 
@@ -74,8 +76,8 @@ def estimate_path(
     try:
         if recent:
             return recent_estimate(path, dtype, batch, seq, device, adapter_pool_bytes)
-        return estimate(path, dtype=dtype, batch=batch, seq=seq, device=device, adapter_pool_bytes=adapter_pool_bytes,
-                        roots=settings.MODEL_ROOTS)
+        return engines.estimate_model(path, dtype=dtype, batch=batch, seq=seq, device=device,
+                                      adapter_pool_bytes=adapter_pool_bytes, roots=settings.MODEL_ROOTS)
     except ArtifactError as e:
         raise Invalid(str(e), field="path") from None
 
@@ -100,7 +102,9 @@ def model_positions(model: Model, recent: bool = False) -> int | None:
     """The positions a registered model's config declares (None: no fixed limit, or a vision model); with `recent`,
     an answer up to ESTIMATE_TTL_S old will do (creating deployments)."""
     def read() -> int | None:
-        return read_config(Path(model.path) / "config.json", settings.MODEL_ROOTS).positions()
+        if model_format(model) == SAFETENSORS:
+            return read_config(Path(model.path) / "config.json", settings.MODEL_ROOTS).positions()
+        return ModelConfig(engines.inspect(model.path, settings.MODEL_ROOTS).config, model.path).positions()
 
     try:
         return _recently(("positions", model.path), read) if recent else read()
@@ -108,8 +112,19 @@ def model_positions(model: Model, recent: bool = False) -> int | None:
         raise Invalid(str(e), field="model") from None
 
 
+def model_format(model: Model) -> str:
+    """The format of a registered model's files (rows registered before formats were told apart: safetensors)."""
+    return (model.shape or {}).get("format") or SAFETENSORS
+
+
 def serving_dtype(model: Model, dtype: str | None) -> str:
-    """The dtype a deployment of `model` serves in: as asked (torch name or short form), else as stored."""
+    """The dtype a deployment of `model` serves in: as asked (torch name or short form), else as stored. A model of
+    another format serves in the types its file stores (a quantized GGUF file's), and takes no other."""
+    if model_format(model) != SAFETENSORS:
+        if dtype and dtype.lower() != model.stored_dtype.lower():
+            raise Invalid(f"model {model.name!r} is a {model_format(model)} file stored as {model.stored_dtype}: "
+                          "it serves in that type (leave dtype empty)", field="dtype")
+        return model.stored_dtype
     try:
         name = canonical_dtype(dtype or model.stored_dtype)
     except ArtifactError as e:

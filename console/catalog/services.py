@@ -8,17 +8,9 @@ from pathlib import Path
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from agent.artifacts import (
-    ArtifactError,
-    ModelArtifact,
-    check_adapter_matches,
-    estimate_model,
-    inspect_model_dir,
-    read_adapter_dir,
-)
-from agent.artifacts.capability import model_shape
+import agent.engines as engines
+from agent.artifacts import ArtifactError, ModelArtifact, check_adapter_matches, read_adapter_dir
 from agent.artifacts.shape import serving_shape, shape_changes
-from agent.engines import refusals
 from console.accounts.models import Team
 from console.accounts.teams import ALL, Teams, scoped
 from console.bulk import update_values
@@ -111,10 +103,11 @@ def artifact_fields(path: str) -> dict:
 def read_artifact(path: str) -> tuple[ModelArtifact, dict]:
     """The model directory at `path` as read now, and the row fields it gives (artifact_fields)."""
     if not path:
-        raise Invalid("path is empty: give the directory that holds config.json and *.safetensors", field="path")
+        raise Invalid("path is empty: give the directory that holds config.json and *.safetensors (or a model file "
+                      "of an engine's own format, such as GGUF)", field="path")
     try:
-        artifact = inspect_model_dir(path, roots=settings.MODEL_ROOTS)
-        estimate = estimate_model(artifact)
+        artifact = engines.inspect(path, roots=settings.MODEL_ROOTS)  # by the engine that reads its format
+        estimate = engines.estimate_model(artifact, device="cuda")  # a replica on a GPU: stored dtype, batch 1
     except ArtifactError as e:
         raise Invalid(str(e), field="path") from None
     return artifact, {
@@ -122,8 +115,8 @@ def read_artifact(path: str) -> tuple[ModelArtifact, dict]:
         "task": artifact.task, "stored_dtype": artifact.stored_dtype, "parameters": artifact.parameters,
         "weights_bytes": artifact.weights_bytes, "estimate_bytes": estimate.total_bytes,
         "estimate": estimate.as_dict(), "shape": serving_shape(artifact),
-        "engine_refusals": refusals(model_shape(artifact, settings.MODEL_ROOTS)),
-        "fingerprint": fingerprint([artifact.path / "config.json", *artifact.files])}
+        "engine_refusals": engines.refusals(engines.shape(artifact, settings.MODEL_ROOTS)),
+        "fingerprint": fingerprint(artifact.sources)}
 
 
 def checked_edit(model: Model, artifact: ModelArtifact, read: dict, deployments) -> dict[int, dict]:
@@ -224,17 +217,26 @@ class StoreEntry:
 
 
 def model_store_entries() -> list[StoreEntry]:
-    """Every directory in the model store, with whether it is a usable, registered model."""
+    """Every directory in the model store, and every file an engine reads as a model of its own format, with
+    whether it is a usable, registered model."""
     store: Path = settings.MODEL_STORE
     if not store.is_dir():
         return []
     registered = {Path(m.path): m for m in Model.objects.all()}
     entries = []
-    for path in sorted(p for p in store.iterdir() if p.is_dir()):
+    for path in sorted(p for p in store.iterdir() if p.is_dir() or _own_format(p)):
         try:
-            artifact = inspect_model_dir(path, roots=settings.MODEL_ROOTS)
+            artifact = engines.inspect(path, roots=settings.MODEL_ROOTS)
             problem, weights, arch = "", artifact.weights_bytes, artifact.architecture
         except ArtifactError as e:
             problem, weights, arch = str(e), 0, ""
         entries.append(StoreEntry(path.name, path, registered.get(path.resolve()), problem, weights, arch))
     return entries
+
+
+def _own_format(path: Path) -> bool:
+    """Whether an engine claims the file at `path` as a model of its own format."""
+    try:
+        return path.is_file() and engines.reader(path, settings.MODEL_ROOTS) is not engines.BUILTIN
+    except ArtifactError:
+        return False

@@ -11,7 +11,8 @@ it starts one. `auto` is never refused: it picks the built-in engine where vLLM 
 from __future__ import annotations
 
 from agent.artifacts.capability import DEVICES
-from agent.engines import AUTO, BUILTIN
+from agent.engines import AUTO, BUILTIN, format_refusal
+from console.catalog.memory import model_format
 from console.catalog.models import Model
 from console.errors import Invalid
 from console.fleet.models import Gpu, Host
@@ -32,6 +33,8 @@ def engine_kinds(engine: str) -> frozenset[str]:
 def engine_refusal(model: Model, engine: str, kinds: frozenset[str] | None = None) -> str:
     """Why no host could run `model` on `engine`, in words a person can act on; "" when one could. `kinds`: the
     device kinds of the hosts that run it (read when not given)."""
+    if why := format_refusal(engine, model_format(model)):  # read now: a row may predate an engine of its format
+        return f"model {model.name!r} cannot run on engine {engine}: {why}"
     refused = (model.engine_refusals or {}).get(engine) or {}
     if engine == AUTO or not refused:
         return ""

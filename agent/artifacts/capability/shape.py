@@ -14,7 +14,7 @@ from pathlib import Path
 from agent.artifacts.config import ModelConfig
 from agent.artifacts.errors import ArtifactError
 from agent.artifacts.files import Roots, kind_of, read_json
-from agent.artifacts.model_dir import ModelArtifact
+from agent.artifacts.model_dir import SAFETENSORS, ModelArtifact
 
 # The config fields each family names its width and head count with.
 _WIDTH_AND_HEADS = {"gpt2": ("n_embd", "n_head"), "distilbert": ("dim", "n_heads")}
@@ -31,6 +31,7 @@ class ModelShape:
     head_dim: int | None = None  # per attention head
     vocab_size: int | None = None  # rows of its embedding, as config.json declares
     tokenizer_ids: int | None = None  # ids its tokenizer can produce (its highest id + 1)
+    format: str = SAFETENSORS  # of its files: an engine runs only models of its own (Engine.model_format)
 
 
 def model_shape(artifact: ModelArtifact, roots: Roots = None, tokenizer: bool = True) -> ModelShape:
@@ -39,7 +40,8 @@ def model_shape(artifact: ModelArtifact, roots: Roots = None, tokenizer: bool = 
     cfg = ModelConfig(artifact.config)
     return ModelShape(architecture=artifact.architecture, model_type=artifact.model_type, task=artifact.task,
                       stored_dtype=artifact.stored_dtype, head_dim=head_dim(cfg), vocab_size=_int(cfg, "vocab_size"),
-                      tokenizer_ids=tokenizer_ids(artifact.path, roots) if tokenizer else None)
+                      tokenizer_ids=tokenizer_ids(artifact.path, roots) if tokenizer else None,
+                      format=artifact.format)
 
 
 def head_dim(cfg: ModelConfig) -> int | None:

@@ -8,10 +8,10 @@ from tests.agent.artifacts.test_config_consistency import DISTILBERT, GPT2, LLAM
 def test_each_family_s_names_for_its_sizes_give_one_shape(tmp_path):
     shapes = {name: serving_shape(read_model_dir(write(tmp_path / name, config)))
               for name, config in (("llama", LLAMA), ("gpt2", GPT2), ("distilbert", DISTILBERT))}
-    assert shapes["llama"] == {"architecture": "LlamaForCausalLM", "task": "causal-lm", "hidden_size": 16,
-                               "vocab_size": 32, "layers": 1}
-    assert shapes["gpt2"] | {"architecture": ""} == {"architecture": "", "task": "causal-lm", "hidden_size": 16,
-                                                     "vocab_size": 32, "layers": 1}
+    assert shapes["llama"] == {"format": "safetensors", "architecture": "LlamaForCausalLM", "task": "causal-lm",
+                               "hidden_size": 16, "vocab_size": 32, "layers": 1}
+    assert shapes["gpt2"] | {"architecture": ""} == {"format": "safetensors", "architecture": "", "task": "causal-lm",
+                                                     "hidden_size": 16, "vocab_size": 32, "layers": 1}
     assert (shapes["distilbert"]["task"], shapes["distilbert"]["hidden_size"]) == ("encoder", 16)
 
 

@@ -135,8 +135,8 @@ def test_creating_deployments_of_one_model_reads_its_files_once_the_scheduler_re
     from console.catalog import memory
 
     reads = []
-    real = memory.estimate
-    monkeypatch.setattr(memory, "estimate", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    real = memory.engines.estimate_model
+    monkeypatch.setattr(memory.engines, "estimate_model", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
     monkeypatch.setattr(memory, "_kept", {})
     create_deployment("one", "tiny")
     per_create = len(reads)  # one read per device kind
