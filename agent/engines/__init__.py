@@ -13,19 +13,20 @@ from pathlib import Path
 from agent.artifacts.files import Roots
 from agent.artifacts.model_dir import SAFETENSORS, ModelArtifact, model_path
 from agent.engines.base import Engine, Launch, Program
+from agent.engines.llamacpp import LlamacppEngine
 from agent.engines.torch import TorchEngine
 from agent.engines.vllm import VllmEngine
 from agent.protocol import BUILTIN_ENGINE
-from agent.protocol.engine_args import EngineSettings
+from agent.protocol.engine_args import EngineArgsError, EngineSettings
 
 __all__ = ["AUTO", "AUTO_LABEL", "BUILTIN", "ENGINES", "Engine", "Launch", "Program", "auto_engine", "available",
            "choices", "estimate_model", "for_engine", "format_refusal", "get", "inspect", "parse_settings", "reader",
            "refusal", "refusals", "shape", "sleeps_on"]
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (TorchEngine(), VllmEngine())}
+ENGINES: dict[str, Engine] = {e.name: e for e in (TorchEngine(), VllmEngine(), LlamacppEngine())}
 BUILTIN: Engine = ENGINES[BUILTIN_ENGINE]  # runs a replica sent without an engine; what "auto" falls back to
 AUTO = "auto"  # a deployment's choice that lets the console pick per host (auto_engine)
-AUTO_LABEL = "auto (vLLM for a causal LM where a host runs it, else torch)"
+AUTO_LABEL = "auto (vLLM for a causal LM where a host runs it, else torch; llama.cpp for a GGUF file)"
 _DEVICES = ("cpu", "cuda")
 
 
@@ -41,16 +42,23 @@ def choices() -> list[tuple[str, str]]:
 
 def parse_settings(engine: str, args: list[str], gpus: int | None = None) -> EngineSettings:
     """A deployment's engine arguments checked against its engine's allowlist; for "auto", and an engine that takes
-    none, against those of the engines that take some (auto may pick them). EngineArgsError naming the first at
-    fault."""
+    none, taken whole by one of the engines that take some (auto may pick it; the engine that starts checks them
+    again against its own). EngineArgsError naming the first at fault, as the first such engine reads them."""
     found = ENGINES.get(engine)
     if found is not None and found.allowlist() is not None:
         return found.parse_settings(args, gpus)
-    taken = EngineSettings()
+    if not args:
+        return EngineSettings()
+    refused: EngineArgsError | None = None
     for other in ENGINES.values():
         if other.allowlist() is not None:
-            taken = other.parse_settings(args, gpus)
-    return taken
+            try:
+                return other.parse_settings(args, gpus)
+            except EngineArgsError as e:
+                refused = refused or e
+    if refused is not None:
+        raise refused
+    return EngineSettings()
 
 
 def reader(path: str | Path, roots: Roots = None) -> Engine:

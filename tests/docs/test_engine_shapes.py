@@ -8,6 +8,7 @@ from pathlib import Path
 
 from agent.artifacts.capability import DEVICES, ModelShape
 from agent.artifacts.dtypes import WORKER_DTYPES
+from agent.artifacts.model_dir import SAFETENSORS
 from agent.engines import ENGINES as CHECKS
 from agent.engines import refusal, sleeps_on
 
@@ -24,22 +25,26 @@ def table() -> dict[str, dict[str, str]]:
     return {row[0]: dict(zip(columns, row[1:], strict=True)) for row in rows[1:]}
 
 
-def shape(task="causal-lm", head_dim=64, vocab=1024, tokenizer_ids=1024) -> ModelShape:
-    return ModelShape("LlamaForCausalLM", "llama", task, "float32", head_dim, vocab, tokenizer_ids)
+def shape(task="causal-lm", head_dim=64, vocab=1024, tokenizer_ids=1024, model_format=SAFETENSORS) -> ModelShape:
+    """A sample model in `model_format`: a Llama directory, or a GGUF file of architecture llama."""
+    if model_format == SAFETENSORS:
+        return ModelShape("LlamaForCausalLM", "llama", task, "float32", head_dim, vocab, tokenizer_ids)
+    return ModelShape("llama", model_format, task, "Q4_0", head_dim, vocab, tokenizer_ids, format=model_format)
 
 
 def cells(engine: str, device: str) -> dict[str, str]:
-    """What the table should say of `engine` on `device`, from its check."""
+    """What the table should say of `engine` on `device`, from its check, on models of its format."""
+    own = CHECKS[engine].model_format
     tasks = [words for task, words in (("causal-lm", "causal LMs"), ("encoder", "encoders"))
-             if not refusal(engine, shape(task=task), device)]
-    widths = [w for w in WIDTHS if not refusal(engine, shape(head_dim=w), device)]
-    vocabulary = "any" if not refusal(engine, shape(tokenizer_ids=2048), device) else \
+             if not refusal(engine, shape(task=task, model_format=own), device)]
+    widths = [w for w in WIDTHS if not refusal(engine, shape(head_dim=w, model_format=own), device)]
+    vocabulary = "any" if not refusal(engine, shape(tokenizer_ids=2048, model_format=own), device) else \
         "covers every id of tokenizer.json"
     return {
         "tasks": ", ".join(tasks),
         "head_dim": "any" if len(widths) == len(WIDTHS) else ", ".join(map(str, widths)),
         "vocabulary": vocabulary,
-        "dtypes": ", ".join(WORKER_DTYPES),
+        "dtypes": ", ".join(WORKER_DTYPES) if own == SAFETENSORS else "as the file stores them",
         "sleep": "yes" if sleeps_on(engine, device) else "no: stopped instead",
     }
 

@@ -1,6 +1,6 @@
 """No doc names a flag that does not exist: every `--flag` in README.md and docs/ is one of ModelGrid's command
-lines (the agent's, manage.py's commands', the benchmarks'), a vLLM flag ModelGrid passes or allows, or a flag of
-another tool the docs show (listed below with the tool)."""
+lines (the agent's, manage.py's commands', the benchmarks'), an engine's flag ModelGrid passes or allows, or a flag
+of another tool the docs show (listed below with the tool)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ OTHERS = {
 
 
 def ours() -> set[str]:
-    """Every flag ModelGrid's own command lines declare (and --no-X for a BooleanOptionalAction), and the vLLM flags
-    its launcher passes or its allowlist takes."""
+    """Every flag ModelGrid's own command lines declare (and --no-X for a BooleanOptionalAction), and the engines'
+    flags their launchers pass or their allowlists take (in their packages, agent/engines/NAME/)."""
     found: set[str] = set()
     for path in [*ROOT.glob("agent/**/*.py"), *ROOT.glob("console/**/*.py"), *ROOT.glob("bench/**/*.py")]:
         text = path.read_text()
@@ -33,7 +33,7 @@ def ours() -> set[str]:
             found.add(flag)
             if "BooleanOptionalAction" in rest.split("add_argument(")[0]:
                 found.add("--no-" + flag[2:])
-        if path.parent.name in ("vllm", "engine_args"):
+        if path.parent.name == "engine_args" or path.parent.parent.name == "engines":
             found |= set(re.findall(r'"(--[a-z][a-z0-9-]*)"', text))
     return found
 

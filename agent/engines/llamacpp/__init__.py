@@ -15,13 +15,18 @@ import importlib.util
 import logging
 import subprocess
 import sys
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 from agent.artifacts.capability import Device, ModelShape
 from agent.engines.base import Engine, Launch, Program
+from agent.engines.llamacpp.gguf_file import GGUF
 
 if TYPE_CHECKING:
+    from agent.artifacts.estimate import Estimate
+    from agent.artifacts.files import Roots
+    from agent.artifacts.model_dir import ModelArtifact
     from agent.protocol import DesiredReplica
     from agent.protocol.engine_args import Allowlist
     from agent.workers.spec import WorkerSpec
@@ -43,6 +48,44 @@ class LlamacppEngine(Engine):
                       "then runs the llamacpp engine for deployments of GGUF files (default: $MODELGRID_LLAMA_PYTHON, "
                       "else this agent's own where it has xllamacpp)",
                       sys.executable if importlib.util.find_spec("xllamacpp") else None)
+    model_format = GGUF
+
+    def claims(self, path: Path) -> bool:
+        from agent.engines.llamacpp.gguf_file import is_gguf
+
+        return path.is_file() and is_gguf(path)
+
+    def inspect(self, path: str | Path, roots: Roots = None) -> ModelArtifact:
+        """The GGUF file's header as a model; ArtifactError where it is no model llama.cpp's server loads."""
+        from agent.artifacts import ArtifactError
+        from agent.artifacts.model_dir import model_path
+        from agent.engines.llamacpp.gguf_file import file_refusal, read_gguf
+
+        found = model_path(path, roots, kind="any")
+        facts = read_gguf(found)
+        if why := file_refusal(facts):
+            raise ArtifactError(why)
+        return facts.artifact(found.resolve())
+
+    def shape(self, artifact: ModelArtifact, roots: Roots = None, tokenizer: bool = True) -> ModelShape:
+        config = artifact.config
+        return ModelShape(architecture=artifact.architecture, model_type=GGUF, task=artifact.task,
+                          stored_dtype=artifact.stored_dtype, head_dim=config.get("head_dim"),
+                          vocab_size=config.get("vocab_size"), tokenizer_ids=config.get("vocab_size"), format=GGUF)
+
+    def estimate_model(self, source: str | Path | ModelArtifact, **options) -> Estimate:
+        """A replica's bytes from the file's header (estimate.py): its seq is its context; dtype and batch are the
+        file's and its slots'."""
+        from agent.artifacts.model_dir import ModelArtifact as Artifact
+        from agent.artifacts.model_dir import model_path
+        from agent.engines.llamacpp.estimate import estimate_gguf
+        from agent.engines.llamacpp.gguf_file import read_gguf
+
+        found = source.files[0] if isinstance(source, Artifact) else model_path(source, options.get("roots"), "any")
+        return estimate_gguf(read_gguf(found), options.get("seq"), options.get("device", "cuda"))
+
+    def picked_by_auto(self, task: str, real_gpus: bool) -> bool:
+        return task in ("causal-lm", "")  # the one engine of its format: auto runs its files with it
 
     def refusal(self, shape: ModelShape, device: Device) -> str:
         from agent.engines.llamacpp.check import refusal

@@ -1,9 +1,8 @@
 """A GGUF file's facts, read from its header alone (torch-free, no weights read): what it is, its sizes and its
 quantization, and why llama.cpp's server cannot run it where the file itself says so.
 
-gguf (the package) maps the file and parses its metadata and tensor table; the tensor data is never touched. Its
-version is pinned to the llama.cpp that `make llamacpp` builds, so the architectures and tensor types it knows are
-the server's.
+gguf (the package) maps the file and parses its metadata and tensor table; the tensor data is never touched. It is
+pinned beside xllamacpp, so the architectures and tensor types it knows are those of the server's llama.cpp.
 """
 
 from __future__ import annotations
@@ -15,8 +14,9 @@ from pathlib import Path
 
 from agent.artifacts.capability import ModelShape
 from agent.artifacts.errors import ArtifactError
+from agent.artifacts.model_dir import ModelArtifact
 
-# The ModelShape.model_type of a GGUF file: it has no config.json, and the other engines refuse it by this.
+# The format (Engine.model_format) and the model_type of a GGUF file: it has no config.json.
 GGUF = "gguf"
 MAGIC = b"GGUF"
 # Architectures that embed or encode rather than generate, and files that are only part of a model.
@@ -37,6 +37,7 @@ class GgufFacts:
     quantization: str  # the type most of its weight bytes are stored in ("Q8_0", "F16", "Q4_K", ...)
     tensor_types: dict[str, int] = field(default_factory=dict)  # type name -> tensors stored in it
     weights_bytes: int = 0  # every tensor's data
+    parameters: int = 0  # every tensor's elements
     context_length: int | None = None
     embedding_length: int | None = None
     block_count: int | None = None
@@ -75,7 +76,20 @@ class GgufFacts:
         """The file as the engines' capability checks read a model."""
         return ModelShape(architecture=self.architecture, model_type=GGUF, task=self.task,
                           stored_dtype=self.quantization, head_dim=self.head_dim,
-                          vocab_size=self.vocab_tokens or None, tokenizer_ids=self.vocab_tokens or None)
+                          vocab_size=self.vocab_tokens or None, tokenizer_ids=self.vocab_tokens or None, format=GGUF)
+
+    def artifact(self, path: Path) -> ModelArtifact:
+        """The file as registration and the agent read a model (`path`: where it was found, resolved). Its config
+        holds what it declares under config.json's names (sizes, positions), for the shape and the context."""
+        declared = {"hidden_size": self.embedding_length, "vocab_size": self.vocab_tokens or None,
+                    "num_hidden_layers": self.block_count, "num_attention_heads": self.head_count,
+                    "num_key_value_heads": self.head_count_kv, "head_dim": self.head_dim,
+                    "max_position_embeddings": self.context_length}
+        config = {"model_type": GGUF, "architectures": [self.architecture]} | {
+            k: v for k, v in declared.items() if v is not None}
+        return ModelArtifact(path=path, architecture=self.architecture, model_type=GGUF, task=self.task,
+                             stored_dtype=self.quantization, weights_bytes=self.weights_bytes,
+                             parameters=self.parameters, files=(path,), config=config, format=GGUF)
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -117,12 +131,13 @@ def read_gguf(path: str | Path) -> GgufFacts:
     for tensor in reader.tensors:
         by_type[tensor.tensor_type.name] += 1
         bytes_by_type[tensor.tensor_type.name] += int(tensor.n_bytes)
+    parameters = sum(int(tensor.n_elements) for tensor in reader.tensors)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     return GgufFacts(
         path=str(path), file_bytes=os.path.getsize(path), architecture=arch,
         kind=str(values.get("general.type") or "model"), name=str(values.get("general.name") or path.stem),
         quantization=_quantization(values.get("general.file_type"), bytes_by_type),
-        tensor_types=dict(by_type), weights_bytes=sum(bytes_by_type.values()),
+        tensor_types=dict(by_type), weights_bytes=sum(bytes_by_type.values()), parameters=parameters,
         context_length=number("context_length"), embedding_length=number("embedding_length"),
         block_count=number("block_count"), head_count=number("attention.head_count"),
         head_count_kv=number("attention.head_count_kv") or number("attention.head_count"),

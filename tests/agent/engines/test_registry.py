@@ -35,8 +35,11 @@ def test_auto_picks_an_engine_that_wants_the_model_and_does_not_refuse_it_else_t
 def test_settings_are_checked_against_the_engine_or_for_auto_against_those_that_take_some():
     assert parse_settings("vllm", ["--enforce-eager"]).values == {"--enforce-eager": True}
     assert parse_settings(AUTO, ["--enforce-eager"]).values == {"--enforce-eager": True}
+    assert parse_settings(AUTO, ["--ctx-size", "512"]).values == {"--ctx-size": 512}  # llama.cpp's, whole
     with pytest.raises(EngineArgsError, match="'--trust-remote-code' is not one"):
         parse_settings(AUTO, ["--trust-remote-code"])
+    with pytest.raises(EngineArgsError, match="'--ctx-size' is not one"):  # no engine takes the two together
+        parse_settings(AUTO, ["--enforce-eager", "--ctx-size", "512"])
     assert BUILTIN.settings_problem(["--enforce-eager"]) == f"engine {BUILTIN.name} takes no engine arguments"
 
 
