@@ -58,13 +58,13 @@ class Policy(BaseModel):
                                       description="dynamic batching: how long a request waits for others")
     standby: bool = Field(False, description="load its replicas but take no requests; turning it off serves "
                           "without a load gap")
-    engine: ENGINE_CHOICE = Field(engines.AUTO, description="what runs its replicas: the built-in torch engine, vLLM "
-                                  "(placed only on hosts that run it), or auto (vLLM for a causal LM on a host that "
-                                  "runs it, else torch)")
+    engine: ENGINE_CHOICE = Field(engines.AUTO, description=f"what runs its replicas: an engine (placed only on hosts "
+                                  f"that run it), or {engines.AUTO_LABEL}; docs/engines.md")
     engine_args: list[str] = Field(default_factory=list, max_length=MAX_ENGINE_ARGS,
-                                   description="flags for vLLM that tune how it serves this deployment, e.g. "
+                                   description="flags for its engine that tune how it serves this deployment, e.g. "
                                    "[\"--enable-auto-tool-choice\", \"--tool-call-parser\", \"hermes\"] "
-                                   "(docs/engines.md lists those taken); a change restarts its vLLM replicas")
+                                   "(docs/engines.md lists those each engine takes); a change restarts its replicas "
+                                   "whose engine takes them at start")
     idle_timeout_s: int = Field(300, ge=1, le=MAX_IDLE_TIMEOUT_S,
                                 description="scale to zero: with min_replicas 0, its replicas leave their GPUs after "
                                 "this many seconds without requests; the next request brings one back")

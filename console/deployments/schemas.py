@@ -133,9 +133,8 @@ class DeploymentOut(Schema):
     slo_latency_ms: int | None
     latency_critical: bool
     profile: str
-    engine: str = Field(description="auto, torch or vllm: what runs its replicas (auto: vLLM for a causal LM on a "
-                        "host that runs it, else torch)")
-    engine_args: list[str] = Field(description="its flags for vLLM")
+    engine: str = Field(description="what runs its replicas: an engine of docs/engines.md, or auto")
+    engine_args: list[str] = Field(description="its flags for its engine")
     traffic_rps: float
     observed_p95_ms: float | None
     violating: bool
