@@ -10,8 +10,10 @@ GPUS ?= sim:2x24GiB
 PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 REDIS_URL_TEST ?= redis://127.0.0.1:6379/0
 # Each pass runs the tests that start no `manage.py up` on TEST_WORKERS processes (pytest-xdist, a file per worker),
-# then the end-to-end tests, which start consoles, agents and engines, one at a time. The second pass runs the tests
-# that touch the database, and the end-to-end tests marked db_stack: several consoles, chaos (tests/conftest.py).
+# then the end-to-end tests, which start consoles, agents and engines: the first pass's a file per worker too (they
+# mostly wait on processes), the second's one at a time (they kill and restart the services they share). The second
+# pass runs the tests that touch the database, and the end-to-end tests marked db_stack: several consoles, chaos
+# (tests/conftest.py).
 TEST_WORKERS ?= 2
 ENGINES = MODELGRID_VLLM_PYTHON=$(VLLM_PYTHON)
 PASS1 = env -u DATABASE_URL -u REDIS_URL $(ENGINES) $(BIN)/python -m pytest
@@ -61,7 +63,7 @@ test: $(STAMP) $(VLLM_STAMP) browser
 	$(BIN)/ruff check .
 	@echo "== pass 1: everything, on SQLite with the in-memory channel layer =="
 	$(PASS1) -n $(TEST_WORKERS) --dist loadfile --ignore=tests/e2e
-	$(PASS1) tests/e2e
+	$(PASS1) -n $(TEST_WORKERS) --dist loadfile --durations=15 tests/e2e
 	@echo "== pass 2: database, consumer and scale-out end-to-end tests on PostgreSQL with the Redis channel layer =="
 	$(PASS2) -n $(TEST_WORKERS) --dist loadfile --ignore=tests/e2e
-	$(PASS2) tests/e2e
+	$(PASS2) --durations=10 tests/e2e
