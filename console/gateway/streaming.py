@@ -33,6 +33,7 @@ def stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_respo
     gw.outstanding[replica.id] = gw.outstanding.get(replica.id, 0) + 1  # the stream stays in flight
     events_stream = upstream_response.content_type == "text/event-stream"
     ended = False
+    whole: int | None = None  # how the answer ended, once its end went out: a client gone after that read it all
     if meter is not None:
         meter.streamed = events_stream
     for name in PASSED_HEADERS:
@@ -44,6 +45,8 @@ def stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_respo
         if ended:
             return
         ended = True
+        if status == CLIENT_CLOSED and whole is not None:
+            status = whole
         upstream_response.release()
         gw.outstanding[replica.id] -= 1
         if not gw.outstanding[replica.id]:
@@ -51,6 +54,7 @@ def stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_respo
         finish(status)
 
     async def events() -> AsyncIterator[bytes]:
+        nonlocal whole
         first = None
         count = 0
         tail = b""  # an answer of unknown length: its end, where its usage is
@@ -68,9 +72,11 @@ def stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_respo
                 if meter is not None and not (chunk := meter.events(chunk)):
                     continue
                 count += chunk.count(b"data:")
+                if b"data: [DONE]" in chunk:
+                    whole = BROKEN if meter is not None and meter.failed else upstream_response.status
                 yield chunk
             rest = meter.events(b"", last=True) if meter is not None and events_stream else b""
-            status = BROKEN if meter is not None and meter.failed else upstream_response.status
+            status = whole = BROKEN if meter is not None and meter.failed else upstream_response.status
             if rest:
                 yield rest
         except Broken as e:

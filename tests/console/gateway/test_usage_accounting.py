@@ -179,6 +179,42 @@ async def test_a_streams_reservation_is_settled_when_it_ends_and_when_it_never_b
                                                                "completion": 4}
 
 
+async def test_a_client_that_hangs_up_once_it_has_read_done_is_no_error_and_pays_what_the_engine_counted(scene):
+    import gc
+
+    from console.gateway.app import make_app
+
+    teams, _ = scene
+    await sync_to_async(Team.objects.filter(pk=teams.a.pk).update)(tpm_limit=10**6)
+    gateway = _gateway()
+    body = json.dumps({"model": "chat-a", "stream": True}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
+             "server": ("gw", 80), "client": ("127.0.0.1", 5000),
+             "headers": [(b"authorization", f"Bearer {teams.tokens['alice']}".encode()),
+                         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    messages, gone = [{"type": "http.request", "body": body, "more_body": False}], asyncio.Event()
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):  # the client closes as soon as it has [DONE], before the server's end of the body
+        if message["type"] == "http.response.body" and b"data: [DONE]" in message.get("body", b""):
+            gone.set()
+            await asyncio.sleep(5)  # (cancelled at once, as the server sees the disconnect)
+
+    await make_app(gateway)(scope, receive, send)
+    gc.collect()
+    assert not gateway.limiter.held
+    await gateway.flush()
+    await gateway.close()
+    assert await sync_to_async(_sums)(deployment="chat-a") == {"requests": 1, "errors": 0, "prompt": 6,
+                                                               "completion": 4}
+
+
 async def test_a_flush_cancelled_while_its_write_waits_for_a_thread_still_writes_what_it_took(scene, monkeypatch):
     from console.gateway import core
 
