@@ -137,23 +137,18 @@ async def test_a_routed_stream_is_counted_against_the_branch_that_served(scene):
                                                                "completion": 4}
 
 
-async def test_a_streams_reservation_is_settled_when_it_ends_and_when_it_never_began(scene):
+async def _stream_left_by_client(gateway, token: str, leaves) -> bytes:
+    """A streamed chat straight through the gateway's ASGI app, whose client disconnects at the first message it is
+    sent for which `leaves(message)` holds; its request body."""
     import gc
 
     from console.gateway.app import make_app
 
-    teams, _ = scene
-    await sync_to_async(Team.objects.filter(pk=teams.a.pk).update)(tpm_limit=10**6)
-    gateway = _gateway()
-    async with _client(gateway, teams.tokens["alice"]) as alice:
-        async with alice.stream("POST", "/v1/chat/completions", json={"model": "chat-a", "stream": True}) as r:
-            assert b"".join([c async for c in r.aiter_bytes()]).endswith(b"data: [DONE]\n\n")
-    assert not gateway.limiter.held  # settled: the engine's 10 tokens count
     body = json.dumps({"model": "chat-a", "stream": True}).encode()
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
              "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
              "server": ("gw", 80), "client": ("127.0.0.1", 5000),
-             "headers": [(b"authorization", f"Bearer {teams.tokens['alice']}".encode()),
+             "headers": [(b"authorization", f"Bearer {token}".encode()),
                          (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
     messages, gone = [{"type": "http.request", "body": body, "more_body": False}], asyncio.Event()
 
@@ -163,13 +158,27 @@ async def test_a_streams_reservation_is_settled_when_it_ends_and_when_it_never_b
         await gone.wait()
         return {"type": "http.disconnect"}
 
-    async def send(message):  # the client goes as the answer's headers go out: its stream is never read
-        if message["type"] == "http.response.start":
+    async def send(message):
+        if leaves(message):
             gone.set()
             await asyncio.sleep(5)  # (cancelled at once, as the server sees the disconnect)
 
     await make_app(gateway)(scope, receive, send)
     gc.collect()
+    return body
+
+
+async def test_a_streams_reservation_is_settled_when_it_ends_and_when_it_never_began(scene):
+    teams, _ = scene
+    await sync_to_async(Team.objects.filter(pk=teams.a.pk).update)(tpm_limit=10**6)
+    gateway = _gateway()
+    async with _client(gateway, teams.tokens["alice"]) as alice:
+        async with alice.stream("POST", "/v1/chat/completions", json={"model": "chat-a", "stream": True}) as r:
+            assert b"".join([c async for c in r.aiter_bytes()]).endswith(b"data: [DONE]\n\n")
+    assert not gateway.limiter.held  # settled: the engine's 10 tokens count
+    # The client goes as the answer's headers go out: its stream is never read.
+    body = await _stream_left_by_client(gateway, teams.tokens["alice"],
+                                        lambda message: message["type"] == "http.response.start")
     assert not gateway.limiter.held  # a stream never iterated still settles
     assert not gateway.outstanding  # ... and its replica's count of requests in flight drops
     await gateway.flush()
@@ -180,34 +189,12 @@ async def test_a_streams_reservation_is_settled_when_it_ends_and_when_it_never_b
 
 
 async def test_a_client_that_hangs_up_once_it_has_read_done_is_no_error_and_pays_what_the_engine_counted(scene):
-    import gc
-
-    from console.gateway.app import make_app
-
     teams, _ = scene
     await sync_to_async(Team.objects.filter(pk=teams.a.pk).update)(tpm_limit=10**6)
     gateway = _gateway()
-    body = json.dumps({"model": "chat-a", "stream": True}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
-             "server": ("gw", 80), "client": ("127.0.0.1", 5000),
-             "headers": [(b"authorization", f"Bearer {teams.tokens['alice']}".encode()),
-                         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
-    messages, gone = [{"type": "http.request", "body": body, "more_body": False}], asyncio.Event()
-
-    async def receive():
-        if messages:
-            return messages.pop(0)
-        await gone.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message):  # the client closes as soon as it has [DONE], before the server's end of the body
-        if message["type"] == "http.response.body" and b"data: [DONE]" in message.get("body", b""):
-            gone.set()
-            await asyncio.sleep(5)  # (cancelled at once, as the server sees the disconnect)
-
-    await make_app(gateway)(scope, receive, send)
-    gc.collect()
+    # The client closes as soon as it has [DONE], before the server's end of the body.
+    await _stream_left_by_client(gateway, teams.tokens["alice"], lambda message: (
+        message["type"] == "http.response.body" and b"data: [DONE]" in message.get("body", b"")))
     assert not gateway.limiter.held
     await gateway.flush()
     await gateway.close()
