@@ -73,19 +73,20 @@ def inspect(path: str | Path, roots: Roots = None) -> ModelArtifact:
     return reader(path, roots).inspect(path, roots)
 
 
+def _of_format(model_format: str) -> Engine:
+    """The first engine that reads models of `model_format` (the built-in one for safetensors)."""
+    return next((e for e in ENGINES.values() if e.model_format == model_format), BUILTIN)
+
+
 def shape(artifact: ModelArtifact, roots: Roots = None, tokenizer: bool = True):
     """The ModelShape of an inspected model, as the engines of its format read it (Engine.shape)."""
-    return next((e for e in ENGINES.values() if e.model_format == artifact.format), BUILTIN).shape(
-        artifact, roots, tokenizer)
+    return _of_format(artifact.format).shape(artifact, roots, tokenizer)
 
 
 def estimate_model(source: str | Path | ModelArtifact, **options):
     """The Estimate of the model at `source` (or inspected), by the engine that reads its format, before any
     engine's runtime (for_engine adds that)."""
-    if isinstance(source, ModelArtifact):
-        engine = next((e for e in ENGINES.values() if e.model_format == source.format), BUILTIN)
-    else:
-        engine = reader(source, options.get("roots"))
+    engine = _of_format(source.format) if isinstance(source, ModelArtifact) else reader(source, options.get("roots"))
     return engine.estimate_model(source, **options)
 
 

@@ -85,7 +85,7 @@ def _outgrown(dep, rank: int) -> str:
         return ""  # an engine whose replicas take any adapter as they run
     hosts = dict(Host.objects.filter(replicas__deployment=dep).distinct().values_list("pk", "engines"))
     real = set(Gpu.objects.filter(host_id__in=hosts, simulated=False).values_list("host_id", flat=True))
-    running = {engine_on(dep.engine, dep.model.architecture, engines or {}, pk in real, dep.model.engine_refusals,
+    running = {engine_on(dep.engine, dep.model.task, engines or {}, pk in real, dep.model.engine_refusals,
                          model_format(dep.model)) for pk, engines in hosts.items()}
     ranks = list(Adapter.objects.filter(deployment=dep).values_list("rank", flat=True))
     return next((why for name in sorted(running) if name in ENGINES

@@ -9,7 +9,6 @@ from django.db import connection
 from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 
-from agent.artifacts.model_dir import CAUSAL_LM_SUFFIXES
 from agent.engines import AUTO, BUILTIN, auto_engine
 from agent.protocol import DesiredReplica, DesiredState
 from console.bulk import JsonText, update_in_key_order, upsert_values
@@ -37,7 +36,7 @@ def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
     deployments = {pk: rest for pk, *rest in Deployment.objects.filter(on_hosts).distinct().order_by().values_list(
         "pk", "name", "model__path", "model__architecture", "dtype", "model__stored_dtype", "batch", "seq",
         "max_batch_size", "max_batch_delay_ms", "engine", "engine_args", "revision", "model__engine_refusals",
-        "model__shape")}
+        "model__shape", "model__task")}
     engines = dict(Host.objects.filter(pk__in=host_ids).values_list("pk", "engines"))
     with_gpus = set(Gpu.objects.filter(host_id__in=host_ids, simulated=False).values_list("host_id", flat=True))
     adapters: dict[int, list[tuple[str, str, bool, int]]] = {}
@@ -56,7 +55,7 @@ def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
         if dep_id not in deployments:  # deleted, with its replicas, since they were read: the delete marked the host
             continue
         (name, path, architecture, dtype, stored_dtype, batch, seq, max_batch_size, delay, engine, engine_args,
-         revision, refusals, shape) = deployments[dep_id]
+         revision, refusals, shape, task) = deployments[dep_id]
         row = {
             "id": pk, "deployment": name, "index": index, "model_path": path, "architecture": architecture,
             "gpus": sorted(gpus.get(pk, ())), "reserved_bytes": reserved, "state": state,
@@ -68,7 +67,7 @@ def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
                                if a["name"] in held["adapters"]]
         if revision:  # left out at 0, as the engine at its default: an agent from before revisions refuses it
             row["revision"] = revision
-        runs = engine_on(engine, architecture, engines.get(host_id) or {}, host_id in with_gpus, refusals,
+        runs = engine_on(engine, task, engines.get(host_id) or {}, host_id in with_gpus, refusals,
                          (shape or {}).get("format"))
         if runs != BUILTIN.name:  # the default, left out: an agent from before engines refuses fields it does not know
             row["engine"] = runs
@@ -78,15 +77,15 @@ def desired_rows_by_host(host_ids) -> dict[int, list[dict]]:
     return out
 
 
-def engine_on(engine: str, architecture: str, host_engines: dict, real_gpus: bool = True,
+def engine_on(engine: str, task: str, host_engines: dict, real_gpus: bool = True,
               refusals: dict | None = None, model_format: str | None = None) -> str:
     """What runs a replica of a deployment with this `engine` on a host running `host_engines`: as asked, or for
     "auto", the engine auto picks there (agent.engines.auto_engine: vLLM for a causal LM where the host runs it on
     real GPUs) unless its capability check refused the model there (`refusals`: its Model.engine_refusals), else
-    the built-in engine; for a model of another format (`model_format`), an engine that reads it."""
+    the built-in engine; for a model of another format (`model_format`), an engine that reads it. `task`: the
+    model's, as registered."""
     if engine != AUTO:
         return engine
-    task = "causal-lm" if architecture.endswith(CAUSAL_LM_SUFFIXES) else ""
     return auto_engine(host_engines, task, real_gpus, refusals, model_format)
 
 

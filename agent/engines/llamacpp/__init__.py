@@ -85,7 +85,7 @@ class LlamacppEngine(Engine):
         return estimate_gguf(read_gguf(found), options.get("seq"), options.get("device", "cuda"))
 
     def picked_by_auto(self, task: str, real_gpus: bool) -> bool:
-        return task in ("causal-lm", "")  # the one engine of its format: auto runs its files with it
+        return task == "causal-lm"  # the one engine of its format: auto runs the files it generates with on it
 
     def refusal(self, shape: ModelShape, device: Device) -> str:
         from agent.engines.llamacpp.check import refusal
