@@ -16,6 +16,9 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("django_db"):
             item.add_marker(pytest.mark.db_stack)
+    # Files that wait out engine starts go first: a file per worker (--dist loadfile) hands files out in this order,
+    # so the longest start while the others share the rest, instead of ending the run alone.
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 def write_model_dir(path: Path, *, hidden: int = 16, vocab: int = 32, layers: int = 1, arch="LlamaForCausalLM",

@@ -2,8 +2,8 @@
 official `openai` client at the console URL only: completions and chat with the model's template, streams,
 echo with logprobs, JSON-schema outputs, tools, /v1/responses, two LoRA adapters loaded at runtime and one
 unloaded, an abandoned stream cancelled in vLLM, a vLLM killed under its replica (failed with its last lines,
-then started again), a model vLLM's CPU build cannot run refused when it is deployed, and two vLLM deployments
-sharing one simulated GPU in time with no failed request.
+then started again), a model vLLM's CPU build cannot run refused when it is deployed.
+Two vLLM deployments sharing one GPU in time are in test_vllm_time_sharing.py, on a stack of their own.
 
 vLLM takes about a minute to start on two cores, so one stack serves most of these. They run in the first
 pass only, as every end-to-end test not marked db_stack does."""
@@ -15,47 +15,15 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from openai import OpenAI
 
-from tests.adapter_files import write_adapter
 from tests.e2e.stack import start, wait_for
+from tests.e2e.vllm import FLAGS, GATEWAY_ENV, START_S, VLLM_PYTHON, client, needs_vllm, serving
 
-VLLM_PYTHON = os.environ.get("MODELGRID_VLLM_PYTHON", "")
-pytestmark = [
-    pytest.mark.skipif(not (VLLM_PYTHON and Path(VLLM_PYTHON).exists()),
-                       reason="no vLLM environment (make vllm, then MODELGRID_VLLM_PYTHON=.venv-vllm/bin/python)"),
-    pytest.mark.timeout(900),  # each test may wait out a vLLM start or three on a loaded machine
-]
-START_S = 600  # vLLM's start on a loaded 2-core machine: a bound on what must happen, not a speed
-# A tool-call parser, and JSON without free whitespace (else random weights may pad an object until max_tokens).
-FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-         "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}']
-GATEWAY_ENV = {"MODELGRID_GATEWAY_QUEUE_WAIT_SECONDS": str(START_S)}  # requests wait out a cold vLLM start
-
-
-@pytest.fixture(scope="module")
-def llama64(tmp_path_factory):
-    """A tiny Llama with 64-wide attention heads (vLLM's CPU attention takes no narrower), and two adapters."""
-    from agent.workers.demo_models import build_tiny_llama_64
-
-    root = tmp_path_factory.mktemp("vllm-models")
-    model = build_tiny_llama_64(root / "llama64")
-    for i in (1, 2):
-        write_adapter(root / f"lora{i}", {f"model.layers.{n}.mlp.up_proj": (8, 128, 256) for n in range(2)}, seed=i)
-    return model
-
-
-def serving(api, name, fail_fast=True):
-    """Its replica once it serves; AssertionError with vLLM's reason as soon as one fails (it would be retried),
-    unless a failure is what the test caused."""
-    body = api.get(f"/deployments/{name}").json()
-    failed = [r for r in body.get("replicas", []) if r["state"] == "failed"]
-    assert not (fail_fast and failed), failed and failed[0]["observed_reason"]
-    return body["serving"] == "ready" and body["replicas"][0]
+pytestmark = needs_vllm
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +46,6 @@ def vllm_stack(llama64, tmp_path_factory):
     finally:
         stack.stop()
         drop_db()
-
-
-def client(stack) -> OpenAI:
-    return OpenAI(base_url=stack.url.rstrip("/") + "/v1", api_key=stack.token, timeout=START_S)
 
 
 def test_the_openai_client_gets_vllms_features_through_the_console(vllm_stack):
@@ -235,26 +199,3 @@ def test_a_model_vllms_cpu_build_cannot_run_is_refused_when_deployed_with_the_re
     assert r.status_code == 422 and "needs head_dim >= 32" in r.text
     assert api.delete("/deployments/tiny-torch").status_code == 204
     assert api.delete("/models/tiny-llama").status_code == 204
-
-
-def test_two_vllm_deployments_share_one_gpu_in_time_with_no_failed_request(llama64, tmp_path):
-    # Room for one vLLM replica (about 3 GiB reserved), not two: each request switches the GPU to its model.
-    stack, drop_db = start(tmp_path / "data", gpus="sim:1x4GiB", MODELGRID_VLLM_PYTHON=VLLM_PYTHON,
-                           MODELGRID_MIN_RESIDENCY_SECONDS="1", **GATEWAY_ENV)
-    try:
-        api = stack.api()
-        assert api.post("/models", json={"name": "llama64", "path": str(llama64)}).status_code == 201
-        for name in ("left", "right"):
-            r = api.post("/deployments", json={"name": name, "model": "llama64", "engine": "vllm",
-                                               "min_replicas": 0, "max_replicas": 1})
-            assert r.status_code == 201, r.text
-        openai = client(stack)
-        answers = [openai.completions.with_raw_response.create(model=name, prompt="hi", max_tokens=3)
-                   for name in ("left", "right", "left")]
-        assert [a.status_code for a in answers] == [200, 200, 200]
-        assert [a.headers["x-modelgrid-replica"] for a in answers] == ["left#0", "right#0", "left#0"]
-        # On CPU vLLM cannot sleep: the replica that made room was stopped, and said why.
-        assert any("vLLM cannot sleep on CPU" in line for line in stack.lines)
-    finally:
-        stack.stop()
-        drop_db()

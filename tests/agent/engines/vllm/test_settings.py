@@ -7,19 +7,17 @@ import pytest
 from agent.engines import ENGINES
 from agent.engines.vllm.settings import ALLOWLIST, SWITCHES, VALUED
 from agent.protocol.engine_args import MAX_ENGINE_ARGS, EngineArgsError
+from tests.e2e.vllm import FLAGS as E2E_FLAGS
 
 parse_engine_args = ENGINES["vllm"].parse_settings
 engine_args_problem = ENGINES["vllm"].settings_problem
 allowlist_markdown = ALLOWLIST.markdown
 
-# tests/e2e/test_vllm.py's flags: a real deployment's, which must stay taken.
-E2E_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--structured-outputs-config",
-             '{"backend": "xgrammar", "disable_any_whitespace": true}']
 
 
 @pytest.mark.parametrize("args, problem", [
     ([], None),
-    (E2E_FLAGS, None),
+    (E2E_FLAGS, None),  # the end-to-end tests' flags: a real deployment's, which must stay taken
     (["--enable-prefix-caching", "--quantization", "awq", "--seed=1"], None),
     (["--tool-call-parser"], "'--tool-call-parser' needs a value"),
     (["--tool-call-parser", "--enforce-eager"], "'--tool-call-parser' needs a value"),
