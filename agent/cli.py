@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import agent
@@ -108,6 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--orphan-timeout", default=DEFAULT_ORPHAN_TIMEOUT, type=_positive, metavar="SECONDS",
                      help="how long a worker left without an agent keeps its model and waits for the next one before "
                      f"it exits (default {DEFAULT_ORPHAN_TIMEOUT:g})")
+    # An endpoint picker of the operator's own (docs/inference.md, "Fronting replicas with an endpoint picker").
+    run.add_argument("--picker-token-file", default=None, metavar="PATH",
+                     help="a file holding a token the agent also accepts (as a bearer token) on /v1/models, "
+                     "/v1/completions, /v1/chat/completions and the picker's /msp/... metrics pages, for the "
+                     "gateway of an endpoint picker you run in front of the agents (default: none)")
+    run.add_argument("--picker-open-metrics", action="store_true",
+                     help="serve the picker's /msp/... metrics pages with no credentials at all, since a stock "
+                     "endpoint picker scrapes without any: only where the network lets nothing but the picker "
+                     "reach the agent's port (default: they need the gateway's secret or the picker token)")
 
     demo = commands.add_parser("demo-models", help="write the demo model directories (tiny-llama, tiny-bert, minilm)")
     demo.add_argument("directory")
@@ -199,7 +209,13 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         orphan_timeout=args.orphan_timeout,
         drain_timeout=args.drain_timeout,
         engine_programs={name: path for name in engines.ENGINES if (path := getattr(args, f"program_{name}", None))},
+        picker_token=_picker_token(parser, args.picker_token_file),
+        picker_open_metrics=args.picker_open_metrics,
     )
+    if config.picker_open_metrics:
+        logging.getLogger(__name__).warning(
+            "--picker-open-metrics: GET /msp/... answers without credentials on %s:%d (queue lengths, KV usage and "
+            "adapter names of the replicas here)", host, port)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         return runner.run(_serve(Agent(config, backend)))
 
@@ -243,6 +259,19 @@ async def _serve(daemon: Agent) -> int:
         logging.getLogger("agent").error("cannot serve inference: %s", e)
         return 1
     return 0
+
+
+def _picker_token(parser: argparse.ArgumentParser, path: str | None) -> str:
+    """The token in --picker-token-file ("" without one); a file that cannot be read or holds none is an error."""
+    if path is None:
+        return ""
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        parser.error(f"--picker-token-file: cannot read {path}: {e}")
+    if len(token) < 16:
+        parser.error(f"--picker-token-file: {path} must hold a token of 16 characters or more")
+    return token
 
 
 def _address(text: str) -> tuple[str, int]:

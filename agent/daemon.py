@@ -51,7 +51,7 @@ from agent.protocol.reports import Reporter
 from agent.replicas import DEFAULT_DRAIN_TIMEOUT, Replicas, ReplicaSettings
 from agent.restarts import RestartBackoff
 from agent.serving import make_app, start_server
-from agent.serving.auth import GatewayAuth
+from agent.serving.auth import GatewayAuth, PickerAccess
 from agent.serving.textpool import DEFAULT_TEXT_TIMEOUT, DEFAULT_TEXT_WORKERS, TextPool
 from agent.workers.generation_spec import DEFAULT_GENERATION_TIMEOUT
 from agent.workers.heartbeat import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
@@ -94,6 +94,10 @@ class AgentConfig:
     # What each engine that runs a program of its own runs here (an interpreter, a binary), by engine name: this
     # agent runs those engines (agent.engines: Engine.program).
     engine_programs: dict[str, str] = field(default_factory=dict)
+    # An endpoint picker of the operator's own (agent.serving.auth.PickerAccess): its token, and whether its
+    # metrics pages answer without one.
+    picker_token: str = field(default="", repr=False)
+    picker_open_metrics: bool = False
 
     def replica_settings(self) -> ReplicaSettings:
         """The fields of this config that are the replicas' (same names, same meaning)."""
@@ -165,7 +169,8 @@ class Agent:
             try:
                 app = make_app(self, metrics=self.metrics, auth=self.gateway,
                                generation_timeout=self.config.generation_timeout,
-                               text=TextPool(self.config.text_workers, self.config.text_timeout))
+                               text=TextPool(self.config.text_workers, self.config.text_timeout),
+                               picker=PickerAccess(self.config.picker_token, self.config.picker_open_metrics))
                 runner, port = await start_server(app, self.config.listen_host, self.config.listen_port)
             except BaseException:
                 await self._stop_mps()

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 import agent
 from agent.metrics import CONTENT_TYPE, Metrics, replica_snapshot
 from agent.protocol import MODEL_VERSION, TRITON_EXTENSIONS
-from agent.serving.auth import GatewayAuth, gateway_only
+from agent.serving.auth import GatewayAuth, PickerAccess, gateway_only
 from agent.serving.batching import BatchSettings
 from agent.serving.body import MAX_BODY_BYTES, parse_json, read_body, read_json
 from agent.serving.dispatch import (
@@ -42,6 +42,7 @@ from agent.serving.dispatch import (
 )
 from agent.serving.engine_metrics import engine_metrics
 from agent.serving.openai import add_openai_routes, openai_error, unserved_mark
+from agent.serving.picker import add_picker_routes
 from agent.serving.relay import SESSION
 from agent.serving.tensors import (
     ENCODE_CHUNK_VALUES,
@@ -87,19 +88,21 @@ def make_app(
     auth: GatewayAuth | None = None,
     generation_timeout: float | None = None,
     text: TextPool | None = None,
+    picker: PickerAccess | None = None,
 ) -> web.Application:
-    """The inference application over `source.handles()` (a Supervisor): v2, /v1 and /metrics.
-    `generation_timeout`: seconds a generation may run when the request names none (default 300).
+    """The inference application over `source.handles()` (a Supervisor): v2, /v1, /metrics and an endpoint
+    picker's /msp/... `generation_timeout`: seconds a generation may run when the request names none (default 300).
 
     Every route but GET /v2/health/live needs the secret held by `auth` (the Agent sets it from each
-    desired state); without one (the default: a GatewayAuth with no secret) they are all refused.
+    desired state); without one (the default: a GatewayAuth with no secret) they are all refused. `picker` lets
+    an operator's endpoint picker in besides (agent.serving.auth.PickerAccess; by default, nothing).
     `metrics` defaults to a private registry, so /metrics answers even when the daemon passes none. `text`
     tokenizes prompts and renders chat templates off the loop (a pool of its own by default).
     """
     auth = auth if auth is not None else GatewayAuth()
     app = web.Application(
         client_max_size=MAX_BODY_BYTES,  # for handlers that read with request.json(); read_json has its own
-        middlewares=[gateway_only(auth, _unauthorized), _json_errors]
+        middlewares=[gateway_only(auth, _unauthorized, picker), _json_errors]
     )
     app[GATEWAY] = auth
     app[SOURCE] = source
@@ -118,6 +121,7 @@ def make_app(
         app.router.add_post(f"{model}/infer", infer)
     app.router.add_post("/v2/repository/index", repository_index)
     app.router.add_get("/metrics", prometheus_metrics)
+    add_picker_routes(app)  # /msp/...: the Model Server Protocol's metrics, for an endpoint picker
     # OpenAI-style /v1/models, /v1/embeddings and /v1/completions, with their own error shape.
     add_openai_routes(app, generation_timeout or DEFAULT_GENERATION_TIMEOUT, text)
     return app

@@ -28,19 +28,20 @@ async def engine_metrics(session: aiohttp.ClientSession, handles: Iterable[Any])
     replicas = [h for h in handles if engine_of(h).relays_metrics and h.state == "ready" and "port" in h.info]
     if not replicas:
         return b""
-    texts = await asyncio.gather(*(_scrape(session, h) for h in replicas))
+    texts = await asyncio.gather(*(scrape(session, h) for h in replicas))
     scraped = [(h, text) for h, text in zip(replicas, texts, strict=True) if text]
     return await asyncio.to_thread(merge, scraped) if scraped else b""
 
 
-async def _scrape(session: aiohttp.ClientSession, handle: Any) -> str:
+async def scrape(session: aiohttp.ClientSession, handle: Any) -> str:
+    """One engine server's own /metrics page, read with its key ("" when it does not answer in time)."""
     url = f"http://127.0.0.1:{handle.info['port']}/metrics"
     try:
         async with asyncio.timeout(SCRAPE_TIMEOUT_S):
             async with session.get(url, headers={"Authorization": f"Bearer {handle.info['key']}"}) as response:
                 return await response.text() if response.status == 200 else ""
     except (TimeoutError, aiohttp.ClientError) as e:
-        log.info("replica %d: no vLLM metrics this scrape (%s)", handle.spec.replica_id, e or type(e).__name__)
+        log.info("replica %d: no engine metrics this scrape (%s)", handle.spec.replica_id, e or type(e).__name__)
         return ""
 
 

@@ -17,7 +17,7 @@ import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
@@ -193,7 +193,9 @@ class ContinuousBatcher:
     def stats(self) -> EngineStats:
         running = sum(len(b.sequences) for b in self._batches)
         kv = sum(b.kv_bytes() for b in self._batches) + sum(_cache_bytes(s.cache) for s in self._waiting if s.cache)
-        return EngineStats(running=running, waiting=len(self._waiting), kv_cache_bytes=kv)
+        return EngineStats(running=running, waiting=len(self._waiting), kv_cache_bytes=kv,
+                           running_adapters=_adapters(s for b in self._batches for s in b.sequences),
+                           waiting_adapters=_adapters(self._waiting))
 
     def step(self) -> StepOutput:
         """Prefill within the token budget, then one decoding step for every running sequence."""
@@ -432,3 +434,7 @@ def _cache_bytes(cache: object) -> int:
         for layer in getattr(cache, "layers", ())
         if getattr(layer, "keys", None) is not None and getattr(layer, "values", None) is not None
     )
+
+
+def _adapters(sequences: Iterable[_Sequence]) -> tuple[str, ...]:
+    return tuple(sorted({s.request.adapter for s in sequences if s.request.adapter is not None}))

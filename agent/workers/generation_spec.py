@@ -85,8 +85,12 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class EngineStats:
-    """The batcher's state after a step, for metrics: sequences decoding, sequences waiting, KV cache bytes."""
+    """The batcher's state after a step, for metrics: sequences decoding, sequences waiting, KV cache bytes, and
+    the LoRA adapters each group asked for (an endpoint picker's adapter affinity reads them: agent.msp)."""
 
     running: int = 0
     waiting: int = 0
     kv_cache_bytes: int = 0
+    # Last, with defaults: an adopted worker of an older version pickles none (by name), and reads as no adapters.
+    running_adapters: tuple[str, ...] = ()
+    waiting_adapters: tuple[str, ...] = ()

@@ -243,6 +243,11 @@ class WorkerHandle:
         totals = stats["totals"]
         self.info["adapters"] = {"hits": totals["hits"], "misses": totals["misses"],
                                  "evictions": totals["evictions"], "loaded": totals["adapters"]}
+        # A batch mixes only adapters on the device: as many as its tier holds of the largest it serves.
+        largest = max((a.nbytes for a in self.adapter_stats), default=0)
+        on_device = sum(1 for a in self.adapter_stats if a.tier == "gpu")
+        budget = totals.get("gpu_budget", 0)
+        self.info["max_loras"] = max(on_device, budget // largest if largest else 0)
         if "errors" in result:  # a change was applied: its refusals replace the last change's
             self.adapter_error = "; ".join(result["errors"])
             self.adapter_failures = dict(result.get("failures", {}))

@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel  # imported early on purpose: see LoadedModel
 
-from agent.artifacts import ModelArtifact, inspect_model_dir
+from agent.artifacts import ArtifactError, ModelArtifact, inspect_model_dir
+from agent.artifacts.config import ModelConfig
+from agent.artifacts.memory import kv_cache_elements
 from agent.workers import limits, loader
 from agent.workers.adapter_pool import AdapterPool
 from agent.workers.continuous import ContinuousBatcher
@@ -76,8 +78,22 @@ class LoadedModel:
         self.output_dim = self.vocab_size if spec.task == "causal-lm" else int(config.hidden_size)
 
     def describe(self) -> dict[str, int]:
-        """Facts the daemon shows in model metadata."""
-        return {"output_dim": self.output_dim, "vocab_size": self.vocab_size, "max_positions": self.max_positions}
+        """Facts the daemon shows in model metadata, and the KV share of its reservation (for its KV usage)."""
+        return {"output_dim": self.output_dim, "vocab_size": self.vocab_size, "max_positions": self.max_positions,
+                "kv_capacity_bytes": self.kv_capacity_bytes()}
+
+    def kv_capacity_bytes(self) -> int:
+        """The KV cache its reservation was estimated with: its declared batch of sequences at its declared length,
+        at its dtype (agent.artifacts.estimate's term). 0 when the model has no KV cache or the config is unread."""
+        if self.spec.task != "causal-lm" or self.artifact is None or not self.artifact.config:
+            return 0
+        batch, seq = warmup_shape(self.model.config, self.spec.task, self.spec.batch, self.spec.seq)
+        try:
+            elements, _ = kv_cache_elements(ModelConfig(self.artifact.config), batch, seq)
+        except ArtifactError as e:  # a config the estimator cannot size: no usage rather than a wrong one
+            log.info("KV capacity unknown: %s", e)
+            return 0
+        return elements * self.model.dtype.itemsize
 
     def measure(self) -> dict[str, Any]:
         """Warm up at the spec's shape and measure what this replica takes (Measurement fields)."""

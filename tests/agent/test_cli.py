@@ -63,6 +63,17 @@ def test_a_bad_name_is_refused_before_the_agent_connects(capsys, name, said):
     assert exited.value.code == 2 and f"argument --name: host name {name!r} is not valid: it has" in err and said in err
 
 
+def test_a_picker_token_file_must_be_readable_and_hold_a_long_enough_token(tmp_path):
+    short = tmp_path / "short"
+    short.write_text("abc\n")
+    code, output = finish(agent("run", "--console", "http://x", "--token", "t", "--gpus", "sim:1x1GiB",
+                                "--picker-token-file", str(short)))
+    assert code == 2 and f"--picker-token-file: {short} must hold a token of 16 characters or more" in output
+    code, output = finish(agent("run", "--console", "http://x", "--token", "t", "--gpus", "sim:1x1GiB",
+                                "--picker-token-file", str(tmp_path / "absent")))
+    assert code == 2 and "--picker-token-file: cannot read" in output
+
+
 def test_sizes_take_binary_and_decimal_units():
     from agent.cli import _size
 
@@ -94,6 +105,44 @@ def test_it_announces_its_endpoint_and_exits_cleanly_on_sigterm(tmp_path):
         # The default warm spare was started, and stopped with the agent.
         spares = [int(pid) for pid in re.findall(r"warm spare worker pid (\d+) started", output)]
         assert len(spares) == 1 and not psutil.pid_exists(spares[0]), output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_picker_access_reaches_the_inference_server_and_open_metrics_is_said_aloud(tmp_path):
+    import urllib.error
+    import urllib.request
+
+    token = tmp_path / "picker-token"
+    token.write_text("picker-token-for-cli-tests-0123\n")
+    proc = agent(
+        "run", "--console", "http://127.0.0.1:1", "--gpus", "sim:1x1GiB", "--name", "cli-picker", "--warm-workers",
+        "0", "--state-dir", str(tmp_path / "state"), "--picker-token-file", str(token), "--picker-open-metrics",
+        env_token="mg_agent_x",
+    )
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 90)
+        assert ready, "no output within 90 s"
+        base = proc.stdout.readline().strip().rsplit(" ", 1)[-1]
+
+        def status(path, auth=None):
+            headers = {"Authorization": f"Bearer {auth}"} if auth else {}
+            try:
+                with urllib.request.urlopen(urllib.request.Request(base + path, headers=headers), timeout=10) as r:
+                    return r.status
+            except urllib.error.HTTPError as e:
+                return e.code
+
+        assert status("/msp/chat/metrics") == 503  # let in (no replica of chat here), not refused
+        assert status("/v1/models") == 401
+        assert status("/v1/models", "picker-token-for-cli-tests-0123") == 200
+        assert status("/metrics", "picker-token-for-cli-tests-0123") == 401
+        proc.send_signal(signal.SIGTERM)
+        code, output = finish(proc)
+        assert code == 0, output
+        assert "--picker-open-metrics: GET /msp/... answers without credentials" in output
     finally:
         if proc.poll() is None:
             proc.kill()

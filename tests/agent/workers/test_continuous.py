@@ -207,6 +207,20 @@ def test_the_kv_cache_is_counted_while_sequences_run_and_freed_after(model):
     assert engine.stats().kv_cache_bytes == 0
 
 
+def test_its_stats_name_the_adapters_running_and_waiting(model):
+    engine = batcher(model, max_running=2)
+    for i, adapter in enumerate(("fr", None, "de")):
+        engine.submit(i, GenerationRequest(PROMPTS[i], 5, temperature=0, adapter=adapter))
+    assert engine.stats().waiting_adapters == ("de", "fr") and engine.stats().running_adapters == ()
+    engine.step()  # two of them join the batch; the third waits for room
+    stats = engine.stats()
+    assert (stats.running, stats.waiting) == (2, 1)
+    assert stats.running_adapters == ("fr",) and stats.waiting_adapters == ("de",)
+    while engine.busy:
+        engine.step()
+    assert engine.stats().running_adapters == () and engine.stats().waiting_adapters == ()
+
+
 def test_sequences_with_different_adapters_share_a_batch_and_each_gets_its_solo_tokens(tmp_path):
     from transformers import AutoModelForCausalLM
 

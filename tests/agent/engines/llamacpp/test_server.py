@@ -112,6 +112,16 @@ def test_it_exposes_prometheus_metrics_the_agent_relays_labelled(served):
     assert 'llamacpp:prompt_tokens_total{deployment="tiny",replica="tiny#0"}' in merge([(handle, text)]).decode()
 
 
+def test_its_metrics_give_an_endpoint_picker_requests_but_no_kv_usage(served):
+    from agent.msp import llamacpp_load
+
+    status, text = served.server.read("/metrics")
+    load = llamacpp_load("tiny", text)
+    assert status == 200 and (load.waiting, load.running) == (0, 0)
+    # This llama.cpp reports no KV-cache use (kv_cache_usage_ratio is gone): the picker is told nothing.
+    assert load.kv_usage is None and load.max_lora is None
+
+
 def test_it_refuses_sleep_and_adapters_saying_why(served):
     from agent.engines.llamacpp.server import InputError
 
