@@ -75,6 +75,12 @@ def _run(check: str, subject: str, *cmd: str | Path) -> Result:
     return Result(check, subject, done.returncode == 0, (done.stdout + done.stderr).strip())
 
 
+def kubernetes_validate(subject: str, files: list[Path]) -> Result:
+    """Every object in `files` against the Kubernetes API's schema, unknown fields refused."""
+    return _run(f"kubernetes-validate --strict {KUBERNETES_VERSION}", subject, TOOLS / "kubernetes-validate",
+                "--strict", "--quiet", "-k", KUBERNETES_VERSION, *files)
+
+
 def check_all(out: Path) -> list[Result]:
     """Render every value set into `out` and run every check; one Result per check and subject."""
     results = []
@@ -92,8 +98,7 @@ def check_all(out: Path) -> list[Result]:
         merged_path = out / f"{name}.values.yaml"  # what Helm validates: the defaults merged with the set
         merged_path.write_text(yaml.safe_dump(chart.merge_values(values)))
         merged.append(merged_path)
-        results.append(_run(f"kubernetes-validate --strict {KUBERNETES_VERSION}", name, TOOLS / "kubernetes-validate",
-                            "--strict", "--quiet", "-k", KUBERNETES_VERSION, *files))
+        results.append(kubernetes_validate(name, files))
         results.append(_run("check-jsonschema", name, TOOLS / "check-jsonschema", "--schemafile",
                             CHART / "values.schema.json", merged_path))
     results.append(_run("check-jsonschema --check-metaschema", "values.schema.json", TOOLS / "check-jsonschema",

@@ -180,8 +180,10 @@ def test_every_pod_runs_as_non_root_without_privileges(rendered):
 def test_the_model_store_is_mounted_read_only_at_the_model_roots_of_consoles_and_agents(rendered):
     _, values, objects = rendered
     root = values["modelStore"]["mountPath"]
-    for obj in (one(objects, "Deployment", "console"), one(objects, "DaemonSet", "agent")):
-        [c] = pod_spec(obj)["containers"]
+    readers = [pod_spec(one(objects, "Deployment", "console"))["containers"][0],
+               pod_spec(one(objects, "DaemonSet", "agent"))["containers"][0]]
+    readers += [pod_spec(job)["initContainers"][0] for job in by_kind(objects, "Job")]  # data migrations read them
+    for c in readers:
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert env["MODELGRID_MODEL_ROOTS"] == root
         assert {"name": "models", "mountPath": root, "readOnly": True} in c["volumeMounts"]
@@ -224,6 +226,13 @@ def test_make_chart_checks_pass(tmp_path):
     assert not failed, "\n\n".join(failed)
     assert {r.check.split()[0] for r in results} >= {"helm", "kubernetes-validate", "check-jsonschema", "yamllint"}
     print(chart.table(results))
+
+
+def test_the_validator_refuses_a_field_kubernetes_does_not_know(tmp_path):
+    [daemonset] = [p for p in chart.write(chart.render({}), tmp_path) if p.name == "agent-daemonset.yaml"]
+    daemonset.write_text(daemonset.read_text().replace("runtimeClassName:", "runtimeClasName:"))
+    result = chart.kubernetes_validate("broken", [daemonset])
+    assert not result.ok and "'runtimeClasName' was unexpected" in result.detail
 
 
 def test_install_md_names_the_commands_it_documents():
