@@ -67,3 +67,9 @@ test: $(STAMP) $(VLLM_STAMP) browser
 	@echo "== pass 2: database, consumer and scale-out end-to-end tests on PostgreSQL with the Redis channel layer =="
 	$(PASS2) -n $(TEST_WORKERS) --dist loadfile --ignore=tests/e2e
 	$(PASS2) --durations=10 tests/e2e
+
+# The Helm chart, rendered offline by real Helm for each value set in deploy/helm/values/, then helm lint,
+# kubernetes-validate --strict, check-jsonschema and yamllint; prints a table (deploy/helm/render.py).
+.PHONY: chart
+chart: $(STAMP)
+	$(BIN)/python deploy/helm/render.py

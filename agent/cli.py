@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from agent.daemon import Agent
 
 TOKEN_ENV = "MODELGRID_AGENT_TOKEN"
+TOKEN_FILE_ENV = "MODELGRID_AGENT_TOKEN_FILE"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="connect to the console, run workers and serve inference")
     run.add_argument("--console", required=True, help="console base URL, e.g. http://127.0.0.1:8000")
     run.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"agent token (default: ${TOKEN_ENV})")
+    run.add_argument("--token-file", default=os.environ.get(TOKEN_FILE_ENV), metavar="PATH",
+                     help="a file that holds the agent token, read once at start; it must not be readable by every "
+                     f"user (default: ${TOKEN_FILE_ENV}). Give the token one way only")
     run.add_argument("--name", default=socket.gethostname(), type=host_name,
                      help="host name to register (default: this host's); ASCII letters, digits, '-' and '_' in "
                      "dot-separated labels")
@@ -178,8 +182,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from agent.gpus import GpuBackendUnavailable, make_backend
     from agent.privacy import keep_private
 
-    if not args.token:
-        parser.error(f"an agent token is required: pass --token or set {TOKEN_ENV}")
+    token = _token(parser, args)
     keep_private()  # its token stays out of its engines' reach (/proc/PID/environ)
     try:
         websocket_url(args.console)
@@ -189,7 +192,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     host, port = args.listen
     config = AgentConfig(
         console=args.console,
-        token=args.token,
+        token=token,
         name=args.name,
         listen_host=host,
         listen_port=port,
@@ -218,6 +221,24 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             "adapter names of the replicas here)", host, port)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         return runner.run(_serve(Agent(config, backend)))
+
+
+def _token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The agent token from its one source: --token-file (or its variable), else --token (or its variable)."""
+    from agent.token_file import TokenFileError, read_token_file
+
+    if args.token_file:
+        if args.token:
+            parser.error(f"give the agent token one way: --token-file (or ${TOKEN_FILE_ENV}) or --token (or "
+                         f"${TOKEN_ENV}), not both")
+        try:
+            return read_token_file(args.token_file)
+        except TokenFileError as e:
+            parser.error(str(e))
+    if not args.token:
+        parser.error(f"an agent token is required: pass --token or set {TOKEN_ENV}, or name a file that holds it: "
+                     f"--token-file or {TOKEN_FILE_ENV}")
+    return args.token
 
 
 def _loop_factory():

@@ -11,8 +11,9 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs
 
 from console.gateway.app import make_app  # noqa: E402
 from console.gateway.mount import GatewayPaths  # noqa: E402
+from console.probes import Probes  # noqa: E402
 from console.realtime.routing import websocket_urlpatterns  # noqa: E402
 
-# Inference (/v1, /v2) and /metrics go to the gateway; everything else is Django.
-http = GatewayPaths(gateway=make_app(), django=django_asgi_app)
+# /livez and /readyz are answered first; inference (/v1, /v2) and /metrics go to the gateway; the rest is Django.
+http = Probes(GatewayPaths(gateway=make_app(), django=django_asgi_app))
 application = ProtocolTypeRouter({"http": http, "websocket": URLRouter(websocket_urlpatterns)})

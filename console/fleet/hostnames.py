@@ -32,10 +32,19 @@ def stored_bad_host_names(app_configs, databases=None, **kwargs) -> list[Warning
     `check --database default`, and read nothing without a database named."""
     if not databases:
         return []
+    from django.db import connections
+
     from console.fleet.models import AgentCredential, Host
 
-    names = sorted({*Host.objects.values_list("name", flat=True),
-                    *AgentCredential.objects.values_list("host_name", flat=True)})
+    tables = {Host._meta.db_table, AgentCredential._meta.db_table}
+    names: set[str] = set()
+    for alias in databases:
+        # `manage.py migrate` runs this check before it creates the tables: a new database has no names yet.
+        if not tables <= set(connections[alias].introspection.table_names()):
+            continue
+        names |= {*Host.objects.using(alias).values_list("name", flat=True),
+                  *AgentCredential.objects.using(alias).values_list("host_name", flat=True)}
+    names = sorted(names)
     bad = [name for name in names if host_name_refusal(name) is not None]
     if not bad:
         return []

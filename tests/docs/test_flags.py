@@ -20,6 +20,9 @@ OTHERS = {
     "guidellm": {"--backend", "--data", "--constraint"},
     "vllm": {"--tokenizer", "--trust-remote-code", "--load-format"},
     "a benchmark's throwaway flag, described as one": {"--sim-loop"},
+    "kubectl (docs/install.md, Helm)": {"--from-file", "--type", "--patch-file", "--field-selector"},
+    "helm (docs/install.md, Helm)": {"--wait", "--set"},
+    "kubernetes-validate and yamllint (make chart)": {"--strict"},
 }
 
 

@@ -101,6 +101,19 @@ def local_agent_token(name: str, data_dir: Path) -> str:
     return token
 
 
+def _check_migrated() -> None:
+    """Refuse to serve a database that `migrate` has not brought up to this version (up --no-migrate)."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    pending = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    if pending:
+        raise CommandError(f"the database is not migrated ({len(pending)} migration(s) to apply, the first "
+                           f"{pending[0][0].app_label}.{pending[0][0].name}): run `manage.py migrate` once, then "
+                           "start the consoles (--no-migrate leaves it to you)")
+
+
 def _keep_private() -> None:
     """This process's /proc/PID files (its environment above all, which holds the console's secrets) readable by
     root only: the engines the local agent runs are processes of this user (agent/privacy.py does the same for
@@ -161,6 +174,10 @@ class Command(BaseCommand):
         parser.add_argument("--gpus", default="sim:2x24GiB", help="the local agent's GPUs: sim:NxSIZE or nvml")
         parser.add_argument("--data-dir", help="SQLite database and model store (default ./var or MODELGRID_DATA_DIR)")
         parser.add_argument("--no-agent", action="store_true", help="do not start a local agent")
+        parser.add_argument("--no-migrate", action="store_true",
+                            help="do not migrate the database at start, and refuse to start if it is not migrated: "
+                            "where several consoles share one database, `manage.py migrate` runs once before them "
+                            "(a Helm hook Job, a compose one-shot service)")
         parser.add_argument("--agent-name", default="local", type=host_name, help="host name of the local agent")
         parser.add_argument("--scheduler-process", action="store_true",
                             help="run the scheduler (its election, passes and chores) in a child process "
@@ -184,7 +201,10 @@ class Command(BaseCommand):
                 "Is another ModelGrid running? Choose another --port."
             ) from None
         _keep_private()
-        call_command("migrate", interactive=False, verbosity=0)
+        if opts["no_migrate"]:
+            _check_migrated()
+        else:
+            call_command("migrate", interactive=False, verbosity=0)
         call_command("ensureadmin")
         settings.MODEL_STORE.mkdir(parents=True, exist_ok=True)
         token = None if opts["no_agent"] else local_agent_token(opts["agent_name"], settings.DATA_DIR)
@@ -276,7 +296,9 @@ class Command(BaseCommand):
 
     async def _local_agent(self, url: str, token: str, opts, stop: asyncio.Event) -> None:
         """Run the local agent as a child process; restart it if it dies; stop it on shutdown."""
-        env = os.environ | {"MODELGRID_AGENT_TOKEN": token}
+        # Its token is the one `up` keeps; a token file meant for another agent must not make it refuse two sources.
+        env = {k: v for k, v in os.environ.items() if k != "MODELGRID_AGENT_TOKEN_FILE"}
+        env["MODELGRID_AGENT_TOKEN"] = token
         cmd = [sys.executable, "-m", "agent", "run", "--console", url.rstrip("/"), "--name", opts["agent_name"],
                "--gpus", opts["gpus"], "--listen", f"{opts['host']}:0",
                # Nothing of the embedded fleet outlives `up`: no worker waits for an agent to adopt it.
