@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import agent
@@ -283,13 +282,15 @@ async def _serve(daemon: Agent) -> int:
 
 
 def _picker_token(parser: argparse.ArgumentParser, path: str | None) -> str:
-    """The token in --picker-token-file ("" without one); a file that cannot be read or holds none is an error."""
+    """The token in --picker-token-file ("" without one), read as the agent's own token file is."""
+    from agent.token_file import TokenFileError, read_token_file
+
     if path is None:
         return ""
     try:
-        token = Path(path).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as e:
-        parser.error(f"--picker-token-file: cannot read {path}: {e}")
+        token = read_token_file(path)
+    except TokenFileError as e:
+        parser.error(f"--picker-token-file: {e}")
     if len(token) < 16:
         parser.error(f"--picker-token-file: {path} must hold a token of 16 characters or more")
     return token

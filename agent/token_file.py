@@ -43,7 +43,8 @@ def read_token_file(path: str) -> str:
     except UnicodeDecodeError:
         raise TokenFileError(f"token file {path}: not ASCII text; it holds no agent token") from None
     if not token:
-        raise TokenFileError(f"token file {path}: empty; write the token `manage.py createagenttoken HOST` printed")
+        raise TokenFileError(f"token file {path}: empty; write the token into it (an agent's: what "
+                             "`manage.py createagenttoken HOST` printed)")
     if len(token.split()) != 1:
         raise TokenFileError(f"token file {path}: more than one word; it must hold the agent token alone")
     return token

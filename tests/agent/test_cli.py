@@ -66,12 +66,13 @@ def test_a_bad_name_is_refused_before_the_agent_connects(capsys, name, said):
 def test_a_picker_token_file_must_be_readable_and_hold_a_long_enough_token(tmp_path):
     short = tmp_path / "short"
     short.write_text("abc\n")
+    short.chmod(0o600)
     code, output = finish(agent("run", "--console", "http://x", "--token", "t", "--gpus", "sim:1x1GiB",
                                 "--picker-token-file", str(short)))
     assert code == 2 and f"--picker-token-file: {short} must hold a token of 16 characters or more" in output
     code, output = finish(agent("run", "--console", "http://x", "--token", "t", "--gpus", "sim:1x1GiB",
                                 "--picker-token-file", str(tmp_path / "absent")))
-    assert code == 2 and "--picker-token-file: cannot read" in output
+    assert code == 2 and "--picker-token-file: token file" in output and "no such file" in output
 
 
 def test_sizes_take_binary_and_decimal_units():
@@ -117,6 +118,7 @@ def test_picker_access_reaches_the_inference_server_and_open_metrics_is_said_alo
 
     token = tmp_path / "picker-token"
     token.write_text("picker-token-for-cli-tests-0123\n")
+    token.chmod(0o600)
     proc = agent(
         "run", "--console", "http://127.0.0.1:1", "--gpus", "sim:1x1GiB", "--name", "cli-picker", "--warm-workers",
         "0", "--state-dir", str(tmp_path / "state"), "--picker-token-file", str(token), "--picker-open-metrics",
