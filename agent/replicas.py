@@ -537,8 +537,10 @@ class Replicas:
         return own if counted else dict(measured)
 
     async def stop_all(self) -> None:
-        """Stop every worker and spare; nothing restarts afterwards."""
+        """Stop every worker and spare, each replica drained first (the agent asked to stop: SIGTERM); nothing
+        restarts afterwards."""
         await self._quiesce()
+        await asyncio.gather(*(self._drain(handle) for handle in self.supervisor.handles()))
         await self.supervisor.stop_all()
         self._close_directory()
 

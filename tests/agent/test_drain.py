@@ -81,3 +81,23 @@ async def test_the_link_is_read_while_a_replica_drains(console, state_dir, slow_
     finally:
         await running.stop()
 
+
+
+async def test_an_agent_asked_to_stop_finishes_its_requests_before_its_workers_go(console, state_dir, slow_model):
+    # SIGTERM (a pod stopped, an upgrade) drains as a replica leaving does: new requests are refused, those running
+    # are answered, within the drain timeout, then the workers stop.
+    running = await start_agent(console, state_dir, stop_workers_on_exit=True)
+    try:
+        pid = await ready(console, slow_model)
+        request = asyncio.ensure_future(infer(running.agent, "chat"))
+        await until(lambda: running.agent.supervisor.get(7).picked, 30, "the forward to be under way")
+        running.agent.request_stop()
+        await until(lambda: running.agent.supervisor.get(7).draining, 30, "the replica to drain")
+        status, body = await infer(running.agent, "chat")
+        assert status == 503 and "draining" in body["error"]
+        status, data = await request
+        assert status == 200 and set(data) == {pid}
+        await asyncio.wait_for(running.task, 30)
+        assert not alive(pid)
+    finally:
+        await running.stop()
