@@ -73,3 +73,26 @@ test: $(STAMP) $(VLLM_STAMP) browser
 .PHONY: chart
 chart: $(STAMP)
 	$(BIN)/python deploy/helm/render.py
+
+# --- Images and compose (docs/install.md) ---
+# The console installs requirements-console.txt alone; requirements.txt includes it.
+$(STAMP): requirements-console.txt
+CONTAINER ?= docker
+IMAGE_TAG ?= dev
+# podman keeps HEALTHCHECK only in the docker image format.
+BUILD = $(CONTAINER) build $(if $(findstring podman,$(CONTAINER)),--format docker)
+.PHONY: images compose-secrets image-test
+
+images:
+	$(BUILD) -f deploy/docker/console.Dockerfile -t modelgrid/console:$(IMAGE_TAG) .
+	$(BUILD) -f deploy/docker/agent.Dockerfile -t modelgrid/agent:$(IMAGE_TAG) .
+	$(BUILD) -f deploy/docker/agent.Dockerfile --target cpu -t modelgrid/agent-cpu:$(IMAGE_TAG) .
+	$(BUILD) -f deploy/docker/agent-vllm.Dockerfile --build-arg AGENT_IMAGE=modelgrid/agent:$(IMAGE_TAG) \
+		-t modelgrid/agent-vllm:$(IMAGE_TAG) .
+
+compose-secrets:
+	sh deploy/docker/compose-secrets.sh
+
+# Builds the console and cpu agent images with podman from a debootstrap base (no registry needed) and starts them.
+image-test: $(STAMP)
+	MODELGRID_IMAGE_TESTS=1 $(BIN)/python -m pytest -q -m slow tests/deploy/test_image_runs.py
