@@ -12,6 +12,9 @@ DECLARED = re.compile(r'add_argument\(\s*"(--[a-z][a-z0-9-]*)"(.*?)\)\s*$', re.S
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]+)")
 # Flags of other tools that the docs show, by tool.
 OTHERS = {
+    "docker/podman build and docker compose (docs/install.md, Images and Compose)": {"--build-arg", "--target",
+                                                                                  "--format", "--build"},
+    "manage.py migrate (Django)": {"--noinput"},
     "curl": {"--data"},
     "manage.py check (Django)": {"--deploy", "--database"},
     "py-spy": {"--gil", "--native"},
