@@ -42,6 +42,13 @@ def test_it_is_a_valid_compose_file():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="Debian's docker-compose (1.29) is not installed")
+def test_compose_1_29_reads_it_too(tmp_path):
+    result = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT)
+    assert result.returncode == 0 and not result.stderr, result.stderr
+
+
 def test_an_invalid_compose_file_fails_the_check(tmp_path):
     bad = tmp_path / "compose.yaml"
     text = COMPOSE.read_text().replace("condition: service_completed_successfully", "condition: when_ready", 1)
