@@ -17,7 +17,12 @@ RUN python3 -m venv /opt/modelgrid \
     && find /opt/modelgrid -name __pycache__ -prune -exec rm -rf {} +
 
 FROM ${PYTHON_BASE} AS cpu
-RUN groupadd --system --gid 10001 modelgrid \
+# libgomp: llama.cpp's server (xllamacpp) links OpenMP. Package versions follow the pinned base's repositories.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 modelgrid \
     && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/modelgrid --shell /usr/sbin/nologin modelgrid \
     && install -d -o 10001 -g 10001 -m 0700 /var/lib/modelgrid /run/modelgrid \
     && install -d -o 10001 -g 10001 -m 0755 /models
@@ -40,9 +45,9 @@ ENTRYPOINT ["python", "-m", "agent", "run"]
 
 FROM ${CUDA_BASE} AS cuda-python
 # UBI 9 keeps Python 3.11 current (Ubuntu 22.04's python3.11 is a release candidate; 24.04 has 3.12 only).
-# Package versions follow the pinned base's repositories.
+# libgomp: llama.cpp's server (xllamacpp) links OpenMP. Package versions follow the pinned base's repositories.
 # hadolint ignore=DL3041
-RUN dnf install -y --setopt=install_weak_deps=False python3.11 shadow-utils \
+RUN dnf install -y --setopt=install_weak_deps=False python3.11 libgomp shadow-utils \
     && dnf clean all \
     && groupadd --system --gid 10001 modelgrid \
     && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/modelgrid --shell /sbin/nologin modelgrid \

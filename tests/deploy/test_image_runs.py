@@ -110,6 +110,13 @@ def get(url: str, token: str | None = None) -> tuple[int, bytes]:
         return 0, b""
 
 
+def post(url: str, token: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=180) as response:  # a completion waits while its model loads
+        return json.loads(response.read())
+
+
 def wait_for(check, what: str, seconds: float = 180):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -119,25 +126,29 @@ def wait_for(check, what: str, seconds: float = 180):
     pytest.fail(f"{what} within {seconds:g} s")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def fleet(images):
     console, agent = images
     run = f"mg-test-{uuid.uuid4().hex[:8]}"
-    data, tokens, port = f"{run}-data", f"{run}-tokens", free_port()
+    data, tokens, models, port = f"{run}-data", f"{run}-tokens", f"{run}-models", free_port()
+    store = ["-v", f"{models}:/models:ro", "-e", "MODELGRID_MODEL_ROOTS=/models", "-e", "MODELGRID_MODEL_STORE=/models"]
     try:
-        podman("volume", "create", data)
-        podman("volume", "create", tokens)
+        for volume in (data, tokens, models):
+            podman("volume", "create", volume)
+        podman("run", "--rm", *ulimits(), "-v", f"{models}:/models", "--entrypoint", "python", agent,
+               "-m", "agent", "demo-models", "/models")
         podman("run", "--rm", *ulimits(), "-v", f"{data}:/var/lib/modelgrid", console,
                "python", "manage.py", "migrate", "--noinput")
         podman("run", "--rm", *ulimits(), "-v", f"{data}:/var/lib/modelgrid", "-v", f"{tokens}:/run/modelgrid",
                console, "sh", "-c",
                "umask 077 && python manage.py createagenttoken sim-test > /run/modelgrid/agent-token")
         podman("run", "-d", "--name", f"{run}-console", *ulimits(), "-p", f"127.0.0.1:{port}:8000",
-               "-v", f"{data}:/var/lib/modelgrid", console)  # the image's own command
+               "-v", f"{data}:/var/lib/modelgrid", *store, console)  # the image's own command
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: get(f"{url}/v2/health/live")[0] == 200, "the console answers")
         podman("run", "-d", "--name", f"{run}-agent", *ulimits(), "--network", f"container:{run}-console",
                "-v", f"{tokens}:/run/modelgrid:ro", "-e", "MODELGRID_AGENT_TOKEN_FILE=/run/modelgrid/agent-token",
+               "-v", f"{models}:/models:ro",
                agent, "--console", "http://127.0.0.1:8000", "--name", "sim-test", "--gpus", "sim:2x24GiB",
                "--listen", "127.0.0.1:8100")
         yield {"url": url, "console": f"{run}-console", "agent": f"{run}-agent"}
@@ -146,7 +157,7 @@ def fleet(images):
             logs = podman("logs", name, check=False)
             print(f"== {name}\n{logs.stdout[-3000:]}{logs.stderr[-3000:]}")
             podman("rm", "-f", "-t", "5", name, check=False)
-        podman("volume", "rm", "-f", data, tokens, check=False)
+        podman("volume", "rm", "-f", data, tokens, models, check=False)
 
 
 def test_the_images_start_and_the_agent_joins_the_console(fleet):
@@ -159,6 +170,7 @@ def test_the_images_start_and_the_agent_joins_the_console(fleet):
 
     host = wait_for(joined, "the agent sim-test joins with two simulated GPUs")
     assert host["state"] == "connected"
+    assert {"torch", "llamacpp"} <= set(host["engines"])  # llama.cpp's server loads (its libraries are there)
     for name in (fleet["console"], fleet["agent"]):
         assert podman("exec", name, "id", "-u").stdout.strip() == "10001"
     live = podman("exec", fleet["agent"], "python", "-c", "import urllib.request; print(urllib.request.urlopen("
@@ -167,3 +179,13 @@ def test_the_images_start_and_the_agent_joins_the_console(fleet):
     no_torch = podman("exec", fleet["console"], "python", "-c",
                       "import importlib.util as u; print(u.find_spec('torch'))")
     assert no_torch.stdout.strip() == "None"
+
+
+def test_the_console_serves_a_model_from_the_agent(fleet):
+    token = podman("exec", fleet["console"], "python", "manage.py", "createapitoken", "image-test").stdout.strip()
+    wait_for(lambda: get(f"{fleet['url']}/api/v1/hosts/sim-test", token)[0] == 200, "the agent joins")
+    post(f"{fleet['url']}/api/v1/models", token, {"name": "tiny-llama", "path": "tiny-llama"})
+    post(f"{fleet['url']}/api/v1/deployments", token,
+         {"name": "chat", "model": "tiny-llama", "min_replicas": 0, "max_replicas": 1})
+    answer = post(f"{fleet['url']}/v1/completions", token, {"model": "chat", "prompt": "Once upon", "max_tokens": 4})
+    assert len(answer["choices"]) == 1 and 1 <= answer["usage"]["completion_tokens"] <= 4  # random weights: EOS too
