@@ -31,8 +31,8 @@ ENV PATH=/opt/modelgrid/bin:$PATH \
 USER 10001:10001
 EXPOSE 8000
 VOLUME ["/var/lib/modelgrid"]
-# The gateway's own liveness answer: the process serves HTTP (the orchestrator's probes may ask more).
+# /livez: the console's event loop answers (console/probes.py); /readyz adds its database.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=30s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/live', timeout=2)"]
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/livez', timeout=2)"]
 ENTRYPOINT ["modelgrid-entrypoint"]
 CMD ["python", "manage.py", "up", "--no-agent", "--no-migrate", "--host", "0.0.0.0", "--port", "8000"]

@@ -120,7 +120,7 @@ def test_the_console_image_serves_on_8000_with_its_data_dir():
     values = env(steps)
     assert values["MODELGRID_DATA_DIR"] == "/var/lib/modelgrid"
     assert values["PATH"].startswith("/opt/modelgrid/bin:")
-    assert "/v2/health/live" in last(steps, "HEALTHCHECK")
+    assert "8000/livez" in last(steps, "HEALTHCHECK")
 
 
 @pytest.mark.parametrize("target", [None, "cpu"])
