@@ -145,7 +145,7 @@ def fleet(images):
         podman("run", "-d", "--name", f"{run}-console", *ulimits(), "-p", f"127.0.0.1:{port}:8000",
                "-v", f"{data}:/var/lib/modelgrid", *store, console)  # the image's own command
         url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: get(f"{url}/v2/health/live")[0] == 200, "the console answers")
+        wait_for(lambda: get(f"{url}/readyz")[0] == 200, "the console is ready")
         podman("run", "-d", "--name", f"{run}-agent", *ulimits(), "--network", f"container:{run}-console",
                "-v", f"{tokens}:/run/modelgrid:ro", "-e", "MODELGRID_AGENT_TOKEN_FILE=/run/modelgrid/agent-token",
                "-v", f"{models}:/models:ro",
@@ -173,6 +173,7 @@ def test_the_images_start_and_the_agent_joins_the_console(fleet):
     assert {"torch", "llamacpp"} <= set(host["engines"])  # llama.cpp's server loads (its libraries are there)
     for name in (fleet["console"], fleet["agent"]):
         assert podman("exec", name, "id", "-u").stdout.strip() == "10001"
+        assert podman("healthcheck", "run", name, check=False).returncode == 0  # the image's HEALTHCHECK
     live = podman("exec", fleet["agent"], "python", "-c", "import urllib.request; print(urllib.request.urlopen("
                   "'http://127.0.0.1:8100/v2/health/live').read().decode())")
     assert json.loads(live.stdout) == {"live": True}
