@@ -156,7 +156,7 @@ def fleet(images):
         for name in (f"{run}-agent", f"{run}-console"):
             logs = podman("logs", name, check=False)
             print(f"== {name}\n{logs.stdout[-3000:]}{logs.stderr[-3000:]}")
-            podman("rm", "-f", "-t", "5", name, check=False)
+            podman("rm", "-f", "-v", "-t", "5", name, check=False)  # -v: its anonymous volumes too
         podman("volume", "rm", "-f", data, tokens, models, check=False)
 
 
