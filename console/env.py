@@ -44,9 +44,15 @@ def envfloat(name: str, default: float) -> float:
 
 
 def envsecret(name: str) -> str:
-    """A secret from NAME, or from the file named by NAME_FILE."""
+    """A secret from NAME, or from the file named by NAME_FILE (a mounted Kubernetes or compose secret), so it need
+    be in neither the environment nor a command line. Both set, or a file that cannot be read, fails loudly."""
     file_name = os.environ.get(f"{name}_FILE")
-    if file_name:
-        with open(file_name) as f:
+    if not file_name:
+        return os.environ.get(name, "")
+    if os.environ.get(name):
+        raise ImproperlyConfigured(f"set {name} or {name}_FILE, not both")
+    try:
+        with open(file_name, encoding="utf-8") as f:
             return f.read().strip()
-    return os.environ.get(name, "")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ImproperlyConfigured(f"{name}_FILE={file_name!r} cannot be read: {e}") from None

@@ -143,7 +143,7 @@ TEMPLATES = [
 
 
 def _database() -> dict:
-    url = envstr("DATABASE_URL")
+    url = envsecret("DATABASE_URL")
     if url:
         # A pool of connections (psycopg_pool), checked before each reuse. Connections opened per call cost a
         # fifth of a busy console's time; connections kept per thread (CONN_MAX_AGE) leak under ASGI, where
@@ -181,7 +181,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 
 def _channel_layers() -> dict:
-    url = envstr("REDIS_URL")
+    url = envsecret("REDIS_URL")
     if not url:
         return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     from console.realtime.redis_connection import CancellableConnection

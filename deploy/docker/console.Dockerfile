@@ -23,7 +23,6 @@ COPY console console
 COPY agent agent
 COPY templates templates
 COPY static static
-COPY deploy/docker/entrypoint.sh /usr/local/bin/modelgrid-entrypoint
 ENV PATH=/opt/modelgrid/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -34,5 +33,4 @@ VOLUME ["/var/lib/modelgrid"]
 # /livez: the console's event loop answers (console/probes.py); /readyz adds its database.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/livez', timeout=2)"]
-ENTRYPOINT ["modelgrid-entrypoint"]
 CMD ["python", "manage.py", "up", "--no-agent", "--no-migrate", "--host", "0.0.0.0", "--port", "8000"]

@@ -121,3 +121,35 @@ def test_an_existing_database_left_readable_by_others_is_made_private(tmp_path):
     assert result.returncode == 0, result.stderr
     modes = json.loads(result.stdout)
     assert all(modes[name] == 0o600 for name in modes if name.startswith("modelgrid.sqlite3"))
+
+
+def test_the_database_and_redis_urls_and_the_admin_password_come_from_files(tmp_path):
+    # A mounted secret (Kubernetes, compose) names a file, so the password is in neither the environment nor argv.
+    (tmp_path / "db").write_text("postgres://modelgrid:s3cret@db.example:5432/grid\n")
+    (tmp_path / "redis").write_text("redis://:s3cret@redis.example:6379/0\n")
+    env = {"MODELGRID_DATA_DIR": str(tmp_path / "data"), "DATABASE_URL_FILE": str(tmp_path / "db"),
+           "REDIS_URL_FILE": str(tmp_path / "redis")}
+    got = settings_in(env, "DATABASES", "CHANNEL_LAYERS")
+    database = got["DATABASES"]["default"]
+    assert (database["HOST"], database["PASSWORD"], database["NAME"]) == ("db.example", "s3cret", "grid")
+    assert "redis.example" in json.dumps(got["CHANNEL_LAYERS"])
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"DATABASE_URL_FILE": "/nonexistent/db"}, "DATABASE_URL_FILE='/nonexistent/db' cannot be read"),
+    ({"REDIS_URL": "redis://a", "REDIS_URL_FILE": "/etc/hostname"}, "set REDIS_URL or REDIS_URL_FILE, not both"),
+])
+def test_a_secret_file_that_cannot_be_used_stops_the_console_with_its_name(tmp_path, env, says):
+    result = run(["-c", "import django; django.setup()"], {"MODELGRID_DATA_DIR": str(tmp_path / "data")} | env)
+    assert result.returncode != 0 and says in result.stderr
+
+
+@pytest.mark.django_db
+def test_the_first_admins_password_comes_from_a_file(tmp_path, monkeypatch):
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    (tmp_path / "password").write_text("correct horse battery\n")
+    monkeypatch.setenv("MODELGRID_ADMIN_PASSWORD_FILE", str(tmp_path / "password"))
+    call_command("ensureadmin")
+    assert get_user_model().objects.get(username="admin").check_password("correct horse battery")

@@ -164,23 +164,6 @@ def test_the_build_context_leaves_out_what_is_local_or_secret():
     assert {".git", ".venv", ".venv-vllm", "var", "deploy/docker/secrets"} <= ignored
 
 
-def test_the_entrypoint_reads_passwords_from_files(tmp_path):
-    (tmp_path / "db").write_text("postgres://modelgrid:s3cret@postgres/modelgrid\n")
-    environ = {"PATH": os.environ["PATH"], "DATABASE_URL_FILE": str(tmp_path / "db")}
-    result = subprocess.run(["sh", str(DOCKER / "entrypoint.sh"), "env"], env=environ, capture_output=True,
-                            text=True, check=True, timeout=30)
-    lines = result.stdout.splitlines()
-    assert "DATABASE_URL=postgres://modelgrid:s3cret@postgres/modelgrid" in lines
-    assert not [line for line in lines if line.startswith(("DATABASE_URL_FILE=", "REDIS_URL="))]
-
-
-def test_the_entrypoint_stops_on_a_missing_file(tmp_path):
-    environ = {"PATH": os.environ["PATH"], "REDIS_URL_FILE": str(tmp_path / "missing")}
-    result = subprocess.run(["sh", str(DOCKER / "entrypoint.sh"), "true"], env=environ, capture_output=True,
-                            text=True, timeout=30)
-    assert result.returncode != 0
-
-
 def closure(lines: list[str]) -> set[str]:
     """The distributions `lines` (requirement specifiers) install, with what they depend on (extras included)."""
     todo = [Requirement(line) for line in lines]
