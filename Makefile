@@ -61,6 +61,7 @@ lint: $(STAMP)
 
 test: $(STAMP) $(VLLM_STAMP) browser
 	$(BIN)/ruff check .
+	$(BIN)/python deploy/helm/render.py  # the chart rendered and validated (`make chart`); tests/deploy checks more
 	@echo "== pass 1: everything, on SQLite with the in-memory channel layer =="
 	$(PASS1) -n $(TEST_WORKERS) --dist loadfile --ignore=tests/e2e
 	$(PASS1) -n $(TEST_WORKERS) --dist loadfile --durations=15 tests/e2e
