@@ -174,3 +174,16 @@ def test_out_of_memory_copying_a_prefix_empties_the_cache_and_the_sequence_goes_
     monkeypatch.setattr(engine.prefix_cache, "store", no_memory)
     _, done, failed = run(engine, [greedy(SHARED + (10,))])
     assert not failed and engine.stats().prefix_cache_bytes == 0
+
+
+def test_stats_from_a_worker_without_the_prefix_cache_read_as_none_of_it():
+    import pickle
+
+    from agent.workers.generation_spec import EngineStats
+
+    older = EngineStats.__new__(EngineStats)  # what an older worker pickles: its fields only
+    older.__dict__.update(running=2, waiting=1, kv_cache_bytes=10, running_adapters=(), waiting_adapters=())
+    stats = pickle.loads(pickle.dumps(older))
+    assert stats.running == 2
+    assert (stats.prefill_tokens, stats.prefix_hits, stats.prefix_misses, stats.prefix_hit_tokens,
+            stats.prefix_cache_bytes) == (0, 0, 0, 0, 0)
