@@ -6,9 +6,11 @@ steps, so running streams never stall behind it), then runs one decoding forward
 sequence. Running sequences share one KV cache (transformers' DynamicCache), left-padded to the longest:
 a newcomer joins by padding whichever side is shorter, a finished sequence leaves by row selection, and
 columns no row attends any more are trimmed. Position ids count each row's real tokens, so padding never
-shifts a sequence. Every sequence samples with its own settings and random stream, and names its own
-LoRA adapter (the mixed-adapter forward). A sequence may ask for its prompt's log probabilities (for a
-completion that echoes its prompt): only its prefill then keeps every position's logits, for that step alone.
+shifts a sequence. With a prefix cache (agent.workers.prefix_cache), a prompt whose first blocks were prefilled
+before starts from their KV, and only the rest runs through the model, in the chunked path. Every sequence samples
+with its own settings and random stream, and names its own LoRA adapter (the mixed-adapter forward). A sequence
+may ask for its prompt's log probabilities (for a completion that echoes its prompt): only its prefill then keeps
+every position's logits, for that step alone.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from agent.workers import limits
 from agent.workers.errors import describe_error
@@ -36,6 +38,7 @@ from agent.workers.generation_spec import (
     Token,
     TokenLogprob,
 )
+from agent.workers.prefix_cache import LayerKV, PrefixCache
 from agent.workers.sampling import choose, model_eos_ids, new_generator, prompt_logprobs
 
 log = logging.getLogger("agent.worker")
@@ -75,6 +78,7 @@ class _Sequence:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob | None] | None = None  # the prompt's so far, when asked for and not yet sent
+    looked_up: bool = False  # its prompt was looked up in the prefix cache
 
     @property
     def prompt_length(self) -> int:
@@ -132,6 +136,7 @@ class ContinuousBatcher:
         token_budget: int = DEFAULT_TOKEN_BUDGET,
         max_running: int = DEFAULT_MAX_RUNNING,
         eos_ids: set[int] | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.model = model
         self.adapters = adapters
@@ -146,6 +151,8 @@ class ContinuousBatcher:
         # Only the last position's logits are needed: a long prompt's full [length, vocab] would be large.
         takes_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._last_only = {"logits_to_keep": 1} if takes_keep else {}
+        self.prefix_cache = prefix_cache if prefix_cache is not None and _plain_cache(model) else None
+        self.prefill_tokens = 0
 
     @property
     def busy(self) -> bool:
@@ -193,9 +200,12 @@ class ContinuousBatcher:
     def stats(self) -> EngineStats:
         running = sum(len(b.sequences) for b in self._batches)
         kv = sum(b.kv_bytes() for b in self._batches) + sum(_cache_bytes(s.cache) for s in self._waiting if s.cache)
+        cache = self.prefix_cache if self.prefix_cache is not None else PrefixCache(0)  # none: nothing counted
         return EngineStats(running=running, waiting=len(self._waiting), kv_cache_bytes=kv,
                            running_adapters=_adapters(s for b in self._batches for s in b.sequences),
-                           waiting_adapters=_adapters(self._waiting))
+                           waiting_adapters=_adapters(self._waiting), prefill_tokens=self.prefill_tokens,
+                           prefix_hits=cache.hits, prefix_misses=cache.misses, prefix_hit_tokens=cache.hit_tokens,
+                           prefix_cache_bytes=cache.bytes)
 
     def step(self) -> StepOutput:
         """Prefill within the token budget, then one decoding step for every running sequence."""
@@ -224,8 +234,11 @@ class ContinuousBatcher:
     def _prefill(self, out: StepOutput) -> None:
         budget = self.token_budget
         running = sum(len(b.sequences) for b in self._batches)
+        if self.prefix_cache is not None:
+            self.prefix_cache.fit(self._running_bytes())  # running sequences grew: the cache makes room
         while self._waiting and budget > 0 and running < self.max_running:
             head = self._waiting[0]
+            self._reuse_prefix(head)
             remaining = head.prompt_length - head.prefilled
             if head.prefilled or remaining > budget:
                 # A long prompt: one chunk now, the rest in later steps, between decoding steps.
@@ -240,6 +253,9 @@ class ContinuousBatcher:
                 nxt = self._waiting[0]
                 length = nxt.prompt_length
                 if nxt.prefilled or max(width, length) * (len(group) + 1) > budget:
+                    break
+                self._reuse_prefix(nxt)  # looked up only now that it would start: a hit goes the chunked path
+                if nxt.prefilled:
                     break
                 group.append(self._waiting.popleft())
                 width = max(width, length)
@@ -260,8 +276,14 @@ class ContinuousBatcher:
         logits, cache = self._forward(group, out, ids, mask, positions, None, every_position=_scoring(group))
         if logits is None:
             return
+        self.prefill_tokens += sum(s.prompt_length for s in group)
+        running = self._running_bytes() + _cache_bytes(cache)
         for row, sequence in enumerate(group):
             sequence.prefilled = sequence.prompt_length
+            columns = slice(width - sequence.prompt_length, width)
+            kv = [(layer.keys[row : row + 1, :, columns], layer.values[row : row + 1, :, columns])
+                  for layer in cache.layers]
+            self._keep_prefix(sequence, kv, running)
             if sequence.prompt_logprobs is not None and not self._score_prompt(
                     group, sequence, logits[row, width - sequence.prompt_length :], 0, out):
                 return
@@ -278,12 +300,51 @@ class ContinuousBatcher:
                               and not self._score_prompt([sequence], sequence, logits[0], start, out)):
             self._waiting.popleft()
             return count
+        self.prefill_tokens += count
         sequence.cache, sequence.prefilled = cache, start + count
         if sequence.prefilled == sequence.prompt_length:
             self._waiting.popleft()
             sequence.cache = None
+            self._keep_prefix(sequence, [(layer.keys, layer.values) for layer in cache.layers],
+                              self._running_bytes() + _cache_bytes(cache))
             self._started(_Batch([sequence], cache, mask), logits[:, -1], out)
         return count
+
+    def _reuse_prefix(self, sequence: _Sequence) -> None:
+        """Start a waiting prompt from the longest prefix of it in the cache, once (before its prefill begins)."""
+        if self.prefix_cache is None or sequence.looked_up or sequence.prefilled:
+            return
+        sequence.looked_up = True
+        if sequence.prompt_logprobs is not None:
+            return  # its prompt's log probabilities need every position's logits
+        with self._spare_prefixes():
+            tokens, layers = self.prefix_cache.lookup(sequence.request.input_ids, sequence.request.adapter)
+            if tokens:
+                cache = DynamicCache(config=self.model.config)
+                for index, (keys, values) in enumerate(layers):
+                    cache.layers[index].update(keys, values)
+                sequence.cache, sequence.prefilled = cache, tokens
+
+    def _keep_prefix(self, sequence: _Sequence, layers: LayerKV, running_bytes: int) -> None:
+        """Offer a prefilled prompt's KV (from position 0) to the prefix cache."""
+        if self.prefix_cache is not None:
+            with self._spare_prefixes():
+                self.prefix_cache.store(sequence.request.input_ids, sequence.request.adapter, layers, running_bytes)
+
+    @contextmanager
+    def _spare_prefixes(self) -> Iterator[None]:
+        """The cache only saves work: out of memory while copying a prefix in or out empties it, and the sequence
+        goes on (prefilled whole) rather than failing."""
+        try:
+            yield
+        except Exception as e:
+            if not limits.is_out_of_memory(e):
+                raise
+            log.warning("prefix cache emptied: out of memory copying a prefix: %s", describe_error(e))
+            self.prefix_cache.clear()
+
+    def _running_bytes(self) -> int:
+        return sum(b.kv_bytes() for b in self._batches)
 
     def _score_prompt(self, group: list[_Sequence], sequence: _Sequence, logits: torch.Tensor, start: int,
                       out: StepOutput) -> bool:
@@ -409,6 +470,16 @@ class ContinuousBatcher:
 def _scoring(sequences: list[_Sequence]) -> bool:
     """Whether a prefill must keep every position's logits: a sequence in it wants its prompt's log probabilities."""
     return any(s.prompt_logprobs is not None for s in sequences)
+
+
+def _plain_cache(model: torch.nn.Module) -> bool:
+    """Whether the model's cache is plain full attention in every layer, the only kind whose prefix KV can be cut
+    into blocks and joined again (a sliding window or a linear-attention state cannot)."""
+    try:
+        layers = DynamicCache(config=model.config).layers
+    except Exception:  # noqa: BLE001 (a config transformers cannot build a cache from: no prefix cache)
+        return False
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
 def _failure(error: Exception) -> tuple[str, str]:

@@ -94,3 +94,9 @@ class EngineStats:
     # Last, with defaults: an adopted worker of an older version pickles none (by name), and reads as no adapters.
     running_adapters: tuple[str, ...] = ()
     waiting_adapters: tuple[str, ...] = ()
+    # Counters since the worker started, and the prefix cache's bytes (agent.workers.prefix_cache); last too.
+    prefill_tokens: int = 0  # prompt tokens run through the model (a prefix-cache hit's are not)
+    prefix_hits: int = 0  # prompts that reused a cached prefix
+    prefix_misses: int = 0  # prompts long enough to reuse one that found none
+    prefix_hit_tokens: int = 0  # prompt tokens reused from the cache
+    prefix_cache_bytes: int = 0  # held by cached prefixes (apart from kv_cache_bytes, the running sequences')

@@ -21,6 +21,7 @@ from agent.workers.adapter_pool import AdapterPool
 from agent.workers.continuous import ContinuousBatcher
 from agent.workers.generation_spec import PromptError
 from agent.workers.measure import measure_replica, warmup_inputs, warmup_shape
+from agent.workers.prefix_cache import PrefixCache
 from agent.workers.spec import DTYPES, SIGNATURES, WorkerSpec
 from agent.workers.swap import WeightSwap
 
@@ -120,7 +121,9 @@ class LoadedModel:
         failures = {}
         for name in payload.get("unload", ()):
             self.pool.unload(name)
+            self._forget_prefixes(name)
         for adapter in payload.get("load", ()):
+            self._forget_prefixes(adapter["name"])  # a name loaded again may hold other weights
             try:
                 self.pool.load(adapter["name"], adapter["path"], pin=adapter.get("pinned", False))
                 if not adapter.get("pinned", False):
@@ -141,6 +144,10 @@ class LoadedModel:
         if applied:
             log.info("limits: %s", applied)
 
+    def _forget_prefixes(self, adapter: str) -> None:
+        if self._batcher is not None and self._batcher.prefix_cache is not None:
+            self._batcher.prefix_cache.forget(adapter)
+
     @property
     def asleep(self) -> bool:
         return self.swap.asleep
@@ -151,7 +158,10 @@ class LoadedModel:
         if self.spec.task != "causal-lm":
             return None
         if self._batcher is None:
-            self._batcher = ContinuousBatcher(self.model, self._adapters, max_positions=self.max_positions)
+            # Cached prefixes share the KV part of the reservation with the running sequences (none when unknown).
+            capacity = self.kv_capacity_bytes()
+            self._batcher = ContinuousBatcher(self.model, self._adapters, max_positions=self.max_positions,
+                                              prefix_cache=PrefixCache(capacity) if capacity else None)
         return self._batcher
 
     def _adapters(self, names: list[str | None]):
@@ -169,6 +179,8 @@ class LoadedModel:
         """Move the weights to host memory and free the device (see agent.workers.swap)."""
         if self.pool is not None:
             self.pool.offload()  # its device tier would otherwise keep device memory while asleep
+        if self._batcher is not None and self._batcher.prefix_cache is not None:
+            self._batcher.prefix_cache.clear()  # device memory too; a woken replica fills it again
         with torch.no_grad():
             transfer = self.swap.sleep()
         return transfer.as_dict() | {"host_bytes": self.swap.host_bytes}
