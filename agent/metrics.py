@@ -51,11 +51,23 @@ class ReplicaSnapshot:
     waiting_sequences: int = 0  # generations waiting for their prefill
     kv_cache_bytes: int = 0  # what their KV caches hold
     index: int | None = None  # its index among the deployment's replicas (None: the console sent none)
+    prefix: PrefixStats | None = None  # its engine's prefix cache (None: its engine reports none)
 
     @property
     def label(self) -> str:
         """Its `replica` label: as the console's pages and API name it ("chat#0"), else its id."""
         return f"{self.deployment}#{self.index}" if self.index is not None else str(self.replica_id)
+
+
+@dataclass(frozen=True)
+class PrefixStats:
+    """The built-in engine's prefix cache (agent.workers.prefix_cache), counted since the worker started."""
+
+    prefill_tokens: int = 0  # prompt tokens run through the model
+    hits: int = 0  # prompts that started from a cached prefix
+    misses: int = 0
+    hit_tokens: int = 0  # prompt tokens taken from the cache instead
+    cache_bytes: int = 0  # what the cache holds now
 
 
 @dataclass(frozen=True)
@@ -103,7 +115,15 @@ def replica_snapshot(handle: ObservedReplica) -> ReplicaSnapshot:
         waiting_sequences=getattr(engine, "waiting", 0),
         kv_cache_bytes=getattr(engine, "kv_cache_bytes", 0),
         index=getattr(handle.spec, "index", None),
+        prefix=_prefix_stats(engine),
     )
+
+
+def _prefix_stats(engine: Any) -> PrefixStats | None:
+    if engine is None or not (engine.prefill_tokens or engine.prefix_hits or engine.prefix_misses):
+        return None  # no prompt yet, or an engine without a prefix cache
+    return PrefixStats(engine.prefill_tokens, engine.prefix_hits, engine.prefix_misses, engine.prefix_hit_tokens,
+                       engine.prefix_cache_bytes)
 
 
 class Metrics:
@@ -313,6 +333,14 @@ def _replica_families(replicas: tuple[ReplicaSnapshot, ...], failed: dict[int, i
     running = GaugeMetricFamily("modelgrid_running_sequences", "Generations decoding now.", labels=labels)
     waiting = GaugeMetricFamily("modelgrid_waiting_sequences", "Generations waiting for their prefill.", labels=labels)
     kv = GaugeMetricFamily("modelgrid_kv_cache_bytes", "Bytes held by running generations' KV caches.", labels=labels)
+    prefill = CounterMetricFamily("modelgrid_prefill_tokens", "Prompt tokens run through the model.", labels=labels)
+    prefix_hits = CounterMetricFamily("modelgrid_prefix_cache_hits", "Prompts that started from a cached prefix.",
+                                      labels=labels)
+    prefix_misses = CounterMetricFamily("modelgrid_prefix_cache_misses", "Prompts looked up and not found.",
+                                        labels=labels)
+    hit_tokens = CounterMetricFamily("modelgrid_prefix_cache_hit_tokens", "Prompt tokens taken from the prefix "
+                                     "cache instead of computed.", labels=labels)
+    prefix_bytes = GaugeMetricFamily("modelgrid_prefix_cache_bytes", "Bytes the prefix cache holds.", labels=labels)
     # 0 included: a counter that first appears at 1 hides its first increase from rate() and increase().
     failures = CounterMetricFamily("modelgrid_replica_failures", "Worker processes of the replica that crashed, "
                                    "hung or failed to load (each restarted with backoff).", labels=labels)
@@ -333,8 +361,15 @@ def _replica_families(replicas: tuple[ReplicaSnapshot, ...], failed: dict[int, i
         running.add_metric(values, replica.running_sequences)
         waiting.add_metric(values, replica.waiting_sequences)
         kv.add_metric(values, replica.kv_cache_bytes)
+        if replica.prefix is not None:
+            prefill.add_metric(values, replica.prefix.prefill_tokens)
+            prefix_hits.add_metric(values, replica.prefix.hits)
+            prefix_misses.add_metric(values, replica.prefix.misses)
+            hit_tokens.add_metric(values, replica.prefix.hit_tokens)
+            prefix_bytes.add_metric(values, replica.prefix.cache_bytes)
         failures.add_metric(values, failed.get(replica.replica_id, 0))
-    yield from (state, load, wake, hits, misses, evictions, loaded, running, waiting, kv, failures)
+    yield from (state, load, wake, hits, misses, evictions, loaded, running, waiting, kv, prefill, prefix_hits,
+                prefix_misses, hit_tokens, prefix_bytes, failures)
 
 
 def _is_error(status: int) -> bool:

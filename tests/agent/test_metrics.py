@@ -170,3 +170,22 @@ def test_replica_failures_are_a_counter_from_zero_that_leaves_with_the_replica(m
     assert value(metrics, "modelgrid_replica_failures_total", deployment="chat", replica="2") is None
     assert "replica=\"9\"" not in metrics.render().decode()  # a replica with no handle has no series
 
+
+
+def test_the_prefix_cache_of_a_replicas_engine_is_counted(metrics):
+    from agent.workers.generation_spec import EngineStats
+
+    class Handle:
+        spec = WorkerSpec(4, "/m", "causal-lm", deployment="chat", index=0)
+        state = "ready"
+        info = {}
+        engine_stats = EngineStats(prefill_tokens=700, prefix_hits=3, prefix_misses=1, prefix_hit_tokens=480,
+                                   prefix_cache_bytes=1 << 20)
+
+    metrics.set_replicas([replica_snapshot(Handle())])
+    series = dict(deployment="chat", replica="chat#0")
+    assert value(metrics, "modelgrid_prefix_cache_hits_total", **series) == 3
+    assert value(metrics, "modelgrid_prefix_cache_misses_total", **series) == 1
+    assert value(metrics, "modelgrid_prefix_cache_hit_tokens_total", **series) == 480
+    assert value(metrics, "modelgrid_prefill_tokens_total", **series) == 700
+    assert value(metrics, "modelgrid_prefix_cache_bytes", **series) == 1 << 20
