@@ -70,21 +70,27 @@ def block_hashes(text: str, salt: str, block: int = BLOCK_BYTES, most: int = MAX
 
 
 class PrefixIndex:
-    """Block name -> the replicas that were sent it, least recently sent names forgotten first."""
+    """Block name -> the replicas that were sent it, least recently sent names forgotten first. Each replica's entries
+    carry its epoch: forgetting a replica bumps its epoch (O(1), nothing scanned on the event loop), and entries of
+    an older epoch no longer count, until the LRU drops them."""
 
     def __init__(self, capacity: int = INDEX_BLOCKS) -> None:
         self.capacity = capacity
-        self._holders: OrderedDict[int, set[int]] = OrderedDict()
-        self.members: set[int] = set()  # every replica it may name (a superset once names are evicted)
+        self._holders: OrderedDict[int, dict[int, int]] = OrderedDict()  # name -> {replica: its epoch when sent}
+        self._epochs: dict[int, int] = {}  # replica -> its current epoch (absent: 0)
+        self.members: set[int] = set()  # replicas sent anything in their current epoch
 
     def __len__(self) -> int:
         return len(self._holders)
 
     def matches(self, blocks: Sequence[int], replicas: Iterable[int]) -> dict[int, int]:
         """For each of `replicas` that holds the first block: how many leading blocks it holds."""
-        alive, counts = set(replicas), {}
+        alive, counts, epochs = set(replicas), {}, self._epochs
         for i, name in enumerate(blocks):
-            alive &= self._holders.get(name, set())
+            holders = self._holders.get(name)
+            if not holders:
+                break
+            alive = {r for r in alive if holders.get(r, -1) == epochs.get(r, 0)}
             if not alive:
                 break
             for r in alive:
@@ -94,23 +100,19 @@ class PrefixIndex:
     def sent(self, blocks: Sequence[int], replica: int) -> None:
         """`replica` was sent a prompt with these blocks: it holds them now, as the most recent."""
         self.members.add(replica)
+        epoch = self._epochs.get(replica, 0)
         for name in blocks:
             holders = self._holders.get(name)
             if holders is None:
-                self._holders[name] = {replica}
+                self._holders[name] = {replica: epoch}
             else:
-                holders.add(replica)
+                holders[replica] = epoch
                 self._holders.move_to_end(name)
         while len(self._holders) > self.capacity:
             self._holders.popitem(last=False)
 
     def keep(self, replicas: set[int]) -> None:
         """Forget every replica not in `replicas` (it stopped, slept or left: its cache is gone)."""
-        if self.members <= replicas:
-            return  # the common case, at every fleet refresh: nobody left
-        for name in list(self._holders):
-            holders = self._holders[name]
-            holders &= replicas
-            if not holders:
-                del self._holders[name]
+        for r in self.members - replicas:
+            self._epochs[r] = self._epochs.get(r, 0) + 1
         self.members &= replicas
