@@ -336,6 +336,8 @@ MODELGRID_GATEWAY_RESPONSE_TIMEOUT_SECONDS = _at_least("MODELGRID_GATEWAY_RESPON
                                                        0.1)
 MODELGRID_GATEWAY_STREAM_IDLE_SECONDS = _at_least("MODELGRID_GATEWAY_STREAM_IDLE_SECONDS",
                                                   envfloat("MODELGRID_GATEWAY_STREAM_IDLE_SECONDS", 120.0), 0.1)
+# Prompts that share a prefix go to the replica that was sent it, within the bounded-load bound (docs/inference.md).
+MODELGRID_GATEWAY_PREFIX_ROUTING = envbool("MODELGRID_GATEWAY_PREFIX_ROUTING", True)
 # `up`'s HTTP connections (console/connections.py): at most this many open (0: half the process's descriptor
 # limit), each sending a request's headers within the first timeout and its body within the second.
 MODELGRID_MAX_CONNECTIONS = int(_at_least("MODELGRID_MAX_CONNECTIONS", envint("MODELGRID_MAX_CONNECTIONS", 0), 0))

@@ -20,6 +20,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from channels.layers import get_channel_layer
 
@@ -33,8 +34,9 @@ from console.gateway.failover import Waiting
 from console.gateway.fleet import DeploymentView, FleetView, ReplicaView, load_fleet
 from console.gateway.limits import Hold, Limiter, Over
 from console.gateway.metrics import METRICS, ConsoleMetrics
+from console.gateway.prefix_index import PrefixIndex, block_hashes, prompt_text
 from console.gateway.reservation import NOTHING, Need
-from console.gateway.routing import affinity_choice, least_outstanding
+from console.gateway.routing import prefix_choice
 from console.gateway.upstream import Upstream
 from console.gateway.usage import Tally
 from console.usage import store as usage_store
@@ -59,6 +61,7 @@ class GatewaySettings:
     connect_timeout_s: float = 5.0  # to an agent's inference port
     response_timeout_s: float = 360.0  # for an answer's headers (a whole non-streamed generation)
     stream_idle_s: float = 120.0  # between two pieces of a streamed answer
+    prefix_routing: bool = True  # send prompts that share a prefix to the replica that was sent it (prefix_index.py)
 
     @classmethod
     def from_django(cls) -> GatewaySettings:
@@ -71,7 +74,13 @@ class GatewaySettings:
                    max_body_bytes=settings.MODELGRID_GATEWAY_MAX_BODY_BYTES,
                    connect_timeout_s=settings.MODELGRID_GATEWAY_CONNECT_TIMEOUT_SECONDS,
                    response_timeout_s=settings.MODELGRID_GATEWAY_RESPONSE_TIMEOUT_SECONDS,
-                   stream_idle_s=settings.MODELGRID_GATEWAY_STREAM_IDLE_SECONDS)
+                   stream_idle_s=settings.MODELGRID_GATEWAY_STREAM_IDLE_SECONDS,
+                   prefix_routing=settings.MODELGRID_GATEWAY_PREFIX_ROUTING)
+
+
+class Picked(NamedTuple):
+    replica: ReplicaView
+    reason: str  # why it was chosen, for the answer's x-modelgrid-routing header (routing.prefix_choice)
 
 
 class Refused(Exception):
@@ -105,6 +114,7 @@ class Gateway:
         self.per_token: dict[str, int] = {}
         self.per_deployment: dict[str, int] = {}
         self.suspects: dict[int, float] = {}  # replica id -> when a connection to it failed
+        self.prefixes: dict[str, PrefixIndex] = {}  # deployment -> which replicas were sent which prompt prefixes
         self.waiters: dict[str, list[_Waiter]] = {}
         self.book = bookkeeping.Book(f"{socket.gethostname()}:{os.getpid()}")
         self.usage = Tally()  # what requests cost, per minute, team, token and deployment, until the next flush
@@ -167,6 +177,11 @@ class Gateway:
         # A suspect that the fleet no longer lists as ready will be routable once it reports ready again.
         for rid in [r for r, t in self.suspects.items() if r not in ready or began - t > SUSPECT_S]:
             del self.suspects[rid]
+        for name in list(self.prefixes):  # a replica that is no longer ready lost its cache (stopped, asleep, gone)
+            if (dep := self.fleet.deployments.get(name)) is None:
+                del self.prefixes[name]
+            else:
+                self.prefixes[name].keep({r.id for r in dep.ready})
         self._release(began)
 
     async def _refresher(self) -> None:
@@ -388,16 +403,31 @@ class Gateway:
 
     # --- routing ------------------------------------------------------------------------------------
 
-    def pick(self, dep: DeploymentView, adapter: str | None, avoid: set[int] = frozenset()) -> ReplicaView | None:
-        """Least outstanding requests; for an adapter, consistent hashing with bounded loads."""
+    def prompt_blocks(self, path: str, body: dict | None, dep: DeploymentView, adapter: str | None) -> tuple:
+        """The chain hashes of a completion's or chat's leading text blocks (bounded: prefix_index.MAX_BLOCKS), the
+        deployment and adapter folded in first; none when prefix routing is off or the body has no text prompt."""
+        if not self.settings.prefix_routing:
+            return ()
+        return block_hashes(prompt_text(path, body), f"{dep.name}\x1f{adapter or ''}")
+
+    def pick(self, dep: DeploymentView, adapter: str | None, avoid: set[int] = frozenset(),
+             blocks: tuple = ()) -> Picked | None:
+        """The replica holding the longest run of the prompt's leading `blocks` within the bounded-load bound; else
+        least outstanding requests, or for an adapter consistent hashing with bounded loads (routing.py). The chosen
+        replica is remembered as holding `blocks`."""
         usable = [r for r in dep.ready if r.id not in self.suspects and r.id not in avoid]
         if not usable:
             return None
         by_id = {r.id: r for r in usable}
         ids = list(by_id)
-        if adapter is not None:
-            return by_id[affinity_choice(adapter, ids, self.outstanding)]
-        return by_id[least_outstanding(ids, self.outstanding, next(self._turn))]
+        index = self.prefixes.get(dep.name)
+        matches = index.matches(blocks, ids) if index is not None and blocks else {}
+        chosen, reason = prefix_choice(matches, len(blocks), ids, self.outstanding, next(self._turn), adapter)
+        if blocks:
+            if index is None:
+                index = self.prefixes[dep.name] = PrefixIndex()
+            index.sent(blocks, chosen)
+        return Picked(by_id[chosen], reason)
 
     @contextlib.contextmanager
     def in_flight(self, dep: DeploymentView, replica: ReplicaView) -> Iterator[None]:

@@ -38,6 +38,7 @@ from console.gateway.upstream import (
 )
 from console.gateway.usage import STREAMED_PATHS, Meter, ask_for_usage
 
+ROUTING_HEADER = "x-modelgrid-routing"  # why the replica was chosen (x-modelgrid-route names a route's branch)
 PARSE_INLINE_BYTES = 256 * 1024  # bodies above this are parsed in a worker thread, off the event loop
 MAX_DEPTH = 32  # as the agents take (agent.serving.body): a v2 tensor nested by shape is 4 deep
 # JSON values a body may hold for the gateway to parse it (for its model or adapter name): as the agents take at most
@@ -121,8 +122,9 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
                           "chat, responses) and not v2 tensors", code="unsupported_by_engine")
         hold = gw.admit(caller, dep, again=fallback, need=need)  # in flight until finish() (a stream's: its end)
         dep, queue_s = await gw.ready_view(dep.name)
+        blocks = gw.prompt_blocks(request.scope["path"], parsed, dep, adapter)  # the client's own prompt
         response = await _send(gw, gw.upstream, request, body, dep, adapter, queue_s, arrived, finish,
-                               meter if family.openai else None)
+                               meter if family.openai else None, blocks)
         status, streaming = response.status_code, isinstance(response, StreamingResponse)
         return response
     except Refused as e:
@@ -257,17 +259,18 @@ def _target(gw: Gateway, name: str, adapter: str | None, caller: Caller) -> tupl
 
 async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, dep: DeploymentView,
                 adapter: str | None, queue_s: float, arrived: float, finish: Callable[[int], None],
-                meter: Meter | None = None) -> Response:
-    """Send to a replica; a connection that fails before any byte comes back, or a request whose replica's host is
-    lost before it answers, is sent once elsewhere. A stream calls `finish` with how it ended, once it has."""
+                meter: Meter | None = None, blocks: tuple = ()) -> Response:
+    """Send to a replica (`blocks`: the prompt's leading blocks, for prefix-aware routing); a connection that fails
+    before any byte comes back, or a request whose replica's host is lost before it answers, is sent once elsewhere.
+    A stream calls `finish` with how it ended, once it has."""
     query = request.scope.get("query_string", b"")
     path = request.scope["path"] + (f"?{query.decode('latin-1')}" if query else "")
     tried: set[int] = set()
     unserved = None  # a first replica's agent refused it untouched: its answer, should no other replica take it
     lost = None  # a replica's host was lost before it answered: why, should no other replica take it
     for attempt in range(2):
-        replica = gw.pick(dep, adapter, tried)
-        if replica is None and lost is None and (attempt == 0 or unserved is not None):
+        picked = gw.pick(dep, adapter, tried, blocks)
+        if picked is None and lost is None and (attempt == 0 or unserved is not None):
             # Every ready replica is suspect, or the one tried does not serve now (asleep, draining): wait in the
             # deployment's queue while the scheduler wakes or places one, as for a model that was not ready.
             try:
@@ -277,8 +280,8 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
                     raise
                 break  # waited in vain: the agent's own refusal says why
             queue_s += more
-            replica = gw.pick(dep, adapter, tried if unserved is None else frozenset())
-        if replica is None:
+            picked = gw.pick(dep, adapter, tried if unserved is None else frozenset(), blocks)
+        if picked is None:
             if unserved is not None:
                 break
             if lost is not None:
@@ -288,8 +291,10 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
                           code="model_not_ready")
         if queue_s and await request.is_disconnected():  # its client left while it waited: nothing is sent
             raise ClientDisconnect()
+        replica = picked.replica
         tried.add(replica.id)
-        headers = {"x-modelgrid-replica": replica.label, "x-modelgrid-queue-ms": f"{1000 * queue_s:.1f}"}
+        headers = {"x-modelgrid-replica": replica.label, ROUTING_HEADER: picked.reason,
+                   "x-modelgrid-queue-ms": f"{1000 * queue_s:.1f}"}
         with gw.in_flight(dep, replica):
             if meter is not None:
                 meter.sent = True  # from here its engine may run it: a client that leaves still owes it

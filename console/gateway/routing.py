@@ -1,6 +1,8 @@
 """Choosing a replica for one request: least outstanding requests, or, for an adapter, consistent hashing
 with bounded loads (Mirrokni, Thorup and Zadimoghaddam), so one adapter's requests go to few replicas (its
-weights stay resident there) while a hot adapter spills over to the next replicas on the ring.
+weights stay resident there) while a hot adapter spills over to the next replicas on the ring. With prefix
+matches (prefix_index.py), the replica holding the longest run of the prompt's leading blocks comes first, under
+the same bound, so a hot prefix spills over too.
 
 Pure: replicas are plain ids, outstanding counts are passed in, nothing here reads a clock or does I/O.
 """
@@ -65,3 +67,22 @@ def affinity_choice(key: str, replicas: Sequence[int], outstanding: Mapping[int,
         if len(seen) == len(ids):
             break
     return least_outstanding(ids, outstanding)  # unreachable with factor >= 1; kept as a safe answer
+
+
+def prefix_choice(matches: Mapping[int, int], blocks: int, replicas: Sequence[int], outstanding: Mapping[int, int],
+                  turn: int = 0, adapter: str | None = None, factor: float = LOAD_FACTOR) -> tuple[int, str]:
+    """The replica holding most of the prompt's `blocks` leading blocks (`matches`: replica -> blocks held) among
+    those within the bounded-load bound, ties to the least outstanding; else today's choice (adapter affinity, or
+    least outstanding). With the reason, for the answer's header: `prefix 12/14`, `spill` (replicas hold the
+    prefix but are loaded beyond the bound), `adapter-affinity` or `least-outstanding`."""
+    bound = bounded_load_bound(sum(outstanding.get(r, 0) for r in replicas), len(replicas), factor)
+    within = {r: matches[r] for r in replicas if matches.get(r) and outstanding.get(r, 0) + 1 <= bound}
+    if within:
+        best = max(within.values())
+        return least_outstanding([r for r in replicas if within.get(r) == best], outstanding, turn), \
+            f"prefix {best}/{blocks}"
+    if adapter is not None:
+        chosen, reason = affinity_choice(adapter, replicas, outstanding, factor), "adapter-affinity"
+    else:
+        chosen, reason = least_outstanding(replicas, outstanding, turn), "least-outstanding"
+    return chosen, "spill" if any(matches.get(r) for r in replicas) else reason

@@ -193,10 +193,10 @@ async def test_one_adapters_requests_stick_to_one_replica_until_it_is_loaded_bey
     gateway = _gateway()
     await gateway.ensure_started()
     dep = gateway.fleet.deployments["chat"]
-    first = gateway.pick(dep, "support-bot")
-    assert all(gateway.pick(dep, "support-bot") == first for _ in range(20))  # idle: always the same one
+    first = gateway.pick(dep, "support-bot").replica
+    assert all(gateway.pick(dep, "support-bot").replica == first for _ in range(20))  # idle: always the same one
     gateway.outstanding[first.id] = 5  # hot on it: 1.25x the mean is exceeded, so it spills over
-    assert gateway.pick(dep, "support-bot") != first
+    assert gateway.pick(dep, "support-bot").replica != first
     await gateway.close()
 
 
@@ -506,3 +506,31 @@ async def test_health_answers_where_clients_of_openai_servers_look_without_a_tok
         r = await client.get("/health")
     await gateway.close()
     assert r.status_code == 200 and r.json() == {"ready": True}
+
+
+async def test_requests_sharing_a_long_prefix_land_on_one_replica_and_the_answer_says_why(fleet):
+    agents, _, token = fleet
+    system = "You are a support agent for ModelGrid. Answer briefly and cite the docs. " * 30  # ~2.2 KB
+    gateway = _gateway()
+    async with _client(gateway, token) as client:  # one after another: least outstanding alone would alternate
+        completions = [await client.post("/v1/completions", json={"model": "chat", "prompt": system + f"Q{i}?"})
+                       for i in range(6)]
+        chats = [await client.post("/v1/chat/completions", json={"model": "chat", "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": f"Q{i}?"}]}) for i in range(4)]
+    await gateway.close()
+    assert all(r.status_code == 200 for r in completions + chats)
+    assert len({r.headers["x-modelgrid-replica"] for r in completions}) == 1
+    assert len({r.headers["x-modelgrid-replica"] for r in chats}) == 1
+    assert [r.headers["x-modelgrid-routing"] for r in completions] == ["least-outstanding"] + ["prefix 8/8"] * 5
+    assert chats[1].headers["x-modelgrid-routing"] == "prefix 8/8"
+
+
+async def test_with_prefix_routing_off_a_shared_prefix_alternates_by_outstanding_requests(fleet):
+    _, _, token = fleet
+    gateway = _gateway(prefix_routing=False)
+    async with _client(gateway, token) as client:
+        answers = [await client.post("/v1/completions", json={"model": "chat", "prompt": "same " * 500 + str(i)})
+                   for i in range(4)]
+    await gateway.close()
+    assert len({r.headers["x-modelgrid-replica"] for r in answers}) == 2
+    assert {r.headers["x-modelgrid-routing"] for r in answers} == {"least-outstanding"}
