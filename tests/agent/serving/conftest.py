@@ -14,9 +14,9 @@ async def serve():
     none; `headers`: what the client sends instead)."""
     clients = []
 
-    async def start(*replicas, batching=None, source=None, secret=SECRET, headers=AUTH):
+    async def start(*replicas, batching=None, source=None, secret=SECRET, headers=AUTH, picker=None):
         auth = GatewayAuth(secret) if secret is not None else None
-        app = make_app(source or FakeSource(*replicas), batching=batching, auth=auth)
+        app = make_app(source or FakeSource(*replicas), batching=batching, auth=auth, picker=picker)
         client = TestClient(TestServer(app), headers=headers)
         await client.start_server()
         clients.append(client)

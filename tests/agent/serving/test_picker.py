@@ -3,15 +3,13 @@ replica, each engine's figures under the protocol's names, and who may read them
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.protocol import AdapterStatus
-from agent.serving import make_app
 from agent.serving.auth import PickerAccess
 from agent.workers.generation_spec import EngineStats
 from agent.workers.spec import WorkerSpec
-from tests.agent.serving.fake_app import AUTH, SECRET, FakeSource
 from tests.agent.test_msp import VLLM_PAGE
 
 PICKER_TOKEN = "picker-token-for-tests-0123456789"
@@ -30,24 +28,6 @@ class Replica:
         self.adapter_stats = list(adapters)
         self.adapters = {a.name for a in adapters}
         self.queued = 0
-
-
-@pytest.fixture
-async def agent():
-    clients = []
-
-    async def start(*replicas, picker=None, headers=AUTH):
-        from agent.serving.auth import GatewayAuth
-
-        app = make_app(FakeSource(*replicas), auth=GatewayAuth(SECRET), picker=picker)
-        client = TestClient(TestServer(app), headers=headers)
-        await client.start_server()
-        clients.append(client)
-        return client
-
-    yield start
-    for client in clients:
-        await client.close()
 
 
 @pytest.fixture
@@ -77,12 +57,12 @@ async def page(client, path, status=200):
             for f in text_string_to_metric_families(text)}
 
 
-async def test_a_deployments_page_is_its_serving_replicas_here_as_one_endpoint(agent):
+async def test_a_deployments_page_is_its_serving_replicas_here_as_one_endpoint(serve):
     one = Replica(1, "chat", 0, stats=EngineStats(running=2, waiting=1, kv_cache_bytes=100, running_adapters=("fr",)),
                   adapters=[AdapterStatus(name="fr", tier="gpu", nbytes=10)])
     two = Replica(2, "chat", 1, stats=EngineStats(running=1, waiting=4, kv_cache_bytes=500))
     other = Replica(3, "embed", 0, stats=EngineStats(running=7))
-    client = await agent(one, two, other)
+    client = await serve(one, two, other)
     families = await page(client, "/msp/chat/metrics")
     assert families["vllm:num_requests_running"] == ("gauge", [{"model_name": "chat", "value": 3}])
     assert families["vllm:num_requests_waiting"] == ("gauge", [{"model_name": "chat", "value": 5}])
@@ -91,8 +71,8 @@ async def test_a_deployments_page_is_its_serving_replicas_here_as_one_endpoint(a
     assert lora["running_lora_adapters"] == "fr" and lora["waiting_lora_adapters"] == ""
 
 
-async def test_a_replicas_page_is_its_own(agent):
-    client = await agent(Replica(1, "chat", 0, stats=EngineStats(running=2)),
+async def test_a_replicas_page_is_its_own(serve):
+    client = await serve(Replica(1, "chat", 0, stats=EngineStats(running=2)),
                          Replica(2, "chat", 1, stats=EngineStats(running=5, kv_cache_bytes=900)))
     families = await page(client, "/msp/chat/1/metrics")
     assert families["vllm:num_requests_running"][1][0]["value"] == 5
@@ -100,15 +80,15 @@ async def test_a_replicas_page_is_its_own(agent):
     assert "no replica on this host" in await page(client, "/msp/chat/7/metrics", status=503)
 
 
-async def test_a_deployment_not_served_here_now_is_no_idle_endpoint(agent):
-    client = await agent(Replica(1, "chat", 0, state="sleeping"))
+async def test_a_deployment_not_served_here_now_is_no_idle_endpoint(serve):
+    client = await serve(Replica(1, "chat", 0, state="sleeping"))
     assert "is sleeping" in await page(client, "/msp/chat/metrics", status=503)
     assert "no replica on this host" in await page(client, "/msp/other/metrics", status=503)
 
 
-async def test_a_vllm_replicas_figures_are_read_from_its_server_with_its_key(agent, vllm_server):
+async def test_a_vllm_replicas_figures_are_read_from_its_server_with_its_key(serve, vllm_server):
     vllm = Replica(1, "chat", 0, engine="vllm", info={"port": vllm_server.port, "key": "vllm-key"})
-    client = await agent(vllm)
+    client = await serve(vllm)
     families = await page(client, "/msp/chat/metrics")
     assert families["vllm:num_requests_waiting"] == ("gauge", [{"model_name": "chat", "value": 5}])
     assert families["vllm:kv_cache_usage_perc"][1][0]["value"] == 0.25
@@ -120,14 +100,14 @@ async def test_a_vllm_replicas_figures_are_read_from_its_server_with_its_key(age
     assert "did not answer" in await page(client, "/msp/chat/metrics", status=503)
 
 
-async def test_the_pages_need_the_gateways_secret_by_default(agent):
-    client = await agent(Replica(1, "chat", 0), headers={})
+async def test_the_pages_need_the_gateways_secret_by_default(serve):
+    client = await serve(Replica(1, "chat", 0), headers={})
     assert (await client.get("/msp/chat/metrics")).status == 401
     assert (await client.get("/msp/chat/metrics", headers={"Authorization": f"Bearer {PICKER_TOKEN}"})).status == 401
 
 
-async def test_open_metrics_opens_the_pickers_pages_and_nothing_else(agent):
-    client = await agent(Replica(1, "chat", 0), picker=PickerAccess(open_metrics=True), headers={})
+async def test_open_metrics_opens_the_pickers_pages_and_nothing_else(serve):
+    client = await serve(Replica(1, "chat", 0), picker=PickerAccess(open_metrics=True), headers={})
     assert (await client.get("/msp/chat/metrics")).status == 200
     assert (await client.get("/msp/chat/0/metrics")).status == 200
     for path in ("/metrics", "/v1/models", "/v2/models/chat"):
@@ -135,8 +115,8 @@ async def test_open_metrics_opens_the_pickers_pages_and_nothing_else(agent):
     assert (await client.post("/msp/chat/metrics")).status == 401
 
 
-async def test_the_picker_token_opens_the_inference_api_a_pickers_gateway_relays_and_the_pages(agent):
-    client = await agent(Replica(1, "chat", 0), picker=PickerAccess(token=PICKER_TOKEN),
+async def test_the_picker_token_opens_the_inference_api_a_pickers_gateway_relays_and_the_pages(serve):
+    client = await serve(Replica(1, "chat", 0), picker=PickerAccess(token=PICKER_TOKEN),
                          headers={"Authorization": f"Bearer {PICKER_TOKEN}"})
     assert (await client.get("/msp/chat/metrics")).status == 200
     models = await client.get("/v1/models")
