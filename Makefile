@@ -67,3 +67,19 @@ test: $(STAMP) $(VLLM_STAMP) browser
 	@echo "== pass 2: database, consumer and scale-out end-to-end tests on PostgreSQL with the Redis channel layer =="
 	$(PASS2) -n $(TEST_WORKERS) --dist loadfile --ignore=tests/e2e
 	$(PASS2) --durations=10 tests/e2e
+
+# -- make bench: the standard serving shapes (bench/standard) ---------------------------------------------------------
+# GuideLLM, lm-eval and matplotlib in an environment of their own (their pins differ from ours). `make bench` starts
+# `manage.py up` for the run; URL=http://... benchmarks a running ModelGrid instead, its token in the environment
+# (TOKEN or TOKEN_FILE, never on a command line); QUICK=1 is the smoke run (within 10 minutes on 2 cores).
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+
+$(BENCH_STAMP): requirements-bench.txt
+	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV) || python3 -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-bench.txt
+	touch $(BENCH_STAMP)
+
+.PHONY: bench
+bench: $(STAMP) $(VLLM_STAMP) $(BENCH_STAMP)
+	MODELGRID_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/python bench/standard $(if $(QUICK),--quick) $(if $(URL),--url $(URL))
