@@ -6,7 +6,7 @@ cold start. Then bench/lm_eval's two tasks through the console with lm-eval. Pri
 and writes it, with a plot, under bench/results/.
 
     make bench                  # starts `manage.py up` on a free loopback port with a temporary data dir
-    make bench QUICK=1          # 10 s per shape and target: a smoke run (within 10 minutes here)
+    make bench QUICK=1          # 10 s per shape and target, the vllm engine only: a smoke run (within 10 minutes)
     make bench URL=http://127.0.0.1:8000     # a running ModelGrid; its token in TOKEN (or TOKEN_FILE)
     .venv/bin/python bench/standard --engines vllm --seconds 60
 
@@ -197,8 +197,8 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def bench_engine(console: Console, engine: str, *, model: str, model_dir: Path, seconds: float, work: Path,
-                 lm_eval: bool) -> tuple[list[Result], dict]:
+def bench_engine(console: Console, engine: str, *, model: str, model_dir: Path, seconds: float,
+                 work: Path) -> tuple[list[Result], dict]:
     """Every shape through the console on one engine (and against its vLLM server directly, for vllm), then
     lm-eval; the deployment, its adapters and its route are deleted on the way out."""
     api, label = console.api, ENGINE_LABEL[engine]
@@ -206,7 +206,6 @@ def bench_engine(console: Console, engine: str, *, model: str, model_dir: Path, 
     adapters = [f"bench-{engine}-a{i}" for i in (1, 2)]
     deploy(api, name, model, engine=engine, dtype="float32", min_replicas=0, max_replicas=1, idle_timeout_s=3600)
     results: list[Result] = []
-    evals: dict = {}
     try:
         for i, adapter in enumerate(adapters, 1):  # registered before its first request: vLLM starts with LoRA on
             r = api.post("/adapters", json={"name": adapter, "deployment": name,
@@ -227,10 +226,8 @@ def bench_engine(console: Console, engine: str, *, model: str, model_dir: Path, 
         for shape in (s for s in SHAPES if s.name != COLD):
             for target in targets:  # the paths take turns shape by shape: the machine's drift falls on both
                 results.append(run_shape(shape, target, model_dir=model_dir, seconds=seconds, work=work))
-        if lm_eval:
-            say(f"lm-eval through the console ({label})")
-            evals = run_lm_eval(base_url=console.url, model=name, api_key=console.token, tokenizer=model_dir,
-                                workdir=work)
+        say(f"lm-eval through the console ({label})")
+        evals = run_lm_eval(base_url=console.url, model=name, api_key=console.token, tokenizer=model_dir, workdir=work)
     finally:
         api.delete(f"/routes/{route}")
         api.delete(f"/deployments/{name}")
@@ -238,18 +235,19 @@ def bench_engine(console: Console, engine: str, *, model: str, model_dir: Path, 
 
 
 def main() -> int:
-    parser = command_line(__doc__, quick="10 s per shape and target, lm-eval on the first engine only (a smoke run, "
-                          "not figures)", whole_doc=True)
+    parser = command_line(__doc__, quick="10 s per shape and target, the vllm engine only (a smoke run, not "
+                          "figures)", whole_doc=True)
     parser.add_argument("--url", default=None, help="a running ModelGrid's URL (token in TOKEN or TOKEN_FILE); "
                         "default: start `manage.py up` for the run")
     parser.add_argument("--model-dir", type=Path, default=None,
                         help="where the tiny Llama is built (default: a temporary directory; with --url, "
                         "var/models/bench-llama64, inside `make run`'s model root)")
-    parser.add_argument("--engines", default="torch,vllm", help="ModelGrid engines to deploy on, in turn")
+    parser.add_argument("--engines", default=None, help="ModelGrid engines to deploy on, in turn (default: "
+                        "torch,vllm; with --quick, vllm)")
     parser.add_argument("--seconds", type=float, default=None, help="seconds per shape and target")
     args = parser.parse_args()
     seconds = args.seconds or seconds_per_shape(args.quick)
-    engines = [e for e in args.engines.split(",") if e]
+    engines = [e for e in (args.engines or ("vllm" if args.quick else "torch,vllm")).split(",") if e]
     if "vllm" in engines and not Path(VLLM_PYTHON).exists():
         print(f"no vLLM environment at {VLLM_PYTHON}: run `make vllm` (or set MODELGRID_VLLM_PYTHON)")
         return 2
@@ -273,9 +271,9 @@ def main() -> int:
             model = "bench-llama64"
             register(grid.api, model, model_dir)
             try:
-                for n, engine in enumerate(engines):
+                for engine in engines:
                     found, scores = bench_engine(grid, engine, model=model, model_dir=model_dir, seconds=seconds,
-                                                 work=work, lm_eval=not args.quick or n == 0)
+                                                 work=work)
                     results += found
                     if scores:
                         evals[ENGINE_LABEL[engine]] = scores
@@ -284,8 +282,7 @@ def main() -> int:
                            f"model {model} to be deleted", interval=0.5)
         if "vllm" in engines and not args.quick and not args.url:
             say("vLLM's own cold start: api_server launched -> first token")
-            results.insert(next(i for i, r in enumerate(results) if r.target == DIRECT) if any(
-                r.target == DIRECT for r in results) else len(results), vllm_server_cold_start(model_dir))
+            results.append(vllm_server_cold_start(model_dir))
     report(results, evals, seconds, work, time.monotonic() - began)
     return 0
 
