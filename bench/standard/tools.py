@@ -33,6 +33,13 @@ def _private(path: Path, text: str) -> Path:
     return path
 
 
+def _redact(log: Path, secret: str) -> None:
+    """The key out of a tool's log: lm-eval writes a failed request's headers, bearer token and all."""
+    text = log.read_text(errors="replace")
+    if secret and secret in text:
+        log.write_text(text.replace(secret, "[key]"))
+
+
 def _tail(log: Path, lines: int = 15) -> str:
     return "".join(log.read_text(errors="replace").splitlines(keepends=True)[-lines:])
 
@@ -53,6 +60,7 @@ def run_guidellm(shape: Shape, *, label: str, base_url: str, model: str, api_key
                                   timeout=seconds + 600)
     finally:
         config.unlink()  # the key's only copy on disk (GuideLLM's report masks it)
+        _redact(log, api_key)
     if done.returncode != 0 or not report.exists():
         return Result(shape.name, label, tool="GuideLLM",
                       note=f"guidellm exited {done.returncode}: {_tail(log, 3).strip()}", errors=-1)
@@ -70,9 +78,12 @@ def run_lm_eval(*, base_url: str, model: str, api_key: str, tokenizer: Path, wor
             "--tasks", ",".join(LM_EVAL_TASKS), "--output_path", str(out),
             "--model_args", f"model={model},base_url={base_url}/v1/completions,tokenizer={tokenizer},"
             "tokenized_requests=False,num_concurrent=4,max_retries=1"]
-    with log.open("w") as f:
-        done = subprocess.run(args, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, timeout=900,
-                              env=os.environ | OFFLINE | {"OPENAI_API_KEY": api_key})
+    try:
+        with log.open("w") as f:
+            done = subprocess.run(args, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, timeout=900,
+                                  env=os.environ | OFFLINE | {"OPENAI_API_KEY": api_key})
+    finally:
+        _redact(log, api_key)
     found = sorted(out.rglob("results_*.json"))
     if done.returncode != 0 or not found:
         return {"error": f"lm_eval exited {done.returncode}: {_tail(log, 3).strip()}"}

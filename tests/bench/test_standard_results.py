@@ -77,3 +77,12 @@ def test_lm_eval_scores_drop_filters_and_standard_errors():
                                                 "acc_stderr,none": 0.125},
                           "modelgrid_tiny_gen": {"exact_match,none": 0.0, "exact_match_stderr,none": 0.0}}}
     assert lm_eval_scores(report) == {"modelgrid_tiny_gen": {"exact_match": 0.0}, "modelgrid_tiny_mc": {"acc": 0.125}}
+
+
+def test_a_tools_log_loses_the_key_it_printed(tmp_path):
+    from bench.standard.tools import _redact
+
+    log = tmp_path / "lm_eval.log"
+    log.write_text("headers: {'Authorization': 'Bearer mg_api_s3cret'}\nretrying\n")
+    _redact(log, "mg_api_s3cret")
+    assert "s3cret" not in log.read_text() and "Bearer [key]" in log.read_text()
