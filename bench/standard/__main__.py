@@ -113,12 +113,14 @@ def build_model(directory: Path) -> Path:
 def direct_target(api: httpx.Client, deployment: str, adapters: list[str]) -> Target | None:
     """The vLLM server under the deployment's replica, reached directly with its own key (the same server the
     console's requests reach); None where it is not on this machine."""
+    import psutil
+
     from bench.engines import _vllm_server
 
-    replica = ready_replica(api, deployment)
+    replica = ready_replica(api, deployment) or {}
     try:
-        url, key = _vllm_server(replica["pid"])
-    except Exception as e:  # another machine's pid, or another user's process
+        url, key = _vllm_server(replica.get("pid") or 0)
+    except (psutil.Error, RuntimeError, KeyError, ValueError) as e:  # another machine's pid, or another user's
         say(f"no vLLM server of {deployment} reachable on this machine ({e}): no vLLM-direct rows")
         return None
     models = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"]
