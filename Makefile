@@ -97,3 +97,19 @@ compose-secrets:
 # Builds the console and cpu agent images with podman from a debootstrap base (no registry needed) and starts them.
 image-test: $(STAMP)
 	MODELGRID_IMAGE_TESTS=1 $(BIN)/python -m pytest -q -m slow tests/deploy/test_image_runs.py
+
+# -- make bench: the standard serving shapes (bench/standard) ---------------------------------------------------------
+# GuideLLM, lm-eval and matplotlib in an environment of their own (their pins differ from ours). `make bench` starts
+# `manage.py up` for the run; URL=http://... benchmarks a running ModelGrid instead, its token in the environment
+# (TOKEN or TOKEN_FILE, never on a command line); QUICK=1 is the smoke run (within 10 minutes on 2 cores).
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+
+$(BENCH_STAMP): requirements-bench.txt
+	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV) || python3 -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-bench.txt
+	touch $(BENCH_STAMP)
+
+.PHONY: bench
+bench: $(STAMP) $(VLLM_STAMP) $(BENCH_STAMP)
+	MODELGRID_VLLM_PYTHON=$(VLLM_PYTHON) $(BIN)/python bench/standard $(if $(QUICK),--quick) $(if $(URL),--url $(URL))
