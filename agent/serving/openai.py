@@ -331,6 +331,10 @@ def _params(request: web.Request, body: dict[str, Any], route: Route, codec: Tex
     stop_ids = body.get("stop_token_ids") or []  # vLLM's extension: token ids that end a sequence
     if not isinstance(stop_ids, list) or not all(_is_int(i) and 0 <= i < MAX_TOKEN_ID for i in stop_ids):
         raise BadInput("'stop_token_ids' must be a list of token ids", param="stop_token_ids")
+    ignore_eos = body.get("ignore_eos", False)  # vLLM's extensions, which benchmarks send for exact lengths
+    if ignore_eos not in (True, False, None):
+        raise BadInput(f"'ignore_eos' must be true or false, got {json.dumps(ignore_eos)}", param="ignore_eos")
+    min_tokens = _integer(body, "min_tokens", 0, minimum=0, maximum=max_tokens)
     deadline = time.monotonic() + _timeout(request, body)
     choices = []
     for index, prompt in enumerate(prompts):
@@ -339,7 +343,8 @@ def _params(request: web.Request, body: dict[str, Any], route: Route, codec: Tex
             request_seed = None if seed is None else (seed + copy) % (MAX_SEED + 1)
             generation = GenerationRequest(tuple(prompt), max_tokens, temperature, top_p, max(top_k, 0),
                                            request_seed, tuple(stop_ids), route.adapter, logprobs, deadline,
-                                           prompt_logprobs=logprobs if echoes is not None else None)
+                                           prompt_logprobs=logprobs if echoes is not None else None,
+                                           ignore_eos=bool(ignore_eos), min_tokens=min_tokens)
             choices.append(Choice(len(choices), generation, echoes[index] if echoes is not None else None))
     return _Params(choices, stops, bool(stream), bool(stream and options.get("include_usage")))
 

@@ -310,6 +310,18 @@ class ContinuousBatcher:
             self._started(_Batch([sequence], cache, mask), logits[:, -1], out)
         return count
 
+    def _hold_off_ends(self, logits: torch.Tensor, sequences: list[_Sequence]) -> torch.Tensor:
+        """`logits` with the tokens that would end a sequence still short of its min_tokens made impossible."""
+        held = [(row, s.request) for row, s in enumerate(sequences) if len(s.tokens) < s.request.min_tokens]
+        if not held:
+            return logits
+        logits = logits.clone()
+        for row, request in held:
+            ends = set(request.stop_token_ids) | (set() if request.ignore_eos else self.eos)
+            if ends:
+                logits[row, sorted(ends)] = float("-inf")
+        return logits
+
     def _reuse_prefix(self, sequence: _Sequence) -> None:
         """Start a waiting prompt from the longest prefix of it in the cache, once (before its prefill begins)."""
         if self.prefix_cache is None or sequence.looked_up or sequence.prefilled:
@@ -394,6 +406,7 @@ class ContinuousBatcher:
                 return
             logits = logits[live]
         sequences = batch.sequences
+        logits = self._hold_off_ends(logits, sequences)
         try:
             tokens, logprobs, broken = choose(logits, [s.request for s in sequences], [s.generator for s in sequences])
         except Exception as e:  # noqa: BLE001 (the batch's sequences fail; the worker and its other batches go on)
@@ -407,7 +420,7 @@ class ContinuousBatcher:
             if row in broken:
                 out.failed.append(Failure(sequence.request_id, broken[row], "error"))
                 continue
-            if token in self.eos or token in request.stop_token_ids:
+            if token in request.stop_token_ids or (token in self.eos and not request.ignore_eos):
                 out.finished.append((sequence.request_id, self._result(sequence, "stop")))
                 continue
             sequence.tokens.append(token)

@@ -30,6 +30,8 @@ class GenerationRequest:
     logprobs: int | None = None  # None: no log probabilities; k: the chosen token's and the top k alternatives'
     deadline: float | None = None  # time.monotonic() (one clock for every process of the host) to give up at
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's log probability and the top k there
+    ignore_eos: bool = False  # the model's end of sequence is a token like any other (exact output lengths)
+    min_tokens: int = 0  # no end of sequence or stop token is sampled before this many tokens
 
     def __post_init__(self) -> None:
         if not self.input_ids:
@@ -44,6 +46,8 @@ class GenerationRequest:
             raise ValueError("top_k must be 0 (off) or more")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}")
+        if not 0 <= self.min_tokens <= max(self.max_new_tokens, 0):
+            raise ValueError("min_tokens must be from 0 to max_new_tokens")
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"prompt_logprobs must be from 0 to {MAX_TOP_LOGPROBS}")
 

@@ -229,6 +229,9 @@ async def test_an_unknown_model_is_a_404_model_not_found(client):
         (dict(model="chat", prompt="hi", logprobs=6), "logprobs", "'logprobs' must be an integer >= 0 and <= 5"),
         (dict(model="chat", prompt="hi", extra_body={"stop_token_ids": [-1]}), "stop_token_ids", "token ids"),
         (dict(model="chat", prompt="hi", extra_body={"timeout": 0}), "timeout", "must be a number of seconds"),
+        (dict(model="chat", prompt="hi", max_tokens=4, extra_body={"min_tokens": 5}), "min_tokens",
+         "'min_tokens' must be an integer >= 0 and <= 4"),
+        (dict(model="chat", prompt="hi", extra_body={"ignore_eos": "yes"}), "ignore_eos", "must be true or false"),
         (dict(model="chat", prompt="hi", suffix="!"), "suffix", 'suffix="!" is not supported'),
         (dict(model="chat", prompt="hi", temperature=3), "temperature", "'temperature' must be a number from 0 to 2"),
         (dict(model="chat", prompt="hi", max_tokens=0), "max_tokens", "'max_tokens' must be an integer >= 1"),
@@ -428,3 +431,11 @@ async def test_the_agents_default_generation_timeout_applies_when_a_request_name
     assert args.generation_timeout == 30.0
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--console", "http://c", "--generation-timeout", "0"])
+
+
+async def test_ignore_eos_and_min_tokens_reach_the_worker(client, replicas):
+    # vLLM's extensions, which GuideLLM sends for exact output lengths.
+    await client.completions.create(model="chat", prompt="hi", max_tokens=8,
+                                    extra_body={"ignore_eos": True, "min_tokens": 8})
+    [request] = replicas["chat"].generations
+    assert (request.ignore_eos, request.min_tokens) == (True, 8)

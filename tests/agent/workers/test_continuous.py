@@ -156,6 +156,27 @@ def test_a_stop_token_ends_the_sequence_and_is_left_out(model):
     assert result.finish_reason == "stop"
 
 
+def test_ignore_eos_generates_through_the_models_end_of_sequence(model):
+    # Benchmarks ask for exact output lengths (GuideLLM sends ignore_eos): the model's eos is then a token like any.
+    expected = reference(model, PROMPTS[0], 12)
+    eos = expected[4]
+    request = GenerationRequest(PROMPTS[0], 12, temperature=0, ignore_eos=True)
+    result = run(batcher(model, eos_ids={eos}), [request])[1][0]
+    assert list(result.token_ids) == expected and result.finish_reason == "length"
+    result = run(batcher(model, eos_ids={eos}), [GenerationRequest(PROMPTS[0], 12, temperature=0)])[1][0]
+    assert list(result.token_ids) == expected[:4] and result.finish_reason == "stop"
+
+
+def test_min_tokens_holds_off_the_end_of_sequence_and_stop_tokens(model):
+    expected = reference(model, PROMPTS[0], 12)
+    stop = expected[4]
+    request = GenerationRequest(PROMPTS[0], 12, temperature=0, stop_token_ids=(stop,), min_tokens=6)
+    result = run(batcher(model), [request])[1][0]
+    tokens = list(result.token_ids)
+    assert tokens[:4] == expected[:4] and tokens[4] != stop  # never sampled before the sixth token
+    assert len(tokens) >= 6 and stop not in tokens[:6]
+
+
 def test_a_cancelled_sequence_leaves_and_the_others_carry_on(model):
     requests = [GenerationRequest(p, 15, temperature=0) for p in PROMPTS[:3]]
     engine = batcher(model)
