@@ -1,6 +1,7 @@
 """Hostile and malformed input against a running console (`manage.py up`): every input the security probe
 found gets a 4xx that names what is wrong, nothing is stored, and the console keeps answering
-`GET /api/v1/hosts` within a second the whole time (a request that pins a core or holds the GIL would not).
+`GET /api/v1/hosts` within 5 s the whole time (a request that pins a core or holds the GIL would not; the bound is
+far above what a loaded 2-core machine adds, 2 s seen while two vLLM servers started beside it).
 
 One console serves the whole module; a thread polls it throughout and the last test reads what it saw."""
 
@@ -28,7 +29,7 @@ from tests.refusals import refusal, refused_fields
 
 pytestmark = pytest.mark.e2e
 OUTSIDE = "path is outside the model roots (MODELGRID_MODEL_ROOTS) or does not exist"
-LIVENESS_LIMIT_S = 1.0
+LIVENESS_LIMIT_S = 5.0
 
 
 class Poller:
@@ -322,7 +323,7 @@ def test_an_agent_message_out_of_range_gets_an_error_and_the_link_stays_open(con
 # --- throughout --------------------------------------------------------------------------------------------
 
 
-def test_the_console_answered_the_host_list_within_a_second_throughout(console):
+def test_the_console_answered_the_host_list_within_the_bound_throughout(console):
     poller = console[2]
     assert poller.polls > 10
     assert poller.slowest < LIVENESS_LIMIT_S, f"slowest GET /api/v1/hosts: {poller.slowest:.2f} s"

@@ -10,7 +10,6 @@ pass only, as every end-to-end test not marked db_stack does."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -111,24 +110,40 @@ def test_two_adapters_load_at_runtime_and_one_is_unloaded(vllm_stack):
 
 
 def generated_tokens(stack) -> float:
-    text = httpx.get(stack.url + "metrics/agents/local", headers={"Authorization": f"Bearer {stack.token}"}).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:generation_tokens_total{"))
+    """vLLM's own count of generated tokens, relayed by the agent; a scrape that vLLM did not answer in time (the
+    relay leaves its lines out) is asked again, so a missed scrape never reads as zero."""
+    def read() -> list[float] | None:  # in a list: 0 tokens is an answer
+        text = httpx.get(stack.url + "metrics/agents/local", headers={"Authorization": f"Bearer {stack.token}"},
+                         timeout=30).text
+        lines = [line for line in text.splitlines() if line.startswith("vllm:generation_tokens_total{")]
+        return [sum(float(line.rsplit(" ", 1)[1]) for line in lines)] if lines else None
+
+    return wait_for(read, 60, interval=0.5, what="vLLM's metrics through the agent")[0]
 
 
 def test_an_abandoned_stream_is_cancelled_in_vllm(vllm_stack):
-    before = generated_tokens(vllm_stack)
-    # Four streams of 16 choices each (a request takes 16 at most): 15,360 tokens asked for in all.
+    # One stream of 16 choices (a request takes 16 at most): 3,840 tokens asked for, left as soon as its first piece
+    # arrives. A cold vLLM may send that piece only once it has generated them all (seen on CPU for its first
+    # requests of a shape): such a try proves nothing and is made again, a bounded number of times.
     body = {"model": "vchat", "prompt": "hi", "max_tokens": 240, "ignore_eos": True, "n": 16, "stream": True}
-    with httpx.Client(timeout=60) as http, contextlib.ExitStack() as streams:
-        for _ in range(4):
-            r = streams.enter_context(http.stream("POST", vllm_stack.url + "v1/completions", json=body,
-                                                  headers={"Authorization": f"Bearer {vllm_stack.token}"}))
-            assert r.status_code == 200
-            next(r.iter_lines())
+    asked = 16 * 240
+    tries = []
+    with httpx.Client(timeout=60) as http:
+        for _ in range(5):
+            before = generated_tokens(vllm_stack)
+            with http.stream("POST", vllm_stack.url + "v1/completions", json=body,
+                             headers={"Authorization": f"Bearer {vllm_stack.token}"}) as r:
+                assert r.status_code == 200
+                next(r.iter_lines())
+            at_close = generated_tokens(vllm_stack) - before
+            if at_close < asked / 4:
+                break
+            tries.append(at_close)
+        else:
+            pytest.fail(f"vLLM had generated most of each stream before its first piece arrived: {tries}")
     time.sleep(5)  # what vLLM would have done by now, had it gone on
     done = generated_tokens(vllm_stack) - before
-    assert 0 < done < 4 * 16 * 240 / 2, done  # they stopped well short of the 15,360 tokens asked for
+    assert 0 < done < asked / 2, (at_close, done, tries)  # it stopped well short of the 3,840 tokens asked for
 
 
 def test_a_killed_vllm_fails_its_replica_with_its_last_lines_and_comes_back(vllm_stack):
