@@ -151,4 +151,8 @@ def test_a_file_cut_short_fails_its_start_saying_so(ggufs, tmp_path):
         server.wait_healthy(timeout=60)
     server.stop()
     assert "llama-server exited with code 1 before it was ready: " in str(failed.value)
-    assert "data is not within the file bounds" in str(failed.value)
+    # llama.cpp's own line: its loader's reason, or, when its log thread had not written that out before the exit
+    # (seen once in a clean-clone run), its server's last word.
+    said = str(failed.value).split("before it was ready: ", 1)[1]
+    assert "data is not within the file bounds" in said or said == "error: Failed to init server, please check the " \
+        "input params."
