@@ -313,9 +313,8 @@ def report(results: list[Result], evals: dict, seconds: float, work: Path, took:
         f"shapes: {shapes}.",
         f"{seconds:.0f} s per shape and target. by GuideLLM: its own percentiles and its mean rates of successful "
         "requests; by driver: bench/standard/driver.py (nearest-rank percentiles, tokens by the server's usage). "
-        "errors -1: the tool failed (the reason is in the JSON). out tok/req below the shape's: the torch engine "
-        "does not take `ignore_eos`, so its requests end at the model's end-of-sequence token. Tiny random-weight "
-        "model on CPU: the serving path's costs, not a model's."))
+        "errors -1: the tool failed (the reason is in the JSON). Tiny random-weight model on CPU: the serving "
+        "path's costs, not a model's."))
     for r in results:
         if r.note and r.errors < 0:
             print(f"{r.shape}, {r.target}: {r.note}")
