@@ -166,4 +166,4 @@ def test_the_next_pass_waits_for_the_added_replica_and_moves_nothing():
     assert out[("crawl", 0)].state == "sleeping"
     assert [s.target for s in again.scale if s.deployment == "vital"] == [2]
     assert outcome(again, "vital") == DemandOutcome(
-        "vital", "served", "backed up behind 1 ready replica: vital#1 on a/0 is on its way")
+        "vital", "served", "backed up behind 1 ready replica: 1 more replica is on its way")
