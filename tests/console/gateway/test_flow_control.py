@@ -16,12 +16,13 @@ from tests.console.gateway.test_gateway import _client, _gateway, fleet  # noqa:
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _shared_order(agents) -> list:
-    """Both agents record into one list: the order requests reached any replica."""
+def _shared_order(agents, delay: float = 1.0) -> list:
+    """Both agents record into one list: the order requests reached any replica. Each answer takes `delay`: long
+    enough that what the test sends next arrives while the first two hold the slots, on a loaded machine too."""
     order = []
     for agent in agents:
         agent.seen = order
-        agent.delay = 0.3
+        agent.delay = delay
     return order
 
 
@@ -85,7 +86,7 @@ async def test_critical_requests_go_first_and_a_sheddable_one_is_refused_429_sat
 async def test_a_sheddable_request_waits_when_the_predicted_wait_meets_the_slo(fleet):  # noqa: F811
     agents, _, token = fleet
     await sync_to_async(Deployment.objects.filter(name="chat").update)(slo_latency_ms=60_000)
-    order = _shared_order(agents)
+    order = _shared_order(agents, delay=3.0)
     gateway = _gateway(replica_slots=1)
     async with _client(gateway, token) as client:
         busy = [asyncio.create_task(_post(client, f"S{i}")) for i in range(2)]
