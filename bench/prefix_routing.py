@@ -276,9 +276,10 @@ def section_workload(args) -> None:
                            f"{args.seq} tokens" + (", which holds its running sequences and its prefix cache; "
                                                    "random weights, CPU, 1 torch thread per worker."
                                                    if args.engine == "torch" else
-                                                   f" (vLLM's --max-model-len); vLLM's own KV cache holds "
-                                                   f"{prefixes_held(on, args)} of the {args.groups} prefixes (with "
-                                                   "one request's own tokens) on each replica. Random weights, CPU."),
+                                                   f" (vLLM's --max-model-len); vLLM's own KV cache has room for "
+                                                   f"{prefixes_held(on, args)} requests' prefixes and own tokens on "
+                                                   f"each replica, against {args.groups} prefix groups. Random "
+                                                   "weights, CPU."),
                            f"Order fixed: {order}, each on a fresh `manage.py up`, seed {args.seed}"
                            + (" and the same prompts for both" if args.engine == "vllm" else
                               " (each run its own prefixes)")
