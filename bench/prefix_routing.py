@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/prefix_routing.py --cost              # decision time per request, in process
     .venv/bin/python bench/prefix_routing.py --workload          # TTFT and throughput, routing on vs off
+    .venv/bin/python bench/prefix_routing.py --workload --engine vllm   # on vLLM's CPU build (make vllm), 3.5-5 min
     .venv/bin/python bench/prefix_routing.py --quick             # both, a smoke run
 
 --cost times what the gateway adds per request on its event loop (console/gateway/prefix_index.py and
@@ -16,6 +17,11 @@ random-weight ~25M-parameter Llama on the built-in engine (its prefix cache on, 
 its declared batch x seq). Requests come in groups that share a long prefix and differ in a short suffix, shuffled,
 from a fixed number of closed-loop clients, streamed: TTFT is the time to the first streamed token. A random-weight
 model on a CPU: the figures show prefill saved by routing, not a real model's speed.
+
+--engine vllm serves the same model on the vllm engine (its CPU build from `make vllm`, or $MODELGRID_VLLM_PYTHON),
+its prefix cache on (vLLM's default), one OpenMP thread per replica and the KV cache the replica's reservation gives
+(whole GiB, at least 1: at the default sizes 1 GiB, ~43,000 tokens, room for every prefix on every replica; the table
+says how many it holds). Off and on serve the same prompts.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -48,6 +55,10 @@ from bench.harness import (  # noqa: E402
 from console.gateway.predict import Features, Predictor  # noqa: E402
 from console.gateway.prefix_index import BLOCK_BYTES, PrefixIndex, block_hashes, prompt_text  # noqa: E402
 from console.gateway.routing import least_outstanding, predicted_choice  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = os.environ.get("MODELGRID_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
+VLLM_START_S = 600  # a cold vLLM on a loaded 2-core machine (tests/e2e/vllm.py's bound)
 
 # -- router cost ---------------------------------------------------------------------------------------------
 
@@ -122,12 +133,12 @@ def workload(groups: int, per_group: int, prefix: int, suffix: int, seed: int) -
 
 
 async def _one(session, url: str, body: dict) -> tuple[float, float, str, str]:
-    """(TTFT, whole seconds, replica, routing reason) of one streamed completion."""
+    """(TTFT, whole seconds, replica, routing reason) of one streamed completion; RuntimeError unless it is 200."""
     began = time.perf_counter()
     first = None
     async with session.post(url, json=body) as r:
         if r.status != 200:
-            raise RuntimeError(f"{r.status}: {await r.text()}")
+            raise RuntimeError(f"{r.status}: {(await r.text())[:200]}")
         async for line in r.content:
             if first is None and line.startswith(b"data: {") and json.loads(line[6:]).get("choices"):
                 first = time.perf_counter() - began
@@ -135,11 +146,13 @@ async def _one(session, url: str, body: dict) -> tuple[float, float, str, str]:
             r.headers.get("x-modelgrid-routing", "")
 
 
-async def closed_loop(url: str, token: str, prompts: list[str], clients: int, new_tokens: int) -> tuple[list, float]:
+async def closed_loop(url: str, token: str, prompts: list[str], clients: int,
+                      new_tokens: int) -> tuple[list, list[str], float]:
+    """`prompts` from `clients` closed-loop clients: (each answer's _one figures, each failure's text, seconds)."""
     import aiohttp
 
     pending = list(enumerate(prompts))
-    results = []
+    results, errors = [], []
     headers = {"Authorization": f"Bearer {token}"}
     async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=600)) as session:
         async def client() -> None:
@@ -147,11 +160,35 @@ async def closed_loop(url: str, token: str, prompts: list[str], clients: int, ne
                 _, prompt = pending.pop(0)
                 body = {"model": "chat", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0,
                         "stream": True}
-                results.append(await _one(session, url + "v1/completions", body))
+                try:
+                    results.append(await _one(session, url + "v1/completions", body))
+                except (TimeoutError, RuntimeError, aiohttp.ClientError) as e:
+                    errors.append(f"{type(e).__name__}: {e}")  # counted in the table, not the end of the run
 
         began = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(clients)))
-        return results, time.perf_counter() - began
+        return results, errors, time.perf_counter() - began
+
+
+def vllm_prefix_cache(stack) -> tuple[float, float, int]:
+    """(hit tokens, queried tokens) of every vLLM replica's prefix cache so far, and the tokens the smallest one
+    holds, from vLLM's own metrics that the agent relays."""
+    import httpx
+
+    text = httpx.get(stack.url + "metrics/agents/local", headers={"Authorization": f"Bearer {stack.token}"},
+                     timeout=60).text
+    lines = text.splitlines()
+
+    def total(name: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + "{"))
+
+    sizes = []
+    for line in lines:
+        if line.startswith("vllm:cache_config_info{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            if labels.get("num_gpu_blocks", "").isdigit():
+                sizes.append(int(labels["num_gpu_blocks"]) * int(labels["block_size"]))
+    return total("vllm:prefix_cache_hits_total"), total("vllm:prefix_cache_queries_total"), min(sizes, default=0)
 
 
 def run_once(args, model: Path, tmp: Path, on: bool, prompts: list[str], warm: list[str]) -> dict:
@@ -159,32 +196,64 @@ def run_once(args, model: Path, tmp: Path, on: bool, prompts: list[str], warm: l
 
     gpus, up = up_args("cpu")
     env = {"MODELGRID_GATEWAY_PREFIX_ROUTING": "1" if on else "0"}
+    spec = {"name": "chat", "model": "decoder", "replicas": 2, "batch": args.kv_batch, "seq": args.seq,
+            "max_batch_size": args.kv_batch}
+    vllm = args.engine == "vllm"
+    if vllm:
+        env |= {"MODELGRID_VLLM_PYTHON": VLLM_PYTHON, "MODELGRID_GATEWAY_QUEUE_WAIT_SECONDS": str(VLLM_START_S)}
+        spec["engine"] = "vllm"  # its prefix caching is vLLM's default: no flag
     with running_stack(tmp / ("on" if on else "off"), gpus=gpus, args=up, **env) as stack, stack.api() as api:
         r = api.post("/models", json={"name": "decoder", "path": str(model)})
         assert r.status_code == 201, r.text
-        r = api.post("/deployments", json={"name": "chat", "model": "decoder", "replicas": 2, "batch": args.kv_batch,
-                                           "seq": args.seq, "max_batch_size": args.kv_batch})
+        r = api.post("/deployments", json=spec)
         assert r.status_code == 201, r.text
-        wait_until(lambda: sum(x["state"] == "ready" for x in deployment(api, "chat")["replicas"]) == 2, 600,
-                   "two ready replicas", 0.5, stack)
-        say(f"prefix routing {'on' if on else 'off'}: two replicas ready; warming up")
-        asyncio.run(closed_loop(stack.url, stack.token, warm, 2, 2))
+        began = time.monotonic()
+        wait_until(lambda: sum(x["state"] == "ready" for x in deployment(api, "chat")["replicas"]) == 2,
+                   VLLM_START_S if vllm else 600, "two ready replicas", 0.5, stack)
+        say(f"prefix routing {'on' if on else 'off'}: two replicas ready in {time.monotonic() - began:.0f} s; "
+            "warming up")
+        _, failed, _ = asyncio.run(closed_loop(stack.url, stack.token, warm, 2, 2))
+        assert not failed, failed
+        before = vllm_prefix_cache(stack) if vllm else (0.0, 0.0, 0)
         say(f"running {len(prompts)} requests from {args.clients} clients")
-        results, wall = asyncio.run(closed_loop(stack.url, stack.token, prompts, args.clients, args.new_tokens))
+        results, errors, wall = asyncio.run(closed_loop(stack.url, stack.token, prompts, args.clients,
+                                                        args.new_tokens))
+        after = vllm_prefix_cache(stack) if vllm else (0.0, 0.0, 0)
+    for error in sorted(set(errors))[:5]:
+        say(f"failed: {error}")
     ttft = [t for t, _, _, _ in results]
-    return {"prefix routing": "on" if on else "off", "requests": len(results),
-            "TTFT p50 s": percentile(ttft, 0.5), "TTFT p90 s": percentile(ttft, 0.9),
-            "latency p50 s": percentile([w for _, w, _, _ in results], 0.5),
-            "req/s": len(results) / wall,
-            "per replica": "/".join(str(n) for _, n in sorted(Counter(rep for _, _, rep, _ in results).items())),
-            "route reasons": ", ".join(f"{k} {v}" for k, v in
-                                       sorted(Counter(x.split()[0] for _, _, _, x in results).items()))}
+    row = {"prefix routing": "on" if on else "off", "requests": len(results), "errors": len(errors),
+           "TTFT p50 s": percentile(ttft, 0.5), "TTFT p90 s": percentile(ttft, 0.9),
+           "latency p50 s": percentile([w for _, w, _, _ in results], 0.5),
+           "req/s": len(results) / wall,
+           "per replica": "/".join(str(n) for _, n in sorted(Counter(rep for _, _, rep, _ in results).items())),
+           "route reasons": ", ".join(f"{k} {v}" for k, v in
+                                      sorted(Counter(x.split()[0] for _, _, _, x in results).items()))}
+    if vllm:
+        hits, queries = after[0] - before[0], after[1] - before[1]
+        row["vLLM cache hit tokens"] = f"{100 * hits / queries:.0f}%" if queries else "-"
+        row["vLLM cache tokens / replica"] = after[2] or "?"
+    return row
+
+
+def by_prefix(row: dict) -> str:
+    """The share of a run's answered requests that the gateway routed by their prefix."""
+    reasons = dict(part.rsplit(" ", 1) for part in row["route reasons"].split(", ") if part)
+    return f"{100 * int(reasons.get('prefix', 0)) / max(row['requests'], 1):.0f}%"
+
+
+def prefixes_held(row: dict, args) -> str:
+    """How many of the workload's prefixes (and one request's own tokens) a vLLM replica's KV cache holds at once."""
+    tokens = row.get("vLLM cache tokens / replica")
+    return str(tokens // (args.prefix + args.suffix + args.new_tokens + 1)) if isinstance(tokens, int) else "?"
 
 
 def section_workload(args) -> None:
     from bench.generation_models import build_decoder
     from bench.prefix_cache import SHAPE
 
+    if args.engine == "vllm" and not Path(VLLM_PYTHON).exists():
+        sys.exit(f"no vLLM environment at {VLLM_PYTHON}: run `make vllm` (or set MODELGRID_VLLM_PYTHON)")
     with tempfile.TemporaryDirectory(prefix="bench-prefix-routing-") as name:
         tmp = Path(name)
         model = tmp / "models" / "decoder"
@@ -192,20 +261,39 @@ def section_workload(args) -> None:
         say(f"built a {params / 1e6:.0f}M-parameter random Llama")
         rows = []
         for i, on in enumerate((False, True) if not args.on_first else (True, False)):
-            # Each run its own prefixes and a fresh stack: no cache carries over from one to the other.
-            prompts = workload(args.groups, args.per_group, args.prefix, args.suffix, args.seed + 1 + i)
-            warm = workload(2, 2, 8, 4, args.seed + 100 + i)
+            # Each run a fresh stack: no cache carries over from one to the other. The torch runs each have their
+            # own prefixes; vLLM's off and on serve the same prompts.
+            seed = args.seed + 1 + (0 if args.engine == "vllm" else i)
+            prompts = workload(args.groups, args.per_group, args.prefix, args.suffix, seed)
+            warm = workload(2, 2, 8, 4, seed + 99)
             rows.append(run_once(args, model, tmp, on, prompts, warm))
         off, on = sorted(rows, key=lambda r: r["prefix routing"] == "on")
-        print_table(f"Shared-prefix workload through the console: {args.groups} groups x {args.per_group} requests, "
-                    f"{args.prefix}-token shared prefix + {args.suffix}-token suffix, {args.new_tokens} new tokens, "
-                    f"{args.clients} clients, 2 replicas", [off, on],
+        order = "on, then off" if args.on_first else "off, then on"
+        engine = ("the vllm engine (vLLM's CPU build, its prefix cache on, 1 OpenMP thread per replica)"
+                  if args.engine == "vllm" else "the built-in engine")
+        print_table(f"Shared-prefix workload through the console on {args.engine}: {args.groups} groups x "
+                    f"{args.per_group} requests, {args.prefix}-token shared prefix + {args.suffix}-token suffix, "
+                    f"{args.new_tokens} new tokens, {args.clients} clients, 2 replicas", [off, on],
                     notes=(f"With prefix routing: TTFT p50 {100 * (on['TTFT p50 s'] / off['TTFT p50 s'] - 1):+.0f}%, "
                            f"p90 {100 * (on['TTFT p90 s'] / off['TTFT p90 s'] - 1):+.0f}% (target: -40% or better); "
-                           f"throughput {on['req/s'] / off['req/s']:.2f}x (target: 1x or more).",
-                           f"Each replica's KV share: batch {args.kv_batch} x seq {args.seq} tokens, which holds "
-                           "its running sequences and its prefix cache; random weights, CPU, 1 torch thread per "
-                           "worker."))
+                           f"throughput {on['req/s'] / off['req/s']:.2f}x (target: 1x or more). Routed by prefix: "
+                           f"{by_prefix(off)} off, {by_prefix(on)} on; errors: {off['errors']} off, "
+                           f"{on['errors']} on.",
+                           f"Replicas: 2 on {engine}. Each replica's declared KV share: batch {args.kv_batch} x seq "
+                           f"{args.seq} tokens" + (", which holds its running sequences and its prefix cache; "
+                                                   "random weights, CPU, 1 torch thread per worker."
+                                                   if args.engine == "torch" else
+                                                   f" (vLLM's --max-model-len); vLLM's own KV cache has room for "
+                                                   f"{prefixes_held(on, args)} requests' prefixes and own tokens on "
+                                                   f"each replica, against {args.groups} prefix groups. Random "
+                                                   "weights, CPU."),
+                           f"Order fixed: {order}, each on a fresh `manage.py up`, seed {args.seed}"
+                           + (" and the same prompts for both" if args.engine == "vllm" else
+                              " (each run its own prefixes)")
+                           + ". The second run meets what the first left (a warm OS file cache"
+                           + (", vLLM's compile cache under ~/.cache/vllm" if args.engine == "vllm" else "")
+                           + ") and the machine as other work has left it by then: its drift falls on one mode "
+                             "only. --on-first swaps the order."))
 
 
 def main() -> None:
@@ -215,6 +303,8 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=4, help="--cost: replicas to choose among")
     parser.add_argument("--warm-prefixes", type=int, default=2000, help="--cost: prefixes in the index first")
     parser.add_argument("--cost-runs", type=int, help="--cost: decisions per body (default 2000; quick 200)")
+    parser.add_argument("--engine", choices=("torch", "vllm"), default="torch",
+                        help="--workload: the deployment's engine (vllm: its CPU build, `make vllm`)")
     parser.add_argument("--groups", type=int, help="prefix groups (default 8; quick 4)")
     parser.add_argument("--per-group", type=int, help="requests per group (default 16; quick 4)")
     parser.add_argument("--prefix", type=int, default=896, help="shared prefix, tokens")
