@@ -170,6 +170,16 @@ async def closed_loop(url: str, token: str, prompts: list[str], clients: int,
         return results, errors, time.perf_counter() - began
 
 
+def prediction_error(stack, deployment: str = "chat") -> str:
+    """The gateway's TTFT predictor's mean absolute percentage error for `deployment` (console /metrics)."""
+    import httpx
+
+    text = httpx.get(stack.url + "metrics", headers={"Authorization": f"Bearer {stack.token}"}, timeout=60).text
+    series = f'modelgrid_gateway_ttft_prediction_mape{{deployment="{deployment}"}} '
+    found = re.search("^" + re.escape(series) + r"(\S+)$", text, re.M)
+    return f"{100 * float(found.group(1)):.0f}%" if found else "-"
+
+
 def vllm_prefix_cache(stack) -> tuple[float, float, int]:
     """(hit tokens, queried tokens) of every vLLM replica's prefix cache so far, and the tokens the smallest one
     holds, from vLLM's own metrics that the agent relays."""
@@ -219,6 +229,7 @@ def run_once(args, model: Path, tmp: Path, on: bool, prompts: list[str], warm: l
         results, errors, wall = asyncio.run(closed_loop(stack.url, stack.token, prompts, args.clients,
                                                         args.new_tokens))
         after = vllm_prefix_cache(stack) if vllm else (0.0, 0.0, 0)
+        mape = prediction_error(stack)
     for error in sorted(set(errors))[:5]:
         say(f"failed: {error}")
     ttft = [t for t, _, _, _ in results]
@@ -228,7 +239,8 @@ def run_once(args, model: Path, tmp: Path, on: bool, prompts: list[str], warm: l
            "req/s": len(results) / wall,
            "per replica": "/".join(str(n) for _, n in sorted(Counter(rep for _, _, rep, _ in results).items())),
            "route reasons": ", ".join(f"{k} {v}" for k, v in
-                                      sorted(Counter(x.split()[0] for _, _, _, x in results).items()))}
+                                      sorted(Counter(x.split()[0] for _, _, _, x in results).items())),
+           "TTFT predicted MAPE": mape}
     if vllm:
         hits, queries = after[0] - before[0], after[1] - before[1]
         row["vLLM cache hit tokens"] = f"{100 * hits / queries:.0f}%" if queries else "-"
