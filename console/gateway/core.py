@@ -97,6 +97,8 @@ class Ask(NamedTuple):
 
 ANY = Ask()
 WAIT = object()  # acquire_now(): no slot now
+ASKED = "; asked for another replica"  # a routing reason's ending when the scheduler was asked for another replica
+SHEDDABLE = BANDS.index("sheddable")
 
 
 class Picked(NamedTuple):
@@ -106,6 +108,31 @@ class Picked(NamedTuple):
     features: Features | None = None
     deployment: str = ""
     streamed: bool = False
+
+
+class Sent:
+    """One request sent to a replica, until its first byte (or its end without one): once."""
+
+    __slots__ = ("gw", "picked", "at", "ok", "open")
+
+    def __init__(self, gw: Gateway, picked: Picked, at: float) -> None:
+        self.gw, self.picked, self.at, self.ok, self.open = gw, picked, at, True, True
+
+    def first_byte(self, when: float | None) -> None:
+        """Its first byte came at `when` (time.monotonic()), or (None) it ended without one: it leaves the replica's
+        prefill backlog, and the predictor learns from it when it came and the answer is no error (`ok`)."""
+        if not self.open:
+            return
+        self.open = False
+        picked, backlog = self.picked, self.gw.prefilling
+        if picked.features is not None and picked.replica.id in backlog:
+            left = backlog[picked.replica.id] - picked.features.uncached_kb
+            if left > 1e-9:
+                backlog[picked.replica.id] = left
+            else:
+                del backlog[picked.replica.id]
+        if when is not None and self.ok:
+            self.gw.learn(picked, when - self.at)
 
 
 class Refused(Exception):
@@ -144,6 +171,7 @@ class Gateway:
         self.flows: dict[str, FlowQueue] = {}  # deployment -> requests waiting for one of its replicas' slots
         self.granted: dict[str, int] = {}  # deployment -> slots handed to waiting requests not yet taken
         self.predictor = Predictor()
+        self.prefilling: dict[int, float] = {}  # replica id -> uncached KiB sent to it and not yet at its first byte
         self.freeing: dict[str, tuple[float, float]] = {}  # deployment -> (last slot freed, mean seconds between)
         self.asked: dict[str, float] = {}  # deployment -> when a request last asked for another replica of it
         self.book = bookkeeping.Book(f"{socket.gethostname()}:{os.getpid()}")
@@ -479,31 +507,36 @@ class Gateway:
 
     def _features(self, ask: Ask, held_blocks: int, replica: int) -> Features:
         uncached = max(0, ask.prompt_bytes - held_blocks * BLOCK_BYTES)
-        return Features(uncached / 1024, self.outstanding.get(replica, 0), 0.0 if ask.streamed else ask.generate / 1000)
+        return Features(uncached / 1024, self.outstanding.get(replica, 0), 0.0 if ask.streamed else ask.generate / 1000,
+                        self.prefilling.get(replica, 0.0))
 
     # --- flow control -------------------------------------------------------------------------------
 
     async def acquire(self, dep: DeploymentView, adapter: str | None, avoid: set[int] = frozenset(),
-                      blocks: tuple = (), ask: Ask = ANY) -> Picked | None:
+                      blocks: tuple = (), ask: Ask = ANY, budget: float | None = None) -> Picked | None:
         """A replica slot for the request, taken (free it with free()): at once when one is free and nobody waits;
         else after waiting in the deployment's flow queue (flow.py) for its turn. None when no replica is usable
         at all (the caller waits for one: ready_view). A sheddable request that would wait past the deployment's
-        SLO (without one: that would wait at all) is refused 429 saturated at once; a wait is bounded (503). When
+        SLO (without one: that would wait at all) is refused 429 saturated at once, and one still waiting when its
+        SLO would be broken is refused so then; any wait ends within `budget` seconds (the queue wait; 503). When
         another replica (a sleeping one's wake, a new one's start) would serve sooner than the queue, the
         scheduler is asked for one, and the reason says so."""
         name, loop = dep.name, asyncio.get_running_loop()
-        began, granted = loop.time(), False
+        began, granted, asked = loop.time(), False, False
+        limit = self.settings.queue_wait_s if budget is None else budget
         while True:
             dep = self.fleet.deployments.get(name, dep)
             picked = self.acquire_now(dep, adapter, avoid, blocks, ask, granted)
             if picked is not WAIT:
+                if asked and picked is not None and not picked.reason.endswith(ASKED):
+                    picked = picked._replace(reason=picked.reason + ASKED)
                 return picked
             usable = [r for r in dep.ready if r.id not in self.suspects and r.id not in avoid]
             queue = self.flows.get(name)
             wait = self._predicted_wait(name, ask.band)
             best = min(self.predictor.predict(name, ask.streamed, self._features(ask, 0, r.id)) for r in usable)
             self._refuse_if_saturated(dep, ask, wait, best, len(usable))
-            self._ask_another(dep, wait + best, ask)
+            asked = self._ask_another(dep, wait + best, ask) or asked
             if queue is None:
                 queue = self.flows[name] = FlowQueue()
             if len(queue) >= self.settings.queue_max:
@@ -512,8 +545,13 @@ class Gateway:
             ticket = queue.push(ask.band, ask.flow, ask.cost, loop.create_future())
             self._dispatch(name)
             self._gauge(name)
+            left = limit - (loop.time() - began)
+            slack = None  # a sheddable request's time until its first token would break the SLO
+            if ask.band == SHEDDABLE and dep.slo_latency_ms is not None:
+                slack = dep.slo_latency_ms / 1000 - best - (loop.time() - began)
             try:
-                await self._turn_of(name, ticket, self.settings.queue_wait_s - (loop.time() - began))
+                await self._turn_of(dep, ticket, min(left, slack) if slack is not None else left,
+                                    shed=slack is not None and slack < left)
             finally:
                 self.metrics.flow_wait.labels(name, BANDS[ask.band]).observe(loop.time() - began)
                 self._gauge(name)
@@ -531,17 +569,24 @@ class Gateway:
             return WAIT
         picked = self._choose(dep, adapter, free, blocks, ask)
         if self._ask_another(dep, picked.predicted, ask):
-            picked = picked._replace(reason=f"{picked.reason}; asked for another replica")
+            picked = picked._replace(reason=picked.reason + ASKED)
         self.take(picked.replica)
         return picked
 
-    async def _turn_of(self, name: str, ticket: Ticket, budget: float) -> None:
-        """Until `ticket`'s turn comes (a slot was granted to it), within `budget` seconds (else 503)."""
+    async def _turn_of(self, dep: DeploymentView, ticket: Ticket, budget: float, shed: bool = False) -> None:
+        """Until `ticket`'s turn comes (a slot was granted to it), within `budget` seconds: else 503, or (`shed`: the
+        budget is a sheddable request's slack under its SLO) 429 saturated."""
         future: asyncio.Future = ticket.waiter
+        name = dep.name
         try:
             await asyncio.wait_for(asyncio.shield(future), max(budget, 0.0))
         except TimeoutError:
             if not future.done():
+                if shed:
+                    self.metrics.shed.labels(name, "sheddable", "over_slo").inc()
+                    raise Refused(429, f"model {name!r} is saturated: a sheddable request waited for a replica slot "
+                                  f"until its first token could no longer come within its SLO ({dep.slo_latency_ms} "
+                                  "ms)", retry_after=1, code="saturated") from None
                 raise Refused(503, f"model {name!r} is saturated: no replica slot came free within "
                               f"{self.settings.queue_wait_s:g} s", retry_after=5, code="saturated") from None
         except BaseException:
@@ -593,7 +638,7 @@ class Gateway:
         return (ahead + 1) * every
 
     def _refuse_if_saturated(self, dep: DeploymentView, ask: Ask, wait: float, ttft: float, replicas: int) -> None:
-        if ask.band != BANDS.index("sheddable"):
+        if ask.band != SHEDDABLE:
             return
         slo = dep.slo_latency_ms
         if slo is not None and (wait + ttft) * 1000 <= slo:
@@ -640,6 +685,14 @@ class Gateway:
                 every = 0.8 * every + 0.2 * (now - last)
             self.freeing[name] = (now, every)
         self._dispatch(name)
+
+    def sending(self, picked: Picked) -> Sent:
+        """`picked`'s request goes to its replica now: its uncached prompt joins the replica's prefill backlog until
+        Sent.first_byte()."""
+        if picked.features is not None:
+            rid = picked.replica.id
+            self.prefilling[rid] = self.prefilling.get(rid, 0.0) + picked.features.uncached_kb
+        return Sent(self, picked, time.monotonic())
 
     def learn(self, picked: Picked, seconds: float) -> None:
         """`picked`'s request took `seconds` from being sent to its first byte: the predictor learns from it."""

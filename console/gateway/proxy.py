@@ -259,14 +259,15 @@ def _ask(request: Request, parsed: dict | None, dep: DeploymentView, caller: Cal
 
 
 async def _slot(gw: Gateway, request: Request, dep: DeploymentView, adapter: str | None, avoid: set[int],
-                blocks: tuple, ask: Ask) -> tuple[Picked | None, float]:
-    """A replica slot (gw.acquire), and how long the request waited for it; a client that leaves while it waits
-    gives its place up."""
+                blocks: tuple, ask: Ask, waited: float) -> tuple[Picked | None, float]:
+    """A replica slot (gw.acquire), and how long the request waited for it, within what is left of the queue wait
+    after `waited` seconds; a client that leaves while it waits gives its place up."""
     picked = gw.acquire_now(dep, adapter, avoid, blocks, ask)
     if picked is not WAIT:
         return picked, 0.0
     began = time.monotonic()
-    picked = await _until_disconnect(request, gw.acquire(dep, adapter, avoid, blocks, ask))
+    budget = gw.settings.queue_wait_s - waited
+    picked = await _until_disconnect(request, gw.acquire(dep, adapter, avoid, blocks, ask, budget))
     return picked, time.monotonic() - began
 
 
@@ -297,7 +298,7 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
     lost = None  # a replica's host was lost before it answered: why, should no other replica take it
     ask = ask or Ask()
     for attempt in range(2):
-        picked, waited = await _slot(gw, request, dep, adapter, tried, blocks, ask)
+        picked, waited = await _slot(gw, request, dep, adapter, tried, blocks, ask, queue_s)
         queue_s += waited
         if picked is None and lost is None and (attempt == 0 or unserved is not None):
             # Every ready replica is suspect, or the one tried does not serve now (asleep, draining): wait in the
@@ -308,9 +309,10 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
                 if unserved is None or e.status == GONE:  # deleted meanwhile: a route takes that to a live branch
                     raise
                 break  # waited in vain: the agent's own refusal says why
+            queue_s += more
             picked, waited = await _slot(gw, request, dep, adapter, tried if unserved is None else frozenset(), blocks,
-                                         ask)
-            queue_s += more + waited
+                                         ask, queue_s)
+            queue_s += waited
         if picked is None:
             if unserved is not None:
                 break
@@ -327,22 +329,24 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
         with gw.in_flight(dep, replica, taken=True):  # its slot, taken by _slot, is freed when the block ends
             if queue_s and await request.is_disconnected():  # its client left while it waited: nothing is sent
                 raise ClientDisconnect()
-            sent = time.monotonic()
             if meter is not None:
                 meter.sent = True  # from here its engine may run it: a client that leaves still owes it
+            sent = gw.sending(picked)
             try:
                 upstream_response, content = await _exchange(gw, upstream, replica, request, path, body)
-            except Unreachable:
-                gw.suspect(replica)
-                continue
-            except HostLost as e:
-                lost = e
-                continue
+            except BaseException as e:
+                sent.first_byte(None)  # no answer: it leaves the replica's prefill backlog, teaching nothing
+                if isinstance(e, Unreachable):
+                    gw.suspect(replica)
+                    continue
+                if isinstance(e, HostLost):
+                    lost = e
+                    continue
+                raise
+            sent.ok = upstream_response.status < 400  # an error's time teaches the predictor nothing
             if content is None:
-                return stream(gw, dep, adapter, upstream_response, headers, arrived, replica, finish, meter,
-                              _learner(gw, picked, sent, upstream_response.status))
-            if upstream_response.status < 400:
-                gw.learn(picked, time.monotonic() - sent)
+                return stream(gw, dep, adapter, upstream_response, headers, arrived, replica, finish, meter, sent)
+            sent.first_byte(time.monotonic())
             if attempt == 0 and upstream_response.status == 503 and UNSERVED_HEADER in upstream_response.headers:
                 # None of it serves there now (draining, asleep): nothing ran, so another replica may take it, and the
                 # gateway's picture of this one is behind.
@@ -358,11 +362,6 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
         raise Refused(504, str(lost), retry_after=2, code="upstream_timeout")
     raise Refused(502, f"model {dep.name!r}: its replicas could not be reached ({', '.join(map(str, tried))})",
                   retry_after=2, code="upstream_unreachable")
-
-
-def _learner(gw: Gateway, picked: Picked, sent: float, status: int) -> Callable[[float], None] | None:
-    """What tells the predictor when a stream's first piece came (an answer that failed teaches it nothing)."""
-    return None if status >= 400 else lambda first: gw.learn(picked, first - sent)
 
 
 async def _routed(gw: Gateway, request: Request, family: Family, body: bytes, route: RouteView) -> Response:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 from starlette.responses import StreamingResponse
 
-from console.gateway.core import Gateway
+from console.gateway.core import Gateway, Sent
 from console.gateway.fleet import DeploymentView, ReplicaView
 from console.gateway.upstream import PASSED_HEADERS, Broken, error_event, pieces
 from console.gateway.usage import Meter
@@ -25,12 +25,12 @@ TAIL_BYTES = 8192  # an OpenAI answer of unknown length is read for its usage in
 
 def stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_response: aiohttp.ClientResponse,
             headers: dict, arrived: float, replica: ReplicaView, finish: Callable[[int], None],
-            meter: Meter | None = None, first_byte: Callable[[float], None] | None = None) -> StreamingResponse:
+            meter: Meter | None = None, sent: Sent | None = None) -> StreamingResponse:
     """Server-sent events (or a long answer) passed through as the agent produces them, never buffered whole. An
     OpenAI answer's usage is read on the way (`meter`). When it ends (whole, broken off, its client gone, or never
     read at all) its replica's count and its connection are released and `finish` is told how it ended: its status,
-    502 where it broke off or its agent ended it with an error event, 499 where its client went away. `first_byte` is
-    told when its first piece came (time.monotonic())."""
+    502 where it broke off or its agent ended it with an error event, 499 where its client went away. `sent` is told
+    when its first piece came (the predictor learns from it), or that none did."""
     gw.take(replica)  # the stream stays in flight, holding its slot
     events_stream = upstream_response.content_type == "text/event-stream"
     ended = False
@@ -49,20 +49,21 @@ def stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_respo
         if status == CLIENT_CLOSED and whole is not None:
             status = whole
         upstream_response.release()
+        if sent is not None:
+            sent.first_byte(None)  # (nothing, when its first piece came already)
         gw.free(dep.name, replica)
         finish(status)
 
     async def events() -> AsyncIterator[bytes]:
-        nonlocal whole, first_byte
+        nonlocal whole
         first = None
         count = 0
         tail = b""  # an answer of unknown length: its end, where its usage is
         status = CLIENT_CLOSED  # until it ends otherwise
         try:
             async for chunk in pieces(upstream_response, gw.settings.stream_idle_s):
-                if first_byte is not None:
-                    first_byte(time.monotonic())
-                    first_byte = None
+                if sent is not None and sent.open:
+                    sent.first_byte(time.monotonic())
                 if not events_stream:
                     if meter is not None:
                         tail = (tail + chunk)[-TAIL_BYTES:]

@@ -187,3 +187,59 @@ async def test_when_waking_a_sleeping_replica_beats_the_queue_the_scheduler_is_a
     assert busy.headers["x-modelgrid-routing"].endswith("; asked for another replica")
     assert (await sync_to_async(Deployment.objects.get)(name="chat")).demand >= 1
     assert gateway.metrics.replica_asks.labels("chat")._value.get() == 1
+
+
+async def test_a_replicas_prefill_backlog_counts_what_was_sent_until_its_first_byte(fleet):  # noqa: F811
+    agents, _, token = fleet
+    for agent in agents:
+        agent.delay = 1.0
+    gateway = _gateway(queue_wait_s=0.5)
+    async with _client(gateway, token) as client:
+        pending = [asyncio.create_task(_post(client, "y" * 2048)) for _ in range(2)]
+        while sum(len(a.seen) for a in agents) < 2:
+            await asyncio.sleep(0.01)
+        during = dict(gateway.prefilling)
+        answers = await asyncio.gather(*pending)
+        for agent in agents:
+            agent.delay = 0.0
+            await agent.runner.cleanup()  # gone: a request that reaches no replica leaves the backlog too
+        failed = await _post(client, "z" * 2048)
+    await gateway.close()
+    assert all(r.status_code == 200 for r in answers) and failed.status_code >= 500
+    assert sorted(during.values()) == [2.0, 2.0]  # each body's prompt, as the token limits bound it (here: the context)
+    assert not gateway.prefilling
+
+
+async def test_a_waiting_sheddable_request_is_shed_429_once_its_slo_would_be_broken(fleet):  # noqa: F811
+    agents, _, token = fleet
+    await sync_to_async(Deployment.objects.filter(name="chat").update)(slo_latency_ms=1500)
+    order = _shared_order(agents, delay=5.0)
+    gateway = _gateway(replica_slots=1)
+    async with _client(gateway, token) as client:
+        busy = [asyncio.create_task(_post(client, f"S{i}")) for i in range(2)]
+        while len(order) < 2:
+            await asyncio.sleep(0.01)
+        shed = await _post(client, "shed", "sheddable")  # predicted within 1.5 s at first; the slots are held 5 s
+        await asyncio.gather(*busy)
+    await gateway.close()
+    assert shed.status_code == 429 and shed.json()["error"]["code"] == "saturated", shed.text
+    assert "SLO" in shed.json()["error"]["message"] and "Retry-After" in shed.headers
+    assert sorted(_prompt(body) for _, body in order) == ["S0", "S1"]  # it never reached a replica
+    assert gateway.metrics.shed.labels("chat", "sheddable", "over_slo")._value.get() == 1
+    assert not gateway.flows and not gateway.granted
+
+
+async def test_a_request_that_asked_for_another_replica_while_it_waited_says_so(fleet):  # noqa: F811
+    await sync_to_async(_asleep_third_replica)(0.01)
+    gateway = _gateway(replica_slots=1)
+    await gateway.ensure_started()
+    dep = gateway.fleet.deployments["chat"]
+    held = [gateway.acquire_now(dep, None), gateway.acquire_now(dep, None)]
+    waiting = asyncio.create_task(gateway.acquire(dep, None))
+    await asyncio.sleep(0.05)
+    gateway.free("chat", held[0].replica)
+    picked = await asyncio.wait_for(waiting, 5)
+    for p in (held[1], picked):
+        gateway.free("chat", p.replica)
+    await gateway.close()
+    assert picked.reason.endswith("; asked for another replica"), picked.reason
