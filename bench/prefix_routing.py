@@ -5,7 +5,7 @@
     .venv/bin/python bench/prefix_routing.py --quick             # both, a smoke run
 
 --cost times what the gateway adds per request on its event loop (console/gateway/prefix_index.py and
-routing.prefix_choice): the prompt's text cut to its bounded prefix, the chain hashes of its blocks, the index's
+routing.predicted_choice): the prompt's text cut to its bounded prefix, the chain hashes of its blocks, the index's
 lookup over the replicas, the choice and the index's update, for completion and chat bodies of 1 KB, 16 KB and 1 MB,
 against an index warmed with many prefixes. The body's JSON parse is not counted: the gateway parses every OpenAI
 body already (for its model name), off the loop above 256 KiB.
@@ -45,8 +45,9 @@ from bench.harness import (  # noqa: E402
     say,
     wait_until,
 )
-from console.gateway.prefix_index import PrefixIndex, block_hashes, prompt_text  # noqa: E402
-from console.gateway.routing import least_outstanding, prefix_choice  # noqa: E402
+from console.gateway.predict import Features, Predictor  # noqa: E402
+from console.gateway.prefix_index import BLOCK_BYTES, PrefixIndex, block_hashes, prompt_text  # noqa: E402
+from console.gateway.routing import least_outstanding, predicted_choice  # noqa: E402
 
 # -- router cost ---------------------------------------------------------------------------------------------
 
@@ -71,12 +72,18 @@ def section_cost(args) -> None:
             for i in range(args.warm_prefixes):  # other prompts' blocks, so lookups meet a full index
                 index.sent(block_hashes(f"{i:08d}" * 2048, "chat\x1f"), replicas[i % len(replicas)])
             outstanding = {r: rng.randrange(4) for r in replicas}
+            predictor = Predictor()
+            for _ in range(64):  # a fitted model, as after a deployment's first requests
+                f = Features(rng.uniform(0, 16), rng.randrange(8))
+                predictor.learn("chat", True, f, 0.1, 0.02 + 0.05 * f.uncached_kb + 0.03 * f.in_flight)
             took, turn, reasons = [], 0, Counter()
             for _ in range(args.cost_runs):
                 began = time.perf_counter()
                 blocks = block_hashes(prompt_text(path, body), "chat\x1f")
                 matches = index.matches(blocks, replicas)
-                chosen, reason = prefix_choice(matches, len(blocks), replicas, outstanding, turn)
+                predicted = {r: predictor.predict("chat", True, Features(
+                    max(0, size - matches.get(r, 0) * BLOCK_BYTES) / 1024, outstanding[r])) for r in replicas}
+                chosen, reason = predicted_choice(predicted, matches, len(blocks), replicas, outstanding, turn)
                 index.sent(blocks, chosen)
                 took.append(time.perf_counter() - began)
                 turn += 1
@@ -92,8 +99,8 @@ def section_cost(args) -> None:
                          "index blocks": len(index), "choices": ", ".join(f"{k} {v}" for k, v in reasons.items())})
     print_table(f"Routing decision per request ({args.replicas} replicas, index warmed with {args.warm_prefixes} "
                 f"prefixes, {args.cost_runs} decisions each)", rows,
-                notes=("Decision: prompt text (bounded) + chain hashes + index lookup + choice + index update, on the "
-                       "event loop. Target: at most 100 us.",))
+                notes=("Decision: prompt text (bounded) + chain hashes + index lookup + a predicted TTFT per replica "
+                       "(predict.py) + choice + index update, on the event loop. Target: at most 100 us.",))
 
 
 # -- the shared-prefix workload through a console ------------------------------------------------------------

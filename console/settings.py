@@ -338,6 +338,10 @@ MODELGRID_GATEWAY_STREAM_IDLE_SECONDS = _at_least("MODELGRID_GATEWAY_STREAM_IDLE
                                                   envfloat("MODELGRID_GATEWAY_STREAM_IDLE_SECONDS", 120.0), 0.1)
 # Prompts that share a prefix go to the replica that was sent it, within the bounded-load bound (docs/inference.md).
 MODELGRID_GATEWAY_PREFIX_ROUTING = envbool("MODELGRID_GATEWAY_PREFIX_ROUTING", True)
+# Requests in flight per ready replica through one console; more wait at the gateway, by band and fair share between
+# tokens (console/gateway/flow.py). Near the engine's batch: what waits beyond it waits here, where its order is kept.
+MODELGRID_GATEWAY_REPLICA_SLOTS = int(_at_least("MODELGRID_GATEWAY_REPLICA_SLOTS",
+                                                envint("MODELGRID_GATEWAY_REPLICA_SLOTS", 32), 1))
 # `up`'s HTTP connections (console/connections.py): at most this many open (0: half the process's descriptor
 # limit), each sending a request's headers within the first timeout and its body within the second.
 MODELGRID_MAX_CONNECTIONS = int(_at_least("MODELGRID_MAX_CONNECTIONS", envint("MODELGRID_MAX_CONNECTIONS", 0), 0))

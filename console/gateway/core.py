@@ -32,11 +32,13 @@ from console.gateway import bookkeeping
 from console.gateway.auth import Caller, TokenCache, lookup
 from console.gateway.failover import Waiting
 from console.gateway.fleet import DeploymentView, FleetView, ReplicaView, load_fleet
+from console.gateway.flow import BANDS, FlowQueue, Ticket
 from console.gateway.limits import Hold, Limiter, Over
 from console.gateway.metrics import METRICS, ConsoleMetrics
-from console.gateway.prefix_index import PrefixIndex, block_hashes, prompt_text
+from console.gateway.predict import Features, Predictor
+from console.gateway.prefix_index import BLOCK_BYTES, PrefixIndex, block_hashes, prompt_text
 from console.gateway.reservation import NOTHING, Need
-from console.gateway.routing import prefix_choice
+from console.gateway.routing import predicted_choice, prefix_choice
 from console.gateway.upstream import Upstream
 from console.gateway.usage import Tally
 from console.usage import store as usage_store
@@ -49,6 +51,8 @@ IDLE_SHARE = 10.0  # ... and, without an event, the next comes no sooner than th
 WAITING_REFRESH_S = 0.05  # while requests wait for a replica: how soon a ready one is seen without an event
 FLUSH_S = 0.5  # bookkeeping written this often
 SUSPECT_S = 10.0  # a replica that refused a connection is avoided this long unless it reports anew
+FREE_EVERY_S = 0.5  # until measured: how often a busy deployment's slot frees (for the predicted wait for one)
+ASK_KEPT_S = 2 * bookkeeping.DEMAND_RENEW_S  # an ask for another replica counts as demand this long after it was made
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class GatewaySettings:
     response_timeout_s: float = 360.0  # for an answer's headers (a whole non-streamed generation)
     stream_idle_s: float = 120.0  # between two pieces of a streamed answer
     prefix_routing: bool = True  # send prompts that share a prefix to the replica that was sent it (prefix_index.py)
+    replica_slots: int = 32  # requests in flight per ready replica; more wait in the deployment's flow queue (flow.py)
 
     @classmethod
     def from_django(cls) -> GatewaySettings:
@@ -75,12 +80,32 @@ class GatewaySettings:
                    connect_timeout_s=settings.MODELGRID_GATEWAY_CONNECT_TIMEOUT_SECONDS,
                    response_timeout_s=settings.MODELGRID_GATEWAY_RESPONSE_TIMEOUT_SECONDS,
                    stream_idle_s=settings.MODELGRID_GATEWAY_STREAM_IDLE_SECONDS,
-                   prefix_routing=settings.MODELGRID_GATEWAY_PREFIX_ROUTING)
+                   prefix_routing=settings.MODELGRID_GATEWAY_PREFIX_ROUTING,
+                   replica_slots=settings.MODELGRID_GATEWAY_REPLICA_SLOTS)
+
+
+class Ask(NamedTuple):
+    """What flow control and the predictor know of a request before it is sent."""
+
+    band: int = 1  # flow.BANDS' index: critical, standard, sheddable
+    flow: str = ""  # whose: its token's key (fair shares are per flow)
+    cost: float = 1.0  # its tokens as reservation.need bounds them: what a fair share is counted in
+    prompt_bytes: int = 0
+    generate: int = 0  # tokens generated before its first byte comes back: all of them unless it streams
+    streamed: bool = False
+
+
+ANY = Ask()
+WAIT = object()  # acquire_now(): no slot now
 
 
 class Picked(NamedTuple):
     replica: ReplicaView
     reason: str  # why it was chosen, for the answer's x-modelgrid-routing header (routing.prefix_choice)
+    predicted: float = 0.0  # seconds to its first byte, as predict.py expected when it was sent
+    features: Features | None = None
+    deployment: str = ""
+    streamed: bool = False
 
 
 class Refused(Exception):
@@ -116,6 +141,11 @@ class Gateway:
         self.suspects: dict[int, float] = {}  # replica id -> when a connection to it failed
         self.prefixes: dict[str, PrefixIndex] = {}  # deployment -> which replicas were sent which prompt prefixes
         self.waiters: dict[str, list[_Waiter]] = {}
+        self.flows: dict[str, FlowQueue] = {}  # deployment -> requests waiting for one of its replicas' slots
+        self.granted: dict[str, int] = {}  # deployment -> slots handed to waiting requests not yet taken
+        self.predictor = Predictor()
+        self.freeing: dict[str, tuple[float, float]] = {}  # deployment -> (last slot freed, mean seconds between)
+        self.asked: dict[str, float] = {}  # deployment -> when a request last asked for another replica of it
         self.book = bookkeeping.Book(f"{socket.gethostname()}:{os.getpid()}")
         self.usage = Tally()  # what requests cost, per minute, team, token and deployment, until the next flush
         self.upstream = Upstream(self.settings.connect_timeout_s)
@@ -183,6 +213,9 @@ class Gateway:
             else:
                 self.prefixes[name].keep({r.id for r in dep.ready})
         self._release(began)
+        for name in list(self.flows):
+            self._dispatch(name)
+        self.predictor.forget(set(self.fleet.deployments))
 
     async def _refresher(self) -> None:
         took = 0.0  # the last refresh's duration
@@ -220,6 +253,12 @@ class Gateway:
 
     async def flush(self) -> None:
         demand = {name: len(ws) for name, ws in self.waiters.items()}
+        now = time.monotonic()
+        for name, at in list(self.asked.items()):
+            if now - at > ASK_KEPT_S:
+                del self.asked[name]
+            else:  # waking or starting one more replica beats queueing: the scheduler adds one (scheduler/demand.py)
+                demand[name] = max(demand.get(name, 0), len(self.flows.get(name, ())), 1)
         busy = {rid for rid, n in self.outstanding.items() if n}
         batch = self.book.drain(demand, busy, time.time())
         if await own_thread(bookkeeping.write)(batch):
@@ -411,33 +450,215 @@ class Gateway:
         return block_hashes(prompt_text(path, body), f"{dep.name}\x1f{adapter or ''}")
 
     def pick(self, dep: DeploymentView, adapter: str | None, avoid: set[int] = frozenset(),
-             blocks: tuple = ()) -> Picked | None:
-        """The replica holding the longest run of the prompt's leading `blocks` within the bounded-load bound; else
-        least outstanding requests, or for an adapter consistent hashing with bounded loads (routing.py). The chosen
-        replica is remembered as holding `blocks`."""
+             blocks: tuple = (), ask: Ask = ANY) -> Picked | None:
+        """A usable replica for the request, slots regardless (acquire() keeps to free ones); None when none is."""
         usable = [r for r in dep.ready if r.id not in self.suspects and r.id not in avoid]
-        if not usable:
-            return None
-        by_id = {r.id: r for r in usable}
+        return self._choose(dep, adapter, usable, blocks, ask) if usable else None
+
+    def _choose(self, dep: DeploymentView, adapter: str | None, replicas: list[ReplicaView], blocks: tuple,
+                ask: Ask) -> Picked:
+        """Of `replicas`, the one with the lowest predicted time to first token (predict.py: its uncached share of the
+        prompt, from the prefix index, and its load) within the bounded-load bound; for an adapter, consistent
+        hashing with bounded loads (its weights stay resident on few replicas). The chosen replica is remembered as
+        holding the prompt's leading `blocks`."""
+        by_id = {r.id: r for r in replicas}
         ids = list(by_id)
         index = self.prefixes.get(dep.name)
         matches = index.matches(blocks, ids) if index is not None and blocks else {}
-        chosen, reason = prefix_choice(matches, len(blocks), ids, self.outstanding, next(self._turn), adapter)
+        features = {r: self._features(ask, matches.get(r, 0), r) for r in ids}
+        predicted = {r: self.predictor.predict(dep.name, ask.streamed, f) for r, f in features.items()}
+        if adapter is not None:
+            chosen, reason = prefix_choice(matches, len(blocks), ids, self.outstanding, next(self._turn), adapter)
+        else:
+            chosen, reason = predicted_choice(predicted, matches, len(blocks), ids, self.outstanding, next(self._turn))
         if blocks:
             if index is None:
                 index = self.prefixes[dep.name] = PrefixIndex()
             index.sent(blocks, chosen)
-        return Picked(by_id[chosen], reason)
+        return Picked(by_id[chosen], reason, predicted[chosen], features[chosen], dep.name, ask.streamed)
+
+    def _features(self, ask: Ask, held_blocks: int, replica: int) -> Features:
+        uncached = max(0, ask.prompt_bytes - held_blocks * BLOCK_BYTES)
+        return Features(uncached / 1024, self.outstanding.get(replica, 0), 0.0 if ask.streamed else ask.generate / 1000)
+
+    # --- flow control -------------------------------------------------------------------------------
+
+    async def acquire(self, dep: DeploymentView, adapter: str | None, avoid: set[int] = frozenset(),
+                      blocks: tuple = (), ask: Ask = ANY) -> Picked | None:
+        """A replica slot for the request, taken (free it with free()): at once when one is free and nobody waits;
+        else after waiting in the deployment's flow queue (flow.py) for its turn. None when no replica is usable
+        at all (the caller waits for one: ready_view). A sheddable request that would wait past the deployment's
+        SLO (without one: that would wait at all) is refused 429 saturated at once; a wait is bounded (503). When
+        another replica (a sleeping one's wake, a new one's start) would serve sooner than the queue, the
+        scheduler is asked for one, and the reason says so."""
+        name, loop = dep.name, asyncio.get_running_loop()
+        began, granted = loop.time(), False
+        while True:
+            dep = self.fleet.deployments.get(name, dep)
+            picked = self.acquire_now(dep, adapter, avoid, blocks, ask, granted)
+            if picked is not WAIT:
+                return picked
+            usable = [r for r in dep.ready if r.id not in self.suspects and r.id not in avoid]
+            queue = self.flows.get(name)
+            wait = self._predicted_wait(name, ask.band)
+            best = min(self.predictor.predict(name, ask.streamed, self._features(ask, 0, r.id)) for r in usable)
+            self._refuse_if_saturated(dep, ask, wait, best, len(usable))
+            self._ask_another(dep, wait + best, ask)
+            if queue is None:
+                queue = self.flows[name] = FlowQueue()
+            if len(queue) >= self.settings.queue_max:
+                raise Refused(429, f"model {name!r} already has {len(queue)} requests waiting for a replica slot "
+                              "(the queue's limit)", retry_after=max(1.0, wait), code="queue_full")
+            ticket = queue.push(ask.band, ask.flow, ask.cost, loop.create_future())
+            self._dispatch(name)
+            self._gauge(name)
+            try:
+                await self._turn_of(name, ticket, self.settings.queue_wait_s - (loop.time() - began))
+            finally:
+                self.metrics.flow_wait.labels(name, BANDS[ask.band]).observe(loop.time() - began)
+                self._gauge(name)
+            granted = True  # a slot was held for it until now: taken at once (no await between), or it waits again
+
+    def acquire_now(self, dep: DeploymentView, adapter: str | None, avoid: set[int] = frozenset(),
+                    blocks: tuple = (), ask: Ask = ANY, granted: bool = False) -> Picked | None | object:
+        """acquire() when it need not wait: a slot taken, None (no usable replica), or WAIT (no free slot, or others
+        wait first; `granted`: this request was granted one, so it goes)."""
+        usable = [r for r in dep.ready if r.id not in self.suspects and r.id not in avoid]
+        if not usable:
+            return None
+        free = [r for r in usable if self.outstanding.get(r.id, 0) < self.settings.replica_slots]
+        if not free or not (granted or not self.flows.get(dep.name)):
+            return WAIT
+        picked = self._choose(dep, adapter, free, blocks, ask)
+        if self._ask_another(dep, picked.predicted, ask):
+            picked = picked._replace(reason=f"{picked.reason}; asked for another replica")
+        self.take(picked.replica)
+        return picked
+
+    async def _turn_of(self, name: str, ticket: Ticket, budget: float) -> None:
+        """Until `ticket`'s turn comes (a slot was granted to it), within `budget` seconds (else 503)."""
+        future: asyncio.Future = ticket.waiter
+        try:
+            await asyncio.wait_for(asyncio.shield(future), max(budget, 0.0))
+        except TimeoutError:
+            if not future.done():
+                raise Refused(503, f"model {name!r} is saturated: no replica slot came free within "
+                              f"{self.settings.queue_wait_s:g} s", retry_after=5, code="saturated") from None
+        except BaseException:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self._ungrant(name)  # granted as it left: the slot goes to the next in line
+            raise
+        finally:
+            if (queue := self.flows.get(name)) is not None:
+                queue.drop(ticket)
+                if not queue:
+                    del self.flows[name]
+        self._ungrant(name, dispatch=False)
+
+    def _ungrant(self, name: str, dispatch: bool = True) -> None:
+        self.granted[name] -= 1
+        if not self.granted[name]:
+            del self.granted[name]
+        if dispatch:
+            self._dispatch(name)
+
+    def _dispatch(self, name: str) -> None:
+        """Grant the deployment's free slots to its waiting requests, in the flow queue's order."""
+        queue = self.flows.get(name)
+        if not queue:
+            return
+        dep = self.fleet.deployments.get(name)
+        if dep is None:
+            while (ticket := queue.pop()) is not None:
+                if not ticket.waiter.done():
+                    ticket.waiter.set_exception(Refused(404, f"model {name!r} was deleted while the request waited",
+                                                        code="model_not_found"))
+            return
+        slots = self.settings.replica_slots
+        free = sum(max(0, slots - self.outstanding.get(r.id, 0)) for r in dep.ready if r.id not in self.suspects)
+        free -= self.granted.get(name, 0)
+        while free > 0 and (ticket := queue.pop()) is not None:
+            if ticket.waiter.done():
+                continue
+            ticket.waiter.set_result(None)
+            self.granted[name] = self.granted.get(name, 0) + 1
+            free -= 1
+
+    def _predicted_wait(self, name: str, band: int) -> float:
+        """Seconds until a slot would come free for a new request of `band`: the requests ahead of it and itself,
+        times how often one of the deployment's slots frees (measured while they are all taken)."""
+        queue = self.flows.get(name)
+        ahead = queue.ahead(band) if queue is not None else 0
+        every = self.freeing.get(name, (0.0, FREE_EVERY_S))[1]
+        return (ahead + 1) * every
+
+    def _refuse_if_saturated(self, dep: DeploymentView, ask: Ask, wait: float, ttft: float, replicas: int) -> None:
+        if ask.band != BANDS.index("sheddable"):
+            return
+        slo = dep.slo_latency_ms
+        if slo is not None and (wait + ttft) * 1000 <= slo:
+            return
+        why = "over_slo" if slo is not None else "busy"
+        self.metrics.shed.labels(dep.name, "sheddable", why).inc()
+        target = f"past its SLO ({slo} ms)" if slo is not None else "at all (it has no SLO)"
+        raise Refused(429, f"model {dep.name!r} is saturated: all {replicas * self.settings.replica_slots} replica "
+                      f"slots are taken, and a sheddable request would wait {target}: predicted first token in "
+                      f"{wait + ttft:.2f} s", retry_after=max(1.0, wait), code="saturated")
+
+    def _ask_another(self, dep: DeploymentView, expected: float, ask: Ask) -> bool:
+        """Ask the scheduler for another replica of `dep` when it would serve this request sooner than `expected`
+        (seconds to the first token where it would go now): a sleeping one woken, or a new one started. Whether it
+        asked."""
+        if dep.another_s is None:
+            return False
+        fresh = self.predictor.predict(dep.name, ask.streamed, self._features(ask, 0, -1))
+        if dep.another_s + fresh >= expected:
+            return False
+        if dep.name not in self.asked:
+            self.metrics.replica_asks.labels(dep.name).inc()
+            self._spawn(self._announce_demand(dep.name))
+        self.asked[dep.name] = time.monotonic()
+        return True
+
+    def _gauge(self, name: str) -> None:
+        queue = self.flows.get(name)
+        for band, word in enumerate(BANDS):
+            self.metrics.flow_waiting.labels(name, word).set(queue.counts[band] if queue is not None else 0)
+
+    def take(self, replica: ReplicaView) -> None:
+        self.outstanding[replica.id] = self.outstanding.get(replica.id, 0) + 1
+
+    def free(self, name: str, replica: ReplicaView) -> None:
+        """A request on `replica` of deployment `name` is over: its slot goes to the next one waiting."""
+        self.outstanding[replica.id] -= 1
+        if not self.outstanding[replica.id]:
+            del self.outstanding[replica.id]
+        if self.flows.get(name):  # busy: how often a slot frees is what a wait in its queue is predicted from
+            now = time.monotonic()
+            last, every = self.freeing.get(name, (0.0, FREE_EVERY_S))
+            if last and now - last < 60:
+                every = 0.8 * every + 0.2 * (now - last)
+            self.freeing[name] = (now, every)
+        self._dispatch(name)
+
+    def learn(self, picked: Picked, seconds: float) -> None:
+        """`picked`'s request took `seconds` from being sent to its first byte: the predictor learns from it."""
+        if picked.features is None:
+            return
+        self.predictor.learn(picked.deployment, picked.streamed, picked.features, picked.predicted, seconds)
+        self.metrics.predicted.labels(picked.deployment).observe(picked.predicted)
+        if (mape := self.predictor.mape(picked.deployment)) is not None:
+            self.metrics.prediction_error.labels(picked.deployment).set(mape)
 
     @contextlib.contextmanager
-    def in_flight(self, dep: DeploymentView, replica: ReplicaView) -> Iterator[None]:
-        self.outstanding[replica.id] = self.outstanding.get(replica.id, 0) + 1
+    def in_flight(self, dep: DeploymentView, replica: ReplicaView, taken: bool = False) -> Iterator[None]:
+        """The request counts against `replica`'s slots until the block ends (`taken`: acquire() counted it)."""
+        if not taken:
+            self.take(replica)
         try:
             yield
         finally:
-            self.outstanding[replica.id] -= 1
-            if not self.outstanding[replica.id]:
-                del self.outstanding[replica.id]
+            self.free(dep.name, replica)
             self.book.used(dep.name, replica.id)
 
     def suspect(self, replica: ReplicaView) -> None:

@@ -50,6 +50,9 @@ class DeploymentView:
     team: int = 0  # the owning team's id: only its members' tokens (and admins') may call it
     context: int | None = None  # tokens per sequence its engine takes (prompt and completion), None: unknown
     start_s: float | None = None  # cold: how long a replica of it took to start last (measured); None: not known
+    # With a replica ready: how soon another could serve (a sleeping one's wake, else a new one's start, measured),
+    # None when none can be added (at max_replicas) or it was never measured. The gateway weighs it against queueing.
+    another_s: float | None = None
 
 
 class HostView(NamedTuple):
@@ -91,6 +94,7 @@ class _Replica(NamedTuple):
     desired_state: str
     observed_state: str
     start_seconds: float | None
+    sleep_wake: dict
 
 
 # Plain values carried from one snapshot to the next (console/carried.py): the gateway refreshes on every change of
@@ -98,7 +102,7 @@ class _Replica(NamedTuple):
 # and host took 4 s of CPU a snapshot (under the interpreter lock every agent link and request also needs).
 _DEPLOYMENTS = CarriedRows(Deployment, ("pk", "name", "priority", "model__task", "standby", "demand_status",
                                         "demand_reason", "created", "slo_latency_ms", "engine", "team_id", "seq",
-                                        "model__path", "revision"), ("name",))
+                                        "model__path", "revision", "max_replicas"), ("name",))
 _POSITIONS: dict[tuple[str, int], int | None] = {}  # (model path, revision) -> its config's positions: read once
 _POSITIONS_KEPT = 4096
 # Where configs declare their context: vLLM reads these (the smallest that is set); the largest bounds both engines.
@@ -122,8 +126,8 @@ def load_fleet() -> FleetView:
     for dep_id, name in Adapter.objects.order_by("name").values_list("deployment_id", "name"):
         names.setdefault(dep_id, []).append(name)
     deployments, adapters = {}, {}
-    for pk, name, tier, task, standby, demand_status, demand_reason, created, slo, engine, team, seq, path, revision \
-            in _DEPLOYMENTS.read():
+    for pk, name, tier, task, standby, demand_status, demand_reason, created, slo, engine, team, seq, path, revision, \
+            most in _DEPLOYMENTS.read():
         rows = replicas.get(pk, [])
         ready = []
         for r in rows:
@@ -138,8 +142,17 @@ def load_fleet() -> FleetView:
             serving=serving_state(rows, standby, demand_status), ready=tuple(ready), adapters=tuple(names.get(pk, ())),
             demand_status=demand_status, demand_reason=demand_reason, created=int(created.timestamp()),
             slo_latency_ms=slo, engine=engine, team=team, context=_context(engine, seq, path, revision),
-            start_s=start_estimate(rows))
+            start_s=start_estimate(rows), another_s=_another(rows, len(ready), most) if ready else None)
     return FleetView(deployments, adapters, by_name, loaded=True, routes=load_routes())
+
+
+def _another(rows: list[_Replica], ready: int, most: int) -> float | None:
+    """Seconds until one more replica could serve: the quickest wake of a sleeping one (its last wake measured, else
+    its sleep: the same copy the other way), else, below max_replicas, the quickest start measured; None otherwise."""
+    wakes = [r.sleep_wake.get("seconds") for r in rows if r.observed_state == "sleeping" and r.sleep_wake]
+    if wakes := [w for w in wakes if isinstance(w, int | float) and w >= 0]:
+        return min(wakes)
+    return start_estimate(rows) if ready < most else None
 
 
 def _context(engine: str, seq: int | None, path: str, revision: int) -> int | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -40,6 +40,22 @@ class ConsoleMetrics:
         self.demand_waits = Histogram("modelgrid_gateway_demand_wait_seconds", "Waits for a replica to be "
                                       "woken or loaded on demand, by how they ended", ("deployment", "outcome"),
                                       buckets=LATENCY_BUCKETS, registry=self.registry)
+        # Flow control and predicted time to first token (console/gateway/flow.py, predict.py).
+        self.flow_waiting = Gauge("modelgrid_gateway_flow_waiting", "Requests waiting for a replica slot, by band",
+                                  ("deployment", "band"), registry=self.registry)
+        self.flow_wait = Histogram("modelgrid_gateway_flow_wait_seconds", "Time a request waited for a replica slot, "
+                                   "by band", ("deployment", "band"), buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.shed = Counter("modelgrid_gateway_shed", "Requests answered 429 saturated at once, by band and why",
+                            ("deployment", "band", "reason"), registry=self.registry)
+        self.predicted = Histogram("modelgrid_gateway_predicted_ttft_seconds", "Predicted time to first byte of "
+                                   "each request sent", ("deployment",), buckets=LATENCY_BUCKETS,
+                                   registry=self.registry)
+        self.prediction_error = Gauge("modelgrid_gateway_ttft_prediction_mape", "Mean absolute percentage error of "
+                                      "recent predicted times to first byte (0.05: 5%)", ("deployment",),
+                                      registry=self.registry)
+        self.replica_asks = Counter("modelgrid_gateway_replica_asks", "Times the gateway asked the scheduler for "
+                                    "another replica because waking or starting one beat queueing",
+                                    ("deployment",), registry=self.registry)
         self.pass_seconds = Histogram("modelgrid_scheduler_pass_seconds", "Duration of one scheduler pass that planned",
                                       buckets=LATENCY_BUCKETS, registry=self.registry)
         self.actions = Counter("modelgrid_scheduler_actions", "Scheduler decisions that changed a replica "

@@ -21,10 +21,11 @@ from agent.engines import ENGINES
 from agent.protocol import UNSERVED_HEADER
 from console.gateway import reservation
 from console.gateway.auth import Caller, bearer, unauthorized
-from console.gateway.core import Gateway, Refused
+from console.gateway.core import WAIT, Ask, Gateway, Picked, Refused
 from console.gateway.errors import Family
 from console.gateway.failover import HostLost, host_state
 from console.gateway.fleet import DeploymentView, FleetView, ReplicaView
+from console.gateway.flow import BANDS, CRITICALITY_HEADER, band_of
 from console.gateway.routes import FALLBACK_STATUSES, GONE, ROUTE_HEADER, BranchView, RouteView, retry_branch
 from console.gateway.streaming import CLIENT_CLOSED, stream
 from console.gateway.triton import check_version
@@ -39,6 +40,7 @@ from console.gateway.upstream import (
 from console.gateway.usage import STREAMED_PATHS, Meter, ask_for_usage
 
 ROUTING_HEADER = "x-modelgrid-routing"  # why the replica was chosen (x-modelgrid-route names a route's branch)
+PREDICTED_HEADER = "x-modelgrid-predicted-ttft-ms"  # when its first byte was expected (predict.py)
 PARSE_INLINE_BYTES = 256 * 1024  # bodies above this are parsed in a worker thread, off the event loop
 MAX_DEPTH = 32  # as the agents take (agent.serving.body): a v2 tensor nested by shape is 4 deep
 # JSON values a body may hold for the gateway to parse it (for its model or adapter name): as the agents take at most
@@ -115,6 +117,7 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
         permitted(caller, dep, name)  # before `deployment` is set: a 403 is the token's doing, not the deployment's
         deployment, team = dep.name, dep.team
         need = reservation.need(request.scope["path"], parsed, len(body), dep.context)  # the client's own body
+        ask = _ask(request, parsed, dep, caller, need)
         if parsed is not None and parsed.get("stream") is True and request.scope["path"] in STREAMED_PATHS:
             body = await _with_usage(body, parsed, meter)
         if not family.openai and dep.engine in ENGINES and not ENGINES[dep.engine].in_worker:
@@ -124,7 +127,7 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
         dep, queue_s = await gw.ready_view(dep.name)
         blocks = gw.prompt_blocks(request.scope["path"], parsed, dep, adapter)  # the client's own prompt
         response = await _send(gw, gw.upstream, request, body, dep, adapter, queue_s, arrived, finish,
-                               meter if family.openai else None, blocks)
+                               meter if family.openai else None, blocks, ask)
         status, streaming = response.status_code, isinstance(response, StreamingResponse)
         return response
     except Refused as e:
@@ -243,6 +246,30 @@ def _deeper_than(value, limit: int) -> bool:
     return depth > limit
 
 
+def _ask(request: Request, parsed: dict | None, dep: DeploymentView, caller: Caller, need: reservation.Need) -> Ask:
+    """What flow control and the predictor go by: its band (its header, else its deployment's tier), whose it is,
+    and its size; 400 for a criticality that is not one of the bands."""
+    try:
+        band = band_of(request.headers.get(CRITICALITY_HEADER), dep.tier)
+    except ValueError as e:
+        raise Refused(400, str(e), code="invalid_request") from None
+    streamed = isinstance(parsed, dict) and parsed.get("stream") is True
+    return Ask(band, caller.token_key, float(max(1, need.tokens)), need.prompt, need.completion * need.choices,
+               streamed)
+
+
+async def _slot(gw: Gateway, request: Request, dep: DeploymentView, adapter: str | None, avoid: set[int],
+                blocks: tuple, ask: Ask) -> tuple[Picked | None, float]:
+    """A replica slot (gw.acquire), and how long the request waited for it; a client that leaves while it waits
+    gives its place up."""
+    picked = gw.acquire_now(dep, adapter, avoid, blocks, ask)
+    if picked is not WAIT:
+        return picked, 0.0
+    began = time.monotonic()
+    picked = await _until_disconnect(request, gw.acquire(dep, adapter, avoid, blocks, ask))
+    return picked, time.monotonic() - began
+
+
 def _target(gw: Gateway, name: str, adapter: str | None, caller: Caller) -> tuple[DeploymentView, str | None]:
     dep, named_adapter = resolve(gw.fleet, name)
     known(caller, dep, name)  # before anything is said of its adapters
@@ -259,7 +286,7 @@ def _target(gw: Gateway, name: str, adapter: str | None, caller: Caller) -> tupl
 
 async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, dep: DeploymentView,
                 adapter: str | None, queue_s: float, arrived: float, finish: Callable[[int], None],
-                meter: Meter | None = None, blocks: tuple = ()) -> Response:
+                meter: Meter | None = None, blocks: tuple = (), ask: Ask | None = None) -> Response:
     """Send to a replica (`blocks`: the prompt's leading blocks, for prefix-aware routing); a connection that fails
     before any byte comes back, or a request whose replica's host is lost before it answers, is sent once elsewhere.
     A stream calls `finish` with how it ended, once it has."""
@@ -268,8 +295,10 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
     tried: set[int] = set()
     unserved = None  # a first replica's agent refused it untouched: its answer, should no other replica take it
     lost = None  # a replica's host was lost before it answered: why, should no other replica take it
+    ask = ask or Ask()
     for attempt in range(2):
-        picked = gw.pick(dep, adapter, tried, blocks)
+        picked, waited = await _slot(gw, request, dep, adapter, tried, blocks, ask)
+        queue_s += waited
         if picked is None and lost is None and (attempt == 0 or unserved is not None):
             # Every ready replica is suspect, or the one tried does not serve now (asleep, draining): wait in the
             # deployment's queue while the scheduler wakes or places one, as for a model that was not ready.
@@ -279,8 +308,9 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
                 if unserved is None or e.status == GONE:  # deleted meanwhile: a route takes that to a live branch
                     raise
                 break  # waited in vain: the agent's own refusal says why
-            queue_s += more
-            picked = gw.pick(dep, adapter, tried if unserved is None else frozenset(), blocks)
+            picked, waited = await _slot(gw, request, dep, adapter, tried if unserved is None else frozenset(), blocks,
+                                         ask)
+            queue_s += more + waited
         if picked is None:
             if unserved is not None:
                 break
@@ -289,13 +319,15 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
                               code="upstream_timeout")
             raise Refused(503, f"no ready replica of model {dep.name!r} could be reached", retry_after=2,
                           code="model_not_ready")
-        if queue_s and await request.is_disconnected():  # its client left while it waited: nothing is sent
-            raise ClientDisconnect()
         replica = picked.replica
         tried.add(replica.id)
         headers = {"x-modelgrid-replica": replica.label, ROUTING_HEADER: picked.reason,
-                   "x-modelgrid-queue-ms": f"{1000 * queue_s:.1f}"}
-        with gw.in_flight(dep, replica):
+                   "x-modelgrid-queue-ms": f"{1000 * queue_s:.1f}", PREDICTED_HEADER: f"{1000 * picked.predicted:.0f}",
+                   CRITICALITY_HEADER: BANDS[ask.band]}
+        with gw.in_flight(dep, replica, taken=True):  # its slot, taken by _slot, is freed when the block ends
+            if queue_s and await request.is_disconnected():  # its client left while it waited: nothing is sent
+                raise ClientDisconnect()
+            sent = time.monotonic()
             if meter is not None:
                 meter.sent = True  # from here its engine may run it: a client that leaves still owes it
             try:
@@ -307,7 +339,10 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
                 lost = e
                 continue
             if content is None:
-                return stream(gw, dep, adapter, upstream_response, headers, arrived, replica, finish, meter)
+                return stream(gw, dep, adapter, upstream_response, headers, arrived, replica, finish, meter,
+                              _learner(gw, picked, sent, upstream_response.status))
+            if upstream_response.status < 400:
+                gw.learn(picked, time.monotonic() - sent)
             if attempt == 0 and upstream_response.status == 503 and UNSERVED_HEADER in upstream_response.headers:
                 # None of it serves there now (draining, asleep): nothing ran, so another replica may take it, and the
                 # gateway's picture of this one is behind.
@@ -323,6 +358,11 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
         raise Refused(504, str(lost), retry_after=2, code="upstream_timeout")
     raise Refused(502, f"model {dep.name!r}: its replicas could not be reached ({', '.join(map(str, tried))})",
                   retry_after=2, code="upstream_unreachable")
+
+
+def _learner(gw: Gateway, picked: Picked, sent: float, status: int) -> Callable[[float], None] | None:
+    """What tells the predictor when a stream's first piece came (an answer that failed teaches it nothing)."""
+    return None if status >= 400 else lambda first: gw.learn(picked, first - sent)
 
 
 async def _routed(gw: Gateway, request: Request, family: Family, body: bytes, route: RouteView) -> Response:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 LOAD_FACTOR = 1.25  # no replica above 1.25x the mean load (the bound the issue and the paper use)
+NEAR = 0.05  # predictions this close count as a tie: the replica holding more of the prompt, then the least loaded
 POINTS_PER_REPLICA = 64  # virtual nodes: enough for an even ring over a handful of replicas
 
 
@@ -86,3 +87,22 @@ def prefix_choice(matches: Mapping[int, int], blocks: int, replicas: Sequence[in
     else:
         chosen, reason = least_outstanding(replicas, outstanding, turn), "least-outstanding"
     return chosen, "spill" if any(matches.get(r) for r in replicas) else reason
+
+
+def predicted_choice(predicted: Mapping[int, float], matches: Mapping[int, int], blocks: int,
+                     replicas: Sequence[int], outstanding: Mapping[int, int], turn: int = 0,
+                     factor: float = LOAD_FACTOR) -> tuple[int, str]:
+    """The replica with the lowest predicted time to first token (`predicted`, seconds; predict.py weighs what it
+    has cached of the prompt and its load) among those within the bounded-load bound, so a hot prefix spills over
+    too; near-ties to the one holding most of the prompt, then the least outstanding. With the reason: `prefix 12/14`
+    (it holds that many of the prompt's leading blocks), `spill` (others hold some, this one none) or
+    `least-outstanding`."""
+    bound = bounded_load_bound(sum(outstanding.get(r, 0) for r in replicas), len(replicas), factor)
+    within = [r for r in replicas if outstanding.get(r, 0) + 1 <= bound] or list(replicas)
+    best = min(predicted[r] for r in within)
+    near = [r for r in within if predicted[r] <= best * (1 + NEAR)]  # as good, within the predictor's error
+    most = max(matches.get(r, 0) for r in near)
+    chosen = least_outstanding([r for r in near if matches.get(r, 0) == most], outstanding, turn)
+    if held := matches.get(chosen, 0):
+        return chosen, f"prefix {held}/{blocks}"
+    return chosen, "spill" if any(matches.get(r) for r in replicas) else "least-outstanding"

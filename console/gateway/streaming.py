@@ -25,12 +25,13 @@ TAIL_BYTES = 8192  # an OpenAI answer of unknown length is read for its usage in
 
 def stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_response: aiohttp.ClientResponse,
             headers: dict, arrived: float, replica: ReplicaView, finish: Callable[[int], None],
-            meter: Meter | None = None) -> StreamingResponse:
+            meter: Meter | None = None, first_byte: Callable[[float], None] | None = None) -> StreamingResponse:
     """Server-sent events (or a long answer) passed through as the agent produces them, never buffered whole. An
     OpenAI answer's usage is read on the way (`meter`). When it ends (whole, broken off, its client gone, or never
     read at all) its replica's count and its connection are released and `finish` is told how it ended: its status,
-    502 where it broke off or its agent ended it with an error event, 499 where its client went away."""
-    gw.outstanding[replica.id] = gw.outstanding.get(replica.id, 0) + 1  # the stream stays in flight
+    502 where it broke off or its agent ended it with an error event, 499 where its client went away. `first_byte` is
+    told when its first piece came (time.monotonic())."""
+    gw.take(replica)  # the stream stays in flight, holding its slot
     events_stream = upstream_response.content_type == "text/event-stream"
     ended = False
     whole: int | None = None  # how the answer ended, once its end went out: a client gone after that read it all
@@ -48,19 +49,20 @@ def stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_respo
         if status == CLIENT_CLOSED and whole is not None:
             status = whole
         upstream_response.release()
-        gw.outstanding[replica.id] -= 1
-        if not gw.outstanding[replica.id]:
-            del gw.outstanding[replica.id]
+        gw.free(dep.name, replica)
         finish(status)
 
     async def events() -> AsyncIterator[bytes]:
-        nonlocal whole
+        nonlocal whole, first_byte
         first = None
         count = 0
         tail = b""  # an answer of unknown length: its end, where its usage is
         status = CLIENT_CLOSED  # until it ends otherwise
         try:
             async for chunk in pieces(upstream_response, gw.settings.stream_idle_s):
+                if first_byte is not None:
+                    first_byte(time.monotonic())
+                    first_byte = None
                 if not events_stream:
                     if meter is not None:
                         tail = (tail + chunk)[-TAIL_BYTES:]

@@ -104,3 +104,11 @@ def test_an_adapter_keeps_its_affinity_as_the_fallback():
     assert all(prefix_choice({}, 4, replicas, {}, t, "support-fr")[0] == home for t in range(8))
     index.sent(salted, 3)
     assert prefix_choice(index.matches(salted, replicas), 4, replicas, {}, 0, "support-fr") == (3, "prefix 4/4")
+
+
+def test_the_lowest_prediction_wins_within_the_bound_and_near_ties_go_to_the_replica_holding_the_prompt():
+    from console.gateway.routing import predicted_choice
+
+    assert predicted_choice({1: 0.5, 2: 0.2}, {}, 4, [1, 2], {}) == (2, "least-outstanding")
+    assert predicted_choice({1: 0.201, 2: 0.2}, {1: 3}, 4, [1, 2], {}) == (1, "prefix 3/4")  # within 5%: held wins
+    assert predicted_choice({1: 0.1, 2: 0.9}, {1: 4}, 4, [1, 2], {1: 6, 2: 0}) == (2, "spill")  # 1 is past the bound

@@ -1,0 +1,188 @@
+"""Flow control and predicted time to first token through the gateway, against real rows and fake agents on loopback:
+who gets a replica's next free slot, what is shed, how long anything waits, and when another replica is asked for."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth import get_user_model
+
+from console.accounts.models import ApiToken
+from console.deployments.models import Deployment, Replica
+from tests.console.gateway.test_gateway import _client, _gateway, fleet  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _shared_order(agents) -> list:
+    """Both agents record into one list: the order requests reached any replica."""
+    order = []
+    for agent in agents:
+        agent.seen = order
+        agent.delay = 0.3
+    return order
+
+
+def _second_token() -> str:
+    return ApiToken.issue(get_user_model().objects.get(username="client"))[1]
+
+
+def _prompt(body: bytes) -> str:
+    import json
+
+    return json.loads(body)["prompt"]
+
+
+async def _post(client, prompt: str, criticality: str | None = None, token: str | None = None):
+    headers = {"x-modelgrid-criticality": criticality} if criticality else {}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return await client.post("/v1/completions", json={"model": "chat", "prompt": prompt}, headers=headers)
+
+
+async def test_a_second_tokens_request_goes_before_a_floods_backlog(fleet):  # noqa: F811
+    agents, _, token = fleet
+    other = await sync_to_async(_second_token)()
+    order = _shared_order(agents)
+    gateway = _gateway(replica_slots=1)
+    async with _client(gateway, token) as client:
+        flood = [asyncio.create_task(_post(client, f"A{i}")) for i in range(8)]
+        while len(order) < 2:  # both slots taken by the flood; six of it wait
+            await asyncio.sleep(0.01)
+        mine = await _post(client, "B", token=other)
+        answers = await asyncio.gather(*flood)
+    await gateway.close()
+    assert mine.status_code == 200 and all(r.status_code == 200 for r in answers)
+    prompts = [_prompt(body) for _, body in order]
+    assert prompts.index("B") <= 3, prompts  # at the next free slot, not behind the flood's six
+    assert not gateway.flows and not gateway.granted and not gateway.outstanding
+
+
+async def test_critical_requests_go_first_and_a_sheddable_one_is_refused_429_saturated(fleet):  # noqa: F811
+    agents, _, token = fleet
+    order = _shared_order(agents)
+    gateway = _gateway(replica_slots=1)
+    async with _client(gateway, token) as client:
+        busy = [asyncio.create_task(_post(client, f"S{i}", "standard")) for i in range(5)]
+        while len(order) < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # the other three standard ones wait
+        shed = await _post(client, "shed", "sheddable")
+        critical = asyncio.create_task(_post(client, "C", "critical"))
+        answers = await asyncio.gather(*busy, critical)
+    await gateway.close()
+    assert all(r.status_code == 200 for r in answers)
+    assert answers[-1].headers["x-modelgrid-criticality"] == "critical"
+    assert shed.status_code == 429 and shed.json()["error"]["code"] == "saturated"
+    assert "saturated" in shed.json()["error"]["message"] and int(shed.headers["Retry-After"]) >= 1
+    prompts = [_prompt(body) for _, body in order]
+    assert "shed" not in prompts and prompts.index("C") <= 3, prompts  # ahead of the standard ones that waited
+    assert gateway.metrics.shed.labels("chat", "sheddable", "busy")._value.get() == 1
+
+
+async def test_a_sheddable_request_waits_when_the_predicted_wait_meets_the_slo(fleet):  # noqa: F811
+    agents, _, token = fleet
+    await sync_to_async(Deployment.objects.filter(name="chat").update)(slo_latency_ms=60_000)
+    order = _shared_order(agents)
+    gateway = _gateway(replica_slots=1)
+    async with _client(gateway, token) as client:
+        busy = [asyncio.create_task(_post(client, f"S{i}")) for i in range(2)]
+        while len(order) < 2:
+            await asyncio.sleep(0.01)
+        waited = await _post(client, "shed", "sheddable")
+        await asyncio.gather(*busy)
+    await gateway.close()
+    assert waited.status_code == 200 and float(waited.headers["x-modelgrid-queue-ms"]) > 0
+
+
+async def test_a_criticality_that_is_no_band_is_refused_400_and_nothing_is_counted(fleet):  # noqa: F811
+    agents, _, token = fleet
+    gateway = _gateway()
+    async with _client(gateway, token) as client:
+        r = await _post(client, "hi", "urgent")
+    await gateway.close()
+    assert r.status_code == 400 and "critical, standard, sheddable" in r.json()["error"]["message"]
+    assert not any(a.seen for a in agents) and not gateway.per_token and not gateway.outstanding
+
+
+async def test_a_wait_for_a_slot_is_bounded(fleet):  # noqa: F811
+    agents, _, token = fleet
+    for agent in agents:
+        agent.delay = 1.5
+    gateway = _gateway(replica_slots=1, queue_wait_s=0.2)
+    async with _client(gateway, token) as client:
+        answers = await asyncio.gather(*(_post(client, f"P{i}") for i in range(3)))
+    await gateway.close()
+    codes = sorted(r.status_code for r in answers)
+    assert codes == [200, 200, 503], codes
+    late = next(r for r in answers if r.status_code == 503)
+    assert late.json()["error"]["code"] == "saturated" and "Retry-After" in late.headers
+    assert not gateway.flows and not gateway.granted and not gateway.outstanding
+
+
+async def test_a_request_that_leaves_while_it_waits_gives_its_place_up(fleet):  # noqa: F811
+    gateway = _gateway(replica_slots=1)
+    await gateway.ensure_started()
+    dep = gateway.fleet.deployments["chat"]
+    held = [gateway.acquire_now(dep, None), gateway.acquire_now(dep, None)]
+    waiting = asyncio.create_task(gateway.acquire(dep, None))
+    await asyncio.sleep(0.05)
+    assert len(gateway.flows["chat"]) == 1
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert not gateway.flows
+    nxt = asyncio.create_task(gateway.acquire(dep, None))
+    await asyncio.sleep(0.05)
+    gateway.free("chat", held[0].replica)  # its slot goes to the one still waiting
+    picked = await asyncio.wait_for(nxt, 5)
+    assert picked.replica == held[0].replica and not gateway.granted
+    for p in (held[1], picked):
+        gateway.free("chat", p.replica)
+    await gateway.close()
+    assert not gateway.outstanding
+
+
+async def test_answers_say_the_prediction_and_the_predictor_learns_its_error(fleet):  # noqa: F811
+    _, _, token = fleet
+    gateway = _gateway()
+    async with _client(gateway, token) as client:
+        answers = [await _post(client, "x" * 600) for _ in range(5)]
+        streamed = await client.post("/v1/chat/completions", json={"model": "chat", "stream": True, "messages": [
+            {"role": "user", "content": "hi"}]})
+    await gateway.close()
+    assert all(float(r.headers["x-modelgrid-predicted-ttft-ms"]) > 0 for r in answers)
+    assert streamed.status_code == 200 and "x-modelgrid-predicted-ttft-ms" in streamed.headers
+    assert gateway.predictor.mape("chat") is not None
+    assert b"modelgrid_gateway_ttft_prediction_mape{deployment=\"chat\"}" in gateway.metrics.render()
+
+
+def _asleep_third_replica(seconds: float) -> None:
+    dep = Deployment.objects.get(name="chat")
+    dep.max_replicas = 3
+    dep.save(update_fields=["max_replicas"])
+    Replica.objects.create(deployment=dep, index=2, desired_state="sleeping", observed_state="sleeping",
+                           sleep_wake={"direction": "sleep", "bytes": 1, "seconds": seconds})
+
+
+async def test_when_waking_a_sleeping_replica_beats_the_queue_the_scheduler_is_asked_for_it(fleet):  # noqa: F811
+    _, _, token = fleet
+    await sync_to_async(_asleep_third_replica)(0.01)
+    gateway = _gateway()
+    await gateway.ensure_started()
+    dep = gateway.fleet.deployments["chat"]
+    assert dep.another_s == 0.01
+    async with _client(gateway, token) as client:
+        calm = await _post(client, "hi")
+        for replica in dep.ready:  # both busy: a request now would wait behind 20 others on either
+            gateway.outstanding[replica.id] = 20
+        busy = await _post(client, "hi")
+        for replica in dep.ready:
+            gateway.outstanding[replica.id] -= 20
+    await gateway.flush()
+    await gateway.close()
+    assert "asked" not in calm.headers["x-modelgrid-routing"]
+    assert busy.headers["x-modelgrid-routing"].endswith("; asked for another replica")
+    assert (await sync_to_async(Deployment.objects.get)(name="chat")).demand >= 1
+    assert gateway.metrics.replica_asks.labels("chat")._value.get() == 1
