@@ -56,13 +56,6 @@ class Record:
     def ended(self) -> float:
         return self.sent + (0.0 if math.isnan(self.total) else self.total)
 
-    def wait_s(self) -> float:
-        """How long it waited at the gateway: its queue header when served, its whole time when refused after it."""
-        if not math.isnan(self.queue_ms):
-            return self.queue_ms / 1e3
-        return self.total if self.status == 503 and not math.isnan(self.total) else 0.0
-
-
 def prompts(count: int, words: int, seed: int) -> list[str]:
     """`count` prompts of `words` filler words (one token each), seeded."""
     rng = random.Random(seed)
@@ -187,6 +180,10 @@ def errors_text(records: Iterable[Record]) -> str:
     return ", ".join(f"{k} x{v}" for k, v in sorted(found.items()))
 
 
+def _queued(records: Iterable[Record]) -> list[float]:
+    return [r.queue_ms for r in records if not math.isnan(r.queue_ms)]
+
+
 def fairness_row(run: str, b: list[Record], a: list[Record], window: tuple[float, float] | None) -> dict:
     """A row of the fairness table: key B's TTFT and errors, and key A's flood (if any) over B's window."""
     ttft = [r.ttft for r in b if r.kind == "served"]
@@ -195,15 +192,16 @@ def fairness_row(run: str, b: list[Record], a: list[Record], window: tuple[float
     span = window[1] - window[0] if window else 0.0
     return {"run": run, "B requests": len(b), "B TTFT p50 s": percentile(ttft, 0.5),
             "B TTFT p90 s": percentile(ttft, 0.9),
-            "B queue p50 ms": percentile([r.queue_ms for r in b if not math.isnan(r.queue_ms)], 0.5),
+            "B queue p50 ms": percentile(_queued(b), 0.5), "B queue p90 ms": percentile(_queued(b), 0.9),
             "B errors": len(b) - len(ttft), "A requests": len(a),
-            "A req/s": len(a_served) / span if span > 0 else NAN, "A errors": a_kinds["error"] + a_kinds["shed"],
+            "A req/s": len(a_served) / span if span > 0 else NAN,
+            "A queue p50 ms": percentile(_queued(a_served), 0.5), "A errors": a_kinds["error"] + a_kinds["shed"],
             "A own-limit 429": a_kinds["own limit"]}
 
 
 def overload_rows(records: list[Record], slo_ms: float) -> list[dict]:
     """A row per band: sent, served, shed (and with Retry-After), other errors, TTFT, share within the SLO, the
-    longest wait."""
+    longest wait of a served request (its queue header) and the longest time to a 503 (the client's clock)."""
     rows = []
     for band in sorted({r.band for r in records}, key=lambda b: BANDS.index(b) if b in BANDS else 9):
         mine = [r for r in records if r.band == band]
@@ -215,7 +213,9 @@ def overload_rows(records: list[Record], slo_ms: float) -> list[dict]:
                      "other errors": kinds["error"] + kinds["own limit"],
                      "TTFT p50 s": percentile(ttft, 0.5), "TTFT p90 s": percentile(ttft, 0.9),
                      "served within SLO": f"{100 * within / len(ttft):.1f}%" if ttft else "-",
-                     "longest wait s": max((r.wait_s() for r in mine), default=NAN),
+                     "longest served wait s": max((r.queue_ms / 1e3 for r in mine if r.kind == "served"
+                                                   and not math.isnan(r.queue_ms)), default=NAN),
+                     "longest 503 s": max((r.total for r in mine if r.status == 503), default=NAN),
                      "errors": errors_text(mine)})
     return rows
 

@@ -109,9 +109,9 @@ def test_the_overload_rows_count_each_band():
     rows = {r["band"]: r for r in flow_load.overload_rows(records, slo_ms=500)}
     assert list(rows) == ["critical", "standard", "sheddable"]
     assert rows["critical"]["served"] == 2 and rows["critical"]["served within SLO"] == "50.0%"
-    assert rows["critical"]["longest wait s"] == 0.8
+    assert rows["critical"]["longest served wait s"] == 0.8
     assert (rows["sheddable"]["shed 429"], rows["sheddable"]["shed with Retry-After"]) == (2, 1)
-    assert rows["standard"]["other errors"] == 1 and rows["standard"]["longest wait s"] == 30.2
+    assert rows["standard"]["other errors"] == 1 and rows["standard"]["longest 503 s"] == 30.2
     assert rows["standard"]["errors"] == "503 model_not_ready x1"
 
 
