@@ -36,6 +36,7 @@ from console.control.snapshot import (
     gpu_specs,
     host_specs,
     live_demand,
+    ready_count,
     replica_rows,
     replica_specs,
 )
@@ -185,10 +186,12 @@ def _plan_and_apply(now: datetime, actions: list[str], touched: set[int], setbac
                 notes.append(Note(deployment_object(dep.name), "CannotEstimate", problems[dep.pk], warning=True,
                                   actor="scheduler", deployment=dep.name))
     planned = [d for d in deployments if d.pk in needs]
+    fresh = {gpus[g.id].host_id for g in specs if not g.stale}
     request = PlanInput(
         gpus=tuple(specs),
         deployments=tuple(deployment_spec(d, needs[d.pk].bytes, now.timestamp(),
-                                          settings.MODELGRID_DEMAND_STALE_SECONDS) for d in planned),
+                                          settings.MODELGRID_DEMAND_STALE_SECONDS,
+                                          ready_count(rows.by_deployment.get(d.pk, ()), fresh)) for d in planned),
         replicas=replica_specs(planned, rows.by_deployment, rows.gpu_ids, rows.host_names),
         hosts=host_specs(),
         strategy=PlacementSettings.strategy_now()[0],

@@ -172,9 +172,17 @@ def live_demand(dep: Deployment | DeploymentRow, now: float, stale_s: float) -> 
     return dep.demand
 
 
-def deployment_spec(dep: Deployment | DeploymentRow, replica_bytes: int, now: float = 0.0, demand_stale_s: float = 5.0
-                    ) -> DeploymentSpec:
-    """A deployment with its calibrated bytes per replica, what was observed of it, and its demand."""
+def ready_count(replicas: Iterable[ReplicaRow], fresh_hosts: set[int]) -> int:
+    """Replicas the gateway can route to: meant to be ready, reported ready, on a host whose readings are fresh.
+    Requests that wait while some are ready are backed up behind them (the scheduler adds one more)."""
+    return sum(1 for r in replicas if r.desired_state == "ready" and r.observed_state == "ready"
+               and r.host_id in fresh_hosts)
+
+
+def deployment_spec(dep: Deployment | DeploymentRow, replica_bytes: int, now: float = 0.0, demand_stale_s: float = 5.0,
+                    ready_replicas: int = 0) -> DeploymentSpec:
+    """A deployment with its calibrated bytes per replica, what was observed of it (`ready_replicas`: ready_count),
+    and its demand."""
     last = _unix(dep.last_request_at)
     created = _unix(dep.created)
     return DeploymentSpec(
@@ -197,6 +205,7 @@ def deployment_spec(dep: Deployment | DeploymentRow, replica_bytes: int, now: fl
         status_since=dep.status_since.timestamp() if dep.status_since else None,
         last_scale_at=dep.last_scale_at.timestamp() if dep.last_scale_at else None,
         demand=live_demand(dep, now, demand_stale_s),
+        ready_replicas=ready_replicas,
         team=dep.team_id,
         demand_since=_unix(dep.demand_since),
         idle_timeout_s=float(dep.idle_timeout_s) if dep.idle_timeout_s else None,

@@ -1,15 +1,19 @@
-"""Demand from the inference gateway: requests queued for a deployment with no ready replica.
+"""Demand from the inference gateway: requests queued for a deployment with no ready replica, or backed up behind
+its ready ones (a backlog: its agents report replicas ready and requests still wait).
 
 1. Marking (after the kept replicas are reserved): a deployment with requests waiting and no replica ready
    lifts its lowest-index replica above its minimum into phase "demand", class 4 + tier rank (with the SLO
-   replicas, before extras and batch leftovers). A sleeping replica is preferred: it wakes in place.
+   replicas, before extras and batch leftovers). A sleeping replica is preferred: it wakes in place. A backlog
+   lifts the same way one of its replicas above the minimum that is not ready: the one more replica its scale
+   decision asked for (scaling.py).
 2. Eviction, after a plain fit and one move: a victim is of another deployment, above its minimum, kept from
    before this pass and past its minimum residency, and either of a strictly lower tier (preempted, busy or
    not) or of the same tier and idle for `Settings.idle_grace_s` (put to sleep). Higher tiers never are.
    Lower tiers go first, then the least recently used.
 3. The outcome, on the final ledger, for each deployment with requests waiting: served (a replica is ready),
    refused (no GPU could ever hold one, or every replica it could displace is of a higher tier or at its
-   minimum) or waiting (who must go idle or finish its residency first).
+   minimum) or waiting (who must go idle or finish its residency first). A backlog is served (its ready replicas
+   serve its requests), and says which replica it adds, which is on its way, or why none can be added.
 4. The outlook of a deployment with none ready and no requests waiting: blocked when a request would be refused,
    so that its pages do not promise that a request wakes one.
 """
@@ -31,13 +35,14 @@ NAMED = 3  # blockers named in one reason
 
 
 def to_lift(d: Demand) -> Unit | None:
-    """With requests waiting and no replica ready, the replica above the minimum to lift into phase "demand": the
-    lowest index, a sleeping one (it wakes in place) first. Also asked when a pass evicts a deployment's last
-    ready replica: the next pass would lift one, so this pass plans it as demand too (re-planning moves nothing)."""
+    """With requests waiting and no replica ready, or backed up behind ready ones, the replica above the minimum
+    that is not ready to lift into phase "demand": the lowest index, a sleeping one (it wakes in place) first. Also
+    asked when a pass evicts a deployment's last ready replica: the next pass would lift one, so this pass plans it
+    as demand too (re-planning moves nothing)."""
     units = d.units
-    if units is None or d.ready or any(u.phase == "demand" for u in units):
+    if units is None or (d.ready and not d.backlog) or any(u.phase == "demand" for u in units):
         return None
-    above = units[d.units_low:]
+    above = [u for u in units[d.units_low:] if u.state != "ready"]
     return next((u for u in above if u.asleep), above[0]) if above else None
 
 
@@ -124,9 +129,10 @@ def _blocked(run: Run, unit: Unit, v: Unit) -> str:
 
 def demand_for(run: Run, unit: Unit) -> bool:
     """Place a demand `unit` by preempting lower tiers or putting idle replicas of its tier to sleep; nothing is
-    evicted once its deployment has a replica ready (its minimum may have been placed in this pass)."""
+    evicted once its deployment has a replica ready (its minimum may have been placed in this pass), unless its
+    requests are backed up behind its ready replicas."""
     d = unit.demand
-    if d.ready:
+    if d.ready and not d.backlog:
         return False
     # Placements only take room: a shape that failed fails again until something is released.
     shape = _shape(unit)
@@ -211,6 +217,9 @@ def demand_outcomes(run: Run, demanded: list[Demand]) -> dict[str, DemandOutcome
     alike: dict[tuple, tuple[str, str]] = {}  # unserved deployments of one shape wait or are refused alike
     for d in sorted(demanded, key=lambda d: d.name):
         units = d.units or []
+        if d.backlog:
+            found[d.name] = DemandOutcome(d.name, "served", _backlog(run, d))
+            continue
         ready = next((u for u in units if u.state == "ready"), None)
         held = next((r for r in d.held if r.state == "ready"), None)
         if ready is not None:
@@ -274,6 +283,48 @@ def _unserved(run: Run, unit: Unit) -> tuple[str, str]:
         return "refused", (f"{need}; every replica it could displace is of a higher tier or at its min_replicas: "
                            f"{ledger.ids[g]} holds {_names([_held(unit, v) for v in stuck])}")
     return "waiting", _waiting(run, unit, reach, need)
+
+
+def _backlog(run: Run, d: Demand) -> str:
+    """For requests backed up behind ready replicas: the replica added for them, the ones on their way, or why none
+    is added."""
+    n = d.dep.ready_replicas
+    behind = f"backed up behind {n} ready replica{'s' if n != 1 else ''}"
+    units = d.units or []
+    extra = next((u for u in units if u.phase == "demand"), None) or next((u for u in units if u.state != "ready"),
+                                                                          None)
+    if extra is not None and extra.state == "ready":
+        return f"{behind}: adding {extra.label}, {_added(run, extra)}"
+    if extra is not None:
+        status, why = _unserved(run, extra)
+        if status == "refused":
+            return f"{behind}, but no replica can be added: {why}"
+        return f"{behind}; a replica is added once there is room: {why}"
+    coming = d.ready - n  # ready in the plan, not yet at the gateway
+    if coming == 1:
+        return f"{behind}: 1 more replica is on its way"
+    if coming > 1:
+        return f"{behind}: {coming} more replicas are on their way"
+    high = d.dep.high
+    if n >= high:
+        return f"{behind}, but it is at its maximum of {high} replica{'s' if high != 1 else ''}"
+    return f"{behind}: every replica it asked for is ready in the plan"
+
+
+def why_not_added(run: Run, unit: Unit) -> str:
+    """Why the replica lifted for a backlog is not placed (who must go first, or why it never can be)."""
+    return _unserved(run, unit)[1]
+
+
+def _added(run: Run, u: Unit) -> str:
+    """Where a replica added for a backlog goes in this pass ("woken from a RAM onto a/1")."""
+    ledger = run.ledger
+    where = ", ".join(ledger.ids[g] for g in u.gpus)
+    if u.asleep:
+        if ledger.host[u.gpus[0]] == u.home:
+            return f"woken from {u.home} RAM onto {where}"
+        return f"woken on {where} (loads from disk: {u.home} has no room)"
+    return f"moved to {where}" if u.origin else f"placed on {where}"
 
 
 def _served(run: Run, u: Unit) -> str:

@@ -51,6 +51,16 @@ def for_waiting(n: int) -> str:
     return f"for {n} waiting request{'s' if n != 1 else ''}"
 
 
+def backed_up(n: int) -> str:
+    """Requests backed up behind ready replicas ("12 requests backed up at the gateway")."""
+    return f"{n} request{'s' if n != 1 else ''} backed up at the gateway"
+
+
+def for_demand(n: int, backlog: bool) -> str:
+    """What a replica is placed or woken for: waiting requests, or a backlog behind ready replicas."""
+    return f"for {backed_up(n)}" if backlog else for_waiting(n)
+
+
 def slo_text(slo_ms: float | None, observed_ms: float | None, violating: bool) -> str:
     """How a deployment stands against its SLO ("violating its 200 ms p95 SLO at 340 ms")."""
     if slo_ms is not None and observed_ms is not None:

@@ -6,7 +6,7 @@ from operator import attrgetter, lt
 from typing import TYPE_CHECKING
 
 from console.scheduler import explain
-from console.scheduler.demand import blocked_outlooks, demand_outcomes
+from console.scheduler.demand import blocked_outlooks, demand_outcomes, why_not_added
 from console.scheduler.gangs import gang_shortfall
 from console.scheduler.sharing import MIN_MPS, mps_of, mps_text, weight_totals
 from console.scheduler.types import Move, Plan, PlannedReplica, Replica, Unplaced, host_of
@@ -147,7 +147,8 @@ def _not_ready_into(run: Run, u: Unit, outcomes: dict, refusals: dict[tuple, str
     refusal = refusals.get(alike)
     if refusal is None:
         if u.phase == "demand":
-            refusal = outcomes[u.demand.name].reason
+            # A backlog's outcome is "served" by its ready replicas: this replica's own words say why it is not added.
+            refusal = why_not_added(run, u) if u.demand.backlog else outcomes[u.demand.name].reason
         elif u.phase == "idle":
             refusal = f"{u.demand.idle}: scaled to zero"
         else:
@@ -171,7 +172,8 @@ def _prefix(u: Unit) -> str:
     if u.klass == BATCH_CLASS:
         return "batch leftovers: "
     if u.phase == "demand":
-        return f"{explain.waiting_requests(u.demand.waiting)}: "
+        d = u.demand
+        return f"{explain.backed_up(d.waiting) if d.backlog else explain.waiting_requests(d.waiting)}: "
     return ""
 
 
@@ -192,10 +194,10 @@ def _ready(run: Run, u: Unit, moves: list[Move], totals: list[int]) -> PlannedRe
         host = ledger.host[gpus[0]]
         where = f"from {u.home} RAM" if host == u.home else f"on another host ({u.home} has no room): loads from disk"
         if u.phase == "demand":
-            where += f" {explain.for_waiting(u.demand.waiting)}"
+            where += f" {explain.for_demand(u.demand.waiting, u.demand.backlog)}"
         reason = f"wakes {where}; {u.reason}"
     elif u.phase == "demand":
-        action, reason = "place", f"placed {explain.for_waiting(u.demand.waiting)}: {u.reason}"
+        action, reason = "place", f"placed {explain.for_demand(u.demand.waiting, u.demand.backlog)}: {u.reason}"
     else:
         action, reason = "place", _prefix(u) + u.reason
     mps = mps_of(totals, u)

@@ -1,8 +1,10 @@
 """Replica counts: up at once for an SLO violation, down one at a time after a quiet window, never within a cooldown.
 
 Batch deployments take leftovers: they ask for their maximum and get whatever room is left. Requests waiting
-at the gateway (demand) ask for at least one replica; a deployment with min_replicas 0 that saw no request for
-its idle_timeout_s is idle: it keeps its replica count, but none of its replicas stays on a GPU (scale to zero).
+at the gateway (demand) ask for at least one replica; requests backed up behind ready replicas (a backlog) ask
+for one more than are ready, at once (no cooldown), up to max_replicas, and hold off any scale-down. A deployment
+with min_replicas 0 that saw no request for its idle_timeout_s is idle: it keeps its replica count, but none of
+its replicas stays on a GPU (scale to zero).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import math
 from functools import cache
 
-from console.scheduler.explain import seconds, slo_text
+from console.scheduler.explain import backed_up, seconds, slo_text
 from console.scheduler.types import Deployment, ScaleDecision, Settings
 
 
@@ -20,13 +22,45 @@ def _fixed(n: int) -> str:
 
 
 def decide(dep: Deployment, now: float, settings: Settings) -> ScaleDecision:
-    """The replica count `dep` should have this pass, and why: at least one while requests wait for it."""
+    """The replica count `dep` should have this pass, and why: at least one while requests wait for it, one more
+    than are ready while they are backed up behind ready ones."""
     decision = _decide(dep, now, settings)
+    if backlogged(dep):
+        return _for_backlog(dep, decision)
     if dep.demand > 0 and decision.target == 0 and dep.high > 0:
         waiting = "a request is waiting" if dep.demand == 1 else f"{dep.demand} requests are waiting"
         change = "stays at 1 replica" if decision.current == 1 else f"{decision.current} -> 1 replica"
         return ScaleDecision(dep.name, decision.current, 1, f"{waiting}: {change}")
     return decision
+
+
+def backlogged(dep: Deployment) -> bool:
+    """Whether requests are backed up at the gateway behind ready replicas of `dep`: it asks for one more."""
+    return dep.demand > 0 and dep.ready_replicas > 0
+
+
+def _plural(n: int) -> str:
+    return f"{n} replica{'s' if n != 1 else ''}"
+
+
+def _for_backlog(dep: Deployment, decision: ScaleDecision) -> ScaleDecision:
+    """One replica more than are ready, up to max_replicas, and never fewer than are wanted now: those above the
+    ready ones are on their way, and asking for more before they are ready would run up to the maximum. No
+    cooldown holds it back: the requests wait now."""
+    ready, high, current = dep.ready_replicas, dep.high, decision.current
+    want = min(max(current, ready + 1), high)
+    if decision.target > want:  # the SLO loop asks for more
+        return decision
+    backed = backed_up(dep.demand)
+    if ready >= high:
+        reason = f"{decision.reason}; {backed}, but it is at its maximum of {_plural(high)}" \
+            if decision.target == want else f"{backed}: stays at {_plural(want)}, its maximum"
+        return ScaleDecision(dep.name, current, want, reason)
+    if want > current:
+        return ScaleDecision(dep.name, current, want, f"{backed}: {current} -> {_plural(want)}")
+    coming = current - ready
+    return ScaleDecision(dep.name, current, want, f"{backed}: stays at {_plural(current)} ({ready} ready, {coming} "
+                         f"on {'its' if coming == 1 else 'their'} way)")
 
 
 def idle_cause(dep: Deployment, now: float) -> str:

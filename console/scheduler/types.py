@@ -78,7 +78,10 @@ class Deployment:
     status_since: float | None = None  # when it entered its current SLO status (violating or not)
     last_scale_at: float | None = None  # when its replica count last changed
     sleep_bytes: int | None = None  # host RAM one sleeping replica needs; None: `bytes`
-    demand: int = 0  # requests waiting at the gateway for a ready replica of it (0: none)
+    # Requests waiting at the gateway (0: none). With none of its replicas ready they wait for one; with some ready
+    # (`ready_replicas`) they are backed up behind them: it gets one more replica (up to max_replicas).
+    demand: int = 0
+    ready_replicas: int = 0  # its replicas its agents report ready (what the gateway routes to)
     idle_timeout_s: float | None = None  # with min_replicas 0: no request this long -> off its GPUs; None: never
     demand_since: float | None = None  # when its requests started waiting (the longest-waiting demand goes first)
     active_at: float | None = None  # last request in flight or queued, else its creation; None: unknown (never idle)
@@ -89,8 +92,9 @@ class Deployment:
     def __post_init__(self) -> None:
         if self.bytes < 0 or self.gpus_per_replica < 1 or self.replicas < 0:
             raise ValueError(f"deployment {self.name!r}: bytes, replicas and gpus_per_replica must be positive")
-        if self.demand < 0 or (self.idle_timeout_s is not None and self.idle_timeout_s < 0):
-            raise ValueError(f"deployment {self.name!r}: demand and idle_timeout_s must not be negative")
+        if self.demand < 0 or self.ready_replicas < 0 or (self.idle_timeout_s is not None and self.idle_timeout_s < 0):
+            raise ValueError(f"deployment {self.name!r}: demand, ready_replicas and idle_timeout_s must not be "
+                             "negative")
         if self.spread not in SPREADS:
             raise ValueError(f"deployment {self.name!r}: spread must be one of {', '.join(SPREADS)}")
         if self.priority not in TIER_RANK:

@@ -5,8 +5,9 @@ Classes, most important first (the control loop of the priority-scheduling seed)
   4-7  slo   replicas above the minimum of deployments violating their SLO, critical..batch
   8    extra other wanted replicas of non-batch tiers, by tier-weighted traffic
   9    extra batch replicas above their minimum: the leftovers
-Requests waiting at the gateway (demand.py) lift one replica above the minimum of a deployment with none ready
-into classes 4-7 (phase "demand"); the replicas of an idle deployment (scaled to zero) are in no class that is
+Requests waiting at the gateway (demand.py) lift one replica above the minimum of a deployment with none ready, or
+one that is not ready of a deployment with requests backed up behind its ready ones, into classes 4-7 (phase
+"demand"); the replicas of an idle deployment (scaled to zero) are in no class that is
 placed (phase "idle").
 """
 
@@ -15,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from console.scheduler.explain import slo_text, waiting_requests
+from console.scheduler.explain import backed_up, slo_text, waiting_requests
 from console.scheduler.ledger import selector_key
-from console.scheduler.scaling import idle_cause
+from console.scheduler.scaling import backlogged, idle_cause
 from console.scheduler.sharing import mps_weight
 from console.scheduler.types import TIER_RANK, Deployment, Replica, ScaleDecision, host_of
 
@@ -34,7 +35,8 @@ class Demand:
     """One deployment as the planner sees it: resolved counts, per-GPU share, tier, value of a replica."""
 
     __slots__ = ("dep", "name", "tier", "rank", "width", "share", "low", "target", "violating", "key", "value",
-                 "ready", "lc", "profile", "sleep_bytes", "mps_weight", "waiting", "idle", "units", "members", "held")
+                 "ready", "lc", "profile", "sleep_bytes", "mps_weight", "waiting", "backlog", "idle", "units",
+                 "members", "held")
 
     def __init__(self, dep: Deployment, decision: ScaleDecision, now: float | None = None) -> None:
         self.dep = dep
@@ -55,6 +57,7 @@ class Demand:
         self.sleep_bytes = dep.bytes if dep.sleep_bytes is None else dep.sleep_bytes
         self.mps_weight = mps_weight(self.tier, self.lc)  # its claim on a shared GPU's SMs
         self.waiting = dep.demand  # requests queued at the gateway for it
+        self.backlog = backlogged(dep)  # they are backed up behind its ready replicas: it gets one more
         # Why it is scaled to zero this pass ("" when it is not idle).
         self.idle = "" if now is None or dep.idle_timeout_s is None else idle_cause(dep, now)
         self.units: list[Unit] | None = None  # its wanted units, kept only while requests wait for it
@@ -84,7 +87,7 @@ class Demand:
         if phase == "slo":
             return self.status
         if phase == "demand":
-            return waiting_requests(self.waiting)
+            return backed_up(self.waiting) if self.backlog else waiting_requests(self.waiting)
         return f"{self.dep.traffic_rps:g} req/s"
 
 

@@ -144,4 +144,35 @@ def test_requests_waiting_on_a_replica_that_keeps_failing_are_told_its_failure_n
     assert Deployment.objects.get(name="chat").demand_reason == f"its replica chat#0 on {host.name} is loading"
     Replica.objects.update(observed_state="ready")
     reconcile_once()
-    assert Deployment.objects.get(name="chat").demand_reason.startswith("ready on ")
+    # Requests still waiting once a replica is ready are backed up behind it (issue 48): it is at its maximum.
+    assert Deployment.objects.get(name="chat").demand_reason == ("backed up behind 1 ready replica, but it is at its "
+                                                                 "maximum of 1 replica")
+
+
+def test_requests_backed_up_behind_a_ready_critical_replica_put_a_batch_one_to_sleep_for_another(host, model):
+    host.ram_free_bytes = 64 * GiB
+    host.save()
+    sized("vital", 10, priority="critical", min_replicas=1, max_replicas=2)
+    sized("crawl", 10, priority="batch", min_replicas=0, max_replicas=1)
+    reconcile_once()
+    assert Replica.objects.filter(host__isnull=False).count() == 2  # both on the 24 GiB GPU, no room for a third
+    settled()  # vital#0 is ready at the gateway: the requests are backed up behind it
+    waiting("vital", 12)
+    reconcile_once()
+    dep = Deployment.objects.get(name="vital")
+    assert dep.replicas == 2 and dep.demand_status == "served"
+    assert dep.demand_reason == "backed up behind 1 ready replica: adding vital#1, placed on h1/0"
+    added = Replica.objects.get(deployment__name="vital", index=1)
+    assert added.host == host and added.desired_state == "ready"
+    victim = Replica.objects.get(deployment__name="crawl")
+    assert victim.desired_state == "sleeping" and victim.action == "preempt" and "vital#1" in victim.reason
+
+
+def test_requests_waiting_on_a_replica_not_ready_yet_add_none(host, model):
+    sized("vital", 10, priority="critical", min_replicas=1, max_replicas=2)
+    reconcile_once()
+    Replica.objects.update(observed_state="loading")  # placed, not ready at the gateway: nothing is backed up
+    waiting("vital", 12)
+    reconcile_once()
+    assert Deployment.objects.get(name="vital").replicas == 1
+    assert Replica.objects.filter(deployment__name="vital").count() == 1

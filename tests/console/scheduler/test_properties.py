@@ -79,13 +79,13 @@ def carry_over(request: PlanInput, result, planned_at: float | None = None) -> P
 
 def shaken(request: PlanInput, draw) -> PlanInput:
     """The same fleet 10 s later (past every residency) after traffic changed: some deployments now violate
-    their SLO or want more replicas, some have requests waiting."""
+    their SLO or want more replicas, some have requests waiting, some of them backed up behind ready replicas."""
     changed = []
     for d in request.deployments:
         if draw(st.booleans()):
             d = replace(d, violating=True, max_replicas=d.high + 2)
         if draw(st.booleans()):
-            d = replace(d, demand=2)
+            d = replace(d, demand=2, ready_replicas=draw(st.sampled_from([0, 1, 2])))
         changed.append(d)
     return replace(request, deployments=tuple(changed), now=request.now + 10)
 
