@@ -16,10 +16,10 @@ backlog: each replica's declared batch and max_batch_size equal its slots.
 --fairness: key B alone (2 closed-loop clients), then again while key A keeps --flood requests in flight.
 --overload: capacity first (closed loop at twice the slots), an SLO of twice the service time at saturation (or
 --slo-ms), then Poisson arrivals at --overload-factor x capacity for --seconds, bands in turn.
---wake: two GPUs that hold one replica each; "chat" (standard, 2 replicas, min 1) fills both, then "other"
-(standard, 1 replica, never called) takes one for its minimum, which puts chat's extra replica to sleep in host RAM.
-A burst on chat should then wake it (the gateway writes demand; the scheduler lifts the sleeping replica, putting
-idle "other" to sleep) while early requests go to the ready one.
+--wake: two GPUs that hold one replica each; "chat" (standard, 2 replicas, min 0) fills both, then "other"
+(critical, 1 replica, never called) takes one for its minimum, which puts chat's extra replica to sleep in host RAM;
+then "other" becomes standard with min_replicas 0. A burst on chat should then wake the sleeping replica (the gateway
+writes demand; the scheduler lifts it, putting idle "other" to sleep) while early requests go to the ready one.
 """
 
 from __future__ import annotations
@@ -217,28 +217,40 @@ def section_overload(args, tmp: Path) -> None:
 # -- wake versus queue ---------------------------------------------------------------------------------------
 
 
-async def _watch(stack: Stack, origin: float, seen: list[tuple[float, int, str]], stop: asyncio.Event) -> None:
-    """Record each change of chat's replicas' states, seconds after `origin`."""
-    last: dict[int, str] = {}
+async def _watch(stack: Stack, origin: float, seen: list[tuple[float, str, str]], stop: asyncio.Event) -> None:
+    """Record each change of chat's replicas' states and of its demand, seconds after `origin`."""
+    last: dict[str, str] = {}
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {stack.token}"}) as http:
         while not stop.is_set():
             async with http.get(stack.url + "api/v1/deployments/chat") as r:
-                now = time.perf_counter() - origin
-                for rep in (await r.json())["replicas"]:
-                    if last.get(rep["index"]) != rep["state"]:
-                        last[rep["index"]] = rep["state"]
-                        seen.append((now, rep["index"], rep["state"]))
+                now, dep = time.perf_counter() - origin, await r.json()
+            facts = {f"#{rep['index']}": rep["state"] for rep in dep["replicas"]}
+            facts["demand"] = f"{dep['demand']} {dep['demand_status']}".strip()
+            for what, value in facts.items():
+                if last.get(what) != value:
+                    last[what] = value
+                    seen.append((now, what, value))
             await asyncio.sleep(0.2)
 
 
-def _woken(seen: list[tuple[float, int, str]], before: dict[int, str]) -> float | None:
+def _asks(stack: Stack) -> str:
+    """The gateway's count of asks for another replica of chat (its /metrics), as text."""
+    with stack.gateway() as gw:
+        text = gw.get("/metrics").text
+    found = [line.rsplit(" ", 1)[1] for line in text.splitlines()
+             if line.startswith("modelgrid_gateway_replica_asks_total") and 'deployment="chat"' in line]
+    return found[0] if found else "0 (no series)"
+
+
+def _woken(seen: list[tuple[float, str, str]], before: dict[int, str]) -> float | None:
     """When a replica that slept before the burst was first seen ready (seconds after the burst), else None."""
-    return next((t for t, index, state in seen if state == "ready" and before.get(index) == "sleeping"), None)
+    asleep = {f"#{i}" for i, state in before.items() if state == "sleeping"}
+    return next((t for t, what, value in seen if value == "ready" and what in asleep), None)
 
 
 async def _bursts(stack: Stack, key: str, before: dict[int, str], args) -> tuple[list, list]:
     texts = prompts(2 * args.burst, args.words, args.seed + 5)
-    seen: list[tuple[float, int, str]] = []
+    seen: list[tuple[float, str, str]] = []
     stop = asyncio.Event()
     origin = time.perf_counter()
     watcher = asyncio.create_task(_watch(stack, origin, seen, stop))
@@ -260,28 +272,46 @@ async def _bursts(stack: Stack, key: str, before: dict[int, str], args) -> tuple
 def section_wake(args, tmp: Path) -> None:
     env = env_of(args.wake_slots, args.queue_wait)
     with flow_stack(tmp, "wake", f"sim:2x{args.gpu_mib}MiB", **env) as (stack, keys):
-        serve_chat(stack, args.wake_slots, ready=2, replicas=2, min_replicas=1, max_replicas=2)
+        # min_replicas 0: both of chat's replicas are extras, so whichever one "other" puts to sleep stays asleep (a
+        # sleeping minimum would take its GPU back from "other" at once).
+        serve_chat(stack, args.wake_slots, ready=2, replicas=2, min_replicas=0, max_replicas=2)
         with stack.api() as api:
-            deploy(api, "other", "decoder", batch=args.wake_slots, seq=SEQ, max_batch_size=args.wake_slots)
-        wait_until(lambda: sorted(states(stack).values()) == ["ready", "sleeping"]
-                   and states(stack, "other") == {0: "ready"}, READY_TIMEOUT_S,
-                   "chat: one replica ready, one asleep; other ready", 0.5, stack)
-        say(f"wake: chat {states(stack)}, other ready; warming chat, then {args.idle:g} s for other to be idle")
-        warm(stack.url, keys["A"], args)
+            # Critical, "other" takes a GPU from chat's extra replica, which goes to sleep in host RAM. Then standard
+            # and above its minimum (0): it keeps the GPU from a chat without traffic (a batch one would not: chat's
+            # extra replica outranks it), yet a backlog's demand may take it once it is idle.
+            deploy(api, "other", "decoder", batch=args.wake_slots, seq=SEQ, max_batch_size=args.wake_slots,
+                    priority="critical")
+            wait_until(lambda: sorted(states(stack).values()) == ["ready", "sleeping"]
+                       and states(stack, "other") == {0: "ready"}, READY_TIMEOUT_S,
+                       "chat: one replica ready, one asleep; other ready", 0.5, stack)
+            r = api.patch("/deployments/other", json={"priority": "standard", "min_replicas": 0, "max_replicas": 1})
+            assert r.status_code == 200, r.text
+        # No warm-up: chat's traffic would have the scheduler swap other out for it before the burst.
+        say(f"wake: chat {states(stack)}, other standard, min 0; {args.idle:g} s of scheduler passes, then the burst")
         time.sleep(args.idle)
+        if sorted(states(stack).values()) != ["ready", "sleeping"] or states(stack, "other") != {0: "ready"}:
+            with stack.api() as api:
+                why = [f"{n}#{r['index']} {r['state']}: {r['reason']}" for n in ("chat", "other")
+                       for r in deployment(api, n)["replicas"]]
+            raise RuntimeError("the layout did not hold: " + "; ".join(why))
         before = states(stack)
+        with stack.api() as api:
+            figures = {r["index"]: r["sleep_wake"] for r in deployment(api, "chat")["replicas"]}
         records, seen = asyncio.run(_bursts(stack, keys["A"], before, args))
         with stack.api() as api:
             after = deployment(api, "chat")
             other = deployment(api, "other")
+        asks = _asks(stack)
     woke = _woken(seen, before)
     print_table(f"Wake versus queue: two bursts of {args.burst} concurrent requests (the second once the sleeping "
                 f"replica is ready, or {args.wake_wait:g} s after the first ended), chat with one replica ready and "
                 f"one asleep, MODELGRID_GATEWAY_REPLICA_SLOTS={args.wake_slots}", timeline_rows(records),
                 notes=(f"Replicas before the burst: {before}; the sleeping one ready at "
                        + (f"t = {woke:.2f} s" if woke is not None else "no time within the bursts") + ".",
-                       "State changes seen (t s, replica, state): "
-                       + "; ".join(f"{t:.2f} #{i} {s}" for t, i, s in seen) + ".",
+                       f"Their sleep_wake figures before it: {figures}; the gateway's asks for another replica "
+                       f"(modelgrid_gateway_replica_asks_total): {asks}.",
+                       "Changes seen (t s, replica or demand, value): "
+                       + "; ".join(f"{t:.2f} {what} {value}" for t, what, value in seen) + ".",
                        f"After: chat demand {after['demand']}, demand_status {after['demand_status']!r}, reason "
                        f"{after['demand_reason']!r}; replicas "
                        + "; ".join(f"#{r['index']} {r['state']}: {r['reason']}" for r in after["replicas"]) + ".",
@@ -316,7 +346,8 @@ def arguments(argv: list[str] | None = None):
     parser.add_argument("--burst", type=int, help="requests per wake burst (default 24; quick 12)")
     parser.add_argument("--gpu-mib", type=int, default=200, help="each simulated GPU (wake): one replica, not two")
     parser.add_argument("--wake-wait", type=float, help="most seconds between the wake bursts (default 20; quick 10)")
-    parser.add_argument("--idle", type=float, default=4.0, help="seconds before the burst (other becomes idle)")
+    parser.add_argument("--idle", type=float, default=12.0,
+                        help="seconds of scheduler passes before the wake burst (past other's minimum residency)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     q = args.quick
