@@ -213,6 +213,8 @@ def overload_rows(records: list[Record], slo_ms: float) -> list[dict]:
                      "other errors": kinds["error"] + kinds["own limit"],
                      "TTFT p50 s": percentile(ttft, 0.5), "TTFT p90 s": percentile(ttft, 0.9),
                      "served within SLO": f"{100 * within / len(ttft):.1f}%" if ttft else "-",
+                     "served wait p90 s": percentile([q / 1e3 for q in _queued(r for r in mine if r.kind == "served")],
+                                                     0.9),
                      "longest served wait s": max((r.queue_ms / 1e3 for r in mine if r.kind == "served"
                                                    and not math.isnan(r.queue_ms)), default=NAN),
                      "longest 503 s": max((r.total for r in mine if r.status == 503), default=NAN),
@@ -224,4 +226,5 @@ def timeline_rows(records: list[Record]) -> list[dict]:
     """The wake burst, a row per request in the order sent."""
     return [{"t s": r.sent, "request": i + 1, "burst": r.key, "status": r.status, "replica": r.replica or "-",
              "routing": r.routing or "-", "predicted TTFT ms": r.predicted_ms, "actual TTFT ms": r.ttft * 1e3,
+             "first token at s": r.sent + r.ttft,
              "queue ms": r.queue_ms} for i, r in enumerate(sorted(records, key=lambda r: r.sent))]
