@@ -204,6 +204,7 @@ def section_overload(args, tmp: Path) -> None:
     critical = next((r for r in rows if r["band"] == "critical"), {})
     # What the replica managed while the arrivals ran: capacity measured before can differ on a shared machine.
     during = sum(r.kind == "served" and r.ended <= args.seconds for r in results) / args.seconds
+    refused_words = "(none)" if math.isnan(refused_after) else f"{refused_after:.2f} s"
     print_table(f"Overload: Poisson arrivals at {args.overload_factor:g}x capacity ({rate:.2f} req/s) for "
                 f"{args.seconds:g} s, a third each critical/standard/sheddable (header), one replica, "
                 f"MODELGRID_GATEWAY_REPLICA_SLOTS={args.slots}, slo_latency_ms {slo_ms}", rows,
@@ -213,8 +214,9 @@ def section_overload(args, tmp: Path) -> None:
                        f"arrivals ran: {during:.2f} req/s (critical arrived at {rate / 3:.2f} req/s).",
                        f"Critical served within the SLO: {critical.get('served within SLO', '-')} (target: 95% or "
                        f"more; within: TTFT at most slo_latency_ms). Longest wait of a served request "
-                       f"{served_wait:.2f} s (its x-modelgrid-queue-ms), longest time to a 503 {refused_after:.2f} s "
-                       f"(the client's clock), against the queue wait limit {args.queue_wait:g} s: "
+                       f"{served_wait:.2f} s (its x-modelgrid-queue-ms), longest time to a 503 "
+                       f"{refused_words} (the client's "
+                       f"clock), against the queue wait limit {args.queue_wait:g} s: "
                        f"{'within' if not served_wait > args.queue_wait else 'OVER'}.",
                        f"{args.words}-token prompts, {args.new_tokens} new tokens (ignore_eos), streamed, one token; "
                        "its concurrency, the deployment's and the no-replica queue's caps raised to "
