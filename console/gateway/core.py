@@ -52,6 +52,7 @@ WAITING_REFRESH_S = 0.05  # while requests wait for a replica: how soon a ready 
 FLUSH_S = 0.5  # bookkeeping written this often
 SUSPECT_S = 10.0  # a replica that refused a connection is avoided this long unless it reports anew
 FREE_EVERY_S = 0.5  # until measured: how often a busy deployment's slot frees (for the predicted wait for one)
+ACTIVE_S = 2.0  # a flow that sent a request this recently keeps its share of a deployment's slots
 ASK_KEPT_S = 2 * bookkeeping.DEMAND_RENEW_S  # an ask for another replica counts as demand this long after it was made
 
 
@@ -108,6 +109,7 @@ class Picked(NamedTuple):
     features: Features | None = None
     deployment: str = ""
     streamed: bool = False
+    flow: str = ""  # whose request (Ask.flow): its slot counts against that flow's share
 
 
 class Sent:
@@ -170,6 +172,8 @@ class Gateway:
         self.waiters: dict[str, list[_Waiter]] = {}
         self.flows: dict[str, FlowQueue] = {}  # deployment -> requests waiting for one of its replicas' slots
         self.granted: dict[str, int] = {}  # deployment -> slots handed to waiting requests not yet taken
+        self.held: dict[tuple[str, str], int] = {}  # (deployment, flow) -> slots it holds or was granted
+        self.recent: dict[str, dict[str, float]] = {}  # deployment -> flow -> when it last sent a request
         self.predictor = Predictor()
         self.prefilling: dict[int, float] = {}  # replica id -> uncached KiB sent to it and not yet at its first byte
         self.freeing: dict[str, tuple[float, float]] = {}  # deployment -> (last slot freed, mean seconds between)
@@ -244,6 +248,8 @@ class Gateway:
         for name in list(self.flows):
             self._dispatch(name)
         self.predictor.forget(set(self.fleet.deployments))
+        for name in [n for n in self.recent if n not in self.fleet.deployments]:
+            del self.recent[name]
 
     async def _refresher(self) -> None:
         took = 0.0  # the last refresh's duration
@@ -503,7 +509,7 @@ class Gateway:
             if index is None:
                 index = self.prefixes[dep.name] = PrefixIndex()
             index.sent(blocks, chosen)
-        return Picked(by_id[chosen], reason, predicted[chosen], features[chosen], dep.name, ask.streamed)
+        return Picked(by_id[chosen], reason, predicted[chosen], features[chosen], dep.name, ask.streamed, ask.flow)
 
     def _features(self, ask: Ask, held_blocks: int, replica: int) -> Features:
         uncached = max(0, ask.prompt_bytes - held_blocks * BLOCK_BYTES)
@@ -527,6 +533,9 @@ class Gateway:
         while True:
             dep = self.fleet.deployments.get(name, dep)
             picked = self.acquire_now(dep, adapter, avoid, blocks, ask, granted)
+            if granted and not isinstance(picked, Picked):  # its grant met no free slot (a replica left): not held
+                self._hold((name, ask.flow), -1)
+            granted = False
             if picked is not WAIT:
                 if asked and picked is not None and not picked.reason.endswith(ASKED):
                     picked = picked._replace(reason=picked.reason + ASKED)
@@ -564,14 +573,34 @@ class Gateway:
         usable = [r for r in dep.ready if r.id not in self.suspects and r.id not in avoid]
         if not usable:
             return None
+        self._seen(dep.name, ask.flow)
         free = [r for r in usable if self.outstanding.get(r.id, 0) < self.settings.replica_slots]
-        if not free or not (granted or not self.flows.get(dep.name)):
+        if not free:
+            return WAIT
+        if not granted and (self.flows.get(dep.name) or self.held.get((dep.name, ask.flow), 0) >= self._share(dep)):
             return WAIT
         picked = self._choose(dep, adapter, free, blocks, ask)
         if self._ask_another(dep, picked.predicted, ask):
             picked = picked._replace(reason=picked.reason + ASKED)
-        self.take(picked.replica)
+        self.take(picked.replica, None if granted else (dep.name, ask.flow))  # a grant counted it already
         return picked
+
+    def _seen(self, name: str, flow: str) -> None:
+        seen = self.recent.setdefault(name, {})
+        seen[flow] = now = time.monotonic()
+        if len(seen) > 64:
+            self.recent[name] = {f: t for f, t in seen.items() if now - t <= ACTIVE_S}
+
+    def _share(self, dep: DeploymentView) -> float:
+        """The most slots one flow may hold while others are active: all of them, split evenly (rounded up); no
+        bound for a flow alone. Kept for flows that come back within ACTIVE_S, so another key's next request finds a
+        slot free rather than waiting for one of a flood's to end."""
+        now = time.monotonic()
+        active = sum(1 for t in self.recent.get(dep.name, {}).values() if now - t <= ACTIVE_S)
+        if active <= 1:
+            return math.inf
+        usable = sum(1 for r in dep.ready if r.id not in self.suspects)
+        return max(1, math.ceil(self.settings.replica_slots * usable / active))
 
     async def _turn_of(self, dep: DeploymentView, ticket: Ticket, budget: float, shed: bool = False) -> None:
         """Until `ticket`'s turn comes (a slot was granted to it), within `budget` seconds: else 503, or (`shed`: the
@@ -591,6 +620,7 @@ class Gateway:
                               f"{self.settings.queue_wait_s:g} s", retry_after=5, code="saturated") from None
         except BaseException:
             if future.done() and not future.cancelled() and future.exception() is None:
+                self._hold((name, ticket.flow), -1)
                 self._ungrant(name)  # granted as it left: the slot goes to the next in line
             raise
         finally:
@@ -622,11 +652,13 @@ class Gateway:
         slots = self.settings.replica_slots
         free = sum(max(0, slots - self.outstanding.get(r.id, 0)) for r in dep.ready if r.id not in self.suspects)
         free -= self.granted.get(name, 0)
-        while free > 0 and (ticket := queue.pop()) is not None:
+        share = self._share(dep)
+        while free > 0 and (ticket := queue.pop(lambda f: self.held.get((name, f), 0) < share)) is not None:
             if ticket.waiter.done():
                 continue
             ticket.waiter.set_result(None)
             self.granted[name] = self.granted.get(name, 0) + 1
+            self._hold((name, ticket.flow), 1)
             free -= 1
 
     def _predicted_wait(self, name: str, band: int) -> float:
@@ -670,14 +702,25 @@ class Gateway:
         for band, word in enumerate(BANDS):
             self.metrics.flow_waiting.labels(name, word).set(queue.counts[band] if queue is not None else 0)
 
-    def take(self, replica: ReplicaView) -> None:
+    def take(self, replica: ReplicaView, holder: tuple[str, str] | None = None) -> None:
+        """A slot of `replica` taken, held by `holder` ((deployment, flow)) when given."""
         self.outstanding[replica.id] = self.outstanding.get(replica.id, 0) + 1
+        if holder is not None:
+            self._hold(holder, 1)
 
-    def free(self, name: str, replica: ReplicaView) -> None:
-        """A request on `replica` of deployment `name` is over: its slot goes to the next one waiting."""
+    def _hold(self, holder: tuple[str, str], n: int) -> None:
+        self.held[holder] = self.held.get(holder, 0) + n
+        if not self.held[holder]:
+            del self.held[holder]
+
+    def free(self, name: str, replica: ReplicaView, flow: str | None = None) -> None:
+        """A request on `replica` of deployment `name` is over: its slot goes to the next one waiting (and no longer
+        counts against `flow`'s share, when given)."""
         self.outstanding[replica.id] -= 1
         if not self.outstanding[replica.id]:
             del self.outstanding[replica.id]
+        if flow is not None:
+            self._hold((name, flow), -1)
         if self.flows.get(name):  # busy: how often a slot frees is what a wait in its queue is predicted from
             now = time.monotonic()
             last, every = self.freeing.get(name, (0.0, FREE_EVERY_S))
@@ -704,14 +747,16 @@ class Gateway:
             self.metrics.prediction_error.labels(picked.deployment).set(mape)
 
     @contextlib.contextmanager
-    def in_flight(self, dep: DeploymentView, replica: ReplicaView, taken: bool = False) -> Iterator[None]:
-        """The request counts against `replica`'s slots until the block ends (`taken`: acquire() counted it)."""
+    def in_flight(self, dep: DeploymentView, replica: ReplicaView, taken: bool = False,
+                  flow: str | None = None) -> Iterator[None]:
+        """The request counts against `replica`'s slots (and `flow`'s share) until the block ends (`taken`: acquire()
+        counted it)."""
         if not taken:
-            self.take(replica)
+            self.take(replica, None if flow is None else (dep.name, flow))
         try:
             yield
         finally:
-            self.free(dep.name, replica)
+            self.free(dep.name, replica, flow)
             self.book.used(dep.name, replica.id)
 
     def suspect(self, replica: ReplicaView) -> None:

@@ -5,7 +5,7 @@ the slots fairly by tokens: start-time fair queueing, where each request is tagg
 flow's previous finish (or the band's virtual time, whichever is later) plus its cost, and the smallest tag goes
 first. A flood of one token only ever queues behind itself; another token's request goes ahead of the flood's
 backlog as soon as it arrives. Every caller of a deployment is of its team, so within a deployment a team's fair
-share is its keys'.
+share is its keys'. Which flows may take a slot at all (none holding more than its share) is the gateway's to say.
 
 Pure: the waiters are opaque, nothing here reads a clock or awaits.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 BANDS = ("critical", "standard", "sheddable")
@@ -63,18 +64,26 @@ class FlowQueue:
         self.counts[band] += 1
         return ticket
 
-    def pop(self) -> Ticket | None:
-        """The next request to dispatch (the lowest band, then the smallest finish tag), or None."""
-        while self._heap:
+    def pop(self, eligible: Callable[[str], bool] | None = None) -> Ticket | None:
+        """The next request to dispatch (the lowest band, then the smallest finish tag) of a flow that is `eligible`
+        (one holding its share of the slots is not), or None."""
+        aside, found = [], None
+        while self._heap and found is None:
             ticket = heapq.heappop(self._heap)
             if not ticket.live:
                 continue
-            self._take(ticket)
-            self._vtime[ticket.band] = max(self._vtime[ticket.band], ticket.finish - ticket.cost)
+            if eligible is not None and not eligible(ticket.flow):
+                aside.append(ticket)
+            else:
+                found = ticket
+        for ticket in aside:
+            heapq.heappush(self._heap, ticket)
+        if found is not None:
+            self._take(found)
+            self._vtime[found.band] = max(self._vtime[found.band], found.finish - found.cost)
             if len(self._last) > 4 * len(self._heap) + 64:  # flows idle since: their tags are behind virtual time
                 self._last = {k: f for k, f in self._last.items() if f > self._vtime[k[0]]}
-            return ticket
-        return None
+        return found
 
     def drop(self, ticket: Ticket) -> None:
         """A waiting request that left (timed out, its client gone): no longer counted, skipped when reached."""

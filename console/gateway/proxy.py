@@ -326,7 +326,7 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
         headers = {"x-modelgrid-replica": replica.label, ROUTING_HEADER: picked.reason,
                    "x-modelgrid-queue-ms": f"{1000 * queue_s:.1f}", PREDICTED_HEADER: f"{1000 * picked.predicted:.0f}",
                    CRITICALITY_HEADER: BANDS[ask.band]}
-        with gw.in_flight(dep, replica, taken=True):  # its slot, taken by _slot, is freed when the block ends
+        with gw.in_flight(dep, replica, taken=True, flow=ask.flow):  # its slot, taken by _slot, freed at the end
             if queue_s and await request.is_disconnected():  # its client left while it waited: nothing is sent
                 raise ClientDisconnect()
             if meter is not None:

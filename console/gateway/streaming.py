@@ -31,7 +31,8 @@ def stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_respo
     read at all) its replica's count and its connection are released and `finish` is told how it ended: its status,
     502 where it broke off or its agent ended it with an error event, 499 where its client went away. `sent` is told
     when its first piece came (the predictor learns from it), or that none did."""
-    gw.take(replica)  # the stream stays in flight, holding its slot
+    flow = sent.picked.flow if sent is not None else None
+    gw.take(replica, None if flow is None else (dep.name, flow))  # the stream stays in flight, holding its slot
     events_stream = upstream_response.content_type == "text/event-stream"
     ended = False
     whole: int | None = None  # how the answer ended, once its end went out: a client gone after that read it all
@@ -51,7 +52,7 @@ def stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_respo
         upstream_response.release()
         if sent is not None:
             sent.first_byte(None)  # (nothing, when its first piece came already)
-        gw.free(dep.name, replica)
+        gw.free(dep.name, replica, flow)
         finish(status)
 
     async def events() -> AsyncIterator[bytes]:

@@ -243,3 +243,24 @@ async def test_a_request_that_asked_for_another_replica_while_it_waited_says_so(
         gateway.free("chat", p.replica)
     await gateway.close()
     assert picked.reason.endswith("; asked for another replica"), picked.reason
+
+
+async def test_while_another_key_is_active_one_key_holds_at_most_its_share_of_the_slots(fleet):  # noqa: F811
+    agents, _, token = fleet
+    other = await sync_to_async(_second_token)()
+    order = _shared_order(agents)
+    gateway = _gateway(replica_slots=2)  # 4 slots over the two replicas
+    async with _client(gateway, token) as client:
+        first = await _post(client, "B0", token=other)  # B was active a moment ago
+        flood = [asyncio.create_task(_post(client, f"A{i}")) for i in range(6)]
+        while len(order) < 3:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        during = len(order)  # A holds 2 of the 4 slots, its share while B is active; 2 stay free for B
+        mine = await _post(client, "B1", token=other)
+        answers = await asyncio.gather(*flood)
+    await gateway.close()
+    assert first.status_code == mine.status_code == 200 and all(r.status_code == 200 for r in answers)
+    assert during == 3, [_prompt(b) for _, b in order]
+    assert [_prompt(b) for _, b in order].index("B1") == 3  # a free slot was kept for it: before A's waiting four
+    assert not gateway.held and not gateway.flows and not gateway.granted and not gateway.outstanding
