@@ -112,6 +112,15 @@ class Picked(NamedTuple):
     flow: str = ""  # whose request (Ask.flow): its slot counts against that flow's share
 
 
+class Slot:
+    """A replica slot in_flight() holds: `kept` hands it on (to a stream, which frees it when it ends)."""
+
+    __slots__ = ("kept",)
+
+    def __init__(self) -> None:
+        self.kept = False
+
+
 class Sent:
     """One request sent to a replica, until its first byte (or its end without one): once."""
 
@@ -248,8 +257,9 @@ class Gateway:
         for name in list(self.flows):
             self._dispatch(name)
         self.predictor.forget(set(self.fleet.deployments))
-        for name in [n for n in self.recent if n not in self.fleet.deployments]:
-            del self.recent[name]
+        for kept in (self.recent, self.freeing, self.asked):
+            for name in [n for n in kept if n not in self.fleet.deployments]:
+                del kept[name]
 
     async def _refresher(self) -> None:
         took = 0.0  # the last refresh's duration
@@ -533,6 +543,8 @@ class Gateway:
         while True:
             dep = self.fleet.deployments.get(name, dep)
             picked = self.acquire_now(dep, adapter, avoid, blocks, ask, granted)
+            if granted and picked is WAIT:  # granted a slot of a replica it avoids (one it tried, no longer suspect)
+                picked = self.acquire_now(dep, adapter, frozenset(), blocks, ask, granted)
             if granted and not isinstance(picked, Picked):  # its grant met no free slot (a replica left): not held
                 self._hold((name, ask.flow), -1)
             granted = False
@@ -546,6 +558,10 @@ class Gateway:
             best = min(self.predictor.predict(name, ask.streamed, self._features(ask, 0, r.id)) for r in usable)
             self._refuse_if_saturated(dep, ask, wait, best, len(usable))
             asked = self._ask_another(dep, wait + best, ask) or asked
+            left = limit - (loop.time() - began)
+            if left <= 0:
+                raise Refused(503, f"model {name!r} is saturated: no replica slot came free within the "
+                              f"{self.settings.queue_wait_s:g} s a request may wait", retry_after=5, code="saturated")
             if queue is None:
                 queue = self.flows[name] = FlowQueue()
             if len(queue) >= self.settings.queue_max:
@@ -554,16 +570,18 @@ class Gateway:
             ticket = queue.push(ask.band, ask.flow, ask.cost, loop.create_future())
             self._dispatch(name)
             self._gauge(name)
-            left = limit - (loop.time() - began)
             slack = None  # a sheddable request's time until its first token would break the SLO
             if ask.band == SHEDDABLE and dep.slo_latency_ms is not None:
                 slack = dep.slo_latency_ms / 1000 - best - (loop.time() - began)
             try:
                 await self._turn_of(dep, ticket, min(left, slack) if slack is not None else left,
                                     shed=slack is not None and slack < left)
-            finally:
+            except BaseException:
                 self.metrics.flow_wait.labels(name, BANDS[ask.band]).observe(loop.time() - began)
+                raise
+            finally:
                 self._gauge(name)
+            self.metrics.flow_wait.labels(name, BANDS[ask.band]).observe(loop.time() - began)
             granted = True  # a slot was held for it until now: taken at once (no await between), or it waits again
 
     def acquire_now(self, dep: DeploymentView, adapter: str | None, avoid: set[int] = frozenset(),
@@ -577,13 +595,17 @@ class Gateway:
         free = [r for r in usable if self.outstanding.get(r.id, 0) < self.settings.replica_slots]
         if not free:
             return WAIT
-        if not granted and (self.flows.get(dep.name) or self.held.get((dep.name, ask.flow), 0) >= self._share(dep)):
+        if not granted and (self.flows.get(dep.name) or self.held.get((dep.name, ask.flow), 0) >= self._share(dep)
+                            or self._open_slots(free) <= self.granted.get(dep.name, 0)):  # those are granted
             return WAIT
         picked = self._choose(dep, adapter, free, blocks, ask)
         if self._ask_another(dep, picked.predicted, ask):
             picked = picked._replace(reason=picked.reason + ASKED)
         self.take(picked.replica, None if granted else (dep.name, ask.flow))  # a grant counted it already
         return picked
+
+    def _open_slots(self, replicas: list[ReplicaView]) -> int:
+        return sum(max(0, self.settings.replica_slots - self.outstanding.get(r.id, 0)) for r in replicas)
 
     def _seen(self, name: str, flow: str) -> None:
         seen = self.recent.setdefault(name, {})
@@ -616,8 +638,9 @@ class Gateway:
                     raise Refused(429, f"model {name!r} is saturated: a sheddable request waited for a replica slot "
                                   f"until its first token could no longer come within its SLO ({dep.slo_latency_ms} "
                                   "ms)", retry_after=1, code="saturated") from None
-                raise Refused(503, f"model {name!r} is saturated: no replica slot came free within "
-                              f"{self.settings.queue_wait_s:g} s", retry_after=5, code="saturated") from None
+                raise Refused(503, f"model {name!r} is saturated: no replica slot came free within the "
+                              f"{self.settings.queue_wait_s:g} s a request may wait", retry_after=5,
+                              code="saturated") from None
         except BaseException:
             if future.done() and not future.cancelled() and future.exception() is None:
                 self._hold((name, ticket.flow), -1)
@@ -649,9 +672,9 @@ class Gateway:
                     ticket.waiter.set_exception(Refused(404, f"model {name!r} was deleted while the request waited",
                                                         code="model_not_found"))
             return
-        slots = self.settings.replica_slots
-        free = sum(max(0, slots - self.outstanding.get(r.id, 0)) for r in dep.ready if r.id not in self.suspects)
-        free -= self.granted.get(name, 0)
+        usable = [r for r in dep.ready if r.id not in self.suspects]
+        # None usable (gone, suspect): every waiting request is woken to find so and wait for a ready one instead.
+        free = self._open_slots(usable) - self.granted.get(name, 0) if usable else len(queue)
         share = self._share(dep)
         while free > 0 and (ticket := queue.pop(lambda f: self.held.get((name, f), 0) < share)) is not None:
             if ticket.waiter.done():
@@ -748,15 +771,17 @@ class Gateway:
 
     @contextlib.contextmanager
     def in_flight(self, dep: DeploymentView, replica: ReplicaView, taken: bool = False,
-                  flow: str | None = None) -> Iterator[None]:
+                  flow: str | None = None) -> Iterator[Slot]:
         """The request counts against `replica`'s slots (and `flow`'s share) until the block ends (`taken`: acquire()
-        counted it)."""
+        counted it), or, where the block sets the slot's `kept` (a stream), until whoever kept it frees it."""
         if not taken:
             self.take(replica, None if flow is None else (dep.name, flow))
+        slot = Slot()
         try:
-            yield
+            yield slot
         finally:
-            self.free(dep.name, replica, flow)
+            if not slot.kept:
+                self.free(dep.name, replica, flow)
             self.book.used(dep.name, replica.id)
 
     def suspect(self, replica: ReplicaView) -> None:

@@ -86,9 +86,13 @@ class FlowQueue:
         return found
 
     def drop(self, ticket: Ticket) -> None:
-        """A waiting request that left (timed out, its client gone): no longer counted, skipped when reached."""
+        """A waiting request that left (timed out, its client gone): no longer counted, skipped when reached, and, if
+        it was its flow's last, no longer charged to it."""
         if ticket.live:
             self._take(ticket)
+            key = (ticket.band, ticket.flow)
+            if self._last.get(key) == ticket.finish:
+                self._last[key] = ticket.finish - ticket.cost
             if len(self._heap) > 2 * len(self) + 64:
                 self._heap = [t for t in self._heap if t.live]
                 heapq.heapify(self._heap)

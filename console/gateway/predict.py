@@ -58,7 +58,13 @@ class _Model:
         gain = [v / denominator for v in px]
         error = 1.0 - sum(self.w[i] * x[i] for i in range(N))
         self.w = [self.w[i] + gain[i] * error for i in range(N)]
-        self.p = [[(p[i][j] - gain[i] * px[j]) / FORGET for j in range(N)] for i in range(N)]
+        p = [[(p[i][j] - gain[i] * px[j]) / FORGET for j in range(N)] for i in range(N)]
+        # Forgetting inflates the covariance along features that never vary (a stream's generate_k is always 0):
+        # capped, or it overflows, and a constant feature's drift eats the precision of the rest.
+        trace = sum(p[i][i] for i in range(N))
+        if trace > N * START_P:
+            p = [[v * N * START_P / trace for v in row] for row in p]
+        self.p = p
 
 
 class Predictor:

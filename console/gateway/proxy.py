@@ -96,6 +96,10 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
     deployment, adapter, status, queue_s, team, served, hold = "", None, 500, 0.0, 0, True, None
     meter, need, seconds, streaming, finished = Meter(), reservation.NOTHING, None, False, False
 
+    def waited(seconds: float) -> None:
+        nonlocal queue_s
+        queue_s += seconds
+
     def finish(final: int | None = None) -> None:
         """Record and account the request once it is over (a stream's when it ends, with how it ended), once."""
         nonlocal finished, status
@@ -127,7 +131,7 @@ async def proxy(gw: Gateway, request: Request, family: Family, fallback: bool = 
         dep, queue_s = await gw.ready_view(dep.name)
         blocks = gw.prompt_blocks(request.scope["path"], parsed, dep, adapter)  # the client's own prompt
         response = await _send(gw, gw.upstream, request, body, dep, adapter, queue_s, arrived, finish,
-                               meter if family.openai else None, blocks, ask)
+                               meter if family.openai else None, blocks, ask, waited)
         status, streaming = response.status_code, isinstance(response, StreamingResponse)
         return response
     except Refused as e:
@@ -287,10 +291,12 @@ def _target(gw: Gateway, name: str, adapter: str | None, caller: Caller) -> tupl
 
 async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, dep: DeploymentView,
                 adapter: str | None, queue_s: float, arrived: float, finish: Callable[[int], None],
-                meter: Meter | None = None, blocks: tuple = (), ask: Ask | None = None) -> Response:
+                meter: Meter | None = None, blocks: tuple = (), ask: Ask | None = None,
+                waited: Callable[[float], None] = lambda s: None) -> Response:
     """Send to a replica (`blocks`: the prompt's leading blocks, for prefix-aware routing); a connection that fails
     before any byte comes back, or a request whose replica's host is lost before it answers, is sent once elsewhere.
-    A stream calls `finish` with how it ended, once it has."""
+    A stream calls `finish` with how it ended, once it has; `waited` is told each further wait (for a slot, for a
+    ready replica), which the request's queue time counts."""
     query = request.scope.get("query_string", b"")
     path = request.scope["path"] + (f"?{query.decode('latin-1')}" if query else "")
     tried: set[int] = set()
@@ -298,8 +304,9 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
     lost = None  # a replica's host was lost before it answered: why, should no other replica take it
     ask = ask or Ask()
     for attempt in range(2):
-        picked, waited = await _slot(gw, request, dep, adapter, tried, blocks, ask, queue_s)
-        queue_s += waited
+        picked, more = await _slot(gw, request, dep, adapter, tried, blocks, ask, queue_s)
+        queue_s += more
+        waited(more)
         if picked is None and lost is None and (attempt == 0 or unserved is not None):
             # Every ready replica is suspect, or the one tried does not serve now (asleep, draining): wait in the
             # deployment's queue while the scheduler wakes or places one, as for a model that was not ready.
@@ -310,9 +317,11 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
                     raise
                 break  # waited in vain: the agent's own refusal says why
             queue_s += more
-            picked, waited = await _slot(gw, request, dep, adapter, tried if unserved is None else frozenset(), blocks,
-                                         ask, queue_s)
-            queue_s += waited
+            waited(more)
+            picked, more = await _slot(gw, request, dep, adapter, tried if unserved is None else frozenset(), blocks,
+                                       ask, queue_s)
+            queue_s += more
+            waited(more)
         if picked is None:
             if unserved is not None:
                 break
@@ -326,7 +335,7 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
         headers = {"x-modelgrid-replica": replica.label, ROUTING_HEADER: picked.reason,
                    "x-modelgrid-queue-ms": f"{1000 * queue_s:.1f}", PREDICTED_HEADER: f"{1000 * picked.predicted:.0f}",
                    CRITICALITY_HEADER: BANDS[ask.band]}
-        with gw.in_flight(dep, replica, taken=True, flow=ask.flow):  # its slot, taken by _slot, freed at the end
+        with gw.in_flight(dep, replica, taken=True, flow=ask.flow) as slot:  # its slot, from _slot, freed at the end
             if queue_s and await request.is_disconnected():  # its client left while it waited: nothing is sent
                 raise ClientDisconnect()
             if meter is not None:
@@ -345,6 +354,7 @@ async def _send(gw: Gateway, upstream: Upstream, request: Request, body: bytes, 
                 raise
             sent.ok = upstream_response.status < 400  # an error's time teaches the predictor nothing
             if content is None:
+                slot.kept = True  # the stream frees it when it ends
                 return stream(gw, dep, adapter, upstream_response, headers, arrived, replica, finish, meter, sent)
             sent.first_byte(time.monotonic())
             if attempt == 0 and upstream_response.status == 503 and UNSERVED_HEADER in upstream_response.headers:

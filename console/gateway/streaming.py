@@ -31,8 +31,7 @@ def stream(gw: Gateway, dep: DeploymentView, adapter: str | None, upstream_respo
     read at all) its replica's count and its connection are released and `finish` is told how it ended: its status,
     502 where it broke off or its agent ended it with an error event, 499 where its client went away. `sent` is told
     when its first piece came (the predictor learns from it), or that none did."""
-    flow = sent.picked.flow if sent is not None else None
-    gw.take(replica, None if flow is None else (dep.name, flow))  # the stream stays in flight, holding its slot
+    flow = sent.picked.flow if sent is not None else None  # its slot, handed on by gw.in_flight(), is freed at its end
     events_stream = upstream_response.content_type == "text/event-stream"
     ended = False
     whole: int | None = None  # how the answer ended, once its end went out: a client gone after that read it all

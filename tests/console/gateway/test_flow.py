@@ -56,3 +56,14 @@ def test_higher_bands_go_first_and_a_dropped_request_is_skipped():
     assert _order(queue) == ["critical", "standard", "shed"]
     queue.drop(sheddable)  # already dispatched: nothing to drop
     assert len(queue) == 0
+
+
+def test_a_flows_requests_that_left_are_not_charged_to_it():
+    queue = FlowQueue()
+    gone = [queue.push(1, "a", 100, f"A{i}") for i in range(3)]
+    for ticket in reversed(gone):  # its three timed out
+        queue.drop(ticket)
+    queue.push(1, "b", 100, "B0")
+    queue.push(1, "b", 100, "B1")
+    queue.push(1, "a", 100, "A3")
+    assert _order(queue) == ["B0", "A3", "B1"]  # A3's tag is not behind its three unserved requests

@@ -4,6 +4,7 @@ who gets a replica's next free slot, what is shed, how long anything waits, and 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -264,3 +265,47 @@ async def test_while_another_key_is_active_one_key_holds_at_most_its_share_of_th
     assert during == 3, [_prompt(b) for _, b in order]
     assert [_prompt(b) for _, b in order].index("B1") == 3  # a free slot was kept for it: before A's waiting four
     assert not gateway.held and not gateway.flows and not gateway.granted and not gateway.outstanding
+
+
+async def _two_held(gateway):
+    await gateway.ensure_started()
+    dep = gateway.fleet.deployments["chat"]
+    return dep, [gateway.acquire_now(dep, None), gateway.acquire_now(dep, None)]
+
+
+async def test_a_slot_granted_to_a_waiting_request_is_not_taken_by_a_newcomer(fleet):  # noqa: F811
+    gateway = _gateway(replica_slots=1)
+    dep, held = await _two_held(gateway)
+    waiting = asyncio.create_task(gateway.acquire(dep, None))
+    await asyncio.sleep(0.05)
+    gateway.free("chat", held[0].replica)  # granted to the waiting one, which has not run yet
+    from console.gateway.core import WAIT, Ask
+
+    assert gateway.acquire_now(dep, None, ask=Ask(band=0, flow="other")) is WAIT
+    picked = await asyncio.wait_for(waiting, 5)
+    assert picked.replica == held[0].replica
+    await gateway.close()
+
+
+async def test_a_retried_request_granted_a_replica_it_tried_takes_it_rather_than_spinning(fleet):  # noqa: F811
+    gateway = _gateway(replica_slots=1)
+    dep, held = await _two_held(gateway)
+    waiting = asyncio.create_task(gateway.acquire(dep, None, avoid={held[0].replica.id}))
+    await asyncio.sleep(0.05)
+    gateway.free("chat", held[0].replica)  # the one it tried before: no longer suspect, and the only free slot
+    picked = await asyncio.wait_for(waiting, 5)
+    assert picked.replica == held[0].replica
+    await gateway.close()
+
+
+async def test_requests_waiting_for_a_slot_when_no_replica_is_usable_go_to_wait_for_a_ready_one(fleet):  # noqa: F811
+    gateway = _gateway(replica_slots=1)
+    dep, held = await _two_held(gateway)
+    waiting = asyncio.create_task(gateway.acquire(dep, None))
+    await asyncio.sleep(0.05)
+    for p in held:
+        gateway.suspects[p.replica.id] = time.monotonic()
+    gateway._dispatch("chat")
+    assert await asyncio.wait_for(waiting, 5) is None  # proxy then waits in ready_view, announcing demand
+    assert not gateway.flows and not gateway.granted
+    await gateway.close()

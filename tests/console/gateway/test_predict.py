@@ -41,3 +41,12 @@ def test_models_are_kept_per_deployment_and_streaming_and_forgotten_with_the_dep
     assert predictor.mape("other") is None
     predictor.forget({"other"})
     assert predictor.mape("chat") is None and predictor.predict("chat", False, slow) < 4
+
+
+def test_a_feature_that_never_varies_neither_overflows_nor_spoils_the_rest():
+    rng, predictor = random.Random(3), Predictor()
+    for _ in range(40_000):  # streams: generate_k and the backlog stay 0
+        f = Features(rng.uniform(0, 8), rng.randrange(0, 16))
+        predictor.learn("chat", True, f, predictor.predict("chat", True, f), _truth(f))
+    assert predictor.mape("chat") < 0.05
+    assert abs(predictor.predict("chat", True, Features(4, 2)) - _truth(Features(4, 2))) < 0.05
