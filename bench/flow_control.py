@@ -151,9 +151,9 @@ def section_fairness(args, tmp: Path) -> None:
                        "counts A's requests that ended while B ran; errors must be 0 (A's own-limit 429: refusals "
                        "for its token's requests in flight, counted apart); the flood began "
                        f"{args.flood_lead:g} s before B's second run.",
-                       f"With the replica's {args.slots} slots full of the flood, B's requests still wait for a slot: "
-                       "the gateway decides only who gets the next one; a request holds its slot for its whole "
-                       f"service time (A's p50, latency less queue: {service:.3f} s). Queue wait limit "
+                       f"While B is active, A holds at most its share of the replica's {args.slots} slots (half), so "
+                       "B's next request finds one free; A alone uses all of them. A request holds its slot for its "
+                       f"whole service time (A's p50, latency less queue: {service:.3f} s). Queue wait limit "
                        f"{args.queue_wait:g} s; random weights, CPU, 1 torch thread per worker."))
 
 
