@@ -336,9 +336,9 @@ def section_wake(args, tmp: Path) -> None:
 def arguments(argv: list[str] | None = None):
     """The parsed command line, --quick's smaller defaults filled in."""
     parser = command_line(__doc__, quick="small versions of all three sections, a smoke run")
-    for name, what in (("fairness", "fairness between two tokens"), ("overload", "overload by band"),
-                       ("wake", "wake versus queue")):
-        parser.add_argument(f"--{name}", action="store_true", help=f"only {what}")
+    parser.add_argument("--fairness", action="store_true", help="only fairness between two tokens")
+    parser.add_argument("--overload", action="store_true", help="only overload by band")
+    parser.add_argument("--wake", action="store_true", help="only wake versus queue")
     parser.add_argument("--slots", type=int, default=4, help="MODELGRID_GATEWAY_REPLICA_SLOTS (fairness, overload)")
     parser.add_argument("--wake-slots", type=int, default=2, help="MODELGRID_GATEWAY_REPLICA_SLOTS (wake)")
     parser.add_argument("--queue-wait", type=float, default=30.0, help="MODELGRID_GATEWAY_QUEUE_WAIT_SECONDS")
