@@ -44,15 +44,21 @@ async def _post(client, prompt: str, criticality: str | None = None, token: str 
     return await client.post("/v1/completions", json={"model": "chat", "prompt": prompt}, headers=headers)
 
 
+async def _sending(client, order: list, label: str, n: int, reached: int, criticality: str | None = None) -> list:
+    """`n` requests (prompts label0, label1, ...) sent in the background, once `reached` requests reached replicas."""
+    tasks = [asyncio.create_task(_post(client, f"{label}{i}", criticality)) for i in range(n)]
+    while len(order) < reached:
+        await asyncio.sleep(0.01)
+    return tasks
+
+
 async def test_a_second_tokens_request_goes_before_a_floods_backlog(fleet):  # noqa: F811
     agents, _, token = fleet
     other = await sync_to_async(_second_token)()
     order = _shared_order(agents)
     gateway = _gateway(replica_slots=1)
     async with _client(gateway, token) as client:
-        flood = [asyncio.create_task(_post(client, f"A{i}")) for i in range(8)]
-        while len(order) < 2:  # both slots taken by the flood; six of it wait
-            await asyncio.sleep(0.01)
+        flood = await _sending(client, order, "A", 8, 2)  # both slots taken by the flood; six of it wait
         mine = await _post(client, "B", token=other)
         answers = await asyncio.gather(*flood)
     await gateway.close()
@@ -67,9 +73,7 @@ async def test_critical_requests_go_first_and_a_sheddable_one_is_refused_429_sat
     order = _shared_order(agents)
     gateway = _gateway(replica_slots=1)
     async with _client(gateway, token) as client:
-        busy = [asyncio.create_task(_post(client, f"S{i}", "standard")) for i in range(5)]
-        while len(order) < 2:
-            await asyncio.sleep(0.01)
+        busy = await _sending(client, order, "S", 5, 2, "standard")
         await asyncio.sleep(0.05)  # the other three standard ones wait
         shed = await _post(client, "shed", "sheddable")
         critical = asyncio.create_task(_post(client, "C", "critical"))
@@ -90,9 +94,7 @@ async def test_a_sheddable_request_waits_when_the_predicted_wait_meets_the_slo(f
     order = _shared_order(agents, delay=3.0)
     gateway = _gateway(replica_slots=1)
     async with _client(gateway, token) as client:
-        busy = [asyncio.create_task(_post(client, f"S{i}")) for i in range(2)]
-        while len(order) < 2:
-            await asyncio.sleep(0.01)
+        busy = await _sending(client, order, "S", 2, 2)
         waited = await _post(client, "shed", "sheddable")
         await asyncio.gather(*busy)
     await gateway.close()
@@ -217,9 +219,7 @@ async def test_a_waiting_sheddable_request_is_shed_429_once_its_slo_would_be_bro
     order = _shared_order(agents, delay=5.0)
     gateway = _gateway(replica_slots=1)
     async with _client(gateway, token) as client:
-        busy = [asyncio.create_task(_post(client, f"S{i}")) for i in range(2)]
-        while len(order) < 2:
-            await asyncio.sleep(0.01)
+        busy = await _sending(client, order, "S", 2, 2)
         shed = await _post(client, "shed", "sheddable")  # predicted within 1.5 s at first; the slots are held 5 s
         await asyncio.gather(*busy)
     await gateway.close()
@@ -253,9 +253,7 @@ async def test_while_another_key_is_active_one_key_holds_at_most_its_share_of_th
     gateway = _gateway(replica_slots=2)  # 4 slots over the two replicas
     async with _client(gateway, token) as client:
         first = await _post(client, "B0", token=other)  # B was active a moment ago
-        flood = [asyncio.create_task(_post(client, f"A{i}")) for i in range(6)]
-        while len(order) < 3:
-            await asyncio.sleep(0.01)
+        flood = await _sending(client, order, "A", 6, 3)
         await asyncio.sleep(0.1)
         during = len(order)  # A holds 2 of the 4 slots, its share while B is active; 2 stay free for B
         mine = await _post(client, "B1", token=other)
