@@ -21,12 +21,13 @@ from agent.engines import ENGINES
 from agent.protocol import UNSERVED_HEADER
 from console.gateway import reservation
 from console.gateway.auth import Caller, bearer, unauthorized
-from console.gateway.core import WAIT, Ask, Gateway, Picked, Refused
+from console.gateway.core import Gateway, Refused
 from console.gateway.errors import Family
 from console.gateway.failover import HostLost, host_state
 from console.gateway.fleet import DeploymentView, FleetView, ReplicaView
 from console.gateway.flow import BANDS, CRITICALITY_HEADER, band_of
 from console.gateway.routes import FALLBACK_STATUSES, GONE, ROUTE_HEADER, BranchView, RouteView, retry_branch
+from console.gateway.slots import WAIT, Ask, Picked
 from console.gateway.streaming import CLIENT_CLOSED, stream
 from console.gateway.triton import check_version
 from console.gateway.upstream import (

@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 from starlette.responses import StreamingResponse
 
-from console.gateway.core import Gateway, Sent
+from console.gateway.core import Gateway
 from console.gateway.fleet import DeploymentView, ReplicaView
+from console.gateway.slots import Sent
 from console.gateway.upstream import PASSED_HEADERS, Broken, error_event, pieces
 from console.gateway.usage import Meter
 

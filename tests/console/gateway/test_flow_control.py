@@ -277,7 +277,7 @@ async def test_a_slot_granted_to_a_waiting_request_is_not_taken_by_a_newcomer(fl
     waiting = asyncio.create_task(gateway.acquire(dep, None))
     await asyncio.sleep(0.05)
     gateway.free("chat", held[0].replica)  # granted to the waiting one, which has not run yet
-    from console.gateway.core import WAIT, Ask
+    from console.gateway.slots import WAIT, Ask
 
     assert gateway.acquire_now(dep, None, ask=Ask(band=0, flow="other")) is WAIT
     picked = await asyncio.wait_for(waiting, 5)
